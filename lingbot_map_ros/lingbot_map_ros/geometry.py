@@ -1,0 +1,508 @@
+"""Pose maths on the CPU in float64: pose encoding, intrinsics, frame conventions, Sim(3), TUM, metrics.
+
+Why float64 numpy and not torch: these run once per frame on 9 numbers (or once per evaluation on a
+trajectory), where clarity and precision matter more than speed, and the node must not need a
+device to publish a pose. Conventions (MODEL_SPEC §11): the decoded matrix is the camera(optical)-to-
+world transform ``X_world = R X_cam + t`` of an OpenCV/REP 103 optical camera; quaternions are
+scalar-last ``(x, y, z, w)`` everywhere, as in ROS and TUM files.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import NamedTuple, Optional, Sequence, Union
+
+import numpy as np
+
+ArrayLike = Union[np.ndarray, Sequence[float], Sequence[Sequence[float]]]
+
+# FoV range (degrees) allowed in *published* intrinsics. The model's FoV goes through a ReLU, so 0
+# (infinite focal length) and >= 180 deg (negative focal length) are possible raw outputs; the raw
+# values stay untouched in pose_enc, only what leaves the node is clamped.
+PUBLISHED_FOV_RANGE_DEG: tuple[float, float] = (1.0, 170.0)
+
+# Columns = body axes (REP 103: x forward, y left, z up) written in optical axes (x right, y down,
+# z forward): x_body = z_opt, y_body = -x_opt, z_body = -y_opt.
+R_OPTICAL_BODY = np.array(
+    [[0.0, -1.0, 0.0],
+     [0.0, 0.0, -1.0],
+     [1.0, 0.0, 0.0]]
+)
+
+
+def _as_f64(x: ArrayLike) -> np.ndarray:
+    """float64 numpy copy of numpy/list/torch input (a torch tensor may live on any device)."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()  # type: ignore[union-attr]
+    return np.array(x, dtype=np.float64)
+
+
+# ---------------------------------------------------------------------------------------------
+# quaternions
+# ---------------------------------------------------------------------------------------------
+def quaternion_to_matrix(q_xyzw: ArrayLike) -> np.ndarray:
+    """[..., 4] (x, y, z, w), any non-zero norm -> rotation [..., 3, 3] (official formula, s = 2/|q|^2).
+
+    A zero quaternion gives NaN, as the official decode does; check ``np.isfinite`` before use.
+    """
+    q = _as_f64(q_xyzw)
+    x, y, z, w = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = 2.0 / (x * x + y * y + z * z + w * w)
+        r = np.stack(
+            [
+                1 - s * (y * y + z * z), s * (x * y - z * w), s * (x * z + y * w),
+                s * (x * y + z * w), 1 - s * (x * x + z * z), s * (y * z - x * w),
+                s * (x * z - y * w), s * (y * z + x * w), 1 - s * (x * x + y * y),
+            ],
+            axis=-1,
+        )
+    return r.reshape(q.shape[:-1] + (3, 3))
+
+
+def normalize_quaternion(q_xyzw: ArrayLike) -> np.ndarray:
+    """[..., 4] -> unit quaternion(s); sign kept. Raises ValueError on a zero or non-finite norm.
+
+    ROS consumers (TF, RViz) reject or misdraw non-unit quaternions, and the model's are not unit.
+    """
+    q = _as_f64(q_xyzw)
+    n = np.linalg.norm(q, axis=-1, keepdims=True)
+    bad = ~np.isfinite(n) | (n == 0.0)
+    if np.any(bad):
+        raise ValueError(f"cannot normalise {int(bad.sum())} quaternion(s) with zero or non-finite norm")
+    return q / n
+
+
+def quaternion_xyzw_from_matrix(rot: ArrayLike) -> np.ndarray:
+    """Rotation [..., 3, 3] -> unit quaternion [..., 4] (x, y, z, w) with w >= 0.
+
+    Uses the best-conditioned of the four classic formulas per matrix (largest of trace and diagonal),
+    so precision does not collapse near 180 deg rotations. ``w >= 0`` is the official windowed code's
+    standardisation (MODEL_SPEC §15).
+    """
+    m = _as_f64(rot)
+    m00, m01, m02 = m[..., 0, 0], m[..., 0, 1], m[..., 0, 2]
+    m10, m11, m12 = m[..., 1, 0], m[..., 1, 1], m[..., 1, 2]
+    m20, m21, m22 = m[..., 2, 0], m[..., 2, 1], m[..., 2, 2]
+    tr = m00 + m11 + m22
+    cands = np.stack(  # [..., 4 candidates, 4 components], each proportional to q
+        [
+            np.stack([1 + 2 * m00 - tr, m10 + m01, m20 + m02, m21 - m12], -1),
+            np.stack([m01 + m10, 1 + 2 * m11 - tr, m21 + m12, m02 - m20], -1),
+            np.stack([m02 + m20, m12 + m21, 1 + 2 * m22 - tr, m10 - m01], -1),
+            np.stack([m21 - m12, m02 - m20, m10 - m01, 1 + tr], -1),
+        ],
+        axis=-2,
+    )
+    choice = np.argmax(np.stack([m00, m11, m22, tr], -1), axis=-1)  # [...]
+    q = np.take_along_axis(cands, choice[..., None, None], axis=-2)[..., 0, :]
+    q = q / np.linalg.norm(q, axis=-1, keepdims=True)
+    return np.where(q[..., 3:4] < 0, -q, q)
+
+
+# ---------------------------------------------------------------------------------------------
+# pose encoding and intrinsics
+# ---------------------------------------------------------------------------------------------
+def decode_pose_encoding(pose_enc: ArrayLike, image_hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """pose_enc [..., 9] -> (c2w [..., 4, 4], K [..., 3, 3]) for the model input size ``image_hw``.
+
+    Exactly MODEL_SPEC §11 in float64: rotation from the non-unit quaternion with s = 2/|q|^2,
+    translation = camera centre, ``fy = (H/2)/tan(fov_h/2)``, ``fx = (W/2)/tan(fov_w/2)``,
+    ``cx = W/2``, ``cy = H/2``. Raw: a zero FoV gives an infinite focal length here on purpose (the
+    guard belongs to what is published, see ``intrinsics_for_camera``).
+    """
+    enc = _as_f64(pose_enc)
+    if enc.shape[-1] != 9:
+        raise ValueError(f"pose encoding must have 9 values in its last axis, got shape {enc.shape}")
+    h, w = float(image_hw[0]), float(image_hw[1])
+    batch = enc.shape[:-1]
+    c2w = np.zeros(batch + (4, 4))
+    c2w[..., :3, :3] = quaternion_to_matrix(enc[..., 3:7])
+    c2w[..., :3, 3] = enc[..., :3]
+    c2w[..., 3, 3] = 1.0
+    k = np.zeros(batch + (3, 3))
+    with np.errstate(divide="ignore"):
+        k[..., 0, 0] = (w / 2.0) / np.tan(enc[..., 8] / 2.0)
+        k[..., 1, 1] = (h / 2.0) / np.tan(enc[..., 7] / 2.0)
+    k[..., 0, 2] = w / 2.0
+    k[..., 1, 2] = h / 2.0
+    k[..., 2, 2] = 1.0
+    return c2w, k
+
+
+def guard_focal(
+    focal: ArrayLike, size_px: float, fov_limits_deg: tuple[float, float] = PUBLISHED_FOV_RANGE_DEG
+) -> tuple[np.ndarray, np.ndarray]:
+    """Clamp focal length(s) so the FoV over ``size_px`` lies in ``fov_limits_deg``.
+
+    Returns ``(guarded, clamped_mask)``. Infinite focal (FoV 0) -> the narrowest allowed FoV;
+    non-positive focal (FoV >= 180 deg) -> the widest. NaN stays NaN: there is nothing to guess from.
+    """
+    f = _as_f64(focal)
+    lo, hi = fov_limits_deg
+    if not 0.0 < lo < hi < 180.0:
+        raise ValueError(f"fov_limits_deg must satisfy 0 < min < max < 180, got {fov_limits_deg}")
+    f_min = (size_px / 2.0) / math.tan(math.radians(hi) / 2.0)  # widest FoV
+    f_max = (size_px / 2.0) / math.tan(math.radians(lo) / 2.0)  # narrowest FoV
+    guarded = np.where(f <= 0.0, f_min, np.clip(f, f_min, f_max))
+    clamped = (guarded != f) & ~np.isnan(f)
+    return guarded, clamped
+
+
+def intrinsics_for_camera(
+    k_model: ArrayLike,
+    original_wh: tuple[int, int],
+    model_hw: tuple[int, int],
+    crop_offset_y: int,
+    fov_limits_deg: Optional[tuple[float, float]] = PUBLISHED_FOV_RANGE_DEG,
+) -> np.ndarray:
+    """Model-input intrinsics [..., 3, 3] -> intrinsics of the original camera image [..., 3, 3].
+
+    Undoes the resize and crop (MODEL_SPEC §11): ``s_x = W/W0``, ``s_y = new_h/H0`` with
+    ``new_h = H + 2*crop_offset_y``; ``fx0 = fx/s_x``, ``fy0 = fy/s_y``, ``cx0 = cx/s_x``,
+    ``cy0 = (cy + crop_offset_y)/s_y``. The principal point keeps the model's convention (image centre
+    in continuous pixel coordinates, no half-pixel shift).
+
+    This is for *publishing*: focal lengths are first clamped so the FoV stays inside
+    ``fov_limits_deg`` (default ``PUBLISHED_FOV_RANGE_DEG``) because the model's ReLU'd FoV can be 0
+    (infinite focal) or >= 180 deg (negative focal). ``fov_limits_deg=None`` maps without guarding.
+    The raw ``pose_enc`` is never modified.
+    """
+    k = _as_f64(k_model).copy()
+    w0, h0 = float(original_wh[0]), float(original_wh[1])
+    h, w = float(model_hw[0]), float(model_hw[1])
+    if min(w0, h0, h, w) <= 0 or crop_offset_y < 0:
+        raise ValueError(
+            f"sizes must be positive and the crop offset >= 0 (got {original_wh}, {model_hw}, {crop_offset_y})"
+        )
+    if fov_limits_deg is not None:
+        k[..., 0, 0] = guard_focal(k[..., 0, 0], w, fov_limits_deg)[0]
+        k[..., 1, 1] = guard_focal(k[..., 1, 1], h, fov_limits_deg)[0]
+    sx = w / w0
+    sy = (h + 2.0 * crop_offset_y) / h0
+    out = np.zeros_like(k)
+    out[..., 0, 0] = k[..., 0, 0] / sx
+    out[..., 1, 1] = k[..., 1, 1] / sy
+    out[..., 0, 2] = k[..., 0, 2] / sx
+    out[..., 1, 2] = (k[..., 1, 2] + crop_offset_y) / sy
+    out[..., 2, 2] = 1.0
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# frames, SE(3), Sim(3)
+# ---------------------------------------------------------------------------------------------
+def se3(rot: ArrayLike, trans: ArrayLike) -> np.ndarray:
+    """Rotation [..., 3, 3] and translation [..., 3] -> homogeneous [..., 4, 4]."""
+    r, t = _as_f64(rot), _as_f64(trans)
+    out = np.zeros(np.broadcast_shapes(r.shape[:-2], t.shape[:-1]) + (4, 4))
+    out[..., :3, :3] = r
+    out[..., :3, 3] = t
+    out[..., 3, 3] = 1.0
+    return out
+
+
+def se3_inverse(pose: ArrayLike) -> np.ndarray:
+    """Inverse of rigid transform(s) [..., 4, 4] (or [..., 3, 4]) in closed form: [R^T | -R^T t]."""
+    p = _as_f64(pose)
+    rt = np.swapaxes(p[..., :3, :3], -1, -2)
+    return se3(rt, -np.einsum("...ij,...j->...i", rt, p[..., :3, 3]))
+
+
+def optical_to_body(c2w_optical: ArrayLike, rebase_world: bool = False) -> np.ndarray:
+    """Pose(s) [..., 4, 4] of an optical frame -> pose(s) of the body frame at the same camera.
+
+    The body frame is REP 103's x forward, y left, z up (x_body = z_opt, y_body = -x_opt,
+    z_body = -y_opt): ``c2w_body = c2w_opt @ R_OPTICAL_BODY``. With ``rebase_world`` the world frame
+    (the first camera's optical axes) is re-expressed in body axes too, so a camera that never moved
+    sits at the identity and "up" is roughly +z - what RViz users expect.
+    """
+    pose = _as_f64(c2w_optical)
+    if pose.shape[-2:] == (3, 4):
+        pose = se3(pose[..., :3, :3], pose[..., :3, 3])
+    out = pose.copy()
+    out[..., :3, :3] = pose[..., :3, :3] @ R_OPTICAL_BODY
+    if rebase_world:
+        out[..., :3, :3] = R_OPTICAL_BODY.T @ out[..., :3, :3]
+        out[..., :3, 3] = np.einsum("ij,...j->...i", R_OPTICAL_BODY.T, pose[..., :3, 3])
+    return out
+
+
+def sim3_apply_to_poses(scale: float, rot: ArrayLike, trans: ArrayLike, c2w: ArrayLike) -> np.ndarray:
+    """Map c2w pose(s) [..., 4, 4] by ``X -> s R X + t`` (MODEL_SPEC §15).
+
+    Rotation becomes ``R R_i`` and centre ``s R c_i + t``; the result is again a rigid c2w (the scale
+    lives in the world, not in the camera).
+    """
+    p = _as_f64(c2w)
+    r, t = _as_f64(rot), _as_f64(trans)
+    if p.shape[-2:] == (3, 4):
+        p = se3(p[..., :3, :3], p[..., :3, 3])
+    return se3(r @ p[..., :3, :3], scale * np.einsum("ij,...j->...i", r, p[..., :3, 3]) + t)
+
+
+def sim3_apply_to_points(scale: float, rot: ArrayLike, trans: ArrayLike, points: ArrayLike) -> np.ndarray:
+    """Points [..., 3] -> ``s R p + t``."""
+    return scale * np.einsum("ij,...j->...i", _as_f64(rot), _as_f64(points)) + _as_f64(trans)
+
+
+def window_alignment(
+    c2w_anchor_prev: ArrayLike, c2w_anchor_next: ArrayLike, scale: float = 1.0
+) -> tuple[float, np.ndarray, np.ndarray]:
+    """Sim(3) that maps window ``w`` onto the already aligned window ``w-1`` (MODEL_SPEC §15).
+
+    From the anchor frame's pose in both windows, ``(R_a, c_a)`` (previous) and ``(R_b, c_b)`` (next):
+    ``R = R_a R_b^T`` and ``t = c_a - s R c_b``; ``scale`` comes from ``alignment_scale`` (depth).
+    Returns ``(s, R [3,3], t [3])`` for ``sim3_apply_to_poses``.
+    """
+    a, b = _as_f64(c2w_anchor_prev), _as_f64(c2w_anchor_next)
+    rot = a[:3, :3] @ b[:3, :3].T
+    trans = a[:3, 3] - scale * rot @ b[:3, 3]
+    return float(scale), rot, trans
+
+
+def alignment_scale(
+    depth_prev: ArrayLike,
+    depth_next: ArrayLike,
+    eps: float = float(np.finfo(np.float32).eps),
+    limits: tuple[float, float] = (1e-3, 1e3),
+) -> float:
+    """Scale of window ``w`` relative to ``w-1``: median of ``depth_prev / depth_next`` (MODEL_SPEC §15).
+
+    Over all pixels of the paired frames, keeping finite ratios where ``|depth_next| > eps``; the
+    median is the lower middle element for even counts (PyTorch's rule); clamped to ``limits``.
+    Returns 1.0 when no pixel qualifies (the official code would fail; a unit scale keeps going).
+    """
+    d_prev, d_next = _as_f64(depth_prev), _as_f64(depth_next)
+    if d_prev.shape != d_next.shape:
+        raise ValueError(f"depth shapes differ: {d_prev.shape} vs {d_next.shape}")
+    keep = np.abs(d_next) > eps
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = d_prev[keep] / d_next[keep]
+    ratio = ratio[np.isfinite(ratio)]
+    if ratio.size == 0:
+        return 1.0
+    k = (ratio.size - 1) // 2
+    med = float(np.partition(ratio, k)[k])
+    return float(np.clip(med, limits[0], limits[1]))
+
+
+def umeyama_sim3(src: ArrayLike, dst: ArrayLike, with_scale: bool = True) -> tuple[float, np.ndarray, np.ndarray]:
+    """Least-squares ``(s, R, t)`` with ``dst ~ s R src + t`` (Umeyama 1991) for points [N, 3].
+
+    Reflections are excluded (det R = +1). ``with_scale=False`` gives the rigid (SE(3)) fit with s = 1.
+    Needs at least 3 points that are not all identical.
+    """
+    x, y = _as_f64(src), _as_f64(dst)
+    if x.shape != y.shape or x.ndim != 2 or x.shape[1] != 3:
+        raise ValueError(f"need two [N, 3] point sets of equal shape, got {x.shape} and {y.shape}")
+    if x.shape[0] < 3:
+        raise ValueError(f"need at least 3 points to fit a Sim(3), got {x.shape[0]}")
+    mx, my = x.mean(0), y.mean(0)
+    xc, yc = x - mx, y - my
+    var_x = float((xc * xc).sum(1).mean())
+    if var_x <= 0.0:
+        raise ValueError("source points are all identical: rotation and scale are undefined")
+    cov = yc.T @ xc / x.shape[0]  # [3, 3]
+    u, d, vt = np.linalg.svd(cov)
+    sign = np.eye(3)
+    if np.linalg.det(u) * np.linalg.det(vt) < 0:
+        sign[2, 2] = -1.0
+    rot = u @ sign @ vt
+    scale = float(np.trace(np.diag(d) @ sign) / var_x) if with_scale else 1.0
+    trans = my - scale * rot @ mx
+    return scale, rot, trans
+
+
+# ---------------------------------------------------------------------------------------------
+# TUM trajectories
+# ---------------------------------------------------------------------------------------------
+def pose_matrices(positions: ArrayLike, quats_xyzw: ArrayLike) -> np.ndarray:
+    """Positions [N, 3] and quaternions [N, 4] (any norm) -> c2w [N, 4, 4]."""
+    return se3(quaternion_to_matrix(quats_xyzw), positions)
+
+
+def write_tum(path: Union[str, os.PathLike], stamps_sec: ArrayLike, c2w_list: ArrayLike) -> None:
+    """Write ``timestamp tx ty tz qx qy qz qw`` lines (TUM RGB-D format) for c2w poses [N, 4|3, 4].
+
+    Stamps get 9 decimals (nanoseconds; float64 resolves ~0.2 us at current epoch times); pose values
+    17 significant digits so reading back reproduces them exactly. Quaternions are unit with w >= 0.
+    """
+    stamps = _as_f64(stamps_sec).reshape(-1)
+    poses = _as_f64(c2w_list)
+    if poses.ndim != 3 or poses.shape[1:] not in ((4, 4), (3, 4)) or poses.shape[0] != stamps.shape[0]:
+        raise ValueError(f"need N stamps and N poses [N, 4, 4]; got {stamps.shape[0]} stamps, poses {poses.shape}")
+    quats = quaternion_xyzw_from_matrix(poses[:, :3, :3])
+    with open(path, "w", encoding="ascii") as f:
+        f.write("# timestamp tx ty tz qx qy qz qw\n")
+        for stamp, pose, q in zip(stamps, poses, quats):
+            vals = " ".join(f"{v:.17g}" for v in (*pose[:3, 3], *q))
+            f.write(f"{stamp:.9f} {vals}\n")
+
+
+def read_tum(path: Union[str, os.PathLike]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TUM file -> (stamps [N], positions [N, 3], quats_xyzw [N, 4]); '#' lines and blanks skipped.
+
+    Accepts spaces, tabs or commas between values; any other line shape raises with its line number.
+    """
+    rows: list[list[float]] = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            parts = text.replace(",", " ").split()
+            if len(parts) != 8:
+                raise ValueError(
+                    f"{path}:{lineno}: expected 8 values (timestamp tx ty tz qx qy qz qw), got {len(parts)}"
+                )
+            try:
+                rows.append([float(p) for p in parts])
+            except ValueError as exc:
+                raise ValueError(f"{path}:{lineno}: {exc}") from None
+    data = np.array(rows, dtype=np.float64).reshape(-1, 8)
+    return data[:, 0].copy(), data[:, 1:4].copy(), data[:, 4:8].copy()
+
+
+def associate(stamps_a: ArrayLike, stamps_b: ArrayLike, max_dt: float = 0.02) -> np.ndarray:
+    """Match timestamps of two trajectories one to one, closest first, within ``max_dt`` seconds.
+
+    Returns index pairs [M, 2] (``i`` into a, ``j`` into b) sorted by ``i`` - the rule of the TUM
+    benchmark's associate.py, vectorised over candidate neighbours.
+    """
+    a, b = _as_f64(stamps_a).reshape(-1), _as_f64(stamps_b).reshape(-1)
+    if a.size == 0 or b.size == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    order_b = np.argsort(b, kind="stable")
+    bs = b[order_b]
+    pos = np.searchsorted(bs, a)
+    cand_i, cand_j = [], []
+    for offset in (-1, 0):  # the neighbours on each side are the only candidates within reach
+        j = pos + offset
+        ok = (j >= 0) & (j < bs.size)
+        cand_i.append(np.nonzero(ok)[0])
+        cand_j.append(j[ok])
+    ci, cj = np.concatenate(cand_i), np.concatenate(cand_j)
+    dt = np.abs(a[ci] - bs[cj])
+    keep = dt <= max_dt
+    ci, cj, dt = ci[keep], cj[keep], dt[keep]
+    used_a: set[int] = set()
+    used_b: set[int] = set()
+    pairs = []
+    for k in np.argsort(dt, kind="stable"):
+        i, j = int(ci[k]), int(cj[k])
+        if i not in used_a and j not in used_b:
+            used_a.add(i)
+            used_b.add(j)
+            pairs.append((i, int(order_b[j])))
+    pairs.sort()
+    return np.array(pairs, dtype=np.int64).reshape(-1, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# trajectory metrics
+# ---------------------------------------------------------------------------------------------
+def _positions(traj: ArrayLike) -> np.ndarray:
+    """[N, 3] positions from [N, 3] points or [N, 4|3, 4] poses."""
+    t = _as_f64(traj)
+    if t.ndim == 3 and t.shape[1:] in ((4, 4), (3, 4)):
+        return t[:, :3, 3]
+    if t.ndim == 2 and t.shape[1] == 3:
+        return t
+    raise ValueError(f"trajectory must be positions [N, 3] or poses [N, 4, 4], got {t.shape}")
+
+
+def align_trajectory(est: ArrayLike, gt: ArrayLike, align: str = "sim3") -> np.ndarray:
+    """Estimated positions [N, 3] mapped onto ``gt`` by the best Sim(3) / SE(3) / nothing."""
+    pe, pg = _positions(est), _positions(gt)
+    if pe.shape != pg.shape:
+        raise ValueError(f"trajectories differ in length: {pe.shape[0]} vs {pg.shape[0]} (associate first)")
+    if align == "none":
+        return pe.copy()
+    if align not in ("sim3", "se3"):
+        raise ValueError(f"align must be 'sim3', 'se3' or 'none', got {align!r}")
+    s, r, t = umeyama_sim3(pe, pg, with_scale=align == "sim3")
+    return sim3_apply_to_points(s, r, t, pe)
+
+
+def ate_rmse(est: ArrayLike, gt: ArrayLike, align: str = "sim3") -> float:
+    """Absolute trajectory error: RMSE of position differences after alignment.
+
+    ``sim3`` is the default because the model's translation has no metric scale.
+    """
+    aligned = align_trajectory(est, gt, align)
+    err = aligned - _positions(gt)
+    return float(np.sqrt((err * err).sum(1).mean()))
+
+
+class RelativePoseError(NamedTuple):
+    """RPE over all frame pairs ``(i, i + delta)``."""
+
+    trans_rmse: float  # same unit as gt positions
+    rot_mean_deg: float
+
+
+def _rotation_angle(rot: np.ndarray) -> np.ndarray:
+    """Angle (rad) of rotation(s) [..., 3, 3], stable for small and large angles (atan2 form)."""
+    cos = (np.trace(rot, axis1=-2, axis2=-1) - 1.0) / 2.0
+    skew = rot - np.swapaxes(rot, -1, -2)
+    sin = 0.5 * np.linalg.norm(np.stack([skew[..., 2, 1], skew[..., 0, 2], skew[..., 1, 0]], -1), axis=-1)
+    return np.arctan2(sin, cos)
+
+
+def rpe(est: ArrayLike, gt: ArrayLike, delta: int = 1, align_scale: bool = True) -> RelativePoseError:
+    """Relative pose error between c2w poses [N, 4, 4] for frame offset ``delta``.
+
+    Per pair, ``E = (G_i^-1 G_j)^-1 (P_i^-1 P_j)``; translation RMSE of ``E`` and mean rotation angle.
+    Relative motions ignore the world frame but not the scale, so ``align_scale`` first rescales the
+    estimated positions by the Sim(3) scale that best fits ``gt`` (needs 3+ frames).
+    """
+    pe, pg = _as_f64(est), _as_f64(gt)
+    for name, p in (("est", pe), ("gt", pg)):
+        if p.ndim != 3 or p.shape[1:] not in ((4, 4), (3, 4)):
+            raise ValueError(f"rpe needs poses [N, 4, 4]; {name} has shape {p.shape}")
+    if pe.shape[0] != pg.shape[0]:
+        raise ValueError(f"trajectories differ in length: {pe.shape[0]} vs {pg.shape[0]} (associate first)")
+    if not 1 <= delta < pe.shape[0]:
+        raise ValueError(f"delta must be in 1..{pe.shape[0] - 1}, got {delta}")
+    pe = se3(pe[:, :3, :3], pe[:, :3, 3])
+    pg = se3(pg[:, :3, :3], pg[:, :3, 3])
+    if align_scale:
+        s, _, _ = umeyama_sim3(pe[:, :3, 3], pg[:, :3, 3])
+        pe[:, :3, 3] *= s
+    rel_e = se3_inverse(pe[:-delta]) @ pe[delta:]  # [M, 4, 4]
+    rel_g = se3_inverse(pg[:-delta]) @ pg[delta:]
+    err = se3_inverse(rel_g) @ rel_e
+    trans = np.linalg.norm(err[:, :3, 3], axis=1)
+    return RelativePoseError(
+        trans_rmse=float(np.sqrt((trans * trans).mean())),
+        rot_mean_deg=float(np.degrees(_rotation_angle(err[:, :3, :3])).mean()),
+    )
+
+
+__all__ = [
+    "PUBLISHED_FOV_RANGE_DEG",
+    "R_OPTICAL_BODY",
+    "RelativePoseError",
+    "align_trajectory",
+    "alignment_scale",
+    "associate",
+    "ate_rmse",
+    "decode_pose_encoding",
+    "guard_focal",
+    "intrinsics_for_camera",
+    "normalize_quaternion",
+    "optical_to_body",
+    "pose_matrices",
+    "quaternion_to_matrix",
+    "quaternion_xyzw_from_matrix",
+    "read_tum",
+    "rpe",
+    "se3",
+    "se3_inverse",
+    "sim3_apply_to_points",
+    "sim3_apply_to_poses",
+    "umeyama_sim3",
+    "window_alignment",
+    "write_tum",
+]

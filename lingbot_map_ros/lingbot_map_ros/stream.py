@@ -1,0 +1,486 @@
+"""StreamingSession: frames in, FrameResults out (MODEL_SPEC §9, §12).
+
+The session owns the model's caches and the streaming state machine:
+
+* phase 1 — the first ``scale_frames`` frames are buffered and processed in one call, all
+  attending to each other; they become the scale frames, kept forever;
+* phase 2 — every later frame alone; keyframes (every ``keyframe_interval``-th) are stored in the
+  KV cache, non-keyframes attend to the cache plus themselves and are forgotten (the FlashInfer
+  semantics of §9.5, in every backend);
+* limits — the RoPE frame index never reaches ``max_frame_num``; before ``max_stored_frames``
+  stored frames the long-run policy acts (``long_run.py``).
+
+It imports no rclpy: the node hands in preprocessed tensors and publishes what comes back.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+from .cache import CacheFull, CameraKVCache, PagedKVCache
+from .config import (
+    PATCH_SIZE,
+    SPECIAL_TOKENS_PER_FRAME,
+    ModelConfig,
+    RuntimeConfig,
+    StreamConfig,
+    model_config,
+    validate_runtime,
+    validate_stream,
+)
+from .geometry import decode_pose_encoding
+from .model import LingBotMap, build_model
+from .results import CacheSnapshot, FrameResult
+from .runtime import resolve_runtime
+
+TRAINING_RANGE_STORED_FRAMES = 320  # README of the official model: quality degrades beyond this
+
+
+class SessionError(RuntimeError):
+    """A frame the session cannot take; the caller counts it as dropped and carries on."""
+
+
+class SessionStopped(SessionError):
+    """The long-run policy ``stop`` was reached: the session refuses further frames until reset."""
+
+
+class FrameSizeChanged(SessionError):
+    """A frame of another model input size than the session's first frame."""
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    backend: str  # attention backend in use: flashinfer | sdpa
+    backend_reason: str  # why that backend was chosen
+    dtype: str  # compute dtype of the aggregator
+    device: str
+    model_preset: str
+    depth_available: bool
+    random_weights: bool
+
+
+@dataclass
+class _PendingFrame:
+    image: torch.Tensor  # [3, H, W]
+    stamp: Any
+
+
+class StreamingSession:
+    """One camera stream through LingBot-Map with a paged KV cache."""
+
+    def __init__(
+        self,
+        model: LingBotMap,
+        model_cfg: ModelConfig,
+        stream_cfg: StreamConfig,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        backend: str = "sdpa",
+        info: Optional[SessionInfo] = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        problems = validate_stream(stream_cfg)
+        if problems:
+            raise ValueError("; ".join(problems))
+        self.model = model
+        self.model_cfg = model_cfg
+        self.stream_cfg = stream_cfg
+        self.device = device
+        self.dtype = dtype
+        self.backend = backend
+        self.log = log
+        self.info = info or SessionInfo(
+            backend=backend,
+            backend_reason="chosen by the caller",
+            dtype=str(dtype).replace("torch.", ""),
+            device=str(device),
+            model_preset=model_cfg.preset,
+            depth_available=model.depth_head is not None,
+            random_weights=True,
+        )
+        self.session_id = 0
+        self._kv: Optional[PagedKVCache] = None  # allocated for the first frame's size
+        self._camera_kv: Optional[CameraKVCache] = None
+        self._kv_hw: Optional[tuple[int, int]] = None
+        self._new_session_state()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_config(
+        cls, runtime: RuntimeConfig, stream: StreamConfig, log: Callable[[str], None] = print
+    ) -> "StreamingSession":
+        """Build model and session from the settings users give (node parameters, CLI options)."""
+        problems = validate_runtime(runtime) + validate_stream(stream)
+        if problems:
+            raise ValueError("; ".join(problems))
+        resolved = resolve_runtime(runtime)
+        preset = runtime.resolved_preset()
+        cfg = model_config(preset)
+        model, report = build_model(
+            cfg,
+            checkpoint=runtime.checkpoint,
+            seed=runtime.seed,
+            device=resolved.device,
+            dtype=torch.float32,
+            enable_depth=True,
+            allow_unsafe=runtime.allow_unsafe_checkpoint,
+        )
+        if not runtime.checkpoint:
+            log(
+                f"NO CHECKPOINT: using random weights of the '{preset}' preset (seed {runtime.seed}); "
+                "poses are NOT meaningful"
+            )
+        else:
+            log(f"checkpoint {runtime.checkpoint}: {report.summary()}")
+        _cast_for_inference(model, resolved.dtype)
+        info = SessionInfo(
+            backend=resolved.backend,
+            backend_reason=resolved.backend_reason,
+            dtype=str(resolved.dtype).replace("torch.", ""),
+            device=str(resolved.device),
+            model_preset=preset,
+            depth_available=model.depth_head is not None,
+            random_weights=not runtime.checkpoint,
+        )
+        log(f"attention backend {info.backend} ({info.backend_reason}); dtype {info.dtype}; device {info.device}")
+        return cls(
+            model, cfg, stream, device=resolved.device, dtype=resolved.dtype, backend=resolved.backend,
+            info=info, log=log,
+        )
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def buffered(self) -> int:
+        """Frames waiting for the joint scale-frame call."""
+        return len(self._pending)
+
+    @property
+    def frames_stored(self) -> int:
+        """F: frames stored in the KV cache in this session (the next keyframe's RoPE index)."""
+        return self._stored
+
+    def push(self, frame: torch.Tensor | np.ndarray, stamp: Any = None) -> list[FrameResult]:
+        """Take one preprocessed frame ``[3, H, W]`` in [0, 1]; return the frames processed now."""
+        image = torch.as_tensor(frame, dtype=torch.float32)
+        if image.ndim != 3 or image.shape[0] != 3:
+            raise SessionError(f"expected a [3, H, W] frame, got shape {tuple(image.shape)}")
+        hw = (int(image.shape[1]), int(image.shape[2]))
+        if hw[0] % PATCH_SIZE or hw[1] % PATCH_SIZE or hw[0] <= 0 or hw[1] <= 0:
+            raise SessionError(f"frame size {hw[1]}x{hw[0]} is not a positive multiple of {PATCH_SIZE}")
+        if self._image_hw is None:
+            self._image_hw = hw
+        elif hw != self._image_hw:
+            raise FrameSizeChanged(
+                f"frame size changed from {self._image_hw[1]}x{self._image_hw[0]} to {hw[1]}x{hw[0]} "
+                "within a session; reset the session to change resolution"
+            )
+        if self._phase1_done:
+            return self._process_phase2(image, stamp)
+        self._pending.append(_PendingFrame(image, stamp))
+        if len(self._pending) >= self.stream_cfg.scale_frames:
+            return self._process_scale_frames()
+        return []
+
+    def flush(self) -> list[FrameResult]:
+        """Process buffered scale frames now, fewer than ``scale_frames`` if the stream ended early."""
+        if self._phase1_done or not self._pending:
+            return []
+        return self._process_scale_frames()
+
+    def reset(self) -> None:
+        """Start a new session: caches emptied, counters zeroed, a new world frame."""
+        self.session_id += 1
+        self._new_session_state()
+
+    def reconfigure(self, stream: StreamConfig) -> None:
+        """Apply new stream settings by starting a new session (cache geometry may change)."""
+        problems = validate_stream(stream)
+        if problems:
+            raise ValueError("; ".join(problems))
+        geometry_changed = (
+            stream.scale_frames != self.stream_cfg.scale_frames
+            or stream.sliding_window != self.stream_cfg.sliding_window
+            or stream.camera_iterations != self.stream_cfg.camera_iterations
+            or stream.max_frame_num != self.stream_cfg.max_frame_num
+        )
+        self.stream_cfg = stream
+        if geometry_changed:
+            self._release_caches()
+        self.reset()
+
+    def set_keyframe_interval(self, keyframe_interval: int) -> None:
+        """Change kf from the next frame on, without a new session (INTERFACE.md)."""
+        if keyframe_interval < 1:
+            raise ValueError(f"keyframe_interval must be >= 1 (got {keyframe_interval})")
+        # Keyframe phase restarts at the next frame so that it is a keyframe (a fresh anchor).
+        self._kf_origin = self._frame_index
+        self.stream_cfg = _replace(self.stream_cfg, keyframe_interval=keyframe_interval)
+
+    def snapshot(self) -> CacheSnapshot:
+        return self._snapshot(visible_keys=self._last_visible_keys)
+
+    def warnings(self) -> list[str]:
+        """Limits being approached, for the node's diagnostics (WARN before anything is hit)."""
+        out: list[str] = []
+        cfg = self.stream_cfg
+        limit = min(cfg.max_stored_frames, cfg.max_frame_num - 1)
+        if self._stored >= 0.9 * limit:
+            out.append(
+                f"stored frames {self._stored} of {limit} before the long-run policy '{cfg.long_run_policy}' acts"
+            )
+        if self._stored > TRAINING_RANGE_STORED_FRAMES:
+            out.append(f"{self._stored} stored frames exceed the ~{TRAINING_RANGE_STORED_FRAMES}-view training range")
+        if self._kv is not None:
+            st = self._kv.stats()
+            if st.special_pages_capacity and st.special_pages_used >= 0.9 * st.special_pages_capacity:
+                out.append(f"special pages {st.special_pages_used} of {st.special_pages_capacity}")
+        if self._stopped:
+            out.append("long-run policy 'stop' reached: frames are refused until reset")
+        return out
+
+    # ------------------------------------------------------------------ internals
+    def _new_session_state(self) -> None:
+        self._pending: list[_PendingFrame] = []
+        self._phase1_done = False
+        self._image_hw: Optional[tuple[int, int]] = None
+        self._frame_index = 0  # frames pushed into this session
+        self._stored = 0  # F
+        self._scale_count = 0  # frames processed in phase 1 (== scale_frames unless flushed early)
+        self._kf_origin = 0  # session frame index of the first phase-2 frame (kf phase origin)
+        self._stopped = False
+        self._last_visible_keys = 0
+        if self._kv is not None:
+            self._kv.reset()
+        if self._camera_kv is not None:
+            self._camera_kv.reset()
+
+    def _release_caches(self) -> None:
+        self._kv = None
+        self._camera_kv = None
+        self._kv_hw = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _ensure_caches(self, hw: tuple[int, int]) -> None:
+        """Allocate the caches for this frame size (page size = patches per frame) once."""
+        if self._kv is not None and self._kv_hw == hw:
+            return
+        self._release_caches()
+        cfg, scfg = self.model_cfg, self.stream_cfg
+        page_size = (hw[0] // PATCH_SIZE) * (hw[1] // PATCH_SIZE)
+        if SPECIAL_TOKENS_PER_FRAME + max(hw[0], hw[1]) // PATCH_SIZE > scfg.max_frame_num:
+            raise SessionError(
+                f"frame {hw[1]}x{hw[0]} needs more spatial RoPE rows than max_frame_num={scfg.max_frame_num}"
+            )
+        self._kv = PagedKVCache(
+            num_blocks=cfg.depth,
+            num_heads=cfg.num_heads,
+            head_dim=cfg.head_dim,
+            page_size=page_size,
+            scale_frames=scfg.scale_frames,
+            sliding_window=scfg.sliding_window,
+            max_frame_num=scfg.max_frame_num,
+            dtype=self.dtype,
+            device=self.device,
+            backend=self.backend,
+        )
+        self._camera_kv = CameraKVCache(
+            num_iterations=scfg.camera_iterations,
+            num_blocks=cfg.camera_trunk_depth,
+            num_heads=cfg.camera_num_heads,
+            head_dim=cfg.camera_head_dim,
+            capacity_frames=scfg.max_frame_num,
+            dtype=torch.float32,  # the camera head runs in fp32 (MODEL_SPEC §10.3)
+            device=self.device,
+        )
+        self._kv_hw = hw
+
+    def _is_keyframe(self, frame_index: int) -> bool:
+        return (frame_index - self._kf_origin) % self.stream_cfg.keyframe_interval == 0
+
+    def _process_scale_frames(self) -> list[FrameResult]:
+        frames = self._pending
+        self._pending = []
+        images = torch.stack([f.image for f in frames])  # [S, 3, H, W]
+        s = images.shape[0]
+        self._ensure_caches(self._image_hw)  # type: ignore[arg-type]
+        rope_frames = torch.arange(s)  # f = 0..S-1
+        camera_variant = (torch.arange(s) > 0).long()  # frame 0 of the session is the reference
+        scale_variant = torch.zeros(s, dtype=torch.long)  # jointly processed scale frames
+        out, elapsed_ms = self._run_model(images, rope_frames, camera_variant, scale_variant, store=True)
+        self._stored = s
+        self._scale_count = s
+        self._phase1_done = True
+        self._kf_origin = s
+        results = []
+        for j, frame in enumerate(frames):
+            results.append(
+                self._make_result(
+                    out, j, stamp=frame.stamp, is_keyframe=True, is_scale=True, rope_index=j,
+                    latency_ms=elapsed_ms / s,
+                )
+            )
+            self._frame_index += 1
+        return results
+
+    def _process_phase2(self, image: torch.Tensor, stamp: Any) -> list[FrameResult]:
+        if self._stopped:
+            raise SessionStopped("long-run policy 'stop' reached; reset the session to continue")
+        cfg = self.stream_cfg
+        is_kf = self._is_keyframe(self._frame_index)
+        f = self._stored
+        # Never feed f >= max_frame_num (the official model crashes there, MODEL_SPEC §16 #3); act
+        # before the configured stored-frame limit is passed.
+        if is_kf and (f + 1 > cfg.max_stored_frames or f + 1 >= cfg.max_frame_num):
+            return self._on_stored_frame_limit(image, stamp)
+        out, elapsed_ms = self._run_model(
+            image[None],
+            torch.tensor([f]),
+            torch.ones(1, dtype=torch.long),  # every phase-2 frame: camera/register variant 1
+            torch.ones(1, dtype=torch.long),  # and scale variant 1 (MODEL_SPEC §6)
+            store=is_kf,
+        )
+        if is_kf:
+            self._stored += 1
+        result = self._make_result(
+            out, 0, stamp=stamp, is_keyframe=is_kf, is_scale=False, rope_index=f, latency_ms=elapsed_ms
+        )
+        self._frame_index += 1
+        return [result]
+
+    def _on_stored_frame_limit(self, image: torch.Tensor, stamp: Any) -> list[FrameResult]:
+        """The next keyframe would pass ``max_stored_frames``: apply the long-run policy.
+
+        ``reset`` starts a new session (new world frame) with this frame as its first; ``stop``
+        refuses frames until reset. ``window`` is handled by ``WindowedSession`` (long_run.py),
+        which never lets this base session reach the limit.
+        """
+        policy = self.stream_cfg.long_run_policy
+        if policy == "reset":
+            self.log(
+                f"stored-frame limit {self.stream_cfg.max_stored_frames} reached: "
+                f"long_run_policy 'reset' starts session {self.session_id + 1} (new world frame)"
+            )
+            self.reset()
+            return self.push(image, stamp)
+        self._stopped = True
+        raise SessionStopped(
+            f"{self._stored} stored frames reached the limit (max_stored_frames="
+            f"{self.stream_cfg.max_stored_frames}); long_run_policy '{policy}' refuses further frames "
+            "until reset"
+        )
+
+    def _run_model(
+        self,
+        images: torch.Tensor,
+        rope_frames: torch.Tensor,
+        camera_variant: torch.Tensor,
+        scale_variant: torch.Tensor,
+        *,
+        store: bool,
+    ):
+        assert self._kv is not None and self._camera_kv is not None
+        s = images.shape[0]
+        try:
+            self._kv.begin_step(s, store=store)
+        except CacheFull as exc:
+            raise SessionError(f"KV cache full: {exc}") from exc
+        try:
+            self._camera_kv.begin_step(s, store=store)
+        except CacheFull as exc:
+            self._kv.end_step(rollback=True) if hasattr(self._kv, "abort_step") else None
+            raise SessionError(f"camera cache full: {exc}") from exc
+        self._last_visible_keys = self._kv.visible_key_count
+        start = time.perf_counter()
+        try:
+            with torch.inference_mode(), _autocast(self.device, self.dtype):
+                out = self.model(
+                    images.to(self.device, non_blocking=True),
+                    rope_frames=rope_frames.to(self.device),
+                    camera_variant=camera_variant.to(self.device),
+                    scale_variant=scale_variant.to(self.device),
+                    global_attention=self._kv,
+                    camera_attention=self._camera_kv,
+                    num_iterations=self.stream_cfg.camera_iterations,
+                    with_depth=self.stream_cfg.with_depth and self.model.depth_head is not None,
+                    max_positions=self.stream_cfg.max_frame_num,
+                )
+            pose_enc = out.pose_enc.float().cpu().numpy()  # [S, 9]; synchronises with the GPU
+            depth = None if out.depth is None else out.depth.float().cpu().numpy()
+            conf = None if out.depth_conf is None else out.depth_conf.float().cpu().numpy()
+        finally:
+            self._kv.end_step()
+            self._camera_kv.end_step()
+        elapsed_ms = (time.perf_counter() - start) * 1e3
+        return (pose_enc, depth, conf), elapsed_ms
+
+    def _make_result(
+        self, out, j: int, *, stamp: Any, is_keyframe: bool, is_scale: bool, rope_index: int, latency_ms: float
+    ) -> FrameResult:
+        pose_enc, depth, conf = out
+        hw = self._image_hw
+        c2w, intrinsics = decode_pose_encoding(pose_enc[j].astype(np.float64), hw)
+        return FrameResult(
+            frame_index=self._frame_index,
+            session_id=self.session_id,
+            stamp=stamp,
+            pose_enc=pose_enc[j].astype(np.float32),
+            c2w=c2w,
+            intrinsics=intrinsics,
+            image_hw=hw,  # type: ignore[arg-type]
+            is_keyframe=is_keyframe,
+            is_scale_frame=is_scale,
+            rope_frame_index=rope_index,
+            cache=self._snapshot(visible_keys=self._last_visible_keys),
+            latency_ms=latency_ms,
+            depth=None if depth is None else depth[j],
+            depth_conf=None if conf is None else conf[j],
+        )
+
+    def _snapshot(self, visible_keys: int) -> CacheSnapshot:
+        if self._kv is None or self._camera_kv is None:
+            return CacheSnapshot(max_frame_num=self.stream_cfg.max_frame_num)
+        st = self._kv.stats()
+        return CacheSnapshot(
+            frames_stored=self._stored,
+            scale_frames=st.scale_frames,
+            window_frames=st.window_frames,
+            frames_evicted=st.evicted_frames,
+            page_size=st.page_size,
+            patch_pages_total=st.patch_pages_total,
+            scale_pages=st.scale_frames,
+            window_pages=st.window_frames,
+            free_pages=st.free_pages,
+            special_pages=st.special_pages_used,
+            special_pages_capacity=st.special_pages_capacity,
+            special_tokens=st.special_tokens,
+            visible_keys=visible_keys,
+            camera_cache_frames=self._camera_kv.length,
+            camera_cache_capacity=self._camera_kv.capacity,
+            max_frame_num=self.stream_cfg.max_frame_num,
+            kv_bytes=self._kv.nbytes + self._camera_kv.nbytes,
+        )
+
+
+def _replace(cfg: StreamConfig, **changes) -> StreamConfig:
+    import dataclasses
+
+    return dataclasses.replace(cfg, **changes)
+
+
+def _autocast(device: torch.device, dtype: torch.dtype):
+    """The official GPU recipe: aggregator weights in bf16/fp16 under autocast (MODEL_SPEC §14)."""
+    if dtype == torch.float32:
+        return torch.autocast(device_type=device.type, enabled=False)
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def _cast_for_inference(model: LingBotMap, dtype: torch.dtype) -> None:
+    """Aggregator in the compute dtype; camera and depth heads stay fp32 (MODEL_SPEC §14)."""
+    model.eval()
+    model.aggregator.to(dtype)

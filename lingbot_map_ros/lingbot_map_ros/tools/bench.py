@@ -1,0 +1,146 @@
+"""``lingbot_map_bench``: per-frame latency, FPS and memory of the streaming session, as a table.
+
+Random weights, random frames. The steady state starts once the sliding window is full
+(``scale_frames + sliding_window * keyframe_interval`` frames); phase 1 is reported separately.
+Speed goals are judged from this table (medians and ratios of one run), never from unit tests.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..config import StreamConfig, model_config
+from ..model import build_model
+from ..runtime import resolve_backend, resolve_device, resolve_dtype
+from ..stream import StreamingSession, _cast_for_inference
+from .common import add_session_options, stream_from_args
+
+
+@dataclass
+class BenchRow:
+    backend: str
+    heads: str
+    frames: int
+    phase1_ms: float
+    steady_median_ms: float
+    steady_p90_ms: float
+    fps: float
+    peak_mem_gb: float
+    growth_gb: float  # memory at the last frame minus memory at frame 100 (or the steady start)
+    growth_span: str
+
+
+def _memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    import resource
+
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _peak_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, backend: str, frames: int,
+            height: int, width: int, heads: str) -> BenchRow:
+    stream_cfg = dataclasses.replace(stream_cfg, with_depth=(heads == "depth+camera"))
+    session = StreamingSession(model, cfg, stream_cfg, device=device, dtype=dtype, backend=backend,
+                               log=lambda m: None)
+    gen = torch.Generator().manual_seed(0)
+    pool = [torch.rand(3, height, width, generator=gen) for _ in range(8)]  # frames cycle through a pool
+    if device.type == "cuda":
+        pool = [p.pin_memory() for p in pool]
+        torch.cuda.reset_peak_memory_stats(device)
+    steady_start = stream_cfg.scale_frames + stream_cfg.sliding_window * stream_cfg.keyframe_interval
+    mark = 100 if frames > 100 else steady_start
+    per_frame: list[float] = []
+    phase1_ms = 0.0
+    mem_mark = mem_last = 0
+    for i in range(frames):
+        t0 = time.perf_counter()
+        results = session.push(pool[i % len(pool)], float(i))
+        dt = (time.perf_counter() - t0) * 1e3
+        if results and results[0].is_scale_frame:
+            phase1_ms = dt
+        elif results:
+            per_frame.append(dt)
+        if i == mark:
+            mem_mark = _memory_bytes(device)
+    mem_last = _memory_bytes(device)
+    steady = np.array(per_frame[max(0, steady_start - stream_cfg.scale_frames):] or per_frame)
+    median = float(np.median(steady))
+    return BenchRow(
+        backend=backend,
+        heads=heads,
+        frames=frames,
+        phase1_ms=phase1_ms,
+        steady_median_ms=median,
+        steady_p90_ms=float(np.percentile(steady, 90)),
+        fps=1e3 / median,
+        peak_mem_gb=_peak_bytes(device) / 1e9,
+        growth_gb=(mem_last - mem_mark) / 1e9,
+        growth_span=f"{mark}->{frames - 1}",
+    )
+
+
+def format_table(rows: list[BenchRow], header: str) -> str:
+    lines = [header, "",
+             "| backend | heads | frames | steady median ms | steady p90 ms | FPS | phase-1 ms | peak mem GB | mem growth GB (frames) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r.backend} | {r.heads} | {r.frames} | {r.steady_median_ms:.2f} | {r.steady_p90_ms:.2f} | "
+            f"{r.fps:.1f} | {r.phase1_ms:.1f} | {r.peak_mem_gb:.2f} | {r.growth_gb:+.3f} ({r.growth_span}) |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="lingbot_map_bench", description=__doc__.splitlines()[0])
+    add_session_options(p)
+    p.add_argument("--height", type=int, default=378, help="model input height (multiple of 14)")
+    p.add_argument("--width", type=int, default=518, help="model input width (multiple of 14)")
+    p.add_argument("--frames", type=int, default=208, help="frames per run, phase 1 included")
+    p.add_argument("--backends", default="", help="comma list (flashinfer,sdpa); default: the resolved backend")
+    p.add_argument("--heads", default="depth+camera,camera", help="comma list of depth+camera and/or camera")
+    args = p.parse_args(argv)
+    # Random weights always: a checkpoint changes no timing.
+    preset = args.model_preset or "tiny"
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    cfg = model_config(preset)
+    stream_cfg = stream_from_args(args)
+    stream_cfg = dataclasses.replace(stream_cfg, long_run_policy="reset",
+                                     max_stored_frames=min(args.max_frame_num - 1, max(args.frames, 2) + 8))
+    model, _ = build_model(cfg, seed=args.seed, device=device, dtype=torch.float32, enable_depth=True)
+    _cast_for_inference(model, dtype)
+    backends = [b for b in args.backends.split(",") if b] or [resolve_backend(args.attention_backend, device, dtype)[0]]
+    rows = []
+    for backend in backends:
+        for heads in [h for h in args.heads.split(",") if h]:
+            rows.append(run_one(model, cfg, stream_cfg, device, dtype, backend, args.frames,
+                                args.height, args.width, heads))
+            print(f"done: {backend} {heads}: {rows[-1].steady_median_ms:.2f} ms", file=sys.stderr, flush=True)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU x{os.cpu_count()}"
+    header = (f"lingbot_map_bench: preset {preset}, {args.width}x{args.height}, {str(dtype).replace('torch.', '')}, "
+              f"scale {args.scale_frames}, window {args.sliding_window}, kf {args.keyframe_interval}, "
+              f"camera iterations {args.camera_iterations}, {gpu}, torch {torch.__version__}")
+    print(format_table(rows, header))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

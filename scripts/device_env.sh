@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Source on the lent GPU machine (device tool) before GPU tests or benchmarks:
+#   . scripts/device_env.sh
+# Installs the carried wheels (.whl: flashinfer-python 0.6.18.post1, apache-tvm-ffi, pytest, pillow)
+# into a scratch folder, points FlashInfer's JIT at a scratch workspace (reusing kernels compiled by
+# an earlier call when they were carried in .fi_cache), and makes the package importable.
+set -e
+SITE=/tmp/site
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
+export PYTHONPATH="$SITE:$PWD/lingbot_map_ros${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="$(dirname "$(command -v python3)"):$PATH"   # FlashInfer's JIT needs ninja from the python's folder
+export FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws
+mkdir -p "$FLASHINFER_WORKSPACE_BASE"
+if [ -d .fi_cache ]; then cp -r .fi_cache/. "$FLASHINFER_WORKSPACE_BASE/"; fi
+export PYTHONUNBUFFERED=1
+python3 - <<'PY'
+import torch, flashinfer
+print(f"torch {torch.__version__}, flashinfer {flashinfer.__version__}, {torch.cuda.get_device_name()}, "
+      f"driver via nvidia-smi below")
+PY
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+set +e
