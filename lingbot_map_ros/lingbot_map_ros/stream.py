@@ -237,8 +237,8 @@ class StreamingSession:
             out.append(f"{self._stored} stored frames exceed the ~{TRAINING_RANGE_STORED_FRAMES}-view training range")
         if self._kv is not None:
             st = self._kv.stats()
-            if st.special_pages_capacity and st.special_pages_used >= 0.9 * st.special_pages_capacity:
-                out.append(f"special pages {st.special_pages_used} of {st.special_pages_capacity}")
+            if st.special_pages_capacity and st.special_pages >= 0.9 * st.special_pages_capacity:
+                out.append(f"special pages {st.special_pages} of {st.special_pages_capacity}")
         if self._stopped:
             out.append("long-run policy 'stop' reached: frames are refused until reset")
         return out
@@ -386,15 +386,16 @@ class StreamingSession:
     ):
         assert self._kv is not None and self._camera_kv is not None
         s = images.shape[0]
+        # Check the camera cache's room first so that a refusal leaves both caches untouched.
+        if self._camera_kv.length + s > self._camera_kv.capacity:
+            raise SessionError(
+                f"camera-head cache full ({self._camera_kv.length} of {self._camera_kv.capacity} frames)"
+            )
         try:
             self._kv.begin_step(s, store=store)
         except CacheFull as exc:
             raise SessionError(f"KV cache full: {exc}") from exc
-        try:
-            self._camera_kv.begin_step(s, store=store)
-        except CacheFull as exc:
-            self._kv.end_step(rollback=True) if hasattr(self._kv, "abort_step") else None
-            raise SessionError(f"camera cache full: {exc}") from exc
+        self._camera_kv.begin_step(s, store=store)
         self._last_visible_keys = self._kv.visible_key_count
         start = time.perf_counter()
         try:
@@ -450,13 +451,13 @@ class StreamingSession:
             frames_stored=self._stored,
             scale_frames=st.scale_frames,
             window_frames=st.window_frames,
-            frames_evicted=st.evicted_frames,
+            frames_evicted=st.frames_evicted,
             page_size=st.page_size,
             patch_pages_total=st.patch_pages_total,
             scale_pages=st.scale_frames,
             window_pages=st.window_frames,
             free_pages=st.free_pages,
-            special_pages=st.special_pages_used,
+            special_pages=st.special_pages,
             special_pages_capacity=st.special_pages_capacity,
             special_tokens=st.special_tokens,
             visible_keys=visible_keys,

@@ -48,8 +48,8 @@ class DenseCameraAttention:
 
 
 def _sdpa_tokens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """``[T, H, D]`` token-major SDPA (PyTorch wants heads first)."""
+    """``[T, H, D]`` token-major SDPA (PyTorch wants ``[B, H, T, D]``: 4-D input keeps CUDA's fast kernels)."""
     out = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask
-    )  # [H, T, D]
-    return out.transpose(0, 1)
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask
+    )  # [1, H, T, D]
+    return out[0].transpose(0, 1)

@@ -1,0 +1,74 @@
+"""The seam between the paged KV cache and the attention kernel that reads its pages.
+
+All global blocks share one page table at a given step (MODEL_SPEC §9.3), so a backend does its
+per-step work (index building, kernel planning) once in ``plan`` and only launches the kernel
+per block in ``run``. This is exactly the shape of FlashInfer's
+``BatchPrefillWithPagedKVCacheWrapper`` (``plan`` once, ``run`` per layer), so a FlashInfer
+backend only has to implement these two methods.
+
+Physical layout handed to ``run`` (per block, owned by ``paged.PagedKVCache``): a pair
+``(k_pages, v_pages)``, each a contiguous ``[num_pages, page_size, H, D]`` tensor ("NHD"), page ids
+as in ``pages.PageTable``; token slot ``page * page_size + offset`` is row ``page*page_size+offset``
+of ``k_pages.view(-1, H, D)``. K and V are separate (not one ``[pages, 2, page, H, D]`` tensor)
+because exact token-granular paging (FlashInfer fa3 with page size 1, the fastest exact option in
+GPU.md) needs each of them viewable as ``[pages*page, 1, H, D]``. The visible keys are all
+``page_size`` slots of every visible page except the last, then the first ``last_page_len`` slots of
+the last one. There is no mask.
+"""
+from __future__ import annotations
+
+from typing import Protocol, Sequence, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class AttentionBackend(Protocol):
+    """Attention of one request (the current step's queries) over a paged visible set."""
+
+    name: str
+
+    def plan(self, visible_pages: Sequence[int], last_page_len: int, num_query_tokens: int) -> None:
+        """Prepare the step: called once per frame step, after the page table was updated."""
+        ...
+
+    def run(self, kv_pages: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor) -> torch.Tensor:
+        """``softmax(q kᵀ/√D) v`` over the planned pages of one block.
+
+        kv_pages: ``(k_pages, v_pages)``, each ``[num_pages, page_size, H, D]``; q: ``[T, H, D]`` with
+        T the planned query count. Returns ``[T, H, D]`` in q's dtype.
+        """
+        ...
+
+
+def make_backend(
+    name: str,
+    *,
+    page_size: int,
+    num_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> AttentionBackend:
+    """Build a backend by name. ``flashinfer`` is optional and imported only when asked for.
+
+    A FlashInfer backend is expected at ``cache/flashinfer_backend.py`` as
+    ``FlashInferBackend(page_size=, num_heads=, head_dim=, dtype=, device=)``.
+    """
+    key = name.lower()
+    if key == "sdpa":
+        from .sdpa_backend import SdpaBackend
+
+        return SdpaBackend(page_size=page_size, device=device)
+    if key == "flashinfer":
+        try:
+            from .flashinfer_backend import FlashInferBackend  # type: ignore[import-not-found]
+        except ImportError as exc:  # flashinfer (or the module) is optional
+            raise ValueError(f"attention backend 'flashinfer' is not available: {exc}") from exc
+        return FlashInferBackend(
+            page_size=page_size, num_heads=num_heads, head_dim=head_dim, dtype=dtype, device=device
+        )
+    raise ValueError(f"unknown attention backend {name!r}; choose 'sdpa' or 'flashinfer'")
+
+
+__all__ = ["AttentionBackend", "make_backend"]

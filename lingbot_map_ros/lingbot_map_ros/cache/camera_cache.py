@@ -1,0 +1,134 @@
+"""KV cache of the camera head's trunk (MODEL_SPEC §10.3). Implements ``model.interfaces.CameraAttention``.
+
+One token per frame per (iteration, block); no eviction and no window: a stored frame stays
+visible until ``reset()`` (the official behaviour the weights were run with, §16 #2). The storage
+is preallocated for ``capacity_frames`` tokens, so the cache never grows tensors; a step that would
+not fit raises ``CacheFull`` before anything changes and the session decides (reset / new window).
+
+All three cases run the same code: the step's k/v are written at slots ``[length, length+S)`` and
+the queries attend over ``[0, length+S)``. Phase 1 (empty cache, S frames) thus attends among
+its own S tokens, a keyframe attends over everything stored incl. itself, and a non-keyframe does
+the same but ``end_step`` does not advance ``length``, so its slot is overwritten by the next step.
+Because of that scratch slot, every step (stored or not) needs ``length + S <= capacity_frames``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .pages import CacheFull
+from .sdpa_backend import default_sdpa_kernels, sdpa_kernel_context
+
+
+class CameraKVCache:
+    """Preallocated ``[iterations, blocks, 2, capacity, H, D]`` K/V store of the camera-head trunk."""
+
+    def __init__(
+        self,
+        num_iterations: int,
+        num_blocks: int,
+        num_heads: int,
+        head_dim: int,
+        capacity_frames: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        for label, value in (
+            ("num_iterations", num_iterations),
+            ("num_blocks", num_blocks),
+            ("num_heads", num_heads),
+            ("head_dim", head_dim),
+            ("capacity_frames", capacity_frames),
+        ):
+            if value < 1:
+                raise ValueError(f"{label} must be >= 1 (got {value})")
+        self.num_iterations = num_iterations
+        self.num_blocks = num_blocks
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.capacity = capacity_frames
+        self.dtype = dtype
+        self.device = torch.device(device)
+        # [iterations, blocks, 2 (K, V), capacity, H, D]
+        self._storage = torch.zeros(
+            (num_iterations, num_blocks, 2, capacity_frames, num_heads, head_dim), dtype=dtype, device=self.device
+        )
+        self._kernels = default_sdpa_kernels(self.device)  # the key length grows: avoid cuDNN re-plans
+        self._length = 0
+        self._step: tuple[int, bool] | None = None  # (num_frames, store) of the open step
+
+    @property
+    def storage(self) -> torch.Tensor:
+        return self._storage
+
+    @property
+    def length(self) -> int:
+        """Stored frames (tokens per iteration and block)."""
+        return self._length
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes preallocated for K/V (all blocks)."""
+        return self._storage.numel() * self._storage.element_size()
+
+    @property
+    def in_step(self) -> bool:
+        return self._step is not None
+
+    def begin_step(self, num_frames: int, *, store: bool) -> None:
+        """Open a step of ``num_frames`` frames; raises ``CacheFull`` (nothing changed) when they do not fit."""
+        if self._step is not None:
+            raise RuntimeError("begin_step() while a step is open: call end_step() first")
+        if num_frames < 1:
+            raise ValueError(f"num_frames must be >= 1 (got {num_frames})")
+        if self._length + num_frames > self.capacity:
+            raise CacheFull(
+                f"camera-head cache full: {self._length} of {self.capacity} frames stored, "
+                f"a step of {num_frames} frame(s) does not fit; start a new session"
+            )
+        self._step = (num_frames, store)
+
+    def __call__(
+        self, iteration: int, block: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """Write ``k, v [S, H, D]`` after the stored tokens and attend ``q [S, H, D]`` over all of them."""
+        if self._step is None:
+            raise RuntimeError("attention call outside a step: call begin_step() first")
+        if not 0 <= iteration < self.num_iterations:
+            raise IndexError(f"iteration {iteration} out of range 0..{self.num_iterations - 1}")
+        if not 0 <= block < self.num_blocks:
+            raise IndexError(f"block {block} out of range 0..{self.num_blocks - 1}")
+        num_frames = self._step[0]
+        expected = (num_frames, self.num_heads, self.head_dim)
+        if tuple(q.shape) != expected or tuple(k.shape) != expected or tuple(v.shape) != expected:
+            raise ValueError(
+                f"q, k, v must be {list(expected)} (got {list(q.shape)}, {list(k.shape)}, {list(v.shape)})"
+            )
+        end = self._length + num_frames
+        kv = self._storage[iteration, block]  # [2, capacity, H, D]
+        kv[0, self._length : end] = k  # [S, H, D]
+        kv[1, self._length : end] = v  # [S, H, D]
+        # 4-D views: PyTorch's fused CUDA SDPA kernels take only 4-D inputs (3-D falls back to math).
+        keys = kv[0, :end].transpose(0, 1).unsqueeze(0)  # [1, H, L+S, D]
+        values = kv[1, :end].transpose(0, 1).unsqueeze(0)  # [1, H, L+S, D]
+        qh = q.to(self.dtype).transpose(0, 1).unsqueeze(0)  # [1, H, S, D]
+        with sdpa_kernel_context(self._kernels):
+            out = F.scaled_dot_product_attention(qh, keys, values)  # [1, H, S, D]
+        return out[0].transpose(0, 1).to(q.dtype)  # [S, H, D]
+
+    def end_step(self) -> None:
+        """Close the step; only a stored step advances ``length``."""
+        if self._step is None:
+            raise RuntimeError("end_step() without begin_step()")
+        num_frames, store = self._step
+        if store:
+            self._length += num_frames
+        self._step = None
+
+    def reset(self) -> None:
+        """Forget every frame (storage kept; slots are rewritten before they become visible)."""
+        self._length = 0
+        self._step = None
+
+
+__all__ = ["CameraKVCache"]

@@ -1,0 +1,207 @@
+"""The streaming global-attention KV cache: preallocated pages per block, one shared page table.
+
+Implements ``model.interfaces.GlobalAttention``. One step of the session is::
+
+    cache.begin_step(num_frames, store=...)   # page table updated, write index + backend plan built
+    for block in range(num_blocks):           # inside the model's global blocks
+        out = cache(block, q, k, v)           # write this step's k/v, attend over the visible set
+    cache.end_step()                          # non-keyframes are rolled back here
+
+Semantics (MODEL_SPEC §9): ``store=True`` appends the step's frames (phase 1: the scale frames at
+once; phase-2 keyframe: one frame) and applies eviction *before* attention, so the step sees
+scale frames + the last ``W`` stored frames (incl. itself) + specials of every stored frame.
+``store=False`` (non-keyframe) appends with eviction deferred, so the step sees the cache as it
+stands plus its own tokens (up to ``W + 1`` recent frames), and ``end_step`` rolls the append
+back: nothing is stored and no counter moves (§9.5).
+
+Geometry (page size = patch tokens per frame, i.e. the image size; scale frames; window; pool
+sizes; head shape; dtype; device) is fixed at construction: the storage is preallocated once like
+gpt-fast's caches. A change of any of these needs a new cache object; ``reset()`` only empties it.
+If a step fails half way (an exception inside the model), call ``reset()``: blocks may then hold
+different frames.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import special_pages_capacity
+from .backend import AttentionBackend, make_backend
+from .pages import AppendPlan, PageStats, PageTable
+
+
+@dataclass(frozen=True)
+class _Step:
+    num_frames: int
+    store: bool
+    num_tokens: int
+    plan: AppendPlan
+
+
+class PagedKVCache:
+    """Paged K/V storage of every global block plus the page table they share."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        num_heads: int,
+        head_dim: int,
+        page_size: int,
+        scale_frames: int,
+        sliding_window: int,
+        max_frame_num: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        backend: str | AttentionBackend = "sdpa",
+        num_patch_pages: int | None = None,
+    ) -> None:
+        if num_blocks < 1 or num_heads < 1 or head_dim < 1:
+            raise ValueError(
+                f"num_blocks, num_heads, head_dim must be >= 1 (got {num_blocks}, {num_heads}, {head_dim})"
+            )
+        if max_frame_num < 1:
+            raise ValueError(f"max_frame_num must be >= 1 (got {max_frame_num})")
+        self.table = PageTable(
+            scale_frames=scale_frames,
+            sliding_window=sliding_window,
+            page_size=page_size,
+            num_patch_pages=num_patch_pages,
+            special_pages=special_pages_capacity(max_frame_num, page_size),
+        )
+        self.num_blocks = num_blocks
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.page_size = page_size
+        self.specials_per_frame = self.table.specials_per_frame
+        self.tokens_per_frame = self.specials_per_frame + page_size
+        self.max_frame_num = max_frame_num
+        self.dtype = dtype
+        self.device = torch.device(device)
+        # [blocks, 2 (K, V), pages, page, H, D]: per block K and V are each one contiguous [pages, page, H, D]
+        # tensor (see backend.py for why not [pages, 2, page, H, D]); zero-filled so stale slots are never NaN.
+        self._storage = torch.zeros(
+            (num_blocks, 2, self.table.num_pages, page_size, num_heads, head_dim), dtype=dtype, device=self.device
+        )
+        if isinstance(backend, str):
+            backend = make_backend(
+                backend, page_size=page_size, num_heads=num_heads, head_dim=head_dim, dtype=dtype, device=self.device
+            )
+        elif not isinstance(backend, AttentionBackend):
+            raise TypeError(f"backend must be 'sdpa', 'flashinfer' or an AttentionBackend (got {type(backend)!r})")
+        self.backend = backend
+        self._offsets = torch.arange(page_size, dtype=torch.long, device=self.device)  # [page]
+        self._write_slots: torch.Tensor | None = None  # [T] token slot of each of the step's tokens
+        self._step: _Step | None = None
+        self.last_step_visible_keys = 0
+
+    # ------------------------------------------------------------------ views
+
+    @property
+    def storage(self) -> torch.Tensor:
+        """All pages: ``[blocks, 2, pages, page, H, D]`` (0 = K, 1 = V)."""
+        return self._storage
+
+    def block_storage(self, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pages of one block as the backends take them: ``(k_pages, v_pages)``, each ``[pages, page, H, D]``."""
+        kv = self._storage[block]  # [2, pages, page, H, D]
+        return kv[0], kv[1]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes preallocated for K/V (all blocks)."""
+        return self._storage.numel() * self._storage.element_size()
+
+    @property
+    def frames_stored(self) -> int:
+        """Frames stored (``F`` of MODEL_SPEC §7.2 outside a non-keyframe step)."""
+        return self.table.frames_stored
+
+    @property
+    def visible_key_count(self) -> int:
+        """Keys a query of the current (or, outside a step, the next stored-only) step sees."""
+        return self.table.visible_key_count
+
+    @property
+    def in_step(self) -> bool:
+        return self._step is not None
+
+    @property
+    def step_plan(self) -> AppendPlan | None:
+        """Where the current step's frames went (pages, special slots, evicted pages)."""
+        return None if self._step is None else self._step.plan
+
+    def stats(self) -> PageStats:
+        return self.table.stats()
+
+    # ------------------------------------------------------------------ steps
+
+    def begin_step(self, num_frames: int, *, store: bool) -> None:
+        """Append this step's frames to the page table, build its write index and plan the backend.
+
+        Raises ``PoolExhausted`` (nothing changed) when the pools cannot take the frames.
+        """
+        if self._step is not None:
+            raise RuntimeError("begin_step() while a step is open: call end_step() first")
+        if num_frames < 1:
+            raise ValueError(f"num_frames must be >= 1 (got {num_frames})")
+        if store:
+            # A stored multi-frame step must not evict its own frames: they would vanish from the
+            # attention of the very call that is supposed to see all of them (phase 1).
+            room_in_scale = max(0, self.table.scale_frames - len(self.table.scale_pages))
+            joining_window = num_frames - min(num_frames, room_in_scale)
+            if joining_window > self.table.sliding_window:
+                raise ValueError(
+                    f"a stored step of {num_frames} frames would evict its own frames "
+                    f"(scale room {room_in_scale}, window {self.table.sliding_window})"
+                )
+        plan = self.table.append(num_frames, defer_eviction=not store)
+
+        ps, sp = self.page_size, self.specials_per_frame
+        patch_pages = torch.tensor(plan.patch_pages, dtype=torch.long, device=self.device)  # [S]
+        patch_slots = patch_pages[:, None] * ps + self._offsets  # [S, page]
+        special_slots = torch.tensor(plan.special_slots, dtype=torch.long, device=self.device).view(num_frames, sp)  # [S, 6]
+        # [T], frame-major [6 specials, page patches]: slot p*page+o is row p*page+o of the flat K (and V) pages
+        self._write_slots = torch.cat((special_slots, patch_slots), dim=1).reshape(-1)
+
+        num_tokens = num_frames * self.tokens_per_frame
+        self.backend.plan(self.table.visible_pages(), self.table.last_page_len, num_tokens)
+        self.last_step_visible_keys = self.table.visible_key_count
+        self._step = _Step(num_frames=num_frames, store=store, num_tokens=num_tokens, plan=plan)
+
+    def __call__(self, block: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store this step's ``k, v [T, H, D]`` in block ``block``'s pages, attend ``q [T, H, D]``."""
+        step = self._step
+        if step is None:
+            raise RuntimeError("attention call outside a step: call begin_step() first")
+        if not 0 <= block < self.num_blocks:
+            raise IndexError(f"block {block} out of range 0..{self.num_blocks - 1}")
+        expected = (step.num_tokens, self.num_heads, self.head_dim)
+        if tuple(k.shape) != expected or tuple(v.shape) != expected or tuple(q.shape) != expected:
+            raise ValueError(
+                f"q, k, v must be {list(expected)} for a step of {step.num_frames} frame(s) "
+                f"(got {list(q.shape)}, {list(k.shape)}, {list(v.shape)})"
+            )
+        kv = self._storage[block]  # [2, pages, page, H, D]
+        flat = kv.view(2, -1, self.num_heads, self.head_dim)  # [2, pages*page, H, D]
+        flat.index_copy_(1, self._write_slots, torch.stack((k, v)).to(self.dtype))  # one indexed write of [2, T, H, D]
+        return self.backend.run((kv[0], kv[1]), q)
+
+    def end_step(self) -> None:
+        """Close the step; a non-keyframe's append is rolled back (its pages are simply reused later)."""
+        step = self._step
+        if step is None:
+            raise RuntimeError("end_step() without begin_step()")
+        if not step.store:
+            self.table.rollback()
+        self._step = None
+
+    def reset(self) -> None:
+        """Forget every frame. Pages are not zeroed: a slot is always written before it is visible."""
+        self.table.reset()
+        self._step = None
+        self._write_slots = None
+        self.last_step_visible_keys = 0
+
+
+__all__ = ["PagedKVCache"]

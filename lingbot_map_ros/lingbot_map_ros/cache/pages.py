@@ -1,0 +1,306 @@
+"""Page bookkeeping of the global KV cache: plain Python on small integers, no tensors.
+
+Every global block appends, evicts and rolls back exactly the same frames at the same step
+(MODEL_SPEC §9.3), so one ``PageTable`` describes the page layout of all blocks; only the
+physical K/V storage is per block (``paged.PagedKVCache``). Keeping the bookkeeping free of
+tensors lets it be property-tested on its own against a list model.
+
+Layout (MODEL_SPEC §9.3, the official FlashInfer two-stream layout):
+
+* Patch pool: physical page ids ``0 .. num_patch_pages-1``. One page holds one frame's
+  ``page_size`` patch tokens. Free pages sit on a LIFO free list; initially ordered so that the
+  first pops return 0, 1, 2, ... A page joins the *scale list* while that list holds fewer than
+  ``scale_frames`` pages (kept forever), otherwise the *window FIFO*; eviction moves the oldest
+  window pages back to the free list while the window holds more than ``sliding_window`` pages.
+* Special pool: page ids ``num_patch_pages .. num_patch_pages+special_pages-1``, filled
+  sequentially with ``specials_per_frame`` tokens per frame packed back to back (a frame's
+  specials may straddle two pages). Special pages are never freed: the specials of evicted
+  frames stay visible (``kv_cache_cross_frame_special``).
+
+A non-keyframe attends to the cache plus itself and is then forgotten (§9.5). That is an append
+with eviction deferred (``append(..., defer_eviction=True)``) followed by ``rollback()``; because
+nothing was evicted in between, the rollback restores the state exactly, free-list order included.
+A non-keyframe therefore temporarily holds one patch page beyond ``scale_frames + sliding_window``,
+which is why the patch pool must have at least one page more than that.
+
+Pool exhaustion raises ``PoolExhausted`` before any state changes, so the owner (the streaming
+session) can decide what to do (reset, start a new window) with the table still consistent.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+SPECIAL_TOKENS_PER_FRAME = 6  # camera, 4 registers, scale (MODEL_SPEC §6)
+EXTRA_PATCH_PAGES = 16  # the official pool: n_sc + W + 16 patch pages
+
+
+class CacheFull(RuntimeError):
+    """A KV cache cannot take the requested frames; raised before any state changes."""
+
+
+class PoolExhausted(CacheFull):
+    """The page table ran out of patch pages or special slots; the table is unchanged."""
+
+
+@dataclass(frozen=True)
+class AppendPlan:
+    """Where the frames of one append go, in the order the frames were given.
+
+    ``special_slots`` are flat slot indices ``page * page_size + offset`` (``specials_per_frame``
+    per frame, frame-major); the patch tokens of frame ``i`` fill page ``patch_pages[i]`` entirely.
+    ``evicted`` lists the window pages returned to the free list by this append (oldest first);
+    it is always empty for a deferred append.
+    """
+
+    patch_pages: tuple[int, ...]
+    special_slots: tuple[int, ...]
+    evicted: tuple[int, ...]
+    deferred: bool
+
+
+@dataclass(frozen=True)
+class PageStats:
+    """A snapshot of the table for diagnostics (MODEL_SPEC §9.6).
+
+    During a deferred (non-keyframe) step the snapshot includes the in-flight frame.
+    """
+
+    page_size: int
+    frames_stored: int  # scale + window + evicted frames
+    scale_frames: int  # == scale pages
+    window_frames: int  # == window pages
+    frames_evicted: int  # frames whose patch pages were freed (their specials stay visible)
+    free_pages: int
+    patch_pages_total: int
+    special_pages: int  # special pages in use (the tail one may be partly filled)
+    special_pages_capacity: int
+    special_tokens: int
+    special_tokens_capacity: int
+    visible_keys: int  # (scale + window) * page_size + special_tokens
+
+
+@dataclass(frozen=True)
+class _Undo:
+    """What a deferred append changed, so ``rollback`` can restore it exactly."""
+
+    taken: tuple[int, ...]  # patch pages in the order they were popped from the free list
+    joined_scale: int  # how many of them joined the scale list (the rest joined the window)
+    special_tokens_before: int
+    frames_stored_before: int
+
+
+class PageTable:
+    """Scale list, window FIFO, LIFO free list and packed special stream of the global KV cache.
+
+    Geometry is fixed at construction (page size = patch tokens per frame); a different image
+    size or window needs a new table.
+    """
+
+    def __init__(
+        self,
+        *,
+        scale_frames: int,
+        sliding_window: int,
+        page_size: int,
+        num_patch_pages: int | None = None,
+        special_pages: int,
+        specials_per_frame: int = SPECIAL_TOKENS_PER_FRAME,
+    ) -> None:
+        if scale_frames < 1:
+            raise ValueError(f"scale_frames must be >= 1 (got {scale_frames})")
+        if sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1 (got {sliding_window})")
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1 (got {page_size})")
+        if specials_per_frame < 1:
+            raise ValueError(f"specials_per_frame must be >= 1 (got {specials_per_frame})")
+        if special_pages < 1:
+            raise ValueError(f"special_pages must be >= 1 (got {special_pages})")
+        minimum = scale_frames + sliding_window + 1  # + 1: a non-keyframe's temporary page
+        if num_patch_pages is None:
+            num_patch_pages = scale_frames + sliding_window + EXTRA_PATCH_PAGES
+        if num_patch_pages < minimum:
+            raise ValueError(
+                f"num_patch_pages ({num_patch_pages}) must be >= scale_frames + sliding_window + 1 "
+                f"({minimum}): a non-keyframe holds one page beyond the window until it is rolled back"
+            )
+        self.scale_frames = scale_frames
+        self.sliding_window = sliding_window
+        self.page_size = page_size
+        self.num_patch_pages = num_patch_pages
+        self.special_pages = special_pages
+        self.specials_per_frame = specials_per_frame
+        self.reset()
+
+    # ------------------------------------------------------------------ state
+
+    def reset(self) -> None:
+        """Empty the table: every patch page free again, in the initial pop order 0, 1, 2, ..."""
+        self._free: list[int] = list(range(self.num_patch_pages - 1, -1, -1))  # pop() from the end
+        self._scale: list[int] = []
+        self._window: deque[int] = deque()
+        self._special_tokens = 0
+        self._frames_stored = 0
+        self._undo: _Undo | None = None
+
+    @property
+    def num_pages(self) -> int:
+        """Physical pages per block: patch pool followed by special pool."""
+        return self.num_patch_pages + self.special_pages
+
+    @property
+    def special_tokens_capacity(self) -> int:
+        return self.special_pages * self.page_size
+
+    @property
+    def frames_stored(self) -> int:
+        """Frames appended and not rolled back (scale + window + evicted)."""
+        return self._frames_stored
+
+    @property
+    def frames_evicted(self) -> int:
+        return self._frames_stored - len(self._scale) - len(self._window)
+
+    @property
+    def special_tokens(self) -> int:
+        return self._special_tokens
+
+    @property
+    def special_pages_used(self) -> int:
+        return -(-self._special_tokens // self.page_size)  # ceil
+
+    @property
+    def scale_pages(self) -> list[int]:
+        return list(self._scale)
+
+    @property
+    def window_pages(self) -> list[int]:
+        """Oldest first."""
+        return list(self._window)
+
+    @property
+    def free_list(self) -> list[int]:
+        """Free patch pages in pop order (the next page handed out first)."""
+        return self._free[::-1]
+
+    @property
+    def pending_rollback(self) -> bool:
+        """True between a deferred append and its ``rollback``."""
+        return self._undo is not None
+
+    # ------------------------------------------------------------ operations
+
+    def append(self, num_frames: int, *, defer_eviction: bool = False) -> AppendPlan:
+        """Take one patch page and ``specials_per_frame`` special slots per frame.
+
+        With ``defer_eviction`` the window may exceed ``sliding_window`` until ``rollback()``,
+        which is then the only operation allowed besides ``reset()`` and the read-only queries.
+        Raises ``PoolExhausted`` (state unchanged) when pages or special slots would run out.
+        """
+        if num_frames < 1:
+            raise ValueError(f"num_frames must be >= 1 (got {num_frames})")
+        if self._undo is not None:
+            raise RuntimeError("append() after a deferred append: call rollback() first")
+        specials_needed = num_frames * self.specials_per_frame
+        if self._special_tokens + specials_needed > self.special_tokens_capacity:
+            raise PoolExhausted(
+                f"special pool full: {self._special_tokens} of {self.special_tokens_capacity} special "
+                f"slots used, {num_frames} frame(s) need {specials_needed} more "
+                f"({self._frames_stored} frames stored); start a new session"
+            )
+        if num_frames > len(self._free):
+            raise PoolExhausted(
+                f"patch pool exhausted: {num_frames} page(s) needed, {len(self._free)} free of "
+                f"{self.num_patch_pages}"
+            )
+
+        taken = tuple(self._free.pop() for _ in range(num_frames))
+        joined_scale = min(num_frames, self.scale_frames - len(self._scale))
+        self._scale.extend(taken[:joined_scale])
+        self._window.extend(taken[joined_scale:])
+
+        first = self._special_tokens
+        specials = tuple(self.num_patch_pages * self.page_size + first + i for i in range(specials_needed))
+        undo = _Undo(taken, joined_scale, self._special_tokens, self._frames_stored)
+        self._special_tokens += specials_needed
+        self._frames_stored += num_frames
+
+        evicted: list[int] = []
+        if defer_eviction:
+            self._undo = undo
+        else:
+            while len(self._window) > self.sliding_window:
+                page = self._window.popleft()
+                self._free.append(page)
+                evicted.append(page)
+        return AppendPlan(patch_pages=taken, special_slots=specials, evicted=tuple(evicted), deferred=defer_eviction)
+
+    def rollback(self) -> None:
+        """Undo the last deferred append exactly (free-list order, special tail, counters)."""
+        undo = self._undo
+        if undo is None:
+            raise RuntimeError("rollback() is only allowed right after a deferred append")
+        joined_window = len(undo.taken) - undo.joined_scale
+        for _ in range(joined_window):
+            self._window.pop()
+        for _ in range(undo.joined_scale):
+            self._scale.pop()
+        self._free.extend(reversed(undo.taken))  # the first page taken is popped first again
+        self._special_tokens = undo.special_tokens_before
+        self._frames_stored = undo.frames_stored_before
+        self._undo = None
+
+    # --------------------------------------------------------------- queries
+
+    def visible_pages(self) -> list[int]:
+        """Page table of one attention request: scale pages, window pages, used special pages."""
+        first_special = self.num_patch_pages
+        specials = range(first_special, first_special + self.special_pages_used)
+        return [*self._scale, *self._window, *specials]
+
+    @property
+    def last_page_len(self) -> int:
+        """Valid tokens in the last visible page (MODEL_SPEC §9.3).
+
+        Specials in the tail special page, ``page_size`` when it is exactly full, and
+        ``page_size`` when there is no special page (the last page is then a full patch page).
+        """
+        rest = self._special_tokens % self.page_size
+        return rest if rest else self.page_size
+
+    @property
+    def visible_key_count(self) -> int:
+        return (len(self._scale) + len(self._window)) * self.page_size + self._special_tokens
+
+    def stats(self) -> PageStats:
+        return PageStats(
+            page_size=self.page_size,
+            frames_stored=self._frames_stored,
+            scale_frames=len(self._scale),
+            window_frames=len(self._window),
+            frames_evicted=self.frames_evicted,
+            free_pages=len(self._free),
+            patch_pages_total=self.num_patch_pages,
+            special_pages=self.special_pages_used,
+            special_pages_capacity=self.special_pages,
+            special_tokens=self._special_tokens,
+            special_tokens_capacity=self.special_tokens_capacity,
+            visible_keys=self.visible_key_count,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"PageTable(scale={self._scale}, window={list(self._window)}, free={len(self._free)}, "
+            f"special_tokens={self._special_tokens}, pending_rollback={self.pending_rollback})"
+        )
+
+
+__all__ = [
+    "SPECIAL_TOKENS_PER_FRAME",
+    "CacheFull",
+    "PoolExhausted",
+    "AppendPlan",
+    "PageStats",
+    "PageTable",
+]
