@@ -117,6 +117,7 @@ class RuntimeConfig:
     model_preset: str = ""  # "" = full with a checkpoint, tiny without
     seed: int = 0  # random-weight initialisation
     allow_unsafe_checkpoint: bool = False  # allow torch.load(weights_only=False)
+    cuda_graphs: bool = True  # replay phase-2 frame steps as CUDA graphs (CUDA only)
 
     def resolved_preset(self) -> str:
         if self.model_preset:

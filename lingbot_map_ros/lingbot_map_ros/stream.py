@@ -34,6 +34,7 @@ from .config import (
 )
 from .geometry import decode_pose_encoding
 from .model import LingBotMap, build_model
+from .cuda_graph import GraphedFrameStep
 from .results import CacheSnapshot, FrameResult
 from .runtime import resolve_runtime
 
@@ -83,6 +84,7 @@ class StreamingSession:
         backend: str = "sdpa",
         info: Optional[SessionInfo] = None,
         log: Callable[[str], None] = print,
+        cuda_graphs: bool = True,
     ) -> None:
         problems = validate_stream(stream_cfg)
         if problems:
@@ -104,6 +106,11 @@ class StreamingSession:
             random_weights=True,
         )
         self.session_id = 0
+        # CUDA graphs for one-frame steps: only on CUDA, and only with half-precision pages (the
+        # graph-capable attention kernels are flash/FlashInfer).
+        self.use_cuda_graphs = bool(cuda_graphs) and device.type == "cuda" and dtype != torch.float32
+        self._graph_step: Optional[GraphedFrameStep] = None
+        self._graph_key: Optional[tuple] = None
         self._kv: Optional[PagedKVCache] = None  # allocated for the first frame's size
         self._camera_kv: Optional[CameraKVCache] = None
         self._kv_hw: Optional[tuple[int, int]] = None
@@ -150,7 +157,7 @@ class StreamingSession:
         log(f"attention backend {info.backend} ({info.backend_reason}); dtype {info.dtype}; device {info.device}")
         return cls(
             model, cfg, stream, device=resolved.device, dtype=resolved.dtype, backend=resolved.backend,
-            info=info, log=log,
+            info=info, log=log, cuda_graphs=runtime.cuda_graphs,
         )
 
     # ------------------------------------------------------------------ public API
@@ -260,6 +267,8 @@ class StreamingSession:
             self._camera_kv.reset()
 
     def _release_caches(self) -> None:
+        self._graph_step = None
+        self._graph_key = None
         self._kv = None
         self._camera_kv = None
         self._kv_hw = None
@@ -288,6 +297,7 @@ class StreamingSession:
             dtype=self.dtype,
             device=self.device,
             backend=self.backend,
+            single_frame_backend=self._graph_backend(page_size) if self.use_cuda_graphs else None,
         )
         self._camera_kv = CameraKVCache(
             num_iterations=scfg.camera_iterations,
@@ -297,8 +307,59 @@ class StreamingSession:
             capacity_frames=scfg.max_frame_num,
             dtype=torch.float32,  # the camera head runs in fp32 (MODEL_SPEC §10.3)
             device=self.device,
+            static=self.use_cuda_graphs,
         )
         self._kv_hw = hw
+
+    def _graph_backend(self, page_size: int):
+        """A single-frame attention backend whose buffers have fixed addresses (CUDA graphs)."""
+        cfg, scfg = self.model_cfg, self.stream_cfg
+        patch_pages = scfg.scale_frames + scfg.sliding_window + 1  # +1: a non-keyframe's own page
+        max_stored = min(scfg.max_stored_frames, scfg.max_frame_num - 1) + 1
+        max_specials = SPECIAL_TOKENS_PER_FRAME * max_stored
+        tokens = SPECIAL_TOKENS_PER_FRAME + page_size
+        if self.backend == "flashinfer":
+            from .cache.flashinfer_backend import FlashInferBackend
+
+            return FlashInferBackend(
+                page_size=page_size, num_heads=cfg.num_heads, head_dim=cfg.head_dim, dtype=self.dtype,
+                device=self.device, use_cuda_graph=True,
+                max_visible_pages=patch_pages + -(-max_specials // page_size) + 1, max_query_tokens=tokens,
+            )
+        from .cache.sdpa_backend import StaticSdpaBackend
+
+        return StaticSdpaBackend(
+            page_size=page_size, num_heads=cfg.num_heads, head_dim=cfg.head_dim,
+            max_keys=patch_pages * page_size + max_specials, num_query_tokens=tokens,
+            dtype=self.dtype, device=self.device,
+        )
+
+    def _graphed_step(self) -> GraphedFrameStep:
+        """The captured one-frame step for the current size and head settings (built on first use)."""
+        key = (self._kv_hw, self.stream_cfg.camera_iterations, self._with_depth)
+        if self._graph_step is None or self._graph_key != key:
+            kv, camera_kv = self._kv, self._camera_kv
+            ones = torch.ones(1, dtype=torch.long, device=self.device)
+            iterations, with_depth, max_positions = self.stream_cfg.camera_iterations, self._with_depth, self.stream_cfg.max_frame_num
+
+            def run(images: torch.Tensor, rope_frames: torch.Tensor):
+                with torch.inference_mode(), _autocast(self.device, self.dtype):
+                    return self.model(
+                        images, rope_frames=rope_frames, camera_variant=ones, scale_variant=ones,
+                        global_attention=kv, camera_attention=camera_kv, num_iterations=iterations,
+                        with_depth=with_depth, max_positions=max_positions, validate=False,
+                    )
+
+            backend = kv.single_frame_backend
+            self._graph_step = GraphedFrameStep(
+                self.model, self._kv_hw, self.device, run, lambda: getattr(backend, "plan_signature", ())
+            )
+            self._graph_key = key
+        return self._graph_step
+
+    @property
+    def _with_depth(self) -> bool:
+        return self.stream_cfg.with_depth and self.model.depth_head is not None
 
     def _is_keyframe(self, frame_index: int) -> bool:
         return (frame_index - self._kf_origin) % self.stream_cfg.keyframe_interval == 0
@@ -399,18 +460,10 @@ class StreamingSession:
         self._last_visible_keys = self._kv.visible_key_count
         start = time.perf_counter()
         try:
-            with torch.inference_mode(), _autocast(self.device, self.dtype):
-                out = self.model(
-                    images.to(self.device, non_blocking=True),
-                    rope_frames=rope_frames.to(self.device),
-                    camera_variant=camera_variant.to(self.device),
-                    scale_variant=scale_variant.to(self.device),
-                    global_attention=self._kv,
-                    camera_attention=self._camera_kv,
-                    num_iterations=self.stream_cfg.camera_iterations,
-                    with_depth=self.stream_cfg.with_depth and self.model.depth_head is not None,
-                    max_positions=self.stream_cfg.max_frame_num,
-                )
+            if self.use_cuda_graphs and s == 1:
+                out = self._graphed_step()(images, int(rope_frames[0]))
+            else:
+                out = self._eager_step(images, rope_frames, camera_variant, scale_variant)
             pose_enc = out.pose_enc.float().cpu().numpy()  # [S, 9]; synchronises with the GPU
             depth = None if out.depth is None else out.depth.float().cpu().numpy()
             conf = None if out.depth_conf is None else out.depth_conf.float().cpu().numpy()
@@ -419,6 +472,20 @@ class StreamingSession:
             self._camera_kv.end_step()
         elapsed_ms = (time.perf_counter() - start) * 1e3
         return (pose_enc, depth, conf), elapsed_ms
+
+    def _eager_step(self, images, rope_frames, camera_variant, scale_variant):
+        with torch.inference_mode(), _autocast(self.device, self.dtype):
+            return self.model(
+                images.to(self.device, non_blocking=True),
+                rope_frames=rope_frames.to(self.device),
+                camera_variant=camera_variant.to(self.device),
+                scale_variant=scale_variant.to(self.device),
+                global_attention=self._kv,
+                camera_attention=self._camera_kv,
+                num_iterations=self.stream_cfg.camera_iterations,
+                with_depth=self._with_depth,
+                max_positions=self.stream_cfg.max_frame_num,
+            )
 
     def _make_result(
         self, out, j: int, *, stamp: Any, is_keyframe: bool, is_scale: bool, rope_index: int, latency_ms: float

@@ -101,3 +101,21 @@ def test_step_protocol_errors() -> None:
         cache(0, 0, torch.randn(2, HEADS, HEAD_DIM), x, x)
     with pytest.raises(ValueError):
         CameraKVCache(1, 1, HEADS, HEAD_DIM, capacity_frames=0, dtype=torch.float32, device="cpu")
+
+
+def test_static_mode_equals_dynamic_mode():
+    """The CUDA-graph-safe mode (device-held slot, masked full-capacity attention) computes the same."""
+    torch.manual_seed(3)
+    dynamic = CameraKVCache(2, 2, 2, 8, 16, torch.float32, "cpu")
+    static = CameraKVCache(2, 2, 2, 8, 16, torch.float32, "cpu", static=True)
+    for num_frames, store in [(3, True), (1, True), (1, False), (1, True), (1, False), (1, True)]:
+        dynamic.begin_step(num_frames, store=store)
+        static.begin_step(num_frames, store=store)
+        for iteration in range(2):
+            for block in range(2):
+                q, k, v = torch.randn(3, num_frames, 2, 8).unbind(0)
+                torch.testing.assert_close(static(iteration, block, q, k, v), dynamic(iteration, block, q, k, v),
+                                           rtol=1e-5, atol=1e-6)
+        dynamic.end_step()
+        static.end_step()
+    assert static.length == dynamic.length == 6

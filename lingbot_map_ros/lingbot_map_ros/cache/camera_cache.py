@@ -32,7 +32,11 @@ class CameraKVCache:
         capacity_frames: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        static: bool = False,
     ) -> None:
+        """``static``: CUDA-graph-safe one-frame steps: the write slot and the visible length live in
+        device buffers set by ``begin_step``, and attention runs over the whole capacity with an
+        additive mask (-inf past the visible length), so no shape or address depends on the length."""
         for label, value in (
             ("num_iterations", num_iterations),
             ("num_blocks", num_blocks),
@@ -56,6 +60,10 @@ class CameraKVCache:
         self._kernels = default_sdpa_kernels(self.device)  # the key length grows: avoid cuDNN re-plans
         self._length = 0
         self._step: tuple[int, bool] | None = None  # (num_frames, store) of the open step
+        self.static = static
+        self._slot = torch.zeros(1, dtype=torch.long, device=self.device)  # [1] write slot of a one-frame step
+        self._positions = torch.arange(capacity_frames, device=self.device)  # [capacity]
+        self._mask = torch.zeros(1, 1, 1, capacity_frames, dtype=dtype, device=self.device)  # additive
 
     @property
     def storage(self) -> torch.Tensor:
@@ -87,6 +95,10 @@ class CameraKVCache:
                 f"a step of {num_frames} frame(s) does not fit; start a new session"
             )
         self._step = (num_frames, store)
+        if self.static and num_frames == 1:
+            self._slot.fill_(self._length)
+            visible = self._positions <= self._length  # [capacity]: stored tokens + this step's slot
+            self._mask.copy_(torch.where(visible, 0.0, float("-inf")).to(self.dtype).view_as(self._mask))
 
     def __call__(
         self, iteration: int, block: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -104,8 +116,10 @@ class CameraKVCache:
             raise ValueError(
                 f"q, k, v must be {list(expected)} (got {list(q.shape)}, {list(k.shape)}, {list(v.shape)})"
             )
-        end = self._length + num_frames
         kv = self._storage[iteration, block]  # [2, capacity, H, D]
+        if self.static and num_frames == 1:
+            return self._attend_static(kv, q, k, v)
+        end = self._length + num_frames
         kv[0, self._length : end] = k  # [S, H, D]
         kv[1, self._length : end] = v  # [S, H, D]
         # 4-D views: PyTorch's fused CUDA SDPA kernels take only 4-D inputs (3-D falls back to math).
@@ -115,6 +129,15 @@ class CameraKVCache:
         with sdpa_kernel_context(self._kernels):
             out = F.scaled_dot_product_attention(qh, keys, values)  # [1, H, S, D]
         return out[0].transpose(0, 1).to(q.dtype)  # [S, H, D]
+
+    def _attend_static(self, kv: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        kv[0].index_copy_(0, self._slot, k.to(self.dtype))  # [1, H, D] at the device-held slot
+        kv[1].index_copy_(0, self._slot, v.to(self.dtype))
+        keys = kv[0].transpose(0, 1).unsqueeze(0)  # [1, H, capacity, D]
+        values = kv[1].transpose(0, 1).unsqueeze(0)
+        qh = q.to(self.dtype).transpose(0, 1).unsqueeze(0)  # [1, H, 1, D]
+        out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=self._mask)  # [1, H, 1, D]
+        return out[0].transpose(0, 1).to(q.dtype)  # [1, H, D]
 
     def end_step(self) -> None:
         """Close the step; only a stored step advances ``length``."""

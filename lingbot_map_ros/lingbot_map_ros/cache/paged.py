@@ -55,7 +55,11 @@ class PagedKVCache:
         device: torch.device | str,
         backend: str | AttentionBackend = "sdpa",
         num_patch_pages: int | None = None,
+        single_frame_backend: AttentionBackend | None = None,
     ) -> None:
+        """``single_frame_backend``: an optional second backend for one-frame steps (phase 2), e.g. a
+        CUDA-graph-capable one whose buffers have fixed addresses; multi-frame steps (phase 1) keep
+        using ``backend``."""
         if num_blocks < 1 or num_heads < 1 or head_dim < 1:
             raise ValueError(
                 f"num_blocks, num_heads, head_dim must be >= 1 (got {num_blocks}, {num_heads}, {head_dim})"
@@ -90,8 +94,14 @@ class PagedKVCache:
         elif not isinstance(backend, AttentionBackend):
             raise TypeError(f"backend must be 'sdpa', 'flashinfer' or an AttentionBackend (got {type(backend)!r})")
         self.backend = backend
+        self.single_frame_backend = single_frame_backend
         self._offsets = torch.arange(page_size, dtype=torch.long, device=self.device)  # [page]
-        self._write_slots: torch.Tensor | None = None  # [T] token slot of each of the step's tokens
+        # [T] token slot of each of the step's tokens. One persistent buffer sized for the largest
+        # step (phase 1): a one-frame step always uses the view [:P] of it, a fixed address, so a
+        # captured CUDA graph's index_copy_ reads the current step's slots.
+        max_tokens = max(1, scale_frames) * self.tokens_per_frame
+        self._write_slot_buffer = torch.zeros(max_tokens, dtype=torch.long, device=self.device)
+        self._write_slots: torch.Tensor | None = None
         self._step: _Step | None = None
         self.last_step_visible_keys = 0
 
@@ -162,12 +172,22 @@ class PagedKVCache:
         patch_slots = patch_pages[:, None] * ps + self._offsets  # [S, page]
         special_slots = torch.tensor(plan.special_slots, dtype=torch.long, device=self.device).view(num_frames, sp)  # [S, 6]
         # [T], frame-major [6 specials, page patches]: slot p*page+o is row p*page+o of the flat K (and V) pages
-        self._write_slots = torch.cat((special_slots, patch_slots), dim=1).reshape(-1)
-
+        slots = torch.cat((special_slots, patch_slots), dim=1).reshape(-1)  # [T]
         num_tokens = num_frames * self.tokens_per_frame
-        self.backend.plan(self.table.visible_pages(), self.table.last_page_len, num_tokens)
+        if num_tokens > self._write_slot_buffer.numel():
+            self._write_slot_buffer = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+        self._write_slots = self._write_slot_buffer[:num_tokens]
+        self._write_slots.copy_(slots)
+
+        self._backend_for(num_frames).plan(self.table.visible_pages(), self.table.last_page_len, num_tokens)
         self.last_step_visible_keys = self.table.visible_key_count
         self._step = _Step(num_frames=num_frames, store=store, num_tokens=num_tokens, plan=plan)
+
+    def _backend_for(self, num_frames: int) -> AttentionBackend:
+        """One-frame steps use the single-frame backend when one is set (CUDA graphs), others ``backend``."""
+        if num_frames == 1 and self.single_frame_backend is not None:
+            return self.single_frame_backend
+        return self.backend
 
     def __call__(self, block: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Store this step's ``k, v [T, H, D]`` in block ``block``'s pages, attend ``q [T, H, D]``."""
@@ -185,7 +205,7 @@ class PagedKVCache:
         kv = self._storage[block]  # [2, pages, page, H, D]
         flat = kv.view(2, -1, self.num_heads, self.head_dim)  # [2, pages*page, H, D]
         flat.index_copy_(1, self._write_slots, torch.stack((k, v)).to(self.dtype))  # one indexed write of [2, T, H, D]
-        return self.backend.run((kv[0], kv[1]), q)
+        return self._backend_for(step.num_frames).run((kv[0], kv[1]), q)
 
     def end_step(self) -> None:
         """Close the step; a non-keyframe's append is rolled back (its pages are simply reused later)."""

@@ -98,4 +98,62 @@ class SdpaBackend:
         return out[0].transpose(0, 1).to(q.dtype)  # [T, H, D]
 
 
-__all__ = ["SdpaBackend", "default_sdpa_kernels", "sdpa_kernel_context"]
+class StaticSdpaBackend:
+    """CUDA-graph-capturable variant for one-frame steps: every tensor it touches has a fixed address.
+
+    ``plan`` (outside the graph) writes the visible slots into a fixed-size index buffer (padded with
+    slot 0) and the key count into a device ``cu_seqlens_k = [0, N]``. ``run`` (inside the graph)
+    gathers a fixed ``max_keys`` rows into preallocated K/V buffers and calls PyTorch's varlen flash
+    kernel, which reads the true length ``N`` from ``cu_seqlens_k`` on the device: the padding rows
+    are never attended, the key length can change every frame without re-planning or re-capturing,
+    and no mask is needed. fp16/bf16 on CUDA only (flash attention).
+    """
+
+    name = "sdpa"
+
+    def __init__(self, *, page_size: int, num_heads: int, head_dim: int, max_keys: int, num_query_tokens: int,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        self.page_size = page_size
+        self.device = torch.device(device)
+        self.max_keys = max_keys
+        self.num_query_tokens = num_query_tokens
+        self.scale = head_dim**-0.5
+        self._offsets = torch.arange(page_size, dtype=torch.long, device=self.device)  # [page]
+        self._slots = torch.zeros(max_keys, dtype=torch.long, device=self.device)  # [max_keys]
+        self._cu_q = torch.tensor([0, num_query_tokens], dtype=torch.int32, device=self.device)  # [2]
+        self._cu_k = torch.zeros(2, dtype=torch.int32, device=self.device)  # [2] = [0, N]
+        self._k = torch.zeros(max_keys, num_heads, head_dim, dtype=dtype, device=self.device)  # [max_keys, H, D]
+        self._v = torch.zeros_like(self._k)
+        self._num_keys = 0
+
+    @property
+    def num_keys(self) -> int:
+        return self._num_keys
+
+    def plan(self, visible_pages: Sequence[int], last_page_len: int, num_query_tokens: int) -> None:
+        if num_query_tokens != self.num_query_tokens:
+            raise ValueError(f"planned for {self.num_query_tokens} query tokens (got {num_query_tokens})")
+        ps = self.page_size
+        num_keys = (len(visible_pages) - 1) * ps + last_page_len
+        if num_keys > self.max_keys:
+            raise ValueError(f"{num_keys} visible keys exceed the static capacity {self.max_keys}")
+        pages = torch.tensor(list(visible_pages), dtype=torch.long).to(self.device, non_blocking=True)  # [V]
+        slots = (pages[:, None] * ps + self._offsets).reshape(-1)[:num_keys]  # [N]
+        self._slots[:num_keys].copy_(slots)
+        self._slots[num_keys:].zero_()
+        self._cu_k[1].fill_(num_keys)
+        self._num_keys = num_keys
+
+    def run(self, kv_pages: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor) -> torch.Tensor:
+        k_pages, v_pages = kv_pages
+        num_heads, head_dim = k_pages.shape[-2:]
+        torch.index_select(k_pages.view(-1, num_heads, head_dim), 0, self._slots, out=self._k)  # [max_keys, H, D]
+        torch.index_select(v_pages.view(-1, num_heads, head_dim), 0, self._slots, out=self._v)
+        out = torch.ops.aten._flash_attention_forward(
+            q.to(self._k.dtype).contiguous(), self._k, self._v, self._cu_q, self._cu_k,
+            self.num_query_tokens, self.max_keys, 0.0, False, False, scale=self.scale,
+        )[0]  # [T, H, D]
+        return out.to(q.dtype)
+
+
+__all__ = ["SdpaBackend", "StaticSdpaBackend", "default_sdpa_kernels", "sdpa_kernel_context"]
