@@ -36,7 +36,7 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 # The wheels' exported CMake targets name the include folders of the machine that built them.
 PYINC=$("$VENV/bin/python" -c 'import sysconfig;print(sysconfig.get_paths()["include"])')
 NPINC=$("$VENV/bin/python" -c 'import numpy;print(numpy.get_include())')
-grep -rl '/opt/python/cp311-cp311' "$VENV/share" --include='*.cmake' | xargs -r sed -i \
+{ grep -rl '/opt/python/cp311-cp311' "$VENV/share" --include='*.cmake' || true; } | xargs -r sed -i \
   -e "s#/opt/python/cp311-cp311/include/python3.11#$PYINC#g" \
   -e "s#/opt/python/cp311-cp311/lib/python3.11/site-packages/numpy/_core/include#$NPINC#g"
 
@@ -80,7 +80,9 @@ CM
   build_interfaces "$TF2"
 fi
 
-"${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT/lingbot_map_ros"
+# compat mode: a .pth puts lingbot_map_ros/ on sys.path, so `python -m lingbot_map_ros.tools...` also
+# works from the repository root (whose lingbot_map_ros/ folder would otherwise shadow the package).
+"${PIP[@]}" --no-deps --no-build-isolation --config-settings editable_mode=compat -e "$ROOT/lingbot_map_ros"
 "$VENV/bin/python" -c 'import rclpy, torch, lingbot_map_msgs.msg, tf2_msgs.msg, lingbot_map_ros' \
   || { echo "[setup] import check failed" >&2; exit 1; }
 inputs_hash >"$STAMP"

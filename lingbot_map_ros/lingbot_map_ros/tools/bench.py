@@ -19,12 +19,14 @@ import torch
 from ..config import StreamConfig, model_config
 from ..model import build_model
 from ..runtime import resolve_backend, resolve_device, resolve_dtype
+from ..long_run import WindowedSession
 from ..stream import StreamingSession, _cast_for_inference
 from .common import add_session_options, stream_from_args
 
 
 @dataclass
 class BenchRow:
+    variant: str  # backend + graph mode, e.g. flashinfer+graph
     backend: str
     heads: str
     frames: int
@@ -54,11 +56,13 @@ def _peak_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, backend: str, frames: int,
-            height: int, width: int, heads: str) -> BenchRow:
+def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, variant: str, frames: int,
+            height: int, width: int, heads: str, report_every: int = 0) -> tuple[BenchRow, np.ndarray]:
+    backend, _, mode = variant.partition("+")
     stream_cfg = dataclasses.replace(stream_cfg, with_depth=(heads == "depth+camera"))
-    session = StreamingSession(model, cfg, stream_cfg, device=device, dtype=dtype, backend=backend,
-                               log=lambda m: None)
+    session_cls = WindowedSession if stream_cfg.long_run_policy == "window" else StreamingSession
+    session = session_cls(model, cfg, stream_cfg, device=device, dtype=dtype, backend=backend,
+                          log=lambda m: None, cuda_graphs=(mode == "graph"))
     gen = torch.Generator().manual_seed(0)
     pool = [torch.rand(3, height, width, generator=gen) for _ in range(8)]  # frames cycle through a pool
     if device.type == "cuda":
@@ -67,22 +71,30 @@ def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, backend: str, f
     steady_start = stream_cfg.scale_frames + stream_cfg.sliding_window * stream_cfg.keyframe_interval
     mark = 100 if frames > 100 else steady_start
     per_frame: list[float] = []
+    poses: list[np.ndarray] = []
     phase1_ms = 0.0
     mem_mark = mem_last = 0
     for i in range(frames):
         t0 = time.perf_counter()
         results = session.push(pool[i % len(pool)], float(i))
         dt = (time.perf_counter() - t0) * 1e3
+        poses += [r.pose_enc for r in results]
         if results and results[0].is_scale_frame:
             phase1_ms = dt
         elif results:
             per_frame.append(dt)
         if i == mark:
             mem_mark = _memory_bytes(device)
+        if report_every and (i + 1) % report_every == 0:
+            recent = per_frame[-report_every:]
+            windows = getattr(session, "window_switches", 0)
+            print(f"  frames {i + 1}: median {np.median(recent):.2f} ms/frame over the last {len(recent)}, "
+                  f"memory {_memory_bytes(device) / 1e9:.3f} GB, windows {windows}", file=sys.stderr, flush=True)
     mem_last = _memory_bytes(device)
     steady = np.array(per_frame[max(0, steady_start - stream_cfg.scale_frames):] or per_frame)
     median = float(np.median(steady))
     return BenchRow(
+        variant=variant,
         backend=backend,
         heads=heads,
         frames=frames,
@@ -93,16 +105,16 @@ def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, backend: str, f
         peak_mem_gb=_peak_bytes(device) / 1e9,
         growth_gb=(mem_last - mem_mark) / 1e9,
         growth_span=f"{mark}->{frames - 1}",
-    )
+    ), np.stack(poses)
 
 
 def format_table(rows: list[BenchRow], header: str) -> str:
     lines = [header, "",
-             "| backend | heads | frames | steady median ms | steady p90 ms | FPS | phase-1 ms | peak mem GB | mem growth GB (frames) |",
+             "| variant | heads | frames | steady median ms | steady p90 ms | FPS | phase-1 ms | peak mem GB | mem growth GB (frames) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
-            f"| {r.backend} | {r.heads} | {r.frames} | {r.steady_median_ms:.2f} | {r.steady_p90_ms:.2f} | "
+            f"| {r.variant} | {r.heads} | {r.frames} | {r.steady_median_ms:.2f} | {r.steady_p90_ms:.2f} | "
             f"{r.fps:.1f} | {r.phase1_ms:.1f} | {r.peak_mem_gb:.2f} | {r.growth_gb:+.3f} ({r.growth_span}) |"
         )
     return "\n".join(lines)
@@ -114,8 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--height", type=int, default=378, help="model input height (multiple of 14)")
     p.add_argument("--width", type=int, default=518, help="model input width (multiple of 14)")
     p.add_argument("--frames", type=int, default=208, help="frames per run, phase 1 included")
-    p.add_argument("--backends", default="", help="comma list (flashinfer,sdpa); default: the resolved backend")
+    p.add_argument("--variants", default="",
+                   help="comma list of BACKEND[+graph|+eager] (e.g. flashinfer+graph,sdpa+graph); "
+                        "default: the resolved backend with CUDA graphs on CUDA")
     p.add_argument("--heads", default="depth+camera,camera", help="comma list of depth+camera and/or camera")
+    p.add_argument("--report-every", type=int, default=0, help="print the recent median and memory every N frames")
     args = p.parse_args(argv)
     # Random weights always: a checkpoint changes no timing.
     preset = args.model_preset or "tiny"
@@ -123,22 +138,32 @@ def main(argv: list[str] | None = None) -> int:
     dtype = resolve_dtype(args.dtype, device)
     cfg = model_config(preset)
     stream_cfg = stream_from_args(args)
-    stream_cfg = dataclasses.replace(stream_cfg, long_run_policy="reset",
-                                     max_stored_frames=min(args.max_frame_num - 1, max(args.frames, 2) + 8))
     model, _ = build_model(cfg, seed=args.seed, device=device, dtype=torch.float32, enable_depth=True)
     _cast_for_inference(model, dtype)
-    backends = [b for b in args.backends.split(",") if b] or [resolve_backend(args.attention_backend, device, dtype)[0]]
+    default_variant = resolve_backend(args.attention_backend, device, dtype)[0] + ("+graph" if device.type == "cuda" else "")
+    variants = [v for v in args.variants.split(",") if v] or [default_variant]
     rows = []
-    for backend in backends:
-        for heads in [h for h in args.heads.split(",") if h]:
-            rows.append(run_one(model, cfg, stream_cfg, device, dtype, backend, args.frames,
-                                args.height, args.width, heads))
-            print(f"done: {backend} {heads}: {rows[-1].steady_median_ms:.2f} ms", file=sys.stderr, flush=True)
+    pose_diffs: list[str] = []
+    for heads in [h for h in args.heads.split(",") if h]:
+        reference: np.ndarray | None = None
+        for variant in variants:
+            row, poses = run_one(model, cfg, stream_cfg, device, dtype, variant, args.frames, args.height, args.width, heads,
+                                 args.report_every)
+            rows.append(row)
+            print(f"done: {variant} {heads}: {row.steady_median_ms:.2f} ms", file=sys.stderr, flush=True)
+            if reference is None:
+                reference = poses
+            else:
+                rel = float(np.linalg.norm(poses - reference) / max(np.linalg.norm(reference), 1e-12))
+                pose_diffs.append(f"pose_enc relative difference {variant} vs {variants[0]} ({heads}, "
+                                  f"{len(poses)} frames): {rel:.2e}")
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU x{os.cpu_count()}"
     header = (f"lingbot_map_bench: preset {preset}, {args.width}x{args.height}, {str(dtype).replace('torch.', '')}, "
               f"scale {args.scale_frames}, window {args.sliding_window}, kf {args.keyframe_interval}, "
               f"camera iterations {args.camera_iterations}, {gpu}, torch {torch.__version__}")
     print(format_table(rows, header))
+    for line in pose_diffs:
+        print(line)
     return 0
 
 

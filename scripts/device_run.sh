@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The GPU run of record (device machine, nvidia-h200): GPU correctness tests, then the benchmark
+# table of issue 4. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
+#   bash scripts/device_run.sh [quick|full|long]
+# Everything it prints also lands in $OUT (gpu_tests.log, bench.txt, long.txt) and the JIT-compiled
+# FlashInfer kernels are packed into $OUT/fi_cache_*.tgz so a later call can skip compiling
+# (unpack into .fi_cache/).
+set -uo pipefail
+MODE=${1:-full}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+. scripts/device_env.sh
+BENCH=(python3 -m lingbot_map_ros.tools.bench --model-preset full --device cuda --dtype bfloat16
+       --height 378 --width 518 --scale-frames 8 --sliding-window 64 --camera-iterations 4)
+if [ "$MODE" != long ]; then
+  timeout 300 python3 -m pytest lingbot_map_ros/test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
+fi
+if [ "$MODE" = quick ]; then
+  "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"
+elif [ "$MODE" = full ]; then
+  "${BENCH[@]}" --frames 208 --variants flashinfer+graph,sdpa+graph,flashinfer+eager,sdpa+eager \
+      --heads depth+camera,camera 2>&1 | tee "$OUT/bench.txt"
+else
+  # memory growth from frame 100 to 1000, and the long-run policy over 10,000 frames
+  "${BENCH[@]}" --frames 1000 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/growth.txt"
+  "${BENCH[@]}" --frames 10000 --long-run-policy window --max-stored-frames 320 --variants flashinfer+graph \
+      --heads depth+camera --report-every 1000 2>&1 | tee "$OUT/long.txt"
+fi
+# ship compiled kernels back (each under 16 MB)
+( cd "${FLASHINFER_WORKSPACE_BASE}" && find . -name '*.so' | head -8 | while read -r so; do
+    tar czf "$OUT/fi_cache_$(basename "$(dirname "$so")").tgz" "$(dirname "$so")"; done ) 2>/dev/null
+ls -la "$OUT"

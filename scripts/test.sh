@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The README's test command: sets everything up (idempotent, scripts/setup_env.sh), then runs the
+# package's tests with pytest. Extra arguments go to pytest (e.g. `-k node`, `-m "not slow"`).
+#
+# ROS tests start real nodes: DDS discovery is kept on loopback, each run gets its own domain id
+# and log folder (the tests give each node process a domain id of its own from that base).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${LINGBOT_VENV:-$ROOT/.venv}
+bash "$ROOT/scripts/setup_env.sh"
+
+export ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST
+export ROS_DOMAIN_ID=${ROS_DOMAIN_ID:-$(( RANDOM % 101 + 1 ))}
+if [ -z "${ROS_LOG_DIR:-}" ]; then
+  ROS_LOG_DIR=$(mktemp -d -t lingbot_ros_log.XXXXXX)
+  export ROS_LOG_DIR
+fi
+export PYTHONUNBUFFERED=1
+
+cd "$ROOT"
+set +e
+"$VENV/bin/pytest" lingbot_map_ros/test -q -rs "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then  # pytest's "no tests collected" (e.g. a -k/-m filter that matches nothing)
+  echo "[test] no tests were collected for: ${*:-<all>}" >&2
+  rc=0
+fi
+exit "$rc"
