@@ -1,0 +1,175 @@
+"""DPT depth head (MODEL_SPEC §13): four aggregated token maps -> per-pixel depth and confidence.
+
+Optional for the node (poses do not need it) but required for depth output and windowed alignment.
+Runs in fp32 with autocast off on chunks of 8 frames (memory only; no numerical effect).
+Reproduces the in-place-ReLU residual quirk (§16 #7): the skip of a residual unit adds ``relu(x)``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+FRAME_CHUNK = 8
+OUTPUT_HIDDEN = 32  # channels between the two output convolutions (fixed in the official head)
+
+
+def _upsample(x: Tensor, size: tuple[int, int]) -> Tensor:
+    return F.interpolate(x, size=size, mode="bilinear", align_corners=True)
+
+
+def sincos_position_codes(
+    channels: int, h: int, w: int, image_h: int, image_w: int, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """Separable position code of a feature map of an ``image_h×image_w`` image (§13, "PE").
+
+    Returns ``code_u [C/2, w]`` (channels ``[0, C/2)``, vary along columns) and ``code_v [C/2, h]``
+    (channels ``[C/2, C)``, vary along rows). Coordinates are aspect-aware and generated in ``dtype``;
+    each is encoded with ``C/4`` float64 frequencies ``1/100^(m/n)`` as ``[sin..., cos...]`` and the
+    result rounded once to ``dtype``.
+    """
+    if channels % 4 != 0:
+        raise ValueError(f"position-map channels must be divisible by 4 (got {channels})")
+    aspect = image_w / image_h
+    diag = math.sqrt(aspect * aspect + 1.0)
+    span_u = (aspect / diag) * (w - 1) / w
+    span_v = (1.0 / diag) * (h - 1) / h
+    u = torch.linspace(-span_u, span_u, w, dtype=dtype)  # [w]
+    v = torch.linspace(-span_v, span_v, h, dtype=dtype)  # [h]
+    n = channels // 4
+    omega = 1.0 / (100.0 ** (torch.arange(n, dtype=torch.float64) / n))  # [n]
+
+    def encode(z: Tensor) -> Tensor:
+        ang = z.to(torch.float64)[:, None] * omega[None, :]  # [len, n]
+        return torch.cat([ang.sin(), ang.cos()], dim=1).to(dtype).T.contiguous()  # [2n, len]
+
+    return encode(u), encode(v)
+
+
+def sincos_position_map(channels: int, h: int, w: int, image_h: int, image_w: int, dtype: torch.dtype) -> Tensor:
+    """The full ``[C, h, w]`` position map (materialised; the head itself adds it by broadcasting)."""
+    code_u, code_v = sincos_position_codes(channels, h, w, image_h, image_w, dtype)
+    half = channels // 2
+    return torch.cat([code_u[:, None, :].expand(half, h, w), code_v[:, :, None].expand(half, h, w)], dim=0)
+
+
+class ResidualConvUnit(nn.Module):
+    """``relu(x) + conv2(relu(conv1(relu(x))))`` — the skip adds relu(x) (official in-place ReLU)."""
+
+    def __init__(self, features: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(features, features, 3, padding=1)
+        self.conv2 = nn.Conv2d(features, features, 3, padding=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = torch.relu(x)
+        return x + self.conv2(torch.relu(self.conv1(x)))
+
+
+class FeatureFusionBlock(nn.Module):
+    """``out_conv(up(RCU₂(a + RCU₁(b)), size))``; refinenet4 has no RCU₁ (and no keys for it)."""
+
+    def __init__(self, features: int, has_skip: bool = True) -> None:
+        super().__init__()
+        if has_skip:
+            self.resConfUnit1 = ResidualConvUnit(features)
+        self.resConfUnit2 = ResidualConvUnit(features)
+        self.out_conv = nn.Conv2d(features, features, 1)
+
+    def forward(self, a: Tensor, b: Tensor | None, size: tuple[int, int]) -> Tensor:
+        x = a if b is None else a + self.resConfUnit1(b)
+        x = _upsample(self.resConfUnit2(x), size)
+        return self.out_conv(x)
+
+
+class Scratch(nn.Module):
+    """Container so the keys read ``scratch.layerN_rn`` / ``scratch.refinenetN`` / ``scratch.output_conv*``."""
+
+    def __init__(self, in_channels: tuple[int, int, int, int], features: int) -> None:
+        super().__init__()
+        self.layer1_rn = nn.Conv2d(in_channels[0], features, 3, padding=1, bias=False)
+        self.layer2_rn = nn.Conv2d(in_channels[1], features, 3, padding=1, bias=False)
+        self.layer3_rn = nn.Conv2d(in_channels[2], features, 3, padding=1, bias=False)
+        self.layer4_rn = nn.Conv2d(in_channels[3], features, 3, padding=1, bias=False)
+        self.refinenet1 = FeatureFusionBlock(features)
+        self.refinenet2 = FeatureFusionBlock(features)
+        self.refinenet3 = FeatureFusionBlock(features)
+        self.refinenet4 = FeatureFusionBlock(features, has_skip=False)
+        self.output_conv1 = nn.Conv2d(features, features // 2, 3, padding=1)
+        self.output_conv2 = nn.Sequential(
+            nn.Conv2d(features // 2, OUTPUT_HIDDEN, 3, padding=1), nn.ReLU(), nn.Conv2d(OUTPUT_HIDDEN, 2, 1)
+        )
+
+
+class DPTDepthHead(nn.Module):
+    def __init__(
+        self,
+        dim_in: int = 2048,
+        patch_size: int = 14,
+        features: int = 256,
+        out_channels: tuple[int, int, int, int] = (256, 512, 1024, 1024),
+        patch_start_idx: int = 6,
+    ) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        self.patch_start_idx = patch_start_idx
+        self.norm = nn.LayerNorm(dim_in, eps=1e-5)
+        self.projects = nn.ModuleList(nn.Conv2d(dim_in, oc, 1) for oc in out_channels)
+        self.resize_layers = nn.ModuleList(
+            [
+                nn.ConvTranspose2d(out_channels[0], out_channels[0], 4, stride=4),
+                nn.ConvTranspose2d(out_channels[1], out_channels[1], 2, stride=2),
+                nn.Identity(),  # no keys at index 2
+                nn.Conv2d(out_channels[3], out_channels[3], 3, stride=2, padding=1),
+            ]
+        )
+        self.scratch = Scratch(out_channels, features)
+        self._pe_cache: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+    def forward(self, token_list: list[Tensor], image_hw: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        """token_list: 4 × ``[S, P, dim_in]`` -> depth ``[S, H, W]``, confidence ``[S, H, W]`` (fp32)."""
+        if len(token_list) != 4:
+            raise ValueError(f"the DPT head needs 4 token maps (got {len(token_list)})")
+        S = token_list[0].shape[0]
+        depths, confs = [], []
+        with torch.autocast(device_type=token_list[0].device.type, enabled=False):
+            for start in range(0, S, FRAME_CHUNK):
+                chunk = [t[start : start + FRAME_CHUNK].float() for t in token_list]
+                d, c = self._forward_chunk(chunk, image_hw)
+                depths.append(d)
+                confs.append(c)
+        return torch.cat(depths, dim=0), torch.cat(confs, dim=0)
+
+    def _add_pe(self, x: Tensor, image_hw: tuple[int, int]) -> Tensor:
+        """``x + 0.1·PE`` without materialising PE: codes cached per (shape, image, dtype, device)."""
+        C, h, w = x.shape[1], x.shape[2], x.shape[3]
+        key = (C, h, w, image_hw, x.dtype, str(x.device))
+        codes = self._pe_cache.get(key)
+        if codes is None:
+            cu, cv = sincos_position_codes(C, h, w, image_hw[0], image_hw[1], x.dtype)
+            codes = (cu.to(x.device) * 0.1, cv.to(x.device) * 0.1)  # scaled once, same fp32 products
+            self._pe_cache[key] = codes
+        cu, cv = codes
+        half = C // 2
+        return torch.cat([x[:, :half] + cu[None, :, None, :], x[:, half:] + cv[None, :, :, None]], dim=1)
+
+    def _forward_chunk(self, tokens: list[Tensor], image_hw: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        H, W = image_hw
+        ph, pw = H // self.patch_size, W // self.patch_size
+        layers = []
+        for l, t in enumerate(tokens):
+            x = self.norm(t[:, self.patch_start_idx :])  # [n, Np, 2C]
+            x = x.transpose(1, 2).reshape(x.shape[0], x.shape[2], ph, pw)  # [n, 2C, ph, pw]
+            x = self._add_pe(self.projects[l](x), image_hw)  # [n, oc_l, ph, pw]
+            layers.append(self.resize_layers[l](x))
+        s = self.scratch
+        l1, l2, l3, l4 = s.layer1_rn(layers[0]), s.layer2_rn(layers[1]), s.layer3_rn(layers[2]), s.layer4_rn(layers[3])
+        o = s.refinenet4(l4, None, tuple(l3.shape[2:]))
+        o = s.refinenet3(o, l3, tuple(l2.shape[2:]))
+        o = s.refinenet2(o, l2, tuple(l1.shape[2:]))
+        o = s.refinenet1(o, l1, (2 * l1.shape[2], 2 * l1.shape[3]))
+        o = _upsample(s.output_conv1(o), (H, W))  # [n, F/2, H, W]
+        o = s.output_conv2(self._add_pe(o, image_hw))  # [n, 2, H, W]
+        return torch.exp(o[:, 0]), 1 + torch.exp(o[:, 1])

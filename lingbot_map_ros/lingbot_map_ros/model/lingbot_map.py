@@ -1,0 +1,121 @@
+"""LingBot-Map streaming model: aggregator + camera head (+ optional DPT depth head).
+
+Submodule names make ``state_dict()`` keys identical to the official checkpoint (MODEL_SPEC §3.2).
+The model holds no streaming state: frame indices, token variants and the two attention seams come
+from the caller (the streaming session, or a test reference).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..config import ModelConfig
+from .aggregator import Aggregator
+from .blocks import LayerScale
+from .camera_head import CameraCausalHead
+from .depth_head import DPTDepthHead
+from .interfaces import CameraAttention, GlobalAttention
+from .rope import DEFAULT_MAX_POSITIONS
+
+MAX_CAMERA_ITERATIONS = 4
+
+
+@dataclass
+class ModelOutput:
+    pose_enc: Tensor  # [S, 9] fp32, last refinement iteration
+    depth: Tensor | None = None  # [S, H, W] fp32; None when not requested or no depth head
+    depth_conf: Tensor | None = None  # [S, H, W] fp32
+
+
+class LingBotMap(nn.Module):
+    def __init__(self, cfg: ModelConfig, *, enable_depth: bool = True) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.aggregator = Aggregator(cfg)
+        self.camera_head = CameraCausalHead(
+            cfg.camera_dim, cfg.camera_num_heads, cfg.camera_trunk_depth, cfg.mlp_ratio, cfg.layerscale_init
+        )
+        self.depth_head: DPTDepthHead | None = (
+            DPTDepthHead(
+                cfg.camera_dim, cfg.patch_size, cfg.depth_features, tuple(cfg.depth_out_channels), cfg.num_special_tokens
+            )
+            if enable_depth
+            else None
+        )
+
+    @property
+    def has_depth(self) -> bool:
+        return self.depth_head is not None
+
+    def forward(
+        self,
+        images: Tensor,
+        *,
+        rope_frames: Tensor,
+        camera_variant: Tensor,
+        scale_variant: Tensor,
+        global_attention: GlobalAttention,
+        camera_attention: CameraAttention,
+        num_iterations: int = 4,
+        with_depth: bool = False,
+        max_positions: int = DEFAULT_MAX_POSITIONS,
+        validate: bool = True,
+    ) -> ModelOutput:
+        """images ``[S, 3, H, W]`` in [0, 1]; per-frame ``rope_frames``/``camera_variant``/``scale_variant`` ``[S]``."""
+        if not 1 <= num_iterations <= MAX_CAMERA_ITERATIONS:
+            raise ValueError(f"num_iterations must be in 1..{MAX_CAMERA_ITERATIONS} (got {num_iterations})")
+        tokens = self.aggregator(
+            images,
+            rope_frames=rope_frames,
+            camera_variant=camera_variant,
+            scale_variant=scale_variant,
+            global_attention=global_attention,
+            max_positions=max_positions,
+            validate=validate,
+        )  # list of [S, P, 2C]
+        poses = self.camera_head(tokens[-1][:, 0], camera_attention, num_iterations)
+        out = ModelOutput(pose_enc=poses[-1])
+        if with_depth and self.depth_head is not None:
+            out.depth, out.depth_conf = self.depth_head(tokens, (images.shape[2], images.shape[3]))
+        return out
+
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0) -> None:
+        """Deterministic random initialisation (same values on every device for a given seed).
+
+        Values are drawn on the CPU in fp32 from one generator, in ``named_parameters`` order, then
+        copied in (and cast to each parameter's dtype): linear/conv weights, position and special
+        tokens trunc-normal std 0.02, biases 0, LayerNorm 1/0, LayerScale ``cfg.layerscale_init``,
+        unused ``mask_token`` 0. Tokens get std 0.02 (not DINO's 1e-6) so token variants matter
+        with random weights.
+        """
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        layerscale = {id(m.gamma) for m in self.modules() if isinstance(m, LayerScale)}
+        norms = {id(p) for m in self.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters(recurse=False)}
+        for name, p in self.named_parameters():
+            value = torch.empty(p.shape, dtype=torch.float32)
+            if id(p) in layerscale:
+                value.fill_(self.cfg.layerscale_init)
+            elif id(p) in norms:
+                value.fill_(1.0 if name.endswith("weight") else 0.0)
+            elif name.endswith("bias") or name.endswith("mask_token"):
+                value.zero_()
+            else:
+                _trunc_normal(value, std=0.02, gen=gen)
+            p.copy_(value)
+        self.aggregator.reset_buffers()
+
+
+def _trunc_normal(t: Tensor, std: float, gen: torch.Generator, bound: float = 2.0) -> None:
+    """Normal(0, std) truncated to ±bound·std by inverse CDF (one uniform draw per value).
+
+    torch's ``trunc_normal_`` rejection-samples in a Python loop, which takes seconds even for the
+    tiny preset; this is one vectorised pass.
+    """
+    lo = 0.5 * (1.0 + math.erf(-bound / math.sqrt(2.0)))  # Φ(-bound)
+    t.uniform_(2 * lo - 1, 1 - 2 * lo, generator=gen)  # = 2Φ(x) - 1 on the allowed range
+    t.erfinv_().mul_(std * math.sqrt(2.0)).clamp_(-bound * std, bound * std)
