@@ -17,7 +17,7 @@ fi
 if [ "$MODE" = quick ]; then
   "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"
 elif [ "$MODE" = full ]; then
-  "${BENCH[@]}" --frames 208 --variants flashinfer+graph,sdpa+graph,flashinfer+eager,sdpa+eager \
+  "${BENCH[@]}" --frames 208 --variants flashinfer+graph,flashinfer:fa3+graph,sdpa+graph,flashinfer+eager,sdpa+eager \
       --heads depth+camera,camera 2>&1 | tee "$OUT/bench.txt"
 else
   # memory growth from frame 100 to 1000, and the long-run policy over 10,000 frames

@@ -85,6 +85,7 @@ class StreamingSession:
         info: Optional[SessionInfo] = None,
         log: Callable[[str], None] = print,
         cuda_graphs: bool = True,
+        flashinfer_kernel: str = "fa2",
     ) -> None:
         problems = validate_stream(stream_cfg)
         if problems:
@@ -109,6 +110,7 @@ class StreamingSession:
         # CUDA graphs for one-frame steps: only on CUDA, and only with half-precision pages (the
         # graph-capable attention kernels are flash/FlashInfer).
         self.use_cuda_graphs = bool(cuda_graphs) and device.type == "cuda" and dtype != torch.float32
+        self.flashinfer_kernel = flashinfer_kernel  # fa2 (official page layout) or fa3 (exact token pages)
         self._graph_step: Optional[GraphedFrameStep] = None
         self._graph_key: Optional[tuple] = None
         self._kv: Optional[PagedKVCache] = None  # allocated for the first frame's size
@@ -296,7 +298,7 @@ class StreamingSession:
             max_frame_num=scfg.max_frame_num,
             dtype=self.dtype,
             device=self.device,
-            backend=self.backend,
+            backend=self._eager_backend(page_size),
             single_frame_backend=self._graph_backend(page_size) if self.use_cuda_graphs else None,
         )
         self._camera_kv = CameraKVCache(
@@ -311,6 +313,15 @@ class StreamingSession:
         )
         self._kv_hw = hw
 
+    def _eager_backend(self, page_size: int):
+        if self.backend != "flashinfer":
+            return self.backend
+        from .cache.flashinfer_backend import FlashInferBackend
+
+        cfg = self.model_cfg
+        return FlashInferBackend(page_size=page_size, num_heads=cfg.num_heads, head_dim=cfg.head_dim,
+                                 dtype=self.dtype, device=self.device, kernel=self.flashinfer_kernel)
+
     def _graph_backend(self, page_size: int):
         """A single-frame attention backend whose buffers have fixed addresses (CUDA graphs)."""
         cfg, scfg = self.model_cfg, self.stream_cfg
@@ -323,7 +334,7 @@ class StreamingSession:
 
             return FlashInferBackend(
                 page_size=page_size, num_heads=cfg.num_heads, head_dim=cfg.head_dim, dtype=self.dtype,
-                device=self.device, use_cuda_graph=True,
+                device=self.device, use_cuda_graph=True, kernel=self.flashinfer_kernel,
                 max_visible_pages=patch_pages + -(-max_specials // page_size) + 1, max_query_tokens=tokens,
             )
         from .cache.sdpa_backend import StaticSdpaBackend

@@ -59,10 +59,11 @@ def _peak_bytes(device: torch.device) -> int:
 def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, variant: str, frames: int,
             height: int, width: int, heads: str, report_every: int = 0) -> tuple[BenchRow, np.ndarray]:
     backend, _, mode = variant.partition("+")
+    backend, _, kernel = backend.partition(":")  # flashinfer:fa3 = FlashInfer's fa3 kernel on token pages
     stream_cfg = dataclasses.replace(stream_cfg, with_depth=(heads == "depth+camera"))
     session_cls = WindowedSession if stream_cfg.long_run_policy == "window" else StreamingSession
     session = session_cls(model, cfg, stream_cfg, device=device, dtype=dtype, backend=backend,
-                          log=lambda m: None, cuda_graphs=(mode == "graph"))
+                          log=lambda m: None, cuda_graphs=(mode == "graph"), flashinfer_kernel=kernel or "fa2")
     gen = torch.Generator().manual_seed(0)
     pool = [torch.rand(3, height, width, generator=gen) for _ in range(8)]  # frames cycle through a pool
     if device.type == "cuda":
