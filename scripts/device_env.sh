@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Source on the lent GPU machine (device tool) before GPU tests or benchmarks:
 #   . scripts/device_env.sh
-# Installs the carried wheels (.whl: flashinfer-python 0.6.18.post1, apache-tvm-ffi, pytest, pillow)
-# into a scratch folder, points FlashInfer's JIT at a scratch workspace (reusing kernels compiled by
-# an earlier call when they were carried in .fi_cache), and makes the package importable.
+# Installs the carried wheels (.whl: flashinfer-python 0.6.18.post1, apache-tvm-ffi, pillow; the
+# image has torch, numpy, pytest) into a scratch folder, points FlashInfer's JIT at a scratch
+# workspace, places kernels compiled by an earlier call (carried in .fi_aot/<name>/<name>.so) where
+# FlashInfer looks for prebuilt ones (flashinfer/data/aot), and makes the package importable.
 set -e
 SITE=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
@@ -11,7 +12,7 @@ export PYTHONPATH="$SITE:$PWD/lingbot_map_ros${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$(dirname "$(command -v python3)"):$PATH"   # FlashInfer's JIT needs ninja from the python's folder
 export FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws
 mkdir -p "$FLASHINFER_WORKSPACE_BASE"
-if [ -d .fi_cache ]; then cp -r .fi_cache/. "$FLASHINFER_WORKSPACE_BASE/"; fi
+if [ -d .fi_aot ]; then mkdir -p "$SITE/flashinfer/data/aot" && cp -r .fi_aot/. "$SITE/flashinfer/data/aot/"; fi
 export PYTHONUNBUFFERED=1
 python3 - <<'PY'
 import torch, flashinfer

@@ -3,8 +3,8 @@
 # table of issue 4. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
 #   bash scripts/device_run.sh [quick|full|long]
 # Everything it prints also lands in $OUT (gpu_tests.log, bench.txt, long.txt) and the JIT-compiled
-# FlashInfer kernels are packed into $OUT/fi_cache_*.tgz so a later call can skip compiling
-# (unpack into .fi_cache/).
+# FlashInfer kernels are copied to $OUT/*.so so a later call can skip compiling (put each one at
+# .fi_aot/<name>/<name>.so and carry .fi_aot).
 set -uo pipefail
 MODE=${1:-full}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -16,16 +16,18 @@ if [ "$MODE" != long ]; then
 fi
 if [ "$MODE" = quick ]; then
   "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"
+elif [ "$MODE" = second ]; then
+  "${BENCH[@]}" --frames 208 --variants flashinfer:fa3+graph,flashinfer:fa3+graph-bf16,sdpa+graph,sdpa+graph-bf16 \
+      --heads depth+camera --profile 2>&1 | tee "$OUT/bench2.txt"
+  "${BENCH[@]}" --frames 1000 --variants flashinfer:fa3+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/growth.txt"
 elif [ "$MODE" = full ]; then
   "${BENCH[@]}" --frames 208 --variants flashinfer+graph,flashinfer:fa3+graph,sdpa+graph,flashinfer+eager,sdpa+eager \
       --heads depth+camera,camera 2>&1 | tee "$OUT/bench.txt"
 else
-  # memory growth from frame 100 to 1000, and the long-run policy over 10,000 frames
-  "${BENCH[@]}" --frames 1000 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/growth.txt"
-  "${BENCH[@]}" --frames 10000 --long-run-policy window --max-stored-frames 320 --variants flashinfer+graph \
+  # the long-run policy over 10,000 frames
+  "${BENCH[@]}" --frames 10000 --long-run-policy window --max-stored-frames 320 --variants flashinfer:fa3+graph \
       --heads depth+camera --report-every 1000 2>&1 | tee "$OUT/long.txt"
 fi
-# ship compiled kernels back (each under 16 MB)
-( cd "${FLASHINFER_WORKSPACE_BASE}" && find . -name '*.so' | head -8 | while read -r so; do
-    tar czf "$OUT/fi_cache_$(basename "$(dirname "$so")").tgz" "$(dirname "$so")"; done ) 2>/dev/null
+# ship newly compiled kernels back (each under 16 MB)
+find "${FLASHINFER_WORKSPACE_BASE}" -name '*.so' | head -5 | while read -r so; do cp "$so" "$OUT/"; done
 ls -la "$OUT"

@@ -57,13 +57,15 @@ def _peak_bytes(device: torch.device) -> int:
 
 
 def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, variant: str, frames: int,
-            height: int, width: int, heads: str, report_every: int = 0) -> tuple[BenchRow, np.ndarray]:
+            height: int, width: int, heads: str, report_every: int = 0,
+            profile: bool = False) -> tuple[BenchRow, np.ndarray]:
     backend, _, mode = variant.partition("+")
     backend, _, kernel = backend.partition(":")  # flashinfer:fa3 = FlashInfer's fa3 kernel on token pages
     stream_cfg = dataclasses.replace(stream_cfg, with_depth=(heads == "depth+camera"))
     session_cls = WindowedSession if stream_cfg.long_run_policy == "window" else StreamingSession
     session = session_cls(model, cfg, stream_cfg, device=device, dtype=dtype, backend=backend,
-                          log=lambda m: None, cuda_graphs=(mode == "graph"), flashinfer_kernel=kernel or "fa2")
+                          log=lambda m: None, cuda_graphs=mode.startswith("graph"), flashinfer_kernel=kernel or "fa2",
+                          autocast=not mode.endswith("-bf16"))
     gen = torch.Generator().manual_seed(0)
     pool = [torch.rand(3, height, width, generator=gen) for _ in range(8)]  # frames cycle through a pool
     if device.type == "cuda":
@@ -92,6 +94,14 @@ def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, variant: str, f
             print(f"  frames {i + 1}: median {np.median(recent):.2f} ms/frame over the last {len(recent)}, "
                   f"memory {_memory_bytes(device) / 1e9:.3f} GB, windows {windows}", file=sys.stderr, flush=True)
     mem_last = _memory_bytes(device)
+    if profile:
+        print(profile_table(session, pool, variant), flush=True)
+    del session
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     steady = np.array(per_frame[max(0, steady_start - stream_cfg.scale_frames):] or per_frame)
     median = float(np.median(steady))
     return BenchRow(
@@ -107,6 +117,49 @@ def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, variant: str, f
         growth_gb=(mem_last - mem_mark) / 1e9,
         growth_span=f"{mark}->{frames - 1}",
     ), np.stack(poses)
+
+
+KERNEL_CATEGORIES = (
+    ("attention", ("prefill", "flash", "fmha", "attention", "attn")),
+    ("gemm", ("gemm", "matmul", "cutlass", "xmma", "nvjet", "cublas", "sm90_")),
+    ("layernorm", ("layer_norm", "layernorm")),
+    ("conv (depth head)", ("conv", "implicit", "winograd", "cudnn")),
+    ("copy/index/cat", ("copy", "index", "cat", "gather", "scatter", "fill")),
+)
+
+
+def profile_table(session, pool, variant: str, frames: int = 10) -> str:
+    """GPU kernel time per frame by category, measured eagerly on steady-state frames.
+
+    Graph replays hide their kernels from the profiler, so the same steps are run eagerly: kernel
+    times are the same, only the launch gaps differ.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    graphs = session.use_cuda_graphs
+    session.use_cuda_graphs = False
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(frames):
+            session.push(pool[i % len(pool)], float(i))
+        torch.cuda.synchronize()
+    session.use_cuda_graphs = graphs
+    totals: dict[str, float] = {}
+    for event in prof.key_averages():
+        us = getattr(event, "device_time_total", 0.0) or getattr(event, "cuda_time_total", 0.0)
+        if us <= 0 or event.key.startswith(("aten::", "cuda", "Memcpy", "Memset")) and "kernel" not in event.key.lower():
+            continue
+        name = event.key.lower()
+        category = next((c for c, keys in KERNEL_CATEGORIES if any(k in name for k in keys)), "elementwise/other")
+        totals[category] = totals.get(category, 0.0) + us / 1e3 / frames
+    rows = [f"GPU kernel time per frame ({variant}, eager, {frames} steady frames):", "",
+            "| category | ms/frame |", "|---|---|"]
+    for category, ms in sorted(totals.items(), key=lambda kv: -kv[1]):
+        rows.append(f"| {category} | {ms:.2f} |")
+    rows.append(f"| total | {sum(totals.values()):.2f} |")
+    top = sorted(prof.key_averages(), key=lambda e: -(getattr(e, "device_time_total", 0.0) or 0.0))[:12]
+    rows += ["", "top kernels (ms/frame): " + "; ".join(
+        f"{e.key[:60]} {(getattr(e, 'device_time_total', 0.0) or 0.0) / 1e3 / frames:.2f}" for e in top)]
+    return "\n".join(rows)
 
 
 def format_table(rows: list[BenchRow], header: str) -> str:
@@ -132,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                         "default: the resolved backend with CUDA graphs on CUDA")
     p.add_argument("--heads", default="depth+camera,camera", help="comma list of depth+camera and/or camera")
     p.add_argument("--report-every", type=int, default=0, help="print the recent median and memory every N frames")
+    p.add_argument("--profile", action="store_true", help="print GPU kernel time by category for the first variant")
     args = p.parse_args(argv)
     # Random weights always: a checkpoint changes no timing.
     preset = args.model_preset or "tiny"
@@ -149,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         reference: np.ndarray | None = None
         for variant in variants:
             row, poses = run_one(model, cfg, stream_cfg, device, dtype, variant, args.frames, args.height, args.width, heads,
-                                 args.report_every)
+                                 args.report_every, profile=args.profile and not rows)
             rows.append(row)
             print(f"done: {variant} {heads}: {row.steady_median_ms:.2f} ms", file=sys.stderr, flush=True)
             if reference is None:
