@@ -34,6 +34,8 @@ setup(
             f"lingbot_map_demo = {PACKAGE}.tools.demo:main",
             f"lingbot_map_offline = {PACKAGE}.tools.offline:main",
             f"lingbot_map_bench = {PACKAGE}.tools.bench:main",
+            f"lingbot_map_replay = {PACKAGE}.tools.replay:main",
+            f"lingbot_map_eval = {PACKAGE}.tools.evaluate:main",
         ],
     },
 )

@@ -311,7 +311,9 @@ class StreamingSession:
             num_blocks=cfg.camera_trunk_depth,
             num_heads=cfg.camera_num_heads,
             head_dim=cfg.camera_head_dim,
-            capacity_frames=scfg.max_frame_num,
+            # stored frames never exceed max_stored_frames (the long-run policy acts first), plus one
+            # scratch slot for a non-keyframe; a tight capacity keeps the graph's masked attention short
+            capacity_frames=min(scfg.max_frame_num, scfg.max_stored_frames + 1),
             dtype=torch.float32,  # the camera head runs in fp32 (MODEL_SPEC §10.3)
             device=self.device,
             static=self.use_cuda_graphs,

@@ -1,0 +1,130 @@
+"""Node overhead: what the ROS layer adds to the model, per frame (message in -> pose out).
+
+    python -m lingbot_map_ros.tools.node_overhead [--frames 40] [--width 640 --height 480]
+
+Starts ``lingbot_map_node`` (tiny preset, CPU, reliable QoS) in a child process on loopback, sends
+synthetic frames one at a time (the next when the previous pose is back, so no queueing) and, per
+frame after the scale frames, measures:
+
+* end to end: ``publish()`` of the image in this process -> arrival of its ``~/pose`` here;
+* session: the model time the node reports for that frame (``~/cache_stats`` ``latency_ms``);
+* end to end minus session: everything that is not the model - DDS transport of the image and the
+  pose both ways, conversion, preprocessing, session bookkeeping, publishing, executor wake-ups;
+* node (self-measured): conversion + preprocessing + publishing as the node times them
+  (``node_overhead_ms``).
+
+Prints a table (median / p90 / max in ms) and whether the target (<= 5 ms) is met.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+TARGET_MS = 5.0
+
+
+def _pct(values, q):
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(round(q * len(s) + 0.5)) - 1))]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="node_overhead", description=__doc__.split("\n\n")[0])
+    p.add_argument("--frames", type=int, default=40)
+    p.add_argument("--width", type=int, default=640)
+    p.add_argument("--height", type=int, default=480)
+    p.add_argument("--scale-frames", type=int, default=2)
+    p.add_argument("--sliding-window", type=int, default=8)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--model-preset", default="tiny")
+    p.add_argument("--checkpoint", default="")
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--domain-id", type=int, default=None)
+    args = p.parse_args(argv)
+
+    from .demo import (DEMO_CAMERA_FRAME, DEMO_TOPIC, Listener, NodeProcess, SyntheticCamera, image_message,
+                       prepare_ros_env, write_params_file)
+
+    prepare_ros_env(args.domain_id)  # before rclpy
+    import rclpy
+
+    tmp = tempfile.mkdtemp(prefix="lingbot_overhead_")
+    params = write_params_file(os.path.join(tmp, "params.yaml"), {
+        "model_preset": args.model_preset, "checkpoint": os.path.abspath(args.checkpoint) if args.checkpoint else "",
+        "device": args.device, "scale_frames": args.scale_frames, "sliding_window": args.sliding_window,
+        "qos_reliability": "reliable", "publish_tf": True,
+    })
+    node = NodeProcess(["--params-file", params, "-r", f"image:={DEMO_TOPIC}"], echo=False)
+    rclpy.init()
+    listener = Listener(name="lingbot_overhead_probe")
+    rows = []
+    breakdown = {}
+    try:
+        if not node.wait_ready(180) or not listener.wait_connected(30):
+            print("node did not start:\n" + node.output(), file=sys.stderr)
+            return 1
+        camera = SyntheticCamera(args.width, args.height)
+        images = [camera.render(i) for i in range(min(args.frames, 16))]  # rendering is not measured
+        base = time.time_ns()
+        deadline = time.monotonic() + args.timeout
+        sent = []
+        for i in range(args.frames):
+            stamp = base + i * 33_000_000
+            msg = image_message(images[i % len(images)], stamp, DEMO_CAMERA_FRAME)
+            t_send = time.perf_counter()
+            listener.pub.publish(msg)
+            sent.append((stamp, t_send))
+            if i >= args.scale_frames - 1:
+                listener.wait_for(lambda rx, s=stamp: s in rx.poses and s in rx.stats,
+                                  max(1.0, deadline - time.monotonic()))
+            else:
+                listener.wait_for(lambda rx, s=stamp: s in rx.status, max(1.0, deadline - time.monotonic()))
+            if time.monotonic() > deadline:
+                break
+        for stamp, t_send in sent:
+            st = listener.rx.stats.get(stamp)
+            t_pose = listener.rx.arrival.get(("poses", stamp))
+            if st is None or t_pose is None or st.is_scale_frame:
+                continue  # scale frames share one joint call: no per-frame session time
+            e2e = (t_pose - t_send) * 1e3
+            rows.append((e2e, st.latency_ms, e2e - st.latency_ms, st.node_overhead_ms))
+        listener.wait_for(lambda rx: len(rx.diagnostics) > 0, 3.0)
+        time.sleep(1.2)  # one more diagnostics period: the breakdown covers every frame
+        if listener.rx.diagnostics:
+            for status in listener.rx.diagnostics[-1].status:
+                if status.name == "lingbot_map: inference":
+                    breakdown = {kv.key: kv.value for kv in status.values}
+    finally:
+        listener.close()
+        rclpy.try_shutdown()
+        node.stop()
+    if not rows:
+        print("no frames measured", file=sys.stderr)
+        return 1
+    cols = list(zip(*rows))
+    names = ["message in -> pose out (end to end)", "session (model) time", "end to end minus session",
+             "node self-measured (convert+preprocess+publish)"]
+    print(f"\nnode overhead, {args.width}x{args.height} rgb8, preset {args.model_preset} on {args.device}, "
+          f"{len(rows)} frames after {args.scale_frames} scale frames, reliable QoS, loopback")
+    print(f"| {'ms per frame':48s} | median |    p90 |    max |")
+    print(f"|{'-' * 50}|-------:|-------:|-------:|")
+    for name, col in zip(names, cols):
+        print(f"| {name:48s} | {statistics.median(col):6.2f} | {_pct(col, 0.9):6.2f} | {max(col):6.2f} |")
+    parts = [(k[:-len("_median_ms")], breakdown[k]) for k in breakdown if k.endswith("_median_ms")
+             and k.split("_")[0] in ("convert", "handoff", "preprocess", "publish", "session", "in")]
+    if parts:
+        print("node-side medians (ms): " + ", ".join(f"{k} {v}" for k, v in parts))
+    med = statistics.median(cols[2])
+    verdict = "meets" if med <= TARGET_MS else "MISSES"
+    print(f"\nend to end minus session, median {med:.2f} ms: {verdict} the <= {TARGET_MS:.0f} ms target "
+          f"(node's own part {statistics.median(cols[3]):.2f} ms; the rest is DDS transport of the "
+          f"{args.width * args.height * 3 / 1e6:.1f} MB image and the pose, plus executor wake-ups)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
