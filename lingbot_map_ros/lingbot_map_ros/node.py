@@ -125,6 +125,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               range=(1, 10_000_000)),
     ParamSpec("trajectory_path", "lingbot_trajectory.tum", "File ~/save_trajectory writes (TUM format: "
               "stamp tx ty tz qx qy qz qw).", "next_frame"),
+    ParamSpec("trajectory_max_length", 100000, "Poses of the current session kept for ~/save_trajectory "
+              "(oldest dropped first): bounds the node's memory on runs of hours (100000 = 2.8 h at 10 Hz).",
+              "next_frame", range=(1, 10_000_000)),
     # --- subscription (re-created on change)
     ParamSpec("image_transport", "raw", "raw: subscribe to 'image' (sensor_msgs/Image); compressed: to "
               "'image/compressed' (sensor_msgs/CompressedImage).", "subscription", choices=("raw", "compressed")),
@@ -364,7 +367,8 @@ class LingBotMapNode(Node):
         )
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", reliable10)
         self._path: collections.deque = collections.deque(maxlen=int(self._values["path_max_length"]))
-        self._trajectory: list[tuple[float, np.ndarray]] = []  # (stamp seconds, c2w) of the current session
+        # (stamp seconds, c2w) of the current session, bounded: a window-policy session never ends
+        self._trajectory: collections.deque = collections.deque(maxlen=int(self._values["trajectory_max_length"]))
         self._path_last_pub = -1e9
 
         # Services
@@ -589,7 +593,7 @@ class LingBotMapNode(Node):
         if session_id != self._published_session:
             with self._lock:
                 self._path.clear()
-                self._trajectory = []
+                self._trajectory.clear()
             self._published_session = session_id
         world = values["world_frame"]
         child = self._camera_frame(header)
@@ -618,6 +622,8 @@ class LingBotMapNode(Node):
             if self._path.maxlen != int(values["path_max_length"]):
                 self._path = collections.deque(self._path, maxlen=int(values["path_max_length"]))
             self._path.append(pose)
+            if self._trajectory.maxlen != int(values["trajectory_max_length"]):
+                self._trajectory = collections.deque(self._trajectory, maxlen=int(values["trajectory_max_length"]))
             self._trajectory.append((_stamp_sec(header.stamp), c2w.copy()))
             path_poses = None
             now = time.monotonic()
@@ -750,7 +756,7 @@ class LingBotMapNode(Node):
         with self._lock:
             self._expected_wh = None
             self._path.clear()
-            self._trajectory = []
+            self._trajectory.clear()
             self._c.sessions_started += 1
             self._c.last_new_session_reason = reason
             if count_parameter:
