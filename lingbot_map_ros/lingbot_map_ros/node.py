@@ -303,10 +303,8 @@ class LingBotMapNode(Node):
         from .geometry import quaternion_xyzw_from_matrix, write_tum
         from . import stream as streammod
 
-        try:  # the one factory that applies the long-run policy (long_run.py), when present
-            from .long_run import make_session
-        except ImportError:
-            make_session = streammod.StreamingSession.from_config
+        from .long_run import make_session  # the one factory that applies the long-run policy
+
         self._make_session = make_session
 
         self._message_to_rgb = message_to_rgb
@@ -811,10 +809,8 @@ class LingBotMapNode(Node):
         """A new session object when ``stream.long_run_policy`` needs another class than ``session``'s
         (the window policy lives in ``long_run.WindowedSession``); None when ``reconfigure`` will do.
         The model is shared, nothing is rebuilt."""
-        try:
-            from .long_run import WindowedSession
-        except ImportError:
-            return None
+        from .long_run import WindowedSession
+
         cls = WindowedSession if stream.long_run_policy == "window" else self._streammod.StreamingSession
         if type(session) is cls:
             return None

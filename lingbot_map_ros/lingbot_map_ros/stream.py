@@ -29,6 +29,7 @@ from .config import (
     RuntimeConfig,
     StreamConfig,
     model_config,
+    replace,
     validate_runtime,
     validate_stream,
 )
@@ -233,7 +234,7 @@ class StreamingSession:
             raise ValueError(f"keyframe_interval must be >= 1 (got {keyframe_interval})")
         # Keyframe phase restarts at the next frame so that it is a keyframe (a fresh anchor).
         self._kf_origin = self._frame_index
-        self.stream_cfg = _replace(self.stream_cfg, keyframe_interval=keyframe_interval)
+        self.stream_cfg = replace(self.stream_cfg, keyframe_interval=keyframe_interval)
 
     def snapshot(self) -> CacheSnapshot:
         return self._snapshot(visible_keys=self._last_visible_keys)
@@ -551,12 +552,6 @@ class StreamingSession:
             max_frame_num=self.stream_cfg.max_frame_num,
             kv_bytes=self._kv.nbytes + self._camera_kv.nbytes,
         )
-
-
-def _replace(cfg: StreamConfig, **changes) -> StreamConfig:
-    import dataclasses
-
-    return dataclasses.replace(cfg, **changes)
 
 
 def _autocast(device: torch.device, dtype: torch.dtype):
