@@ -21,7 +21,7 @@ elif [ "$MODE" = second ]; then
       --heads depth+camera --profile 2>&1 | tee "$OUT/bench2.txt"
   "${BENCH[@]}" --frames 1000 --variants flashinfer:fa3+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/growth.txt"
 elif [ "$MODE" = full ]; then
-  "${BENCH[@]}" --frames 208 --variants flashinfer+graph,flashinfer:fa3+graph,sdpa+graph,flashinfer+eager,sdpa+eager \
+  "${BENCH[@]}" --frames 208 --variants flashinfer:fa3+graph,flashinfer:fa2+graph,sdpa+graph,flashinfer:fa2+eager,sdpa+eager \
       --heads depth+camera,camera 2>&1 | tee "$OUT/bench.txt"
 else
   # the long-run policy over 10,000 frames

@@ -66,6 +66,21 @@ def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> tupl
     return "flashinfer", "auto: CUDA with a half-precision dtype and flashinfer importable"
 
 
+def resolve_flashinfer_kernel(name: str, device: torch.device) -> str:
+    """``auto``: fa3 on Hopper (compute capability 9.x, where FlashInfer has it), fa2 elsewhere.
+
+    fa3 is used over exact one-token pages, so it attends exactly the visible keys (unlike the
+    official fa3 mode, MODEL_SPEC §16 #8); measured ~45 vs ~55 ms/frame on an H200 (docs/benchmarks.md).
+    """
+    if name in ("fa2", "fa3"):
+        return name
+    if name != "auto":
+        raise ValueError(f"flashinfer kernel must be auto, fa2 or fa3 (got {name!r})")
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9:
+        return "fa3"
+    return "fa2"
+
+
 def resolve_runtime(cfg: RuntimeConfig) -> ResolvedRuntime:
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)

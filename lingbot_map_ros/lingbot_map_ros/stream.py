@@ -37,7 +37,7 @@ from .geometry import decode_pose_encoding
 from .model import LingBotMap, build_model
 from .cuda_graph import GraphedFrameStep
 from .results import CacheSnapshot, FrameResult
-from .runtime import resolve_runtime
+from .runtime import resolve_flashinfer_kernel, resolve_runtime
 
 TRAINING_RANGE_STORED_FRAMES = 320  # README of the official model: quality degrades beyond this
 
@@ -86,7 +86,7 @@ class StreamingSession:
         info: Optional[SessionInfo] = None,
         log: Callable[[str], None] = print,
         cuda_graphs: bool = True,
-        flashinfer_kernel: str = "fa2",
+        flashinfer_kernel: str = "auto",
         autocast: bool = True,
     ) -> None:
         """``autocast``: the official mixed-precision recipe (fp32 LayerNorm outputs and residual
@@ -115,7 +115,8 @@ class StreamingSession:
         # CUDA graphs for one-frame steps: only on CUDA, and only with half-precision pages (the
         # graph-capable attention kernels are flash/FlashInfer).
         self.use_cuda_graphs = bool(cuda_graphs) and device.type == "cuda" and dtype != torch.float32
-        self.flashinfer_kernel = flashinfer_kernel  # fa2 (official page layout) or fa3 (exact token pages)
+        # fa2 (official page layout) or fa3 (exact token pages; Hopper, ~10 ms/frame faster on an H200)
+        self.flashinfer_kernel = resolve_flashinfer_kernel(flashinfer_kernel, device)
         self.autocast = autocast
         self._graph_step: Optional[GraphedFrameStep] = None
         self._graph_key: Optional[tuple] = None

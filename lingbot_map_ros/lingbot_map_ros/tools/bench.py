@@ -60,11 +60,11 @@ def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, variant: str, f
             height: int, width: int, heads: str, report_every: int = 0,
             profile: bool = False) -> tuple[BenchRow, np.ndarray]:
     backend, _, mode = variant.partition("+")
-    backend, _, kernel = backend.partition(":")  # flashinfer:fa3 = FlashInfer's fa3 kernel on token pages
+    backend, _, kernel = backend.partition(":")  # flashinfer:fa2 / flashinfer:fa3 (default: auto)
     stream_cfg = dataclasses.replace(stream_cfg, with_depth=(heads == "depth+camera"))
     session_cls = WindowedSession if stream_cfg.long_run_policy == "window" else StreamingSession
     session = session_cls(model, cfg, stream_cfg, device=device, dtype=dtype, backend=backend,
-                          log=lambda m: None, cuda_graphs=mode.startswith("graph"), flashinfer_kernel=kernel or "fa2",
+                          log=lambda m: None, cuda_graphs=mode.startswith("graph"), flashinfer_kernel=kernel or "auto",
                           autocast=not mode.endswith("-bf16"))
     gen = torch.Generator().manual_seed(0)
     pool = [torch.rand(3, height, width, generator=gen) for _ in range(8)]  # frames cycle through a pool
