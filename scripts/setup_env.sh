@@ -19,6 +19,9 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(inputs_hash)" ] && [ -x "$VENV/bi
 fi
 echo "[setup] creating $VENV (ROS 2 Jazzy wheels, torch CPU, message generation) ..." >&2
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+# The venv holds dozens of ROS package.xml files: keep colcon from treating them as sources when
+# this repository sits in a workspace's src/ folder.
+touch "$VENV/COLCON_IGNORE"
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" \
   ros-jazzy-rclpy==7.1.6 ros-jazzy-rmw-fastrtps-cpp==8.4.3 \

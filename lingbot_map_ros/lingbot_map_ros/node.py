@@ -2,7 +2,9 @@
 
 The node is thin. It converts messages (``image_io``), preprocesses them (``preprocess``), hands the
 tensor to a ``StreamingSession`` on its own inference thread and publishes what comes back. It owns
-parameters, QoS, the latest-frame queue, publishers, services and diagnostics; it does no tensor work.
+the parameters' lifecycle, QoS, the latest-frame queue, publishers, services and the diagnostics
+timer; it does no tensor work. What the parameters are (``node_params``), how results look as ROS
+messages (``ros_messages``) and what /diagnostics says (``diagnostics``) live in modules of their own.
 
 Threads
 -------
@@ -18,25 +20,23 @@ and applied by the inference thread between two frames, so the session is only e
 from __future__ import annotations
 
 import collections
-import math
 import os
-import statistics
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import rclpy
 import rclpy.exceptions
 import rclpy.qos
 from builtin_interfaces.msg import Time as TimeMsg
-from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
-from geometry_msgs.msg import PoseStamped, TransformStamped
+from diagnostic_msgs.msg import DiagnosticArray
+from geometry_msgs.msg import PoseStamped
 from lingbot_map_msgs.msg import CacheStats, FrameStatus
 from nav_msgs.msg import Odometry, Path
-from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
+from rcl_interfaces.msg import SetParametersResult
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import QoSDurabilityPolicy, QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
@@ -46,169 +46,26 @@ from std_srvs.srv import Trigger
 from tf2_msgs.msg import TFMessage
 
 from . import config as cfgmod
-from .config import RuntimeConfig, StreamConfig
+from . import ros_messages as rosmsg
+from .config import StreamConfig
+from .diagnostics import COUNTER_NAMES, DIAG_PREFIX, DiagnosticsSnapshot, diagnostic_array
+from .geometry import write_tum
+from .node_params import (PARAMETER_NAMES, PARAMETERS, SPECS, STREAM_FIELDS, ParamSpec, configs_from_values,
+                          descriptor, validate_values)
+from .results import FrameResult
+
+# The parameter table and the diagnostics prefix live in their own modules; they stay importable
+# from here, where the tests import them from.
+__all__ = [
+    "DIAG_PREFIX", "FALLBACK_CAMERA_FRAME", "NODE_NAME", "PARAMETERS", "PARAMETER_NAMES", "PATH_EVERY_FRAME",
+    "PATH_MIN_PERIOD", "InputRejected", "LingBotMapNode", "ParamSpec", "configs_from_values", "main",
+    "validate_values",
+]
 
 NODE_NAME = "lingbot_map"
-DIAG_PREFIX = "lingbot_map: "
 FALLBACK_CAMERA_FRAME = "lingbot_camera"
 PATH_EVERY_FRAME = 1000  # ~/path is sent with every pose while it holds at most this many poses,
 PATH_MIN_PERIOD = 0.5  # then at most every this many seconds
-
-# --------------------------------------------------------------------------------------- parameters
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """One ROS parameter: its default, what it means, its range, and when a change takes effect."""
-
-    name: str
-    default: Any
-    description: str
-    applies: str  # model | session | next_frame | subscription | timer | startup
-    range: Optional[tuple] = None  # (low, high) inclusive, for int/float parameters
-    choices: Optional[tuple] = None  # allowed strings
-
-    @property
-    def read_only(self) -> bool:
-        return self.applies == "startup"
-
-
-_D = StreamConfig()
-_R = RuntimeConfig()
-
-PARAMETERS: tuple[ParamSpec, ...] = (
-    # --- model (a change builds a new model and starts a new session)
-    ParamSpec("checkpoint", _R.checkpoint, "Path of an official LingBot-Map checkpoint (.pt/.pth/.safetensors). "
-              "Empty: random weights of the tiny preset (demo only, poses are not meaningful).", "model"),
-    ParamSpec("model_preset", _R.model_preset, "Model shapes: 'full' (the official checkpoint) or 'tiny' "
-              "(small, CPU tests). Empty: full with a checkpoint, tiny without.", "model",
-              choices=("", *sorted(cfgmod.MODEL_PRESETS))),
-    ParamSpec("device", _R.device, "Torch device: auto (CUDA when available), cpu, cuda or cuda:N.", "model"),
-    ParamSpec("dtype", _R.dtype, "Compute dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16.",
-              "model", choices=("auto", "float32", "bfloat16", "float16")),
-    ParamSpec("attention_backend", _R.attention_backend, "Global attention over the paged KV cache: auto "
-              "(FlashInfer when usable, else SDPA), flashinfer or sdpa.", "model",
-              choices=("auto", "flashinfer", "sdpa")),
-    ParamSpec("seed", _R.seed, "Seed of the random weights used when no checkpoint is given.", "model",
-              range=(0, 2**31 - 1)),
-    ParamSpec("allow_unsafe_checkpoint", _R.allow_unsafe_checkpoint, "Allow loading a pickled checkpoint with "
-              "torch.load(weights_only=False) (runs code from the file). Read-only: set it at start only, "
-              "never remotely.", "startup"),
-    # --- stream / cache geometry (a change starts a new session: new world frame)
-    ParamSpec("scale_frames", _D.scale_frames, "Frames processed together first; their tokens stay in the "
-              "KV cache forever. Poses start after this many frames.", "session", range=(1, 256)),
-    ParamSpec("sliding_window", _D.sliding_window, "Most recent stored frames kept in the KV cache with all "
-              "tokens; older ones keep only their 6 special tokens.", "session", range=(1, 4096)),
-    ParamSpec("camera_iterations", _D.camera_iterations, "Refinement iterations of the camera head.",
-              "session", range=(1, 4)),
-    ParamSpec("max_frame_num", _D.max_frame_num, "RoPE table size: the stored-frame index never reaches it.",
-              "session", range=(3, 1_000_000)),
-    ParamSpec("long_run_policy", _D.long_run_policy, "What happens before max_stored_frames stored frames: "
-              "window (chain windows in one world frame), reset (new session) or stop (refuse frames "
-              "until ~/reset).", "session", choices=cfgmod.LONG_RUN_POLICIES),
-    ParamSpec("max_stored_frames", _D.max_stored_frames, "Stored frames per session before the long-run "
-              "policy acts (the model was trained on ~320 views).", "session", range=(2, 1_000_000)),
-    ParamSpec("overlap_frames", _D.overlap_frames, "Frames carried into the next window when "
-              "long_run_policy is 'window'.", "session", range=(1, 4096)),
-    # --- from the next frame, same session
-    ParamSpec("keyframe_interval", _D.keyframe_interval, "Every N-th frame after the scale frames is stored "
-              "in the KV cache; the others get a pose but are forgotten. Applies from the next frame.",
-              "next_frame", range=(1, 100_000)),
-    ParamSpec("publish_depth", False, "Run the depth head and publish ~/depth (32FC1, model input size). "
-              "Applies from the next frame.", "next_frame"),
-    ParamSpec("world_frame", "lingbot_world", "Frame id of the poses: the first camera's optical frame of "
-              "the current session.", "next_frame"),
-    ParamSpec("camera_frame", "", "Child frame id (camera optical frame). Empty: the image header's frame_id.",
-              "next_frame"),
-    ParamSpec("publish_tf", True, "Broadcast world_frame -> camera_frame on /tf.", "next_frame"),
-    ParamSpec("path_max_length", 10000, "Poses kept in ~/path (oldest dropped first).", "next_frame",
-              range=(1, 10_000_000)),
-    ParamSpec("trajectory_path", "lingbot_trajectory.tum", "File ~/save_trajectory writes (TUM format: "
-              "stamp tx ty tz qx qy qz qw).", "next_frame"),
-    ParamSpec("trajectory_max_length", 100000, "Poses of the current session kept for ~/save_trajectory "
-              "(oldest dropped first): bounds the node's memory on runs of hours (100000 = 2.8 h at 10 Hz).",
-              "next_frame", range=(1, 10_000_000)),
-    # --- subscription (re-created on change)
-    ParamSpec("image_transport", "raw", "raw: subscribe to 'image' (sensor_msgs/Image); compressed: to "
-              "'image/compressed' (sensor_msgs/CompressedImage).", "subscription", choices=("raw", "compressed")),
-    ParamSpec("qos_reliability", "best_effort", "Image subscription reliability: best_effort (sensor-data "
-              "QoS) or reliable.", "subscription", choices=("best_effort", "reliable")),
-    # --- diagnostics timer
-    ParamSpec("diagnostics_period", 1.0, "Seconds between /diagnostics messages.", "timer", range=(0.05, 60.0)),
-)
-PARAMETER_NAMES = tuple(p.name for p in PARAMETERS)
-_SPECS = {p.name: p for p in PARAMETERS}
-_RUNTIME_FIELDS = ("checkpoint", "model_preset", "device", "dtype", "attention_backend", "seed",
-                   "allow_unsafe_checkpoint")
-_STREAM_FIELDS = ("scale_frames", "sliding_window", "keyframe_interval", "camera_iterations", "max_frame_num",
-                  "long_run_policy", "max_stored_frames", "overlap_frames")
-
-
-def _descriptor(spec: ParamSpec) -> ParameterDescriptor:
-    d = ParameterDescriptor(description=spec.description, read_only=spec.read_only)
-    notes = []
-    if spec.range is not None:
-        lo, hi = spec.range
-        if isinstance(spec.default, float):
-            d.floating_point_range = [FloatingPointRange(from_value=float(lo), to_value=float(hi), step=0.0)]
-        else:
-            d.integer_range = [IntegerRange(from_value=int(lo), to_value=int(hi), step=1)]
-    if spec.choices is not None:
-        notes.append("one of: " + ", ".join(repr(c) for c in spec.choices))
-    notes.append({
-        "model": "a change loads a new model and starts a new session",
-        "session": "a change starts a new session (new world frame)",
-        "next_frame": "applies from the next frame",
-        "subscription": "a change re-creates the image subscription",
-        "timer": "applies at once",
-        "startup": "read-only",
-    }[spec.applies])
-    d.additional_constraints = "; ".join(notes)
-    return d
-
-
-def configs_from_values(values: dict) -> tuple[RuntimeConfig, StreamConfig]:
-    """Parameter values -> the core's dataclasses (one to one)."""
-    runtime = RuntimeConfig(**{k: values[k] for k in _RUNTIME_FIELDS})
-    stream = StreamConfig(with_depth=bool(values["publish_depth"]), **{k: values[k] for k in _STREAM_FIELDS})
-    return runtime, stream
-
-
-def validate_values(values: dict) -> list[str]:
-    """Every reason why these parameter values cannot run (empty list: they can)."""
-    problems: list[str] = []
-    for spec in PARAMETERS:
-        v = values[spec.name]
-        if spec.choices is not None and v not in spec.choices:
-            problems.append(f"{spec.name} must be one of {list(spec.choices)} (got {v!r})")
-        if spec.range is not None and not (spec.range[0] <= v <= spec.range[1]):
-            problems.append(f"{spec.name} must be in [{spec.range[0]}, {spec.range[1]}] (got {v})")
-    runtime, stream = configs_from_values(values)
-    problems += [p for p in cfgmod.validate_runtime(runtime) + cfgmod.validate_stream(stream) if p not in problems]
-    if stream.long_run_policy == "window" and not problems:
-        try:
-            from .long_run import validate_window
-        except ImportError:
-            validate_window = None
-        if validate_window is not None:
-            problems += validate_window(stream)
-    if runtime.checkpoint and not os.path.isfile(os.path.expanduser(runtime.checkpoint)):
-        problems.append(f"checkpoint {runtime.checkpoint!r} is not a readable file")
-    if not values["world_frame"].strip():
-        problems.append("world_frame must not be empty")
-    if values["camera_frame"] and values["camera_frame"] == values["world_frame"]:
-        problems.append("camera_frame must differ from world_frame")
-    if not values["trajectory_path"].strip():
-        problems.append("trajectory_path must not be empty")
-    if not problems:
-        try:  # device/dtype/backend combinations that cannot run here (e.g. cuda on a CPU machine)
-            from .runtime import resolve_runtime
-
-            resolve_runtime(runtime)
-        except (ValueError, RuntimeError) as exc:
-            problems.append(str(exc))
-    return problems
-
 
 # --------------------------------------------------------------------------------------- frames
 
@@ -275,13 +132,6 @@ def _check_image_message(msg) -> None:
         )
 
 
-def _percentile(values, q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, int(math.ceil(q * len(s))) - 1))]
-
-
 # --------------------------------------------------------------------------------------- the node
 
 
@@ -291,7 +141,7 @@ class LingBotMapNode(Node):
     def __init__(self, node_name: str = NODE_NAME, **kwargs):
         super().__init__(node_name, **kwargs)
         for spec in PARAMETERS:
-            self.declare_parameter(spec.name, spec.default, _descriptor(spec))
+            self.declare_parameter(spec.name, spec.default, descriptor(spec))
         self._values = {p.name: self.get_parameter(p.name).value for p in PARAMETERS}
         problems = validate_values(self._values)
         if problems:
@@ -300,7 +150,6 @@ class LingBotMapNode(Node):
         # Late imports: torch-heavy modules load after parameters are known to be valid.
         from .image_io import UnsupportedImage, message_to_rgb
         from .preprocess import FramePreprocessor, ResolutionChanged
-        from .geometry import quaternion_xyzw_from_matrix, write_tum
         from . import stream as streammod
 
         from .long_run import make_session  # the one factory that applies the long-run policy
@@ -311,8 +160,6 @@ class LingBotMapNode(Node):
         self._unsupported_image = UnsupportedImage
         self._make_preprocessor = FramePreprocessor
         self._resolution_changed = ResolutionChanged
-        self._quat = quaternion_xyzw_from_matrix
-        self._write_tum = write_tum
         self._streammod = streammod
 
         self._lock = threading.Lock()  # counters, trajectory, path, cached snapshot
@@ -579,7 +426,7 @@ class LingBotMapNode(Node):
             )
         return FALLBACK_CAMERA_FRAME
 
-    def _publish_result(self, r) -> None:
+    def _publish_result(self, r: FrameResult) -> None:
         t0 = time.perf_counter()
         note = (r.frame_extra or {}).get("window_switch")
         if note:
@@ -596,25 +443,10 @@ class LingBotMapNode(Node):
         world = values["world_frame"]
         child = self._camera_frame(header)
         c2w = np.asarray(r.c2w, dtype=np.float64)
-        t = c2w[:3, 3]
-        qx, qy, qz, qw = (float(v) for v in self._quat(c2w[:3, :3]))
 
-        pose = PoseStamped()
-        pose.header.stamp = header.stamp
-        pose.header.frame_id = world
-        pose.pose.position.x, pose.pose.position.y, pose.pose.position.z = float(t[0]), float(t[1]), float(t[2])
-        o = pose.pose.orientation
-        o.x, o.y, o.z, o.w = qx, qy, qz, qw
+        pose = rosmsg.pose_stamped(c2w, header.stamp, world)
         self._pose_pub.publish(pose)
-
-        odom = Odometry()
-        odom.header = pose.header
-        odom.child_frame_id = child
-        odom.pose.pose = pose.pose
-        # Scale-free model output: no covariance estimate, no twist (REP 105 users read pose only).
-        odom.pose.covariance[0] = -1.0
-        odom.twist.covariance[0] = -1.0
-        self._odom_pub.publish(odom)
+        self._odom_pub.publish(rosmsg.odometry(pose, child))
 
         with self._lock:
             if self._path.maxlen != int(values["path_max_length"]):
@@ -632,36 +464,15 @@ class LingBotMapNode(Node):
                 path_poses = list(self._path)
                 self._path_last_pub = now
         if path_poses is not None:
-            path = Path()
-            path.header = pose.header
-            path.poses = path_poses
-            self._path_pub.publish(path)
+            self._path_pub.publish(rosmsg.path_message(pose.header, path_poses))
 
         if values["publish_tf"]:
-            tf = TransformStamped()
-            tf.header = pose.header
-            tf.child_frame_id = child
-            tf.transform.translation.x, tf.transform.translation.y, tf.transform.translation.z = (
-                pose.pose.position.x, pose.pose.position.y, pose.pose.position.z)
-            tf.transform.rotation = pose.pose.orientation
-            self._tf_pub.publish(TFMessage(transforms=[tf]))
+            self._tf_pub.publish(rosmsg.tf_message(pose, child))
 
         if values["publish_depth"] and r.depth is not None:
-            depth = np.ascontiguousarray(r.depth, dtype=np.float32)
-            img = Image(height=int(depth.shape[0]), width=int(depth.shape[1]), encoding="32FC1",
-                        is_bigendian=0, step=int(depth.shape[1]) * 4)
-            img.header.stamp = header.stamp
-            img.header.frame_id = child
-            img.data = depth.tobytes()
-            self._depth_pub.publish(img)
+            self._depth_pub.publish(rosmsg.depth_image(r.depth, header.stamp, child))
 
-        status = FrameStatus()
-        status.header = header
-        status.status = FrameStatus.PROCESSED
-        status.session_id = session_id
-        status.frame_index = int(r.frame_index)
-        status.pose_enc = [float(v) for v in np.asarray(r.pose_enc, dtype=np.float64).reshape(9)]
-        self._status_pub.publish(status)
+        self._status_pub.publish(rosmsg.processed_status(r, header, session_id))
 
         publish_ms = (time.perf_counter() - t0) * 1e3
         overhead_ms = frame.convert_ms + frame.preprocess_ms + publish_ms
@@ -674,47 +485,14 @@ class LingBotMapNode(Node):
             self._parts.append((frame.convert_ms, frame.handoff_ms, frame.preprocess_ms, publish_ms,
                                 frame.session_extra_ms, in_node if not r.is_scale_frame else float("nan")))
             c = self._c
-            counters = (c.received, c.processed, c.dropped_queue + c.rejected + c.refused, c.rejected)
+            counts = rosmsg.FrameCounts(c.received, c.processed, c.dropped_queue + c.rejected + c.refused, c.rejected)
             self._last_result_info = {"frame_index": int(r.frame_index), "rope_frame_index": int(r.rope_frame_index),
                                       "is_keyframe": bool(r.is_keyframe), "stamp": _stamp_sec(header.stamp)}
-        s = r.cache
-        stats = CacheStats()
-        stats.header.stamp = header.stamp
-        stats.header.frame_id = world
-        stats.frames_received, stats.frames_processed, stats.frames_dropped, stats.frames_rejected = counters
-        stats.frame_index = int(r.frame_index)
-        stats.session_id = session_id
-        stats.is_keyframe = bool(r.is_keyframe)
-        stats.is_scale_frame = bool(r.is_scale_frame)
-        stats.frames_stored = int(s.frames_stored)
-        stats.scale_frames = int(s.scale_frames)
-        stats.window_frames = int(s.window_frames)
-        stats.frames_evicted = int(s.frames_evicted)
-        stats.page_size = int(s.page_size)
-        stats.patch_pages_total = int(s.patch_pages_total)
-        stats.scale_pages = int(s.scale_pages)
-        stats.window_pages = int(s.window_pages)
-        stats.free_pages = int(s.free_pages)
-        stats.special_pages = int(s.special_pages)
-        stats.special_pages_capacity = int(s.special_pages_capacity)
-        stats.special_tokens = int(s.special_tokens)
-        stats.rope_frame_index = int(r.rope_frame_index)
-        stats.max_frame_num = int(s.max_frame_num)
-        stats.visible_keys = int(s.visible_keys)
-        stats.camera_cache_frames = int(s.camera_cache_frames)
-        stats.latency_ms = float(r.latency_ms)
-        stats.node_overhead_ms = float(overhead_ms)
-        stats.backend = self._session.info.backend
-        stats.dtype = self._session.info.dtype
-        self._stats_pub.publish(stats)
+        self._stats_pub.publish(rosmsg.cache_stats(r, header.stamp, world, session_id, counts, overhead_ms,
+                                                   self._session.info))
 
     def _publish_status(self, header: Header, status: int, reason: str) -> None:
-        msg = FrameStatus()
-        msg.header = header
-        msg.status = status
-        msg.reason = reason
-        msg.session_id = self._session_base + int(self._session.session_id)
-        self._status_pub.publish(msg)
+        self._status_pub.publish(rosmsg.frame_status(header, status, reason, self._current_session_id()))
 
     # ------------------------------------------------------------------ commands (inference thread)
     def _submit(self, command: tuple, wait: float = 0.0) -> Optional[str]:
@@ -781,7 +559,7 @@ class LingBotMapNode(Node):
             self._after_new_session(f"parameters {changed} changed (new model)", True)
             return "new model"
         old = session.stream_cfg
-        geometry = [k for k in _STREAM_FIELDS if k != "keyframe_interval" and getattr(old, k) != getattr(stream, k)]
+        geometry = [k for k in STREAM_FIELDS if k != "keyframe_interval" and getattr(old, k) != getattr(stream, k)]
         if geometry:
             new = self._session_for_policy(session, stream)
             if new is not None:  # the long-run policy needs another session class: same model, new session
@@ -821,9 +599,9 @@ class LingBotMapNode(Node):
     def _on_set_parameters(self, params) -> SetParametersResult:
         values = dict(self._values)
         for p in params:
-            if p.name not in _SPECS:
+            if p.name not in SPECS:
                 continue
-            spec = _SPECS[p.name]
+            spec = SPECS[p.name]
             if spec.read_only:
                 return SetParametersResult(successful=False, reason=f"{p.name} is read-only")
             values[p.name] = p.value
@@ -833,14 +611,14 @@ class LingBotMapNode(Node):
         return SetParametersResult(successful=True)
 
     def _on_parameters_set(self, params) -> None:
-        changed = [p.name for p in params if p.name in _SPECS and self._values.get(p.name) != p.value]
+        changed = [p.name for p in params if p.name in SPECS and self._values.get(p.name) != p.value]
         if not changed:
             return
         for p in params:
-            if p.name in _SPECS:
+            if p.name in SPECS:
                 self._values[p.name] = p.value
         self.get_logger().info("parameters changed: " + ", ".join(f"{n}={self._values[n]!r}" for n in changed))
-        applies = {_SPECS[n].applies for n in changed}
+        applies = {SPECS[n].applies for n in changed}
         if "subscription" in applies:
             self._create_subscription()
             self.get_logger().info(f"image subscription re-created on {self._sub_topic}")
@@ -865,7 +643,7 @@ class LingBotMapNode(Node):
         try:
             parent = os.path.dirname(os.path.abspath(path))
             os.makedirs(parent, exist_ok=True)
-            self._write_tum(path, np.array([s for s, _ in trajectory], np.float64),
+            write_tum(path, np.array([s for s, _ in trajectory], np.float64),
                             np.array([m for _, m in trajectory], np.float64).reshape(-1, 4, 4))
         except OSError as exc:
             response.success = False
@@ -878,119 +656,28 @@ class LingBotMapNode(Node):
 
     # ------------------------------------------------------------------ diagnostics (executor thread)
     def _publish_diagnostics(self) -> None:
-        now = time.monotonic()
+        session = self._session  # swapped only by the inference thread; read once
         with self._lock:
             c = self._c
-            recent = [t for t in self._recv_times if now - t <= 5.0]
-            lat = list(self._latencies)
-            ovh = list(self._overheads)
-            parts = [[v for v in col if v == v] for col in zip(*self._parts)] if self._parts else [[]] * 6
-            snap = self._snapshot
-            warnings = list(self._session_warnings)
-            last_frame = self._last_frame_time
-            by_kind = dict(c.rejected_by_kind)
-            dropped_now, rejected_now = c.dropped_since_diag, c.rejected_since_diag
+            snapshot = DiagnosticsSnapshot(
+                now=time.monotonic(), started=self._t_start, hardware_id=self.get_fully_qualified_name(),
+                topic=self._sub_topic, transport=self._values["image_transport"],
+                qos_reliability=self._values["qos_reliability"], receive_times=list(self._recv_times),
+                last_frame_time=self._last_frame_time, counters={k: getattr(c, k) for k in COUNTER_NAMES},
+                rejected_by_kind=dict(c.rejected_by_kind), dropped_since_last=c.dropped_since_diag,
+                rejected_since_last=c.rejected_since_diag, last_reject_reason=c.last_reject_reason,
+                last_reject_time=c.last_reject_time, last_error=c.last_error, last_error_time=c.last_error_time,
+                new_session_reason=c.last_new_session_reason, expected_wh=self._expected_wh,
+                last_result=dict(self._last_result_info), latencies=list(self._latencies),
+                overheads=list(self._overheads), parts=list(self._parts), cache=self._snapshot,
+                cache_warnings=list(self._session_warnings), session_id=self._current_session_id(),
+                buffered=session.buffered, stream_cfg=session.stream_cfg,
+                window_index=getattr(session, "window_index", 0),
+                window_switches=getattr(session, "window_switches", 0), info=session.info,
+                checkpoint=self._active_runtime.checkpoint,
+            )
             c.dropped_since_diag = c.rejected_since_diag = 0
-            counters = {k: getattr(c, k) for k in ("received", "processed", "dropped_queue", "rejected", "refused",
-                                                   "errors", "sessions_started", "parameter_sessions", "resets")}
-            last_reject, last_reject_t = c.last_reject_reason, c.last_reject_time
-            last_error, last_error_t = c.last_error, c.last_error_time
-            new_session_reason = c.last_new_session_reason
-            expected = self._expected_wh
-            last = dict(self._last_result_info)
-        session = self._session
-        info = session.info
-        rate = (len(recent) - 1) / (recent[-1] - recent[0]) if len(recent) >= 2 and recent[-1] > recent[0] else 0.0
-        hw = self.get_fully_qualified_name()
-
-        def status(name, level, message, kv):
-            return DiagnosticStatus(level=level, name=DIAG_PREFIX + name, message=message, hardware_id=hw,
-                                    values=[KeyValue(key=k, value=str(v)) for k, v in kv])
-
-        # input
-        level, msg = DiagnosticStatus.OK, f"{rate:.1f} Hz"
-        if last_frame is None:
-            if now - self._t_start > 5.0:
-                level, msg = DiagnosticStatus.WARN, f"no images received on {self._sub_topic}"
-            else:
-                msg = f"waiting for images on {self._sub_topic}"
-        elif now - last_frame > 5.0:
-            level, msg = DiagnosticStatus.WARN, f"no images for {now - last_frame:.0f} s on {self._sub_topic}"
-        if rejected_now or now - last_reject_t < 5.0:
-            level, msg = DiagnosticStatus.WARN, f"rejecting input: {last_reject}"
-        kv_input = [("topic", self._sub_topic), ("transport", self._values["image_transport"]),
-                    ("qos_reliability", self._values["qos_reliability"]), ("rate_hz", f"{rate:.2f}"),
-                    ("frames_received", counters["received"]), ("frames_rejected", counters["rejected"])]
-        kv_input += [(f"rejected_{k}", by_kind.get(k, 0))
-                     for k in ("unsupported", "data_length", "zero_size", "resolution_changed")]
-        kv_input += [("last_reject_reason", last_reject or "-"),
-                     ("resolution", f"{expected[0]}x{expected[1]}" if expected else "-")]
-        s_input = status("input", level, msg, kv_input)
-
-        # inference
-        med, p90 = (statistics.median(lat), _percentile(lat, 0.9)) if lat else (float("nan"), float("nan"))
-        omed, op90 = (statistics.median(ovh), _percentile(ovh, 0.9)) if ovh else (float("nan"), float("nan"))
-        level, msg = DiagnosticStatus.OK, (f"latency median {med:.1f} ms, p90 {p90:.1f} ms" if lat
-                                           else "no frame processed yet")
-        if session.buffered:
-            msg += f"; {session.buffered}/{session.stream_cfg.scale_frames} scale frames buffered"
-        if dropped_now:
-            level, msg = DiagnosticStatus.WARN, f"falling behind the camera: {dropped_now} frames replaced in the queue"
-        if now - last_error_t < 10.0:
-            level, msg = DiagnosticStatus.ERROR, last_error
-        s_inf = status("inference", level, msg, [
-            ("latency_median_ms", f"{med:.2f}"), ("latency_p90_ms", f"{p90:.2f}"),
-            ("node_overhead_median_ms", f"{omed:.2f}"), ("node_overhead_p90_ms", f"{op90:.2f}"),
-            *[(f"{name}_median_ms", f"{statistics.median(col):.2f}" if col else "nan")
-              for name, col in zip(("convert", "handoff", "preprocess", "publish", "session_bookkeeping",
-                                    "in_node_minus_model"), parts)],
-            ("fps_max", f"{1000.0 / med:.2f}" if lat and med > 0 else "-"),
-            ("frames_processed", counters["processed"]), ("frames_dropped_queue", counters["dropped_queue"]),
-            ("frames_refused", counters["refused"]), ("frames_buffered", session.buffered),
-            ("errors", counters["errors"]), ("last_error", last_error or "-"),
-            ("session_id", self._current_session_id()), ("sessions_started", counters["sessions_started"]),
-            ("sessions_from_parameter_changes", counters["parameter_sessions"]), ("resets", counters["resets"]),
-            ("last_new_session_reason", new_session_reason),
-            ("last_frame_index", last.get("frame_index", "-")),
-            ("keyframe_interval", session.stream_cfg.keyframe_interval),
-        ])
-
-        # kv cache
-        cfg = session.stream_cfg
-        level, msg = DiagnosticStatus.OK, (f"{snap.frames_stored} stored frames ({snap.scale_frames} scale, "
-                                           f"{snap.window_frames} window, {snap.frames_evicted} evicted)")
-        if warnings:
-            level, msg = DiagnosticStatus.WARN, "; ".join(warnings)
-        s_cache = status("kv cache", level, msg, [
-            ("frames_stored", snap.frames_stored), ("scale_frames", snap.scale_frames),
-            ("window_frames", snap.window_frames), ("frames_evicted", snap.frames_evicted),
-            ("sliding_window", cfg.sliding_window), ("page_size", snap.page_size),
-            ("patch_pages_total", snap.patch_pages_total), ("free_pages", snap.free_pages),
-            ("special_pages", snap.special_pages), ("special_pages_capacity", snap.special_pages_capacity),
-            ("special_tokens", snap.special_tokens), ("visible_keys", snap.visible_keys),
-            ("camera_cache_frames", snap.camera_cache_frames),
-            ("rope_frame_index", last.get("rope_frame_index", "-")), ("max_frame_num", cfg.max_frame_num),
-            ("max_stored_frames", cfg.max_stored_frames), ("long_run_policy", cfg.long_run_policy),
-            ("kv_mbytes", f"{snap.kv_bytes / 2**20:.1f}"),
-            ("window_index", getattr(session, "window_index", 0)),
-            ("window_switches", getattr(session, "window_switches", 0)),
-        ])
-
-        # backend
-        level, msg = DiagnosticStatus.OK, f"{info.backend} {info.dtype} on {info.device}"
-        if info.random_weights:
-            level, msg = DiagnosticStatus.WARN, msg + "; RANDOM WEIGHTS: poses are not meaningful"
-        s_backend = status("backend", level, msg, [
-            ("backend", info.backend), ("backend_reason", info.backend_reason), ("dtype", info.dtype),
-            ("device", info.device), ("model_preset", info.model_preset),
-            ("checkpoint", self._active_runtime.checkpoint or "-"), ("random_weights", info.random_weights),
-            ("depth_available", info.depth_available),
-        ])
-
-        array = DiagnosticArray()
-        array.header.stamp = self.get_clock().now().to_msg()
-        array.status = [s_input, s_inf, s_cache, s_backend]
-        self._diag_pub.publish(array)
+        self._diag_pub.publish(diagnostic_array(snapshot, self.get_clock().now().to_msg()))
 
 
 def main(args=None) -> int:
