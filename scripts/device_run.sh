@@ -12,7 +12,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 BENCH=(python3 -m lingbot_map_ros.tools.bench --model-preset full --device cuda --dtype bfloat16
        --height 378 --width 518 --scale-frames 8 --sliding-window 64 --camera-iterations 4)
 if [ "$MODE" != long ]; then
-  timeout 300 python3 -m pytest lingbot_map_ros/test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
+  timeout 200 python3 -m pytest lingbot_map_ros/test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
 if [ "$MODE" = quick ]; then
   "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"
@@ -22,7 +22,7 @@ elif [ "$MODE" = second ]; then
   "${BENCH[@]}" --frames 1000 --variants flashinfer:fa3+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/growth.txt"
 elif [ "$MODE" = full ]; then
   "${BENCH[@]}" --frames 208 --variants flashinfer:fa3+graph,flashinfer:fa2+graph,sdpa+graph,flashinfer:fa2+eager,sdpa+eager \
-      --heads depth+camera,camera 2>&1 | tee "$OUT/bench.txt"
+      --heads depth+camera,camera --profile 2>&1 | tee "$OUT/bench.txt"
 else
   # the long-run policy over 10,000 frames
   timeout 540 "${BENCH[@]}" --frames 10000 --long-run-policy window --max-stored-frames 320 --variants flashinfer:fa3+graph \
