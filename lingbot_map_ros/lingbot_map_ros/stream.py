@@ -142,7 +142,7 @@ class StreamingSession:
             checkpoint=runtime.checkpoint,
             seed=runtime.seed,
             device=resolved.device,
-            dtype=torch.float32,
+            dtype=resolved.dtype,  # the aggregator is built/loaded in the compute dtype: one copy, no fp32 detour
             enable_depth=True,
             allow_unsafe=runtime.allow_unsafe_checkpoint,
         )
