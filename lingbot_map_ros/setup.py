@@ -18,7 +18,7 @@ setup(
     ],
     install_requires=["setuptools", "numpy", "torch", "pillow"],
     extras_require={
-        "gpu": ["flashinfer-python"],
+        "gpu": ["flashinfer-python>=0.6.18,<0.7"],  # tested: 0.6.18.post1 (docs/benchmarks.md)
         "io": ["opencv-python-headless", "rosbags", "rosbags-image", "safetensors"],
         "test": ["pytest", "hypothesis", "psutil"],
     },
