@@ -188,7 +188,7 @@ class LingBotMapNode(Node):
         self._session = make_session(runtime, stream, log=self._session_log)
         self._active_runtime = runtime
         self._session_base = 0  # published session id = base + session.session_id (monotonic across models)
-        self._preproc = self._make_preprocessor()
+        self._preproc = self._make_preprocessor(fast_resize=bool(self._values["fast_resize"]))
         self._published_session: Optional[int] = None
         self._snapshot = self._session.snapshot()
         self._session_warnings: list[str] = []
@@ -368,6 +368,9 @@ class LingBotMapNode(Node):
         session = self._session
         t0 = time.perf_counter()
         frame.handoff_ms = (t0 - frame.received) * 1e3 - frame.convert_ms
+        fast = bool(self._values["fast_resize"])
+        if self._preproc.fast_resize != fast:  # the resize method applies from the next frame
+            self._preproc = self._make_preprocessor(fast_resize=fast)
         try:
             tensor = self._preproc(frame.rgb)
         except self._resolution_changed as exc:
@@ -528,7 +531,7 @@ class LingBotMapNode(Node):
         self._after_new_session(reason, False)
 
     def _after_new_session(self, reason: str, count_parameter: bool) -> None:
-        self._preproc = self._make_preprocessor()
+        self._preproc = self._make_preprocessor(fast_resize=bool(self._values["fast_resize"]))
         with self._lock:
             self._expected_wh = None
             self._path.clear()

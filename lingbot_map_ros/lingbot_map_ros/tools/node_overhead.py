@@ -42,6 +42,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--model-preset", default="tiny")
     p.add_argument("--checkpoint", default="")
+    p.add_argument("--fast-resize", action="store_true", help="node parameter fast_resize (OpenCV, not bit-exact)")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--domain-id", type=int, default=None)
     args = p.parse_args(argv)
@@ -56,7 +57,7 @@ def main(argv=None) -> int:
     params = write_params_file(os.path.join(tmp, "params.yaml"), {
         "model_preset": args.model_preset, "checkpoint": os.path.abspath(args.checkpoint) if args.checkpoint else "",
         "device": args.device, "scale_frames": args.scale_frames, "sliding_window": args.sliding_window,
-        "qos_reliability": "reliable", "publish_tf": True,
+        "qos_reliability": "reliable", "publish_tf": True, "fast_resize": bool(args.fast_resize),
     })
     node = NodeProcess(["--params-file", params, "-r", f"image:={DEMO_TOPIC}"], echo=False)
     rclpy.init()
