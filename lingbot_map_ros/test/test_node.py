@@ -323,6 +323,12 @@ def test_runtime_parameter_changes(env):
     assert d.final(s).status == PROCESSED and lst.wait_for(lambda x: s in x.poses, 10)
     assert rx.poses[s].header.frame_id == "other_world"
     assert set_("world_frame", WORLD).successful
+    # fast_resize: from the next frame, same session, frames still processed
+    assert set_("fast_resize", True).successful
+    s = d.send()
+    assert d.final(s).status == PROCESSED and lst.wait_for(lambda x: s in x.stats, 10)
+    assert rx.stats[s].session_id == before + 1
+    assert set_("fast_resize", False).successful
     assert "parameters changed" in env["node"].output()
 
 
