@@ -5,6 +5,11 @@
 # image has torch, numpy, pytest) into a scratch folder, points FlashInfer's JIT at a scratch
 # workspace, places kernels compiled by an earlier call (carried in .fi_aot/<name>/<name>.so) where
 # FlashInfer looks for prebuilt ones (flashinfer/data/aot), and makes the package importable.
+#
+# The wheels are fetched here (a machine with PyPI) into the git-ignored .whl/ folder first:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 -d .whl \
+#     flashinfer-python==0.6.18.post1 apache-tvm-ffi==0.1.15.post2 pillow==11.1.0
 set -e
 SITE=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl

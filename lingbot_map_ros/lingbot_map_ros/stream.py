@@ -164,10 +164,14 @@ class StreamingSession:
             random_weights=not runtime.checkpoint,
         )
         log(f"attention backend {info.backend} ({info.backend_reason}); dtype {info.dtype}; device {info.device}")
-        return cls(
+        session = cls(
             model, cfg, stream, device=resolved.device, dtype=resolved.dtype, backend=resolved.backend,
             info=info, log=log, cuda_graphs=runtime.cuda_graphs,
         )
+        if session.device.type == "cuda":
+            kernel = f"FlashInfer {session.flashinfer_kernel}, " if session.backend == "flashinfer" else ""
+            log(f"{kernel}CUDA graphs for one-frame steps: {'on' if session.use_cuda_graphs else 'off'}")
+        return session
 
     # ------------------------------------------------------------------ public API
     @property
