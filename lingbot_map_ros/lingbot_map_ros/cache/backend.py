@@ -41,6 +41,25 @@ class AttentionBackend(Protocol):
         ...
 
 
+def visible_key_count(num_pages: int, last_page_len: int, page_size: int) -> int:
+    """Keys of a visible table: every slot of each page but the last, ``last_page_len`` of the last."""
+    return (num_pages - 1) * page_size + last_page_len
+
+
+def visible_token_slots(
+    visible_pages: Sequence[int], last_page_len: int, offsets: torch.Tensor
+) -> torch.Tensor:
+    """Flat token slots (``page * page_size + offset``) of the visible keys, in table order.
+
+    ``offsets`` is ``arange(page_size)`` on the target device, in the index dtype wanted (long for
+    ``index_select``, int32 for FlashInfer); the result ``[N]`` lives there too.
+    """
+    page_size = offsets.numel()
+    num_keys = visible_key_count(len(visible_pages), last_page_len, page_size)
+    pages = torch.tensor(list(visible_pages), dtype=offsets.dtype).to(offsets.device, non_blocking=True)  # [V]
+    return (pages[:, None] * page_size + offsets).reshape(-1)[:num_keys]  # [N]
+
+
 def make_backend(
     name: str,
     *,
@@ -71,4 +90,4 @@ def make_backend(
     raise ValueError(f"unknown attention backend {name!r}; choose 'sdpa' or 'flashinfer'")
 
 
-__all__ = ["AttentionBackend", "make_backend"]
+__all__ = ["AttentionBackend", "make_backend", "visible_key_count", "visible_token_slots"]

@@ -21,6 +21,8 @@ from typing import Sequence
 
 import torch
 
+from .backend import visible_key_count, visible_token_slots
+
 _WORKSPACE_BYTES = 256 * 1024 * 1024
 
 
@@ -89,15 +91,13 @@ class FlashInferBackend:
         if not visible_pages:
             raise ValueError("cannot plan attention over an empty visible set")
         ps = self.page_size
-        num_keys = (len(visible_pages) - 1) * ps + last_page_len
-        pages = torch.tensor(list(visible_pages), dtype=torch.int32)  # [V] host
+        num_keys = visible_key_count(len(visible_pages), last_page_len, ps)
         if self._token_pages:
             # exact token slots of the visible pages: slot = page * page_size + offset
-            pages_dev = pages.to(self.device, non_blocking=True)
-            indices = (pages_dev[:, None] * ps + self._offsets).reshape(-1)[:num_keys]  # [N] int32
+            indices = visible_token_slots(visible_pages, last_page_len, self._offsets)  # [N] int32
             kv_len, page_size, last = num_keys, 1, 1
         else:
-            indices = pages
+            indices = torch.tensor(list(visible_pages), dtype=torch.int32)  # [V] host
             kv_len, page_size, last = len(visible_pages), ps, last_page_len
         if self.use_cuda_graph and num_query_tokens != self._max_query_tokens:
             raise ValueError(

@@ -17,7 +17,10 @@ from typing import ContextManager, Sequence
 
 import torch
 import torch.nn.functional as F
+
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .backend import visible_key_count, visible_token_slots
 
 
 def default_sdpa_kernels(device: torch.device) -> tuple[SDPBackend, ...] | None:
@@ -71,11 +74,8 @@ class SdpaBackend:
             raise ValueError(f"last_page_len must be in 1..{self.page_size} (got {last_page_len})")
         if num_query_tokens < 1:
             raise ValueError(f"num_query_tokens must be >= 1 (got {num_query_tokens})")
-        ps = self.page_size
-        num_keys = (len(visible_pages) - 1) * ps + last_page_len
-        pages = torch.tensor(list(visible_pages), dtype=torch.long, device=self.device)  # [V]
-        self._slots = (pages[:, None] * ps + self._offsets).reshape(-1)[:num_keys]  # [N]
-        self._num_keys = num_keys
+        self._slots = visible_token_slots(visible_pages, last_page_len, self._offsets)  # [N]
+        self._num_keys = self._slots.numel()
         self._num_queries = num_query_tokens
 
     def run(self, kv_pages: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor) -> torch.Tensor:
@@ -133,12 +133,10 @@ class StaticSdpaBackend:
     def plan(self, visible_pages: Sequence[int], last_page_len: int, num_query_tokens: int) -> None:
         if num_query_tokens != self.num_query_tokens:
             raise ValueError(f"planned for {self.num_query_tokens} query tokens (got {num_query_tokens})")
-        ps = self.page_size
-        num_keys = (len(visible_pages) - 1) * ps + last_page_len
+        num_keys = visible_key_count(len(visible_pages), last_page_len, self.page_size)
         if num_keys > self.max_keys:
             raise ValueError(f"{num_keys} visible keys exceed the static capacity {self.max_keys}")
-        pages = torch.tensor(list(visible_pages), dtype=torch.long).to(self.device, non_blocking=True)  # [V]
-        slots = (pages[:, None] * ps + self._offsets).reshape(-1)[:num_keys]  # [N]
+        slots = visible_token_slots(visible_pages, last_page_len, self._offsets)  # [N]
         self._slots[:num_keys].copy_(slots)
         self._slots[num_keys:].zero_()
         self._cu_k[1].fill_(num_keys)

@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = resolve_dtype(args.dtype, device)
     cfg = model_config(preset)
     stream_cfg = stream_from_args(args)
-    model, _ = build_model(cfg, seed=args.seed, device=device, dtype=torch.float32, enable_depth=True)
+    model, _ = build_model(cfg, seed=args.seed, device=device, dtype=dtype, enable_depth=True)  # one copy, in the compute dtype
     _cast_for_inference(model, dtype)
     default_variant = resolve_backend(args.attention_backend, device, dtype)[0] + ("+graph" if device.type == "cuda" else "")
     variants = [v for v in args.variants.split(",") if v] or [default_variant]
