@@ -13,7 +13,7 @@
 set -e
 SITE=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
-export PYTHONPATH="$SITE:$PWD/lingbot_map_ros${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$(dirname "$(command -v python3)"):$PATH"   # FlashInfer's JIT needs ninja from the python's folder
 export FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws
 mkdir -p "$FLASHINFER_WORKSPACE_BASE"

@@ -12,7 +12,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 BENCH=(python3 -m lingbot_map_ros.tools.bench --model-preset full --device cuda --dtype bfloat16
        --height 378 --width 518 --scale-frames 8 --sliding-window 64 --camera-iterations 4)
 if [ "$MODE" != long ]; then
-  timeout 200 python3 -m pytest lingbot_map_ros/test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
+  timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
 if [ "$MODE" = quick ]; then
   "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"

@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
 # Sets up everything lingbot_map_ros needs on a fresh machine, into ./.venv (idempotent).
 #
-# ROS 2 Jazzy comes from PyPI wheels (no system ROS here); the package's messages are generated
-# with ament_cmake/rosidl into the venv; the Python package is installed editable so that its
-# console scripts (lingbot_map_node, lingbot_map_demo, ...) are on the venv's PATH.
+# ROS 2 Jazzy comes from PyPI wheels (no system ROS here). The package itself is built with its own
+# CMakeLists.txt into the venv, exactly as colcon would into a workspace's install/: messages
+# (lingbot_map_ros.msg), executables in lib/lingbot_map_ros and bin/, launch/ and config/ in
+# share/lingbot_map_ros, the ament index entry. The Python sources are imported in place (a
+# development install, see CMakeLists.txt), so edits and new files need no re-install. Where ../shared/ros_cli exists, the real `launch`, `launch_ros`,
+# `launch_testing` and `ros2` CLI are installed from it; colcon comes from PyPI.
 # Re-running is cheap: a stamp records the inputs of the last successful run.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${LINGBOT_VENV:-$ROOT/.venv}
 PY=${PYTHON:-python3}
 STAMP="$VENV/.lingbot_setup_stamp"
-inputs_hash() {
-  cat "$ROOT/scripts/setup_env.sh" "$ROOT/lingbot_map_ros/setup.py" "$ROOT"/lingbot_map_msgs/msg/*.msg \
-      "$ROOT/lingbot_map_msgs/CMakeLists.txt" 2>/dev/null | sha256sum | cut -d' ' -f1
+inputs_hash() {  # what the install depends on: this script, the build files, and the file list
+  { cat "$ROOT/scripts/setup_env.sh" "$ROOT/CMakeLists.txt" "$ROOT/package.xml" "$ROOT"/msg/*.msg
+    (cd "$ROOT" && find launch config -type f | LC_ALL=C sort | xargs cat)
+    [ -d "$ROS_CLI" ] && cat "$ROS_CLI/install.sh"
+  } 2>/dev/null | sha256sum | cut -d' ' -f1
 }
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(inputs_hash)" ] && [ -x "$VENV/bin/lingbot_map_demo" ]; then
+ROS_CLI=${LINGBOT_ROS_CLI:-$ROOT/../shared/ros_cli}
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(inputs_hash)" ] && [ -x "$VENV/lib/lingbot_map_ros/lingbot_map_node" ]; then
   exit 0
 fi
 echo "[setup] creating $VENV (ROS 2 Jazzy wheels, torch CPU, message generation) ..." >&2
@@ -33,7 +39,7 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
   ros-jazzy-ament-cmake-gmock==2.5.4 ros-jazzy-ament-cmake-gtest==2.5.4 ros-jazzy-ament-cmake-pytest==2.5.4 \
   ros-python-cmake-module==0.11.1 catkin-pkg \
   torch==2.13.0 numpy pillow safetensors opencv-python-headless rosbags rosbags-image psutil pyyaml \
-  pytest pytest-timeout hypothesis \
+  pytest pytest-timeout hypothesis colcon-common-extensions \
   2> >(grep -v '^WARNING: Location' >&2)
 
 # The wheels' exported CMake targets name the include folders of the machine that built them.
@@ -52,8 +58,6 @@ build_interfaces() {  # $1 = package source folder
   cmake --install "$build" >/dev/null
   rm -rf "$build"
 }
-build_interfaces "$ROOT/lingbot_map_msgs"
-
 # /tf needs tf2_msgs/TFMessage. PyPI has no ros-jazzy-tf2-msgs wheel, so where it is missing we
 # generate that one message from its upstream definition (one line) under its upstream name: the
 # type hash is computed from the definition, so real tf2 listeners accept it. On a ROS install the
@@ -83,10 +87,38 @@ CM
   build_interfaces "$TF2"
 fi
 
-# compat mode: a .pth puts lingbot_map_ros/ on sys.path, so `python -m lingbot_map_ros.tools...` also
-# works from the repository root (whose lingbot_map_ros/ folder would otherwise shadow the package).
-"${PIP[@]}" --no-deps --no-build-isolation --config-settings editable_mode=compat -e "$ROOT/lingbot_map_ros"
-"$VENV/bin/python" -c 'import rclpy, torch, lingbot_map_msgs.msg, tf2_msgs.msg, lingbot_map_ros' \
+# The real ROS tools (launch, launch_ros, launch_testing, ros2 CLI) where this machine has them.
+if [ -d "$ROS_CLI" ]; then
+  bash "$ROS_CLI/install.sh" "$VENV" >"$VENV/ros_cli_install.log" 2>&1 \
+    || { tail -30 "$VENV/ros_cli_install.log"; echo "[setup] ros_cli install failed" >&2; exit 1; }
+else
+  echo "[setup] no ros_cli folder at $ROS_CLI: ros2 launch / CLI tests will be skipped" >&2
+fi
+
+# This package, as colcon would build it (messages + Python + executables + share/), into the venv.
+BUILD="$VENV/build/lingbot_map_ros"
+SITE=$("$VENV/bin/python" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')
+"$VENV/bin/python" -m pip uninstall -q -y lingbot_map_ros >/dev/null 2>&1 || true  # an older editable install
+rm -rf "$SITE/lingbot_map_ros"  # what an earlier install left; the install below re-creates it
+mkdir -p "$BUILD"
+cmake -S "$ROOT" -B "$BUILD" -DCMAKE_PREFIX_PATH="$VENV" -DCMAKE_INSTALL_PREFIX="$VENV" \
+  -DPython3_EXECUTABLE="$VENV/bin/python" -DBUILD_TESTING=OFF -DLINGBOT_DEV_SOURCE_DIR="$ROOT" \
+  >"$BUILD/configure.log" 2>&1 || { tail -40 "$BUILD/configure.log"; exit 1; }
+cmake --build "$BUILD" -j"$(nproc)" >"$BUILD/build.log" 2>&1 || { tail -40 "$BUILD/build.log"; exit 1; }
+cmake --install "$BUILD" >"$BUILD/install.log" 2>&1 || { tail -40 "$BUILD/install.log"; exit 1; }
+
+# `source .venv/bin/activate` makes the venv a ROS environment for the shell, like sourcing a ROS
+# setup.bash: ament/CMake prefixes (ros2, launch, colcon find packages through them) and loopback
+# discovery unless the user chose otherwise.
+if ! grep -qs 'lingbot_map_ros environment' "$VENV/bin/activate"; then
+  cat >>"$VENV/bin/activate" <<'ACT'
+# --- lingbot_map_ros environment (appended by scripts/setup_env.sh) ---
+export AMENT_PREFIX_PATH="$VIRTUAL_ENV${AMENT_PREFIX_PATH:+:$AMENT_PREFIX_PATH}"
+export CMAKE_PREFIX_PATH="$VIRTUAL_ENV${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+export ROS_AUTOMATIC_DISCOVERY_RANGE="${ROS_AUTOMATIC_DISCOVERY_RANGE:-LOCALHOST}"
+ACT
+fi
+(cd /tmp && "$VENV/bin/python" -c 'import rclpy, torch, tf2_msgs.msg, lingbot_map_ros.msg, lingbot_map_ros.ros.node') \
   || { echo "[setup] import check failed" >&2; exit 1; }
 inputs_hash >"$STAMP"
 echo "[setup] ready: $VENV" >&2

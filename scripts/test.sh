@@ -19,7 +19,7 @@ export PYTHONUNBUFFERED=1
 
 cd "$ROOT"
 set +e
-"$VENV/bin/pytest" lingbot_map_ros/test -q -rs "$@"
+"$VENV/bin/pytest" test -q -rs "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then  # pytest's "no tests collected" (e.g. a -k/-m filter that matches nothing)

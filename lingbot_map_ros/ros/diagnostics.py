@@ -1,0 +1,185 @@
+"""The node's /diagnostics message, built from a snapshot of its numbers.
+
+The node copies what it knows into a ``DiagnosticsSnapshot`` under its lock; ``diagnostic_array``
+turns that into the four statuses (input, inference, kv cache, backend) with their levels, messages
+and key/values. Keeping the judgement (what counts as a warning or an error, and for how long) out
+of the node means the node's thread and lock handling and the operator-facing wording can change
+independently.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Sequence
+
+from builtin_interfaces.msg import Time as TimeMsg
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+
+from ..core.config import StreamConfig
+from ..core.results import CacheSnapshot
+
+if TYPE_CHECKING:  # stream imports torch; only its SessionInfo type is named here
+    from ..core.stream import SessionInfo
+
+DIAG_PREFIX = "lingbot_map: "
+RATE_WINDOW_S = 5.0  # input rate over the last seconds; also how long silence or a rejection warns
+ERROR_HOLD_S = 10.0  # the inference status stays ERROR this long after an error
+# The per-frame node timing parts, in the order the node records them.
+OVERHEAD_PARTS = ("convert", "handoff", "preprocess", "publish", "session_bookkeeping", "in_node_minus_model")
+REJECT_KINDS = ("unsupported", "data_length", "zero_size", "resolution_changed")
+COUNTER_NAMES = ("received", "processed", "dropped_queue", "rejected", "refused", "errors", "sessions_started",
+                 "parameter_sessions", "resets")
+
+
+@dataclass(frozen=True)
+class DiagnosticsSnapshot:
+    """Everything one /diagnostics message reports, copied from the node at one moment."""
+
+    now: float  # time.monotonic() when the snapshot was taken
+    started: float  # time.monotonic() when the node started
+    hardware_id: str  # the node's fully qualified name
+    topic: str  # the image topic subscribed to
+    transport: str
+    qos_reliability: str
+    receive_times: Sequence[float]  # time.monotonic() of recent image callbacks, oldest first
+    last_frame_time: Optional[float]  # None: no image received yet
+    counters: dict[str, int]  # COUNTER_NAMES -> value
+    rejected_by_kind: dict[str, int]
+    dropped_since_last: int  # frames replaced in the queue since the previous message
+    rejected_since_last: int
+    last_reject_reason: str
+    last_reject_time: float
+    last_error: str
+    last_error_time: float
+    new_session_reason: str
+    expected_wh: Optional[tuple[int, int]]  # the session's image size; None before the first frame
+    last_result: dict  # frame_index and rope_frame_index of the last published frame, when there was one
+    latencies: Sequence[float]  # model time per frame, ms
+    overheads: Sequence[float]  # node time per frame outside the model, ms
+    parts: Sequence[tuple[float, ...]]  # per frame, OVERHEAD_PARTS in ms (nan: not measured)
+    cache: CacheSnapshot
+    cache_warnings: Sequence[str]
+    session_id: int
+    buffered: int  # scale frames waiting for the joint call
+    stream_cfg: StreamConfig
+    window_index: int
+    window_switches: int
+    info: SessionInfo
+    checkpoint: str
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(math.ceil(q * len(s))) - 1))]
+
+
+def _status(d: DiagnosticsSnapshot, name: str, level: bytes, message: str, kv: list[tuple[str, object]]
+            ) -> DiagnosticStatus:
+    return DiagnosticStatus(level=level, name=DIAG_PREFIX + name, message=message, hardware_id=d.hardware_id,
+                            values=[KeyValue(key=k, value=str(v)) for k, v in kv])
+
+
+def _input_status(d: DiagnosticsSnapshot) -> DiagnosticStatus:
+    """Is the camera arriving, how fast, and is any of it unusable."""
+    recent = [t for t in d.receive_times if d.now - t <= RATE_WINDOW_S]
+    rate = (len(recent) - 1) / (recent[-1] - recent[0]) if len(recent) >= 2 and recent[-1] > recent[0] else 0.0
+    level, msg = DiagnosticStatus.OK, f"{rate:.1f} Hz"
+    if d.last_frame_time is None:
+        if d.now - d.started > RATE_WINDOW_S:
+            level, msg = DiagnosticStatus.WARN, f"no images received on {d.topic}"
+        else:
+            msg = f"waiting for images on {d.topic}"
+    elif d.now - d.last_frame_time > RATE_WINDOW_S:
+        level, msg = DiagnosticStatus.WARN, f"no images for {d.now - d.last_frame_time:.0f} s on {d.topic}"
+    if d.rejected_since_last or d.now - d.last_reject_time < RATE_WINDOW_S:
+        level, msg = DiagnosticStatus.WARN, f"rejecting input: {d.last_reject_reason}"
+    kv: list[tuple[str, object]] = [
+        ("topic", d.topic), ("transport", d.transport), ("qos_reliability", d.qos_reliability),
+        ("rate_hz", f"{rate:.2f}"), ("frames_received", d.counters["received"]),
+        ("frames_rejected", d.counters["rejected"]),
+    ]
+    kv += [(f"rejected_{k}", d.rejected_by_kind.get(k, 0)) for k in REJECT_KINDS]
+    kv += [("last_reject_reason", d.last_reject_reason or "-"),
+           ("resolution", f"{d.expected_wh[0]}x{d.expected_wh[1]}" if d.expected_wh else "-")]
+    return _status(d, "input", level, msg, kv)
+
+
+def _inference_status(d: DiagnosticsSnapshot) -> DiagnosticStatus:
+    """How long frames take, whether the node keeps up, and the session's history."""
+    lat, ovh = d.latencies, d.overheads
+    nan = float("nan")
+    med, p90 = (statistics.median(lat), _percentile(lat, 0.9)) if lat else (nan, nan)
+    omed, op90 = (statistics.median(ovh), _percentile(ovh, 0.9)) if ovh else (nan, nan)
+    columns = [[v for v in col if v == v] for col in zip(*d.parts)] if d.parts else [[]] * len(OVERHEAD_PARTS)
+    level, msg = DiagnosticStatus.OK, (f"latency median {med:.1f} ms, p90 {p90:.1f} ms" if lat
+                                       else "no frame processed yet")
+    if d.buffered:
+        msg += f"; {d.buffered}/{d.stream_cfg.scale_frames} scale frames buffered"
+    if d.dropped_since_last:
+        level, msg = (DiagnosticStatus.WARN,
+                      f"falling behind the camera: {d.dropped_since_last} frames replaced in the queue")
+    if d.now - d.last_error_time < ERROR_HOLD_S:
+        level, msg = DiagnosticStatus.ERROR, d.last_error
+    c = d.counters
+    return _status(d, "inference", level, msg, [
+        ("latency_median_ms", f"{med:.2f}"), ("latency_p90_ms", f"{p90:.2f}"),
+        ("node_overhead_median_ms", f"{omed:.2f}"), ("node_overhead_p90_ms", f"{op90:.2f}"),
+        *[(f"{name}_median_ms", f"{statistics.median(col):.2f}" if col else "nan")
+          for name, col in zip(OVERHEAD_PARTS, columns)],
+        ("fps_max", f"{1000.0 / med:.2f}" if lat and med > 0 else "-"),
+        ("frames_processed", c["processed"]), ("frames_dropped_queue", c["dropped_queue"]),
+        ("frames_refused", c["refused"]), ("frames_buffered", d.buffered),
+        ("errors", c["errors"]), ("last_error", d.last_error or "-"),
+        ("session_id", d.session_id), ("sessions_started", c["sessions_started"]),
+        ("sessions_from_parameter_changes", c["parameter_sessions"]), ("resets", c["resets"]),
+        ("last_new_session_reason", d.new_session_reason),
+        ("last_frame_index", d.last_result.get("frame_index", "-")),
+        ("keyframe_interval", d.stream_cfg.keyframe_interval),
+    ])
+
+
+def _cache_status(d: DiagnosticsSnapshot) -> DiagnosticStatus:
+    """What the KV cache holds and how close it is to its limits."""
+    snap, cfg = d.cache, d.stream_cfg
+    level, msg = DiagnosticStatus.OK, (f"{snap.frames_stored} stored frames ({snap.scale_frames} scale, "
+                                       f"{snap.window_frames} window, {snap.frames_evicted} evicted)")
+    if d.cache_warnings:
+        level, msg = DiagnosticStatus.WARN, "; ".join(d.cache_warnings)
+    return _status(d, "kv cache", level, msg, [
+        ("frames_stored", snap.frames_stored), ("scale_frames", snap.scale_frames),
+        ("window_frames", snap.window_frames), ("frames_evicted", snap.frames_evicted),
+        ("sliding_window", cfg.sliding_window), ("page_size", snap.page_size),
+        ("patch_pages_total", snap.patch_pages_total), ("free_pages", snap.free_pages),
+        ("special_pages", snap.special_pages), ("special_pages_capacity", snap.special_pages_capacity),
+        ("special_tokens", snap.special_tokens), ("visible_keys", snap.visible_keys),
+        ("camera_cache_frames", snap.camera_cache_frames),
+        ("rope_frame_index", d.last_result.get("rope_frame_index", "-")), ("max_frame_num", cfg.max_frame_num),
+        ("max_stored_frames", cfg.max_stored_frames), ("long_run_policy", cfg.long_run_policy),
+        ("kv_mbytes", f"{snap.kv_bytes / 2**20:.1f}"),
+        ("window_index", d.window_index), ("window_switches", d.window_switches),
+    ])
+
+
+def _backend_status(d: DiagnosticsSnapshot) -> DiagnosticStatus:
+    """Which model, attention backend, dtype and device run, and whether the weights mean anything."""
+    info = d.info
+    level, msg = DiagnosticStatus.OK, f"{info.backend} {info.dtype} on {info.device}"
+    if info.random_weights:
+        level, msg = DiagnosticStatus.WARN, msg + "; RANDOM WEIGHTS: poses are not meaningful"
+    return _status(d, "backend", level, msg, [
+        ("backend", info.backend), ("backend_reason", info.backend_reason), ("dtype", info.dtype),
+        ("device", info.device), ("model_preset", info.model_preset),
+        ("checkpoint", d.checkpoint or "-"), ("random_weights", info.random_weights),
+        ("depth_available", info.depth_available),
+    ])
+
+
+def diagnostic_array(d: DiagnosticsSnapshot, stamp: TimeMsg) -> DiagnosticArray:
+    """The /diagnostics message for ``d``: input, inference, kv cache and backend, in that order."""
+    array = DiagnosticArray()
+    array.header.stamp = stamp
+    array.status = [_input_status(d), _inference_status(d), _cache_status(d), _backend_status(d)]
+    return array

@@ -1,0 +1,151 @@
+"""ROS messages built from what the streaming session returns: arguments in, message out.
+
+The node decides what to publish and when (frame ids, counters, throttling, locks); this module only
+says how a pose, a depth map or a ``FrameResult`` looks as a ROS message, so those conventions
+(REP 103/105 fields, the 32FC1 depth layout, the CacheStats field mapping) live in one place and can
+be checked without a running node.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple, Sequence
+
+import numpy as np
+from builtin_interfaces.msg import Time as TimeMsg
+from geometry_msgs.msg import PoseStamped, TransformStamped
+from lingbot_map_ros.msg import CacheStats, FrameStatus
+from nav_msgs.msg import Odometry, Path
+from sensor_msgs.msg import Image
+from std_msgs.msg import Header
+from tf2_msgs.msg import TFMessage
+
+from ..core.geometry import quaternion_xyzw_from_matrix
+from ..core.results import FrameResult
+
+if TYPE_CHECKING:  # stream imports torch; only its SessionInfo type is named here
+    from ..core.stream import SessionInfo
+
+
+class FrameCounts(NamedTuple):
+    """The node's frame counters as CacheStats reports them (taken together under the node's lock)."""
+
+    received: int
+    processed: int
+    dropped: int  # replaced in the queue + rejected + refused
+    rejected: int
+
+
+def pose_stamped(c2w: np.ndarray, stamp: TimeMsg, world_frame: str) -> PoseStamped:
+    """The camera pose (a 4x4 camera-to-world matrix) in ``world_frame`` at ``stamp``."""
+    m = np.asarray(c2w, dtype=np.float64)
+    pose = PoseStamped()
+    pose.header.stamp = stamp
+    pose.header.frame_id = world_frame
+    p = pose.pose.position
+    p.x, p.y, p.z = float(m[0, 3]), float(m[1, 3]), float(m[2, 3])
+    o = pose.pose.orientation
+    o.x, o.y, o.z, o.w = (float(v) for v in quaternion_xyzw_from_matrix(m[:3, :3]))
+    return pose
+
+
+def odometry(pose: PoseStamped, child_frame: str) -> Odometry:
+    """``pose`` as Odometry of ``child_frame``.
+
+    The model's output is scale-free: there is no covariance estimate and no twist, so both
+    covariances are marked unknown (-1 in the first element) and REP 105 users read the pose only.
+    """
+    odom = Odometry()
+    odom.header = pose.header
+    odom.child_frame_id = child_frame
+    odom.pose.pose = pose.pose
+    odom.pose.covariance[0] = -1.0
+    odom.twist.covariance[0] = -1.0
+    return odom
+
+
+def path_message(header: Header, poses: Sequence[PoseStamped]) -> Path:
+    """The session's trajectory so far as a Path."""
+    msg = Path()
+    msg.header = header
+    msg.poses = list(poses)
+    return msg
+
+
+def tf_message(pose: PoseStamped, child_frame: str) -> TFMessage:
+    """The /tf message for ``pose``: ``pose``'s frame -> ``child_frame``."""
+    tf = TransformStamped()
+    tf.header = pose.header
+    tf.child_frame_id = child_frame
+    t = tf.transform.translation
+    t.x, t.y, t.z = pose.pose.position.x, pose.pose.position.y, pose.pose.position.z
+    tf.transform.rotation = pose.pose.orientation
+    return TFMessage(transforms=[tf])
+
+
+def depth_image(depth: np.ndarray, stamp: TimeMsg, frame_id: str) -> Image:
+    """A [H, W] depth map (model input size) as a 32FC1 Image in ``frame_id``."""
+    d = np.ascontiguousarray(depth, dtype=np.float32)
+    img = Image(height=int(d.shape[0]), width=int(d.shape[1]), encoding="32FC1", is_bigendian=0,
+                step=int(d.shape[1]) * 4)
+    img.header.stamp = stamp
+    img.header.frame_id = frame_id
+    img.data = d.tobytes()
+    return img
+
+
+def frame_status(header: Header, status: int, reason: str, session_id: int) -> FrameStatus:
+    """What happened to the image with ``header`` when it produced no pose (``reason`` says why)."""
+    msg = FrameStatus()
+    msg.header = header
+    msg.status = status
+    msg.reason = reason
+    msg.session_id = session_id
+    return msg
+
+
+def processed_status(result: FrameResult, header: Header, session_id: int) -> FrameStatus:
+    """The PROCESSED status of the image with ``header``, with the model's raw pose encoding."""
+    msg = FrameStatus()
+    msg.header = header
+    msg.status = FrameStatus.PROCESSED
+    msg.session_id = session_id
+    msg.frame_index = int(result.frame_index)
+    msg.pose_enc = [float(v) for v in np.asarray(result.pose_enc, dtype=np.float64).reshape(9)]
+    return msg
+
+
+def cache_stats(result: FrameResult, stamp: TimeMsg, world_frame: str, session_id: int, counts: FrameCounts,
+                overhead_ms: float, info: SessionInfo) -> CacheStats:
+    """The per-frame KV-cache report: the result's cache snapshot, the node's counters and timings."""
+    s = result.cache
+    stats = CacheStats()
+    stats.header.stamp = stamp
+    stats.header.frame_id = world_frame
+    stats.frames_received = int(counts.received)
+    stats.frames_processed = int(counts.processed)
+    stats.frames_dropped = int(counts.dropped)
+    stats.frames_rejected = int(counts.rejected)
+    stats.frame_index = int(result.frame_index)
+    stats.session_id = session_id
+    stats.is_keyframe = bool(result.is_keyframe)
+    stats.is_scale_frame = bool(result.is_scale_frame)
+    stats.frames_stored = int(s.frames_stored)
+    stats.scale_frames = int(s.scale_frames)
+    stats.window_frames = int(s.window_frames)
+    stats.frames_evicted = int(s.frames_evicted)
+    stats.page_size = int(s.page_size)
+    stats.patch_pages_total = int(s.patch_pages_total)
+    stats.scale_pages = int(s.scale_pages)
+    stats.window_pages = int(s.window_pages)
+    stats.free_pages = int(s.free_pages)
+    stats.special_pages = int(s.special_pages)
+    stats.special_pages_capacity = int(s.special_pages_capacity)
+    stats.special_tokens = int(s.special_tokens)
+    stats.rope_frame_index = int(result.rope_frame_index)
+    stats.max_frame_num = int(s.max_frame_num)
+    stats.visible_keys = int(s.visible_keys)
+    stats.camera_cache_frames = int(s.camera_cache_frames)
+    stats.latency_ms = float(result.latency_ms)
+    stats.node_overhead_ms = float(overhead_ms)
+    stats.backend = info.backend
+    stats.dtype = info.dtype
+    return stats

@@ -1,0 +1,724 @@
+"""The ROS 2 node: camera topic in, camera pose + KV-cache diagnostics out.
+
+The node is thin. It converts messages (``image_io``), preprocesses them (``preprocess``), hands the
+tensor to a ``StreamingSession`` on its own inference thread and publishes what comes back. It owns
+the parameters' lifecycle, QoS, the latest-frame queue, publishers, services and the diagnostics
+timer; it does no tensor work. What the parameters are (``node_params``), how results look as ROS
+messages (``ros_messages``) and what /diagnostics says (``diagnostics``) live in modules of their own.
+
+Threads
+-------
+* the executor thread runs the image callback (conversion + validation, cheap), services, the
+  diagnostics timer and parameter callbacks;
+* the inference thread takes the newest queued frame, preprocesses it, pushes it into the session
+  and publishes the results. A frame that arrives while another one is still queued replaces it
+  (the replaced one is counted as dropped), so the node never falls behind the camera.
+
+Session changes (reset, parameter changes that need a new cache, a new model) are queued as commands
+and applied by the inference thread between two frames, so the session is only ever touched by it.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import rclpy
+import rclpy.exceptions
+import rclpy.qos
+from builtin_interfaces.msg import Time as TimeMsg
+from diagnostic_msgs.msg import DiagnosticArray
+from geometry_msgs.msg import PoseStamped
+from lingbot_map_ros.msg import CacheStats, FrameStatus
+from nav_msgs.msg import Odometry, Path
+from rcl_interfaces.msg import SetParametersResult
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.node import Node
+from rclpy.qos import QoSDurabilityPolicy, QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
+from sensor_msgs.msg import CompressedImage, Image
+from std_msgs.msg import Header
+from std_srvs.srv import Trigger
+from tf2_msgs.msg import TFMessage
+
+from ..core import config as cfgmod
+from . import messages as rosmsg
+from ..core.config import StreamConfig
+from .diagnostics import COUNTER_NAMES, DIAG_PREFIX, DiagnosticsSnapshot, diagnostic_array
+from ..core.geometry import write_tum
+from .parameters import (PARAMETER_NAMES, PARAMETERS, SPECS, STREAM_FIELDS, ParamSpec, configs_from_values,
+                          descriptor, validate_values)
+from ..core.results import FrameResult
+
+# The parameter table and the diagnostics prefix live in their own modules; they stay importable
+# from here, where the tests import them from.
+__all__ = [
+    "DIAG_PREFIX", "FALLBACK_CAMERA_FRAME", "NODE_NAME", "PARAMETERS", "PARAMETER_NAMES", "PATH_EVERY_FRAME",
+    "PATH_MIN_PERIOD", "InputRejected", "LingBotMapNode", "ParamSpec", "configs_from_values", "main",
+    "validate_values",
+]
+
+NODE_NAME = "lingbot_map"
+FALLBACK_CAMERA_FRAME = "lingbot_camera"
+PATH_EVERY_FRAME = 1000  # ~/path is sent with every pose while it holds at most this many poses,
+PATH_MIN_PERIOD = 0.5  # then at most every this many seconds
+
+# --------------------------------------------------------------------------------------- frames
+
+
+class InputRejected(ValueError):
+    """A message the node cannot use; ``kind`` names the counter it goes to."""
+
+    def __init__(self, kind: str, reason: str):
+        super().__init__(reason)
+        self.kind = kind
+
+
+@dataclass
+class _Frame:
+    """A received, converted image waiting for (or inside) the session; the session's opaque stamp."""
+
+    header: Header
+    rgb: np.ndarray
+    received: float  # perf_counter at the start of the callback
+    convert_ms: float
+    preprocess_ms: float = 0.0
+    session_extra_ms: float = 0.0  # push() wall time beyond the model time (phase 2 only)
+    handoff_ms: float = 0.0  # callback done -> inference thread starts on it (queue wait + thread wake-up)
+
+
+@dataclass
+class _Counters:
+    received: int = 0
+    processed: int = 0
+    dropped_queue: int = 0
+    rejected: int = 0
+    refused: int = 0
+    errors: int = 0
+    rejected_by_kind: dict = field(default_factory=lambda: collections.Counter())
+    sessions_started: int = 1
+    parameter_sessions: int = 0  # new sessions caused by parameter changes
+    resets: int = 0
+    last_reject_reason: str = ""
+    last_reject_time: float = -1e9
+    last_drop_time: float = -1e9
+    last_error: str = ""
+    last_error_time: float = -1e9
+    last_new_session_reason: str = "node started"
+    dropped_since_diag: int = 0
+    rejected_since_diag: int = 0
+
+
+def _stamp_sec(stamp: TimeMsg) -> float:
+    return stamp.sec + stamp.nanosec * 1e-9
+
+
+def _check_image_message(msg) -> None:
+    """Cheap structural checks before any conversion (reasons name the offending numbers)."""
+    if isinstance(msg, CompressedImage):
+        if len(msg.data) == 0:
+            raise InputRejected("zero_size", "compressed image has no data")
+        return
+    if msg.width == 0 or msg.height == 0:
+        raise InputRejected("zero_size", f"zero-sized image {msg.width}x{msg.height}")
+    if len(msg.data) != msg.step * msg.height:
+        raise InputRejected(
+            "data_length",
+            f"data length {len(msg.data)} != step {msg.step} x height {msg.height} = {msg.step * msg.height}",
+        )
+
+
+# --------------------------------------------------------------------------------------- the node
+
+
+class LingBotMapNode(Node):
+    """LingBot-Map streaming reconstruction on one camera topic (see INTERFACE.md)."""
+
+    def __init__(self, node_name: str = NODE_NAME, **kwargs):
+        super().__init__(node_name, **kwargs)
+        for spec in PARAMETERS:
+            self.declare_parameter(spec.name, spec.default, descriptor(spec))
+        self._values = {p.name: self.get_parameter(p.name).value for p in PARAMETERS}
+        problems = validate_values(self._values)
+        if problems:
+            raise ValueError("invalid parameters: " + "; ".join(problems))
+
+        # Late imports: torch-heavy modules load after parameters are known to be valid.
+        from .image_io import UnsupportedImage, message_to_rgb
+        from ..core.preprocess import FramePreprocessor, ResolutionChanged
+        from ..core import stream as streammod
+
+        from ..core.long_run import make_session  # the one factory that applies the long-run policy
+
+        self._make_session = make_session
+
+        self._message_to_rgb = message_to_rgb
+        self._unsupported_image = UnsupportedImage
+        self._make_preprocessor = FramePreprocessor
+        self._resolution_changed = ResolutionChanged
+        self._streammod = streammod
+
+        self._lock = threading.Lock()  # counters, trajectory, path, cached snapshot
+        self._cond = threading.Condition()  # queue + commands
+        self._pending: Optional[_Frame] = None
+        self._commands: list = []
+        self._stop = False
+        self._c = _Counters()
+        self._recv_times: collections.deque = collections.deque(maxlen=300)
+        self._latencies: collections.deque = collections.deque(maxlen=200)
+        self._overheads: collections.deque = collections.deque(maxlen=200)
+        # per-part node overhead [convert, preprocess, publish, session bookkeeping] for diagnostics
+        self._parts: collections.deque = collections.deque(maxlen=200)
+        self._expected_wh: Optional[tuple[int, int]] = None  # first accepted frame's size in this session
+        self._reject_log_times: dict = {}
+        self._reject_log_suppressed: collections.Counter = collections.Counter()
+        self._warned_no_frame_id = False
+        self._t_start = time.monotonic()
+        self._last_frame_time: Optional[float] = None
+
+        runtime, stream = configs_from_values(self._values)
+        self.get_logger().info(
+            f"building model (preset {runtime.resolved_preset()}, device {runtime.device}, dtype {runtime.dtype}, "
+            f"backend {runtime.attention_backend}); stream {stream}"
+        )
+        self._session = make_session(runtime, stream, log=self._session_log)
+        self._active_runtime = runtime
+        self._session_base = 0  # published session id = base + session.session_id (monotonic across models)
+        self._preproc = self._make_preprocessor(fast_resize=bool(self._values["fast_resize"]))
+        self._published_session: Optional[int] = None
+        self._snapshot = self._session.snapshot()
+        self._session_warnings: list[str] = []
+        self._last_result_info: dict = {}
+        info = self._session.info
+        if info.random_weights:
+            self.get_logger().warning(
+                "NO CHECKPOINT: random weights (preset %s) - poses are NOT meaningful" % info.model_preset
+            )
+
+        # Publishers
+        reliable10 = QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE)
+        self._pose_pub = self.create_publisher(PoseStamped, "~/pose", reliable10)
+        self._odom_pub = self.create_publisher(Odometry, "~/odom", reliable10)
+        self._path_pub = self.create_publisher(Path, "~/path", reliable10)
+        self._stats_pub = self.create_publisher(CacheStats, "~/cache_stats", reliable10)
+        self._status_pub = self.create_publisher(FrameStatus, "~/frame_status", QoSProfile(depth=50))
+        self._depth_pub = self.create_publisher(Image, "~/depth", reliable10)
+        self._tf_pub = self.create_publisher(
+            TFMessage, "/tf", QoSProfile(depth=100, reliability=QoSReliabilityPolicy.RELIABLE)
+        )
+        self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", reliable10)
+        self._path: collections.deque = collections.deque(maxlen=int(self._values["path_max_length"]))
+        # (stamp seconds, c2w) of the current session, bounded: a window-policy session never ends
+        self._trajectory: collections.deque = collections.deque(maxlen=int(self._values["trajectory_max_length"]))
+        self._path_last_pub = -1e9
+
+        # Services
+        self.create_service(Trigger, "~/reset", self._on_reset)
+        self.create_service(Trigger, "~/save_trajectory", self._on_save_trajectory)
+
+        # Input and timers
+        self._sub = None
+        self._sub_topic = ""
+        self._create_subscription()
+        self._diag_timer = self.create_timer(float(self._values["diagnostics_period"]), self._publish_diagnostics)
+
+        self.add_on_set_parameters_callback(self._on_set_parameters)
+        self.add_post_set_parameters_callback(self._on_parameters_set)
+
+        self._worker = threading.Thread(target=self._worker_loop, name="lingbot_map_inference", daemon=True)
+        self._worker.start()
+        self.get_logger().info(
+            f"ready: {self._sub_topic} ({self._values['image_transport']}, {self._values['qos_reliability']}) "
+            f"-> {self.resolve_topic_name('~/pose')}; backend {info.backend} ({info.backend_reason}), "
+            f"dtype {info.dtype}, device {info.device}"
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the inference thread (finishes the frame in progress) and wait for it."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._worker.is_alive():
+            self._worker.join(timeout)
+
+    def _session_log(self, text: str) -> None:
+        self.get_logger().info(text)
+
+    # ------------------------------------------------------------------ subscription
+    def _create_subscription(self) -> None:
+        if self._sub is not None:
+            self.destroy_subscription(self._sub)
+            self._sub = None
+        if self._values["qos_reliability"] == "reliable":
+            qos = QoSProfile(depth=5, reliability=QoSReliabilityPolicy.RELIABLE,
+                             history=QoSHistoryPolicy.KEEP_LAST, durability=QoSDurabilityPolicy.VOLATILE)
+        else:
+            qos = rclpy.qos.qos_profile_sensor_data
+        if self._values["image_transport"] == "compressed":
+            # image_transport convention: remapping 'image' also moves 'image/compressed', unless
+            # 'image/compressed' is remapped itself.
+            explicit = self.resolve_topic_name("image/compressed")
+            if explicit != self.resolve_topic_name("image/compressed", only_expand=True):
+                topic = explicit
+            else:
+                topic = self.resolve_topic_name("image") + "/compressed"
+            self._sub = self.create_subscription(CompressedImage, topic, self._on_image, qos)
+        else:
+            topic = self.resolve_topic_name("image")
+            self._sub = self.create_subscription(Image, topic, self._on_image, qos)
+        self._sub_topic = topic
+
+    def _on_image(self, msg) -> None:
+        t0 = time.perf_counter()
+        now = time.monotonic()
+        with self._lock:
+            self._c.received += 1
+            self._recv_times.append(now)
+            self._last_frame_time = now
+        try:
+            _check_image_message(msg)
+            try:
+                rgb = self._message_to_rgb(msg)
+            except self._unsupported_image as exc:
+                raise InputRejected("unsupported", str(exc)) from exc
+            except (ValueError, TypeError) as exc:  # a decoder that fails in its own words
+                raise InputRejected("unsupported", f"cannot convert: {exc}") from exc
+            if rgb.ndim != 3 or rgb.shape[0] == 0 or rgb.shape[1] == 0:
+                raise InputRejected("zero_size", f"converted image has shape {rgb.shape}")
+            wh = (int(rgb.shape[1]), int(rgb.shape[0]))
+            with self._lock:
+                expected = self._expected_wh
+                if expected is None:
+                    self._expected_wh = wh
+            if expected is not None and wh != expected:
+                raise InputRejected(
+                    "resolution_changed",
+                    f"resolution changed from {expected[0]}x{expected[1]} to {wh[0]}x{wh[1]} mid-session; "
+                    "call ~/reset to start a session at the new size",
+                )
+        except InputRejected as exc:
+            self._reject(msg.header, exc.kind, str(exc))
+            return
+        frame = _Frame(header=msg.header, rgb=rgb, received=t0, convert_ms=(time.perf_counter() - t0) * 1e3)
+        with self._cond:
+            old, self._pending = self._pending, frame
+            self._cond.notify()
+        if old is not None:
+            with self._lock:
+                self._c.dropped_queue += 1
+                self._c.dropped_since_diag += 1
+                self._c.last_drop_time = time.monotonic()
+            self._publish_status(old.header, FrameStatus.DROPPED_QUEUE, "replaced by a newer frame before inference")
+
+    def _reject(self, header: Header, kind: str, reason: str) -> None:
+        with self._lock:
+            self._c.rejected += 1
+            self._c.rejected_since_diag += 1
+            self._c.rejected_by_kind[kind] += 1
+            self._c.last_reject_reason = reason
+            self._c.last_reject_time = time.monotonic()
+        self._publish_status(header, FrameStatus.REJECTED_INPUT, reason)
+        # Throttled per kind: a camera sending only bad frames must not flood the log.
+        now = time.monotonic()
+        if now - self._reject_log_times.get(kind, -1e9) >= 2.0:
+            extra = self._reject_log_suppressed.pop(kind, 0)
+            self._reject_log_times[kind] = now
+            more = f" (+{extra} more like it not logged)" if extra else ""
+            self.get_logger().warning(f"rejected frame (stamp {_stamp_sec(header.stamp):.3f}): {reason}{more}")
+        else:
+            self._reject_log_suppressed[kind] += 1
+
+    # ------------------------------------------------------------------ inference thread
+    def _worker_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and self._pending is None and not self._commands:
+                    self._cond.wait(0.5)
+                if self._stop:
+                    return
+                commands, self._commands = self._commands, []
+                frame = None
+                if not commands:
+                    frame, self._pending = self._pending, None
+            for command in commands:
+                self._run_command(command)
+            if frame is not None:
+                try:
+                    self._process(frame)
+                except Exception as exc:  # never let one frame kill the node
+                    if not self.context.ok():
+                        return  # shutting down: publishers are gone
+                    self._record_error(f"inference failed: {type(exc).__name__}: {exc}", exc)
+                    self._publish_status(frame.header, FrameStatus.REFUSED_POLICY, f"inference error: {exc}")
+
+    def _record_error(self, text: str, exc: Optional[BaseException] = None) -> None:
+        with self._lock:
+            self._c.errors += 1
+            self._c.last_error = text
+            self._c.last_error_time = time.monotonic()
+        detail = "".join(traceback.format_exception(exc)) if exc is not None else ""
+        self.get_logger().error(text + ("\n" + detail if detail else ""), throttle_duration_sec=5.0)
+
+    def _process(self, frame: _Frame) -> None:
+        session = self._session
+        t0 = time.perf_counter()
+        frame.handoff_ms = (t0 - frame.received) * 1e3 - frame.convert_ms
+        fast = bool(self._values["fast_resize"])
+        if self._preproc.fast_resize != fast:  # the resize method applies from the next frame
+            self._preproc = self._make_preprocessor(fast_resize=fast)
+        try:
+            tensor = self._preproc(frame.rgb)
+        except self._resolution_changed as exc:
+            self._reject(frame.header, "resolution_changed", str(exc))
+            return
+        except ValueError as exc:
+            self._reject(frame.header, "unsupported", f"preprocessing failed: {exc}")
+            return
+        frame.preprocess_ms = (time.perf_counter() - t0) * 1e3
+        t_push = time.perf_counter()
+        try:
+            results = session.push(tensor, stamp=frame)
+        except getattr(self._streammod, "FrameSizeChanged", ()) as exc:
+            self._reject(frame.header, "resolution_changed", str(exc))
+            return
+        except self._streammod.SessionStopped as exc:
+            with self._lock:
+                self._c.refused += 1
+            self.get_logger().warning(f"frame refused: {exc}", throttle_duration_sec=5.0)
+            self._publish_status(frame.header, FrameStatus.REFUSED_POLICY, str(exc))
+            self._refresh_session_state(session)
+            return
+        except self._streammod.SessionError as exc:
+            with self._lock:
+                self._c.refused += 1
+            self.get_logger().warning(f"frame refused by the session: {exc}", throttle_duration_sec=5.0)
+            self._publish_status(frame.header, FrameStatus.REFUSED_POLICY, str(exc))
+            return
+        if len(results) == 1:
+            frame.session_extra_ms = max(0.0, (time.perf_counter() - t_push) * 1e3 - float(results[0].latency_ms))
+        self._refresh_session_state(session)  # before publishing: diagnostics never lag the topics
+        if not results:
+            self._publish_status(
+                frame.header, FrameStatus.BUFFERED,
+                f"buffered for the joint scale-frame call ({session.buffered} of {session.stream_cfg.scale_frames})",
+            )
+        for result in results:
+            self._publish_result(result)
+
+    def _refresh_session_state(self, session) -> None:
+        warnings = list(session.warnings())
+        snapshot = session.snapshot()
+        with self._lock:
+            self._session_warnings = warnings
+            self._snapshot = snapshot
+
+    def _camera_frame(self, header: Header) -> str:
+        if self._values["camera_frame"]:
+            return self._values["camera_frame"]
+        if header.frame_id:
+            return header.frame_id
+        if not self._warned_no_frame_id:
+            self._warned_no_frame_id = True
+            self.get_logger().warning(
+                f"image header has no frame_id and camera_frame is empty: using '{FALLBACK_CAMERA_FRAME}'"
+            )
+        return FALLBACK_CAMERA_FRAME
+
+    def _publish_result(self, r: FrameResult) -> None:
+        t0 = time.perf_counter()
+        note = (r.frame_extra or {}).get("window_switch")
+        if note:
+            self.get_logger().info(f"long-run window {r.window_index}: {note}")
+        frame: _Frame = r.stamp
+        header = frame.header
+        values = self._values
+        session_id = self._session_base + int(r.session_id)
+        if session_id != self._published_session:
+            with self._lock:
+                self._path.clear()
+                self._trajectory.clear()
+            self._published_session = session_id
+        world = values["world_frame"]
+        child = self._camera_frame(header)
+        c2w = np.asarray(r.c2w, dtype=np.float64)
+
+        pose = rosmsg.pose_stamped(c2w, header.stamp, world)
+        self._pose_pub.publish(pose)
+        self._odom_pub.publish(rosmsg.odometry(pose, child))
+
+        with self._lock:
+            if self._path.maxlen != int(values["path_max_length"]):
+                self._path = collections.deque(self._path, maxlen=int(values["path_max_length"]))
+            self._path.append(pose)
+            if self._trajectory.maxlen != int(values["trajectory_max_length"]):
+                self._trajectory = collections.deque(self._trajectory, maxlen=int(values["trajectory_max_length"]))
+            self._trajectory.append((_stamp_sec(header.stamp), c2w.copy()))
+            path_poses = None
+            now = time.monotonic()
+            # A long Path costs ~4 ms per 1000 poses to send: every frame up to PATH_EVERY_FRAME poses,
+            # then at most every PATH_MIN_PERIOD seconds (and only when someone listens).
+            if self._path_pub.get_subscription_count() > 0 and (
+                    len(self._path) <= PATH_EVERY_FRAME or now - self._path_last_pub >= PATH_MIN_PERIOD):
+                path_poses = list(self._path)
+                self._path_last_pub = now
+        if path_poses is not None:
+            self._path_pub.publish(rosmsg.path_message(pose.header, path_poses))
+
+        if values["publish_tf"]:
+            self._tf_pub.publish(rosmsg.tf_message(pose, child))
+
+        if values["publish_depth"] and r.depth is not None:
+            self._depth_pub.publish(rosmsg.depth_image(r.depth, header.stamp, child))
+
+        self._status_pub.publish(rosmsg.processed_status(r, header, session_id))
+
+        publish_ms = (time.perf_counter() - t0) * 1e3
+        overhead_ms = frame.convert_ms + frame.preprocess_ms + publish_ms
+        with self._lock:
+            self._c.processed += 1
+            self._latencies.append(float(r.latency_ms))
+            self._overheads.append(overhead_ms)
+            # in node, minus the model: callback entry -> all outputs published (phase 2 only)
+            in_node = (time.perf_counter() - frame.received) * 1e3 - float(r.latency_ms)
+            self._parts.append((frame.convert_ms, frame.handoff_ms, frame.preprocess_ms, publish_ms,
+                                frame.session_extra_ms, in_node if not r.is_scale_frame else float("nan")))
+            c = self._c
+            counts = rosmsg.FrameCounts(c.received, c.processed, c.dropped_queue + c.rejected + c.refused, c.rejected)
+            self._last_result_info = {"frame_index": int(r.frame_index), "rope_frame_index": int(r.rope_frame_index),
+                                      "is_keyframe": bool(r.is_keyframe), "stamp": _stamp_sec(header.stamp)}
+        self._stats_pub.publish(rosmsg.cache_stats(r, header.stamp, world, session_id, counts, overhead_ms,
+                                                   self._session.info))
+
+    def _publish_status(self, header: Header, status: int, reason: str) -> None:
+        self._status_pub.publish(rosmsg.frame_status(header, status, reason, self._current_session_id()))
+
+    # ------------------------------------------------------------------ commands (inference thread)
+    def _submit(self, command: tuple, wait: float = 0.0) -> Optional[str]:
+        done = threading.Event()
+        box: dict = {}
+        with self._cond:
+            self._commands.append((command, done, box))
+            self._cond.notify()
+        if wait > 0 and done.wait(wait):
+            return box.get("result")
+        return None
+
+    def _run_command(self, item) -> None:
+        (kind, arg), done, box = item
+        try:
+            if kind == "reset":
+                self._new_session(arg)
+                box["result"] = f"session {self._current_session_id()} started (new world frame)"
+            elif kind == "apply":
+                box["result"] = self._apply_parameters(arg)
+        except Exception as exc:
+            self._record_error(f"{kind} failed: {type(exc).__name__}: {exc}", exc)
+            box["result"] = f"error: {exc}"
+        finally:
+            done.set()
+
+    def _current_session_id(self) -> int:
+        return self._session_base + int(self._session.session_id)
+
+    def _new_session(self, reason: str) -> None:
+        """~/reset: the session empties its caches and starts a new world frame."""
+        self._session.reset()
+        self._after_new_session(reason, False)
+
+    def _after_new_session(self, reason: str, count_parameter: bool) -> None:
+        self._preproc = self._make_preprocessor(fast_resize=bool(self._values["fast_resize"]))
+        with self._lock:
+            self._expected_wh = None
+            self._path.clear()
+            self._trajectory.clear()
+            self._c.sessions_started += 1
+            self._c.last_new_session_reason = reason
+            if count_parameter:
+                self._c.parameter_sessions += 1
+            else:
+                self._c.resets += 1
+        self._refresh_session_state(self._session)
+        self.get_logger().info(f"new session {self._current_session_id()}: {reason}")
+
+    def _apply_parameters(self, changed: list[str]) -> str:
+        values = dict(self._values)
+        runtime, stream = configs_from_values(values)
+        session = self._session
+        if runtime != self._active_runtime:
+            self.get_logger().info(f"parameters {changed} need a new model: building it")
+            try:
+                new = self._make_session(runtime, stream, log=self._session_log)
+            except Exception as exc:
+                self._record_error(f"could not build the model for {changed}: {exc}; keeping the previous one", exc)
+                return f"error: {exc}"
+            self._session_base = self._current_session_id() + 1 - int(new.session_id)
+            self._session = new
+            self._active_runtime = runtime
+            self._after_new_session(f"parameters {changed} changed (new model)", True)
+            return "new model"
+        old = session.stream_cfg
+        geometry = [k for k in STREAM_FIELDS if k != "keyframe_interval" and getattr(old, k) != getattr(stream, k)]
+        if geometry:
+            new = self._session_for_policy(session, stream)
+            if new is not None:  # the long-run policy needs another session class: same model, new session
+                self._session_base = self._current_session_id() + 1 - int(new.session_id)
+                self._session = new
+            else:
+                session.reconfigure(stream)
+            self._after_new_session(f"parameters {geometry} changed", True)
+            return "new session"
+        if stream.keyframe_interval != old.keyframe_interval:
+            if hasattr(session, "set_keyframe_interval"):
+                session.set_keyframe_interval(stream.keyframe_interval)
+            else:
+                session.stream_cfg = cfgmod.replace(session.stream_cfg, keyframe_interval=stream.keyframe_interval)
+            self.get_logger().info(f"keyframe_interval {old.keyframe_interval} -> {stream.keyframe_interval} "
+                                   "from the next frame")
+        if stream.with_depth != session.stream_cfg.with_depth:
+            # Depth is an extra head on the same tokens: no cache change, so no new session.
+            session.stream_cfg = cfgmod.replace(session.stream_cfg, with_depth=stream.with_depth)
+            if stream.with_depth and not session.info.depth_available:
+                self.get_logger().warning("publish_depth: this model has no depth head; ~/depth stays silent")
+        return "applied"
+
+    def _session_for_policy(self, session, stream: StreamConfig):
+        """A new session object when ``stream.long_run_policy`` needs another class than ``session``'s
+        (the window policy lives in ``long_run.WindowedSession``); None when ``reconfigure`` will do.
+        The model is shared, nothing is rebuilt."""
+        from ..core.long_run import WindowedSession
+
+        cls = WindowedSession if stream.long_run_policy == "window" else self._streammod.StreamingSession
+        if type(session) is cls:
+            return None
+        return cls(session.model, session.model_cfg, stream, device=session.device, dtype=session.dtype,
+                   backend=session.backend, info=session.info, log=self._session_log)
+
+    # ------------------------------------------------------------------ parameters (executor thread)
+    def _on_set_parameters(self, params) -> SetParametersResult:
+        values = dict(self._values)
+        for p in params:
+            if p.name not in SPECS:
+                continue
+            spec = SPECS[p.name]
+            if spec.read_only:
+                return SetParametersResult(successful=False, reason=f"{p.name} is read-only")
+            values[p.name] = p.value
+        problems = validate_values(values)
+        if problems:
+            return SetParametersResult(successful=False, reason="; ".join(problems))
+        return SetParametersResult(successful=True)
+
+    def _on_parameters_set(self, params) -> None:
+        changed = [p.name for p in params if p.name in SPECS and self._values.get(p.name) != p.value]
+        if not changed:
+            return
+        for p in params:
+            if p.name in SPECS:
+                self._values[p.name] = p.value
+        self.get_logger().info("parameters changed: " + ", ".join(f"{n}={self._values[n]!r}" for n in changed))
+        applies = {SPECS[n].applies for n in changed}
+        if "subscription" in applies:
+            self._create_subscription()
+            self.get_logger().info(f"image subscription re-created on {self._sub_topic}")
+        if "timer" in applies:
+            self.destroy_timer(self._diag_timer)
+            self._diag_timer = self.create_timer(float(self._values["diagnostics_period"]), self._publish_diagnostics)
+        if applies & {"model", "session"} or {"keyframe_interval", "publish_depth"} & set(changed):
+            self._submit(("apply", changed))
+
+    # ------------------------------------------------------------------ services
+    def _on_reset(self, request, response):
+        result = self._submit(("reset", "~/reset called"), wait=30.0)
+        response.success = True
+        response.message = result or "reset queued: applies before the next frame"
+        return response
+
+    def _on_save_trajectory(self, request, response):
+        path = os.path.expanduser(self._values["trajectory_path"])
+        with self._lock:
+            trajectory = list(self._trajectory)
+            session_id = self._published_session
+        try:
+            parent = os.path.dirname(os.path.abspath(path))
+            os.makedirs(parent, exist_ok=True)
+            write_tum(path, np.array([s for s, _ in trajectory], np.float64),
+                            np.array([m for _, m in trajectory], np.float64).reshape(-1, 4, 4))
+        except OSError as exc:
+            response.success = False
+            response.message = f"cannot write {path}: {exc}"
+            return response
+        response.success = True
+        response.message = f"wrote {len(trajectory)} poses of session {session_id} to {os.path.abspath(path)}"
+        self.get_logger().info(response.message)
+        return response
+
+    # ------------------------------------------------------------------ diagnostics (executor thread)
+    def _publish_diagnostics(self) -> None:
+        session = self._session  # swapped only by the inference thread; read once
+        with self._lock:
+            c = self._c
+            snapshot = DiagnosticsSnapshot(
+                now=time.monotonic(), started=self._t_start, hardware_id=self.get_fully_qualified_name(),
+                topic=self._sub_topic, transport=self._values["image_transport"],
+                qos_reliability=self._values["qos_reliability"], receive_times=list(self._recv_times),
+                last_frame_time=self._last_frame_time, counters={k: getattr(c, k) for k in COUNTER_NAMES},
+                rejected_by_kind=dict(c.rejected_by_kind), dropped_since_last=c.dropped_since_diag,
+                rejected_since_last=c.rejected_since_diag, last_reject_reason=c.last_reject_reason,
+                last_reject_time=c.last_reject_time, last_error=c.last_error, last_error_time=c.last_error_time,
+                new_session_reason=c.last_new_session_reason, expected_wh=self._expected_wh,
+                last_result=dict(self._last_result_info), latencies=list(self._latencies),
+                overheads=list(self._overheads), parts=list(self._parts), cache=self._snapshot,
+                cache_warnings=list(self._session_warnings), session_id=self._current_session_id(),
+                buffered=session.buffered, stream_cfg=session.stream_cfg,
+                window_index=getattr(session, "window_index", 0),
+                window_switches=getattr(session, "window_switches", 0), info=session.info,
+                checkpoint=self._active_runtime.checkpoint,
+            )
+            c.dropped_since_diag = c.rejected_since_diag = 0
+        self._diag_pub.publish(diagnostic_array(snapshot, self.get_clock().now().to_msg()))
+
+
+def main(args=None) -> int:
+    """``lingbot_map_node``: run the node until SIGINT/SIGTERM (exit 0), or exit non-zero when it
+    cannot start (2: invalid parameters, 1: anything else, e.g. an unreadable checkpoint)."""
+    rclpy.init(args=args)
+    try:
+        node = LingBotMapNode()
+    except (ValueError, rclpy.exceptions.ParameterException) as exc:
+        print(f"[lingbot_map] cannot start: {exc}", flush=True)
+        rclpy.try_shutdown()
+        return 2
+    except (KeyboardInterrupt, ExternalShutdownException):
+        rclpy.try_shutdown()
+        return 0
+    except Exception as exc:  # noqa: BLE001 - say why in one line, then the traceback
+        print(f"[lingbot_map] cannot start: {type(exc).__name__}: {exc}", flush=True)
+        traceback.print_exc()
+        rclpy.try_shutdown()
+        return 1
+    executor = SingleThreadedExecutor()
+    executor.add_node(node)
+    try:
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        if node.context.ok():
+            node.get_logger().info("shutting down: waiting for the inference thread")
+        else:  # the context is gone (signal): rosout cannot take log messages any more
+            print("[lingbot_map] shutting down: waiting for the inference thread", flush=True)
+        node.shutdown()
+        executor.shutdown(timeout_sec=1.0)
+        node.destroy_node()
+        rclpy.try_shutdown()
+    print("[lingbot_map] stopped cleanly", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,226 @@
+"""``lingbot_map_bench``: per-frame latency, FPS and memory of the streaming session, as a table.
+
+Random weights, random frames. The steady state starts once the sliding window is full
+(``scale_frames + sliding_window * keyframe_interval`` frames); phase 1 is reported separately.
+Speed goals are judged from this table (medians and ratios of one run), never from unit tests.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..core.config import StreamConfig, model_config
+from ..core.model import build_model
+from ..core.runtime import resolve_backend, resolve_device, resolve_dtype
+from ..core.long_run import WindowedSession
+from ..core.stream import StreamingSession, _cast_for_inference
+from .common import add_session_options, stream_from_args
+
+
+@dataclass
+class BenchRow:
+    variant: str  # backend + graph mode, e.g. flashinfer+graph
+    backend: str
+    heads: str
+    frames: int
+    phase1_ms: float
+    steady_median_ms: float
+    steady_p90_ms: float
+    fps: float
+    peak_mem_gb: float
+    growth_gb: float  # memory at the last frame minus memory at frame 100 (or the steady start)
+    growth_span: str
+
+
+def _memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    import resource
+
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _peak_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, variant: str, frames: int,
+            height: int, width: int, heads: str, report_every: int = 0,
+            profile: bool = False) -> tuple[BenchRow, np.ndarray]:
+    backend, _, mode = variant.partition("+")
+    backend, _, kernel = backend.partition(":")  # flashinfer:fa2 / flashinfer:fa3 (default: auto)
+    stream_cfg = dataclasses.replace(stream_cfg, with_depth=(heads == "depth+camera"))
+    session_cls = WindowedSession if stream_cfg.long_run_policy == "window" else StreamingSession
+    session = session_cls(model, cfg, stream_cfg, device=device, dtype=dtype, backend=backend,
+                          log=lambda m: None, cuda_graphs=mode.startswith("graph"), flashinfer_kernel=kernel or "auto",
+                          autocast=not mode.endswith("-bf16"))
+    gen = torch.Generator().manual_seed(0)
+    pool = [torch.rand(3, height, width, generator=gen) for _ in range(8)]  # frames cycle through a pool
+    if device.type == "cuda":
+        pool = [p.pin_memory() for p in pool]
+        torch.cuda.reset_peak_memory_stats(device)
+    steady_start = stream_cfg.scale_frames + stream_cfg.sliding_window * stream_cfg.keyframe_interval
+    mark = 100 if frames > 100 else steady_start
+    per_frame: list[float] = []
+    poses: list[np.ndarray] = []
+    phase1_ms = 0.0
+    mem_mark = mem_last = 0
+    for i in range(frames):
+        t0 = time.perf_counter()
+        results = session.push(pool[i % len(pool)], float(i))
+        dt = (time.perf_counter() - t0) * 1e3
+        poses += [r.pose_enc for r in results]
+        if results and results[0].is_scale_frame:
+            phase1_ms = dt
+        elif results:
+            per_frame.append(dt)
+        if i == mark:
+            mem_mark = _memory_bytes(device)
+        if report_every and (i + 1) % report_every == 0:
+            recent = per_frame[-report_every:]
+            windows = getattr(session, "window_switches", 0)
+            print(f"  frames {i + 1}: median {np.median(recent):.2f} ms/frame over the last {len(recent)}, "
+                  f"memory {_memory_bytes(device) / 1e9:.3f} GB, windows {windows}", file=sys.stderr, flush=True)
+    mem_last = _memory_bytes(device)
+    if profile:
+        print(profile_table(session, pool, variant), flush=True)
+    del session
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    steady = np.array(per_frame[max(0, steady_start - stream_cfg.scale_frames):] or per_frame)
+    median = float(np.median(steady))
+    return BenchRow(
+        variant=variant,
+        backend=backend,
+        heads=heads,
+        frames=frames,
+        phase1_ms=phase1_ms,
+        steady_median_ms=median,
+        steady_p90_ms=float(np.percentile(steady, 90)),
+        fps=1e3 / median,
+        peak_mem_gb=_peak_bytes(device) / 1e9,
+        growth_gb=(mem_last - mem_mark) / 1e9,
+        growth_span=f"{mark}->{frames - 1}",
+    ), np.stack(poses)
+
+
+KERNEL_CATEGORIES = (
+    ("attention", ("prefill", "flash", "fmha", "attention", "attn")),
+    ("gemm", ("gemm", "matmul", "cutlass", "xmma", "nvjet", "cublas", "sm90_")),
+    ("layernorm", ("layer_norm", "layernorm")),
+    ("conv (depth head)", ("conv", "implicit", "winograd", "cudnn")),
+    ("copy/index/cat", ("copy", "index", "cat", "gather", "scatter", "fill")),
+)
+
+
+def profile_table(session, pool, variant: str, frames: int = 10) -> str:
+    """GPU kernel time per frame by category, measured eagerly on steady-state frames.
+
+    Graph replays hide their kernels from the profiler, so the same steps are run eagerly: kernel
+    times are the same, only the launch gaps differ.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    graphs = session.use_cuda_graphs
+    session.use_cuda_graphs = False
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(frames):
+            session.push(pool[i % len(pool)], float(i))
+        torch.cuda.synchronize()
+    session.use_cuda_graphs = graphs
+    totals: dict[str, float] = {}
+    for event in prof.key_averages():
+        us = getattr(event, "device_time_total", 0.0) or getattr(event, "cuda_time_total", 0.0)
+        if us <= 0 or event.key.startswith(("aten::", "cuda", "Memcpy", "Memset")) and "kernel" not in event.key.lower():
+            continue
+        name = event.key.lower()
+        category = next((c for c, keys in KERNEL_CATEGORIES if any(k in name for k in keys)), "elementwise/other")
+        totals[category] = totals.get(category, 0.0) + us / 1e3 / frames
+    rows = [f"GPU kernel time per frame ({variant}, eager, {frames} steady frames):", "",
+            "| category | ms/frame |", "|---|---|"]
+    for category, ms in sorted(totals.items(), key=lambda kv: -kv[1]):
+        rows.append(f"| {category} | {ms:.2f} |")
+    rows.append(f"| total | {sum(totals.values()):.2f} |")
+    top = sorted(prof.key_averages(), key=lambda e: -(getattr(e, "device_time_total", 0.0) or 0.0))[:12]
+    rows += ["", "top kernels (ms/frame): " + "; ".join(
+        f"{e.key[:60]} {(getattr(e, 'device_time_total', 0.0) or 0.0) / 1e3 / frames:.2f}" for e in top)]
+    return "\n".join(rows)
+
+
+def format_table(rows: list[BenchRow], header: str) -> str:
+    lines = [header, "",
+             "| variant | heads | frames | steady median ms | steady p90 ms | FPS | phase-1 ms | peak mem GB | mem growth GB (frames) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r.variant} | {r.heads} | {r.frames} | {r.steady_median_ms:.2f} | {r.steady_p90_ms:.2f} | "
+            f"{r.fps:.1f} | {r.phase1_ms:.1f} | {r.peak_mem_gb:.2f} | {r.growth_gb:+.3f} ({r.growth_span}) |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="lingbot_map_bench", description=__doc__.splitlines()[0])
+    add_session_options(p)
+    p.add_argument("--height", type=int, default=378, help="model input height (multiple of 14)")
+    p.add_argument("--width", type=int, default=518, help="model input width (multiple of 14)")
+    p.add_argument("--frames", type=int, default=208, help="frames per run, phase 1 included")
+    p.add_argument("--variants", default="",
+                   help="comma list of BACKEND[+graph|+eager] (e.g. flashinfer+graph,sdpa+graph); "
+                        "default: the resolved backend with CUDA graphs on CUDA")
+    p.add_argument("--heads", default="depth+camera,camera", help="comma list of depth+camera and/or camera")
+    p.add_argument("--report-every", type=int, default=0, help="print the recent median and memory every N frames")
+    p.add_argument("--profile", action="store_true", help="print GPU kernel time by category for the first variant")
+    args = p.parse_args(argv)
+    # Random weights always: a checkpoint changes no timing.
+    preset = args.model_preset or "tiny"
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    cfg = model_config(preset)
+    stream_cfg = stream_from_args(args)
+    model, _ = build_model(cfg, seed=args.seed, device=device, dtype=dtype, enable_depth=True)  # one copy, in the compute dtype
+    _cast_for_inference(model, dtype)
+    default_variant = resolve_backend(args.attention_backend, device, dtype)[0] + ("+graph" if device.type == "cuda" else "")
+    variants = [v for v in args.variants.split(",") if v] or [default_variant]
+    rows = []
+    pose_diffs: list[str] = []
+    for heads in [h for h in args.heads.split(",") if h]:
+        reference: np.ndarray | None = None
+        for variant in variants:
+            row, poses = run_one(model, cfg, stream_cfg, device, dtype, variant, args.frames, args.height, args.width, heads,
+                                 args.report_every, profile=args.profile and not rows)
+            rows.append(row)
+            print(f"done: {variant} {heads}: {row.steady_median_ms:.2f} ms", file=sys.stderr, flush=True)
+            if reference is None:
+                reference = poses
+            else:
+                rel = float(np.linalg.norm(poses - reference) / max(np.linalg.norm(reference), 1e-12))
+                pose_diffs.append(f"pose_enc relative difference {variant} vs {variants[0]} ({heads}, "
+                                  f"{len(poses)} frames): {rel:.2e}")
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU x{os.cpu_count()}"
+    header = (f"lingbot_map_bench: preset {preset}, {args.width}x{args.height}, {str(dtype).replace('torch.', '')}, "
+              f"scale {args.scale_frames}, window {args.sliding_window}, kf {args.keyframe_interval}, "
+              f"camera iterations {args.camera_iterations}, {gpu}, torch {torch.__version__}")
+    print(format_table(rows, header))
+    for line in pose_diffs:
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""``lingbot_map_replay``: publish a rosbag2 recording's camera images to the node.
+
+``ros2 bag play`` is not available from the PyPI wheels (no rosbag2_py), and it cannot pace a
+recording by the consumer: this tool reads the bag with ``rosbags`` (mcap or sqlite3) and publishes
+the recorded CDR bytes unchanged, either
+
+* ``--rate R`` (R > 0): at R times the recorded rate (receive times of the bag), like ``ros2 bag
+  play``; a node slower than the camera then drops frames, as it would live; or
+* ``--rate 0``: as fast as the node keeps up: the next image goes out only when the node has
+  accounted for the previous one on ``<node>/frame_status`` (processed, buffered, dropped or
+  rejected - the node publishes one status per received frame), so nothing is dropped and a
+  trajectory gets one pose per recorded frame.
+
+Discovery is kept on loopback (``ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST``) unless the caller set a
+range explicitly. Exit code 0 when every frame went out (and, with ``--rate 0``, was accounted for).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Optional
+
+DEFAULT_NODE = "lingbot_map"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lingbot_map_replay", description=__doc__.splitlines()[0])
+    p.add_argument("bag", help="rosbag2 folder (mcap or sqlite3)")
+    p.add_argument("--topic", default="", help="image topic in the bag (default: the only image topic)")
+    p.add_argument("--topic-out", default="", help="topic to publish on (default: the bag's topic)")
+    p.add_argument("--rate", type=float, default=1.0,
+                   help="1.0 = recorded rate, 2.0 = twice as fast, 0 = as fast as the node acknowledges")
+    p.add_argument("--qos", default="reliable", choices=["reliable", "best_effort"],
+                   help="publisher reliability (match the node's qos_reliability)")
+    p.add_argument("--node", default=DEFAULT_NODE,
+                   help="the LingBot-Map node's fully qualified name; its ~/frame_status paces --rate 0")
+    p.add_argument("--status-topic", default="", help="FrameStatus topic (default: /<node>/frame_status)")
+    p.add_argument("--wait-subscriber", type=float, default=10.0,
+                   help="seconds to wait for a subscriber on the output topic before the first frame")
+    p.add_argument("--ack-timeout", type=float, default=30.0,
+                   help="--rate 0: seconds to wait for one frame's status before going on without it")
+    p.add_argument("--max-missing", type=int, default=3,
+                   help="--rate 0: give up after this many consecutive unacknowledged frames (node gone)")
+    p.add_argument("--drain", type=float, default=1.0,
+                   help="--rate > 0: seconds to keep collecting statuses after the last frame")
+    p.add_argument("--max-frames", type=int, default=0, help="stop after this many frames (0 = all)")
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def _status_topic(args: argparse.Namespace) -> str:
+    if args.status_topic:
+        return args.status_topic
+    node = args.node if args.node.startswith("/") else "/" + args.node
+    return node.rstrip("/") + "/frame_status"
+
+
+class _Replayer:
+    """Publisher of raw image bytes plus a FrameStatus listener, on one rclpy node."""
+
+    def __init__(self, rclpy, topic: str, msgtype: str, qos_name: str, status_topic: str, say) -> None:
+        from lingbot_map_ros.msg import FrameStatus
+        from rclpy.qos import QoSProfile, QoSReliabilityPolicy, qos_profile_sensor_data
+        from sensor_msgs.msg import CompressedImage, Image
+
+        self.rclpy = rclpy
+        self.say = say
+        self.node = rclpy.create_node("lingbot_map_replay")
+        msg_cls = CompressedImage if msgtype.endswith("CompressedImage") else Image
+        qos = (
+            QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE)
+            if qos_name == "reliable"
+            else qos_profile_sensor_data
+        )
+        self.pub = self.node.create_publisher(msg_cls, topic, qos)
+        self.status_topic = status_topic
+        self.acked: dict[tuple[int, int], int] = {}  # stamp -> last status code
+        self.status_counts: dict[int, int] = {}
+        self.node.create_subscription(FrameStatus, status_topic, self._on_status, QoSProfile(depth=100))
+        self._names = {
+            FrameStatus.PROCESSED: "processed",
+            FrameStatus.DROPPED_QUEUE: "dropped (queue)",
+            FrameStatus.REJECTED_INPUT: "rejected",
+            FrameStatus.REFUSED_POLICY: "refused",
+            FrameStatus.BUFFERED: "buffered",
+        }
+
+    def _on_status(self, msg) -> None:
+        key = (int(msg.header.stamp.sec), int(msg.header.stamp.nanosec))
+        self.acked[key] = int(msg.status)
+        self.status_counts[int(msg.status)] = self.status_counts.get(int(msg.status), 0) + 1
+
+    def spin_for(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            self.rclpy.spin_once(self.node, timeout_sec=min(left, 0.05))
+
+    def wait_until(self, predicate, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() >= end:
+                return False
+            self.rclpy.spin_once(self.node, timeout_sec=0.02)
+        return True
+
+    def summary(self) -> str:
+        parts = [f"{n} {self._names.get(code, str(code))}" for code, n in sorted(self.status_counts.items())]
+        return ", ".join(parts) or "no status seen"
+
+    def close(self) -> None:
+        self.node.destroy_node()
+
+
+def replay(args: argparse.Namespace) -> int:
+    from .bag_io import BagError, iter_bag_messages, pick_image_topic, stamp_seconds
+
+    say = (lambda m: None) if args.quiet else (lambda m: print(f"[lingbot_map_replay] {m}", flush=True))
+    if args.rate < 0:
+        print("lingbot_map_replay: --rate must be >= 0", file=sys.stderr)
+        return 2
+    try:
+        topic_in, msgtype = pick_image_topic(args.bag, args.topic)
+    except (BagError, OSError) as exc:
+        print(f"lingbot_map_replay: {exc}", file=sys.stderr)
+        return 2
+    topic_out = args.topic_out or topic_in
+
+    os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")  # before rclpy reads it
+    import rclpy
+    from rclpy.executors import ExternalShutdownException
+    from rosbags.typesys import Stores, get_typestore
+
+    store = get_typestore(Stores.ROS2_JAZZY)
+    rclpy.init()
+    rep: Optional[_Replayer] = None
+    try:
+        rep = _Replayer(rclpy, topic_out, msgtype, args.qos, _status_topic(args), say)
+        if args.wait_subscriber > 0 and not rep.wait_until(lambda: rep.pub.get_subscription_count() > 0,
+                                                           args.wait_subscriber):
+            if args.rate == 0:  # nobody would ever acknowledge: fail now, not after a timeout per frame
+                print(f"lingbot_map_replay: no subscriber on {topic_out} after {args.wait_subscriber:g} s "
+                      "(check --topic-out and the node's image remapping)", file=sys.stderr)
+                return 1
+            say(f"no subscriber on {topic_out} after {args.wait_subscriber:g} s; publishing anyway")
+        if args.rate == 0:
+            if not rep.wait_until(lambda: rep.node.count_publishers(rep.status_topic) > 0, max(args.wait_subscriber, 1.0)):
+                print(f"lingbot_map_replay: --rate 0 needs the node's {rep.status_topic}; nobody publishes it",
+                      file=sys.stderr)
+                return 1
+        rep.spin_for(0.5)  # let the node's side of discovery match our publisher too
+        say(f"{args.bag}: {topic_in} ({msgtype}) -> {topic_out}, "
+            + ("paced by " + rep.status_topic if args.rate == 0 else f"rate x{args.rate:g}"))
+        sent, missing = _publish_all(rep, iter_bag_messages(args.bag, topic_in), store, stamp_seconds, args, say)
+        if args.rate > 0:
+            rep.spin_for(args.drain)
+        say(f"published {sent} frames; node statuses: {rep.summary()}")
+        if missing:
+            print(f"lingbot_map_replay: {missing} frames were not acknowledged within {args.ack_timeout:g} s",
+                  file=sys.stderr)
+            return 1
+        return 0
+    except (KeyboardInterrupt, ExternalShutdownException):  # Ctrl-C / SIGTERM
+        return 130
+    finally:
+        if rep is not None:
+            rep.close()
+        rclpy.try_shutdown()
+
+
+def _publish_all(rep: _Replayer, messages, store, stamp_seconds, args, say) -> tuple[int, int]:
+    """Publish every message (paced by rate or by acknowledgements); returns (sent, unacknowledged)."""
+    sent = missing = consecutive = 0
+    t0_bag: Optional[int] = None
+    t0_wall = time.monotonic()
+    for msgtype, raw, t_ns in messages:
+        if args.max_frames and sent >= args.max_frames:
+            break
+        header = store.deserialize_cdr(raw, msgtype).header
+        key = (int(header.stamp.sec), int(header.stamp.nanosec))
+        if args.rate > 0:
+            if t0_bag is None:
+                t0_bag = t_ns
+            due = t0_wall + (t_ns - t0_bag) * 1e-9 / args.rate
+            rep.spin_for(max(0.0, due - time.monotonic()))
+        rep.acked.pop(key, None)  # a repeated stamp must be acknowledged afresh
+        rep.pub.publish(raw)
+        sent += 1
+        if args.rate == 0:
+            if rep.wait_until(lambda: key in rep.acked, args.ack_timeout):
+                consecutive = 0
+            else:
+                missing += 1
+                consecutive += 1
+                say(f"frame {sent - 1} (stamp {stamp_seconds(header):.9f}) not acknowledged; going on")
+                if consecutive >= args.max_missing:
+                    say(f"{consecutive} frames in a row not acknowledged: is the node still running? giving up")
+                    break
+        else:
+            rep.rclpy.spin_once(rep.node, timeout_sec=0.0)  # take statuses as they come
+    return sent, missing
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return replay(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

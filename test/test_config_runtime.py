@@ -1,0 +1,80 @@
+"""Settings validation and the resolution of ``auto`` device / dtype / backend (with reasons)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lingbot_map_ros.core import runtime
+from lingbot_map_ros.core.config import (
+    RuntimeConfig,
+    StreamConfig,
+    model_input_height,
+    special_pages_capacity,
+    validate_runtime,
+    validate_stream,
+)
+
+
+def test_defaults_are_the_official_demo_and_valid():
+    cfg = StreamConfig()
+    assert (cfg.scale_frames, cfg.sliding_window, cfg.keyframe_interval, cfg.camera_iterations, cfg.max_frame_num) == (
+        8, 64, 1, 4, 1024)
+    assert validate_stream(cfg) == [] and validate_runtime(RuntimeConfig()) == []
+
+
+@pytest.mark.parametrize(
+    "changes, fragment",
+    [
+        (dict(scale_frames=0), "scale_frames must be >= 1"),
+        (dict(sliding_window=0), "sliding_window must be >= 1"),
+        (dict(keyframe_interval=0), "keyframe_interval must be >= 1"),
+        (dict(camera_iterations=5), "camera_iterations must be in 1..4"),
+        (dict(max_frame_num=5), "max_frame_num (5) must exceed"),
+        (dict(long_run_policy="forever"), "long_run_policy must be one of"),
+        (dict(max_stored_frames=2000), "must not exceed max_frame_num"),
+        (dict(overlap_frames=0), "overlap_frames must be >= 1"),
+    ],
+)
+def test_invalid_stream_settings_are_rejected_with_a_reason(changes, fragment):
+    problems = validate_stream(StreamConfig(**changes))
+    assert any(fragment in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    "changes, fragment",
+    [
+        (dict(device="gpu"), "device must be auto, cpu, cuda or cuda:N"),
+        (dict(dtype="int8"), "dtype must be"),
+        (dict(attention_backend="triton"), "attention_backend must be"),
+        (dict(model_preset="huge"), "model_preset must be one of"),
+    ],
+)
+def test_invalid_runtime_settings_are_rejected_with_a_reason(changes, fragment):
+    assert any(fragment in p for p in validate_runtime(RuntimeConfig(**changes)))
+
+
+def test_height_rule_and_special_capacity():
+    # MODEL_SPEC §2.1 examples
+    assert model_input_height(1280, 720) == 294 and model_input_height(640, 480) == 392
+    assert model_input_height(480, 640) == 686  # cropped later to 518
+    # ceil((1024 + 100) * 6 / 777) + 16
+    assert special_pages_capacity(1024, 777) == 9 + 16
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallbacks")
+def test_auto_resolution_on_a_cpu_machine_says_why():
+    resolved = runtime.resolve_runtime(RuntimeConfig())
+    assert resolved.device.type == "cpu" and resolved.dtype == torch.float32
+    assert resolved.backend == "sdpa" and "CUDA" in resolved.backend_reason
+    with pytest.raises(ValueError, match="flashinfer' cannot run"):
+        runtime.resolve_runtime(RuntimeConfig(attention_backend="flashinfer"))
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        runtime.resolve_device("cuda")
+    assert runtime.resolve_flashinfer_kernel("auto", torch.device("cpu")) == "fa2"
+    with pytest.raises(ValueError):
+        runtime.resolve_flashinfer_kernel("fa9", torch.device("cpu"))
+
+
+def test_flashinfer_needs_half_precision_even_on_cuda():
+    reason = runtime.flashinfer_unusable_reason(torch.device("cuda"), torch.float32)
+    assert "float16 or bfloat16" in reason

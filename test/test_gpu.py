@@ -1,0 +1,159 @@
+"""GPU attention backends over the paged cache vs the SDPA backend and a float64 dense reference.
+
+Runs on the device machine (``scripts/device_run.sh``); skipped where there is no CUDA (CI).
+Every backend — FlashInfer fa2 (official layout), FlashInfer fa3 over exact token pages, their
+CUDA-graph variants, and the static varlen-flash SDPA backend — drives its own ``PagedKVCache``
+through the same random stream (phase 1, keyframes, non-keyframes, eviction), and every step's
+output is compared with float64 softmax attention over the visible set built from the raw K/V.
+"""
+from __future__ import annotations
+
+import importlib.util
+import random
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+HAS_FLASHINFER = importlib.util.find_spec("flashinfer") is not None
+SPECIALS = 6
+H, D = 16, 64
+
+
+def visible_reference(frames, stored, i, scale, window):
+    """float64 K, V of frame i's visible set (MODEL_SPEC §9.2/§9.5) from raw per-frame tensors."""
+    stored_before = [j for j in range(i) if stored[j]]
+    phase2 = [j for j in stored_before if j >= scale]
+    if i < scale:
+        patch = special = list(range(scale))
+    else:
+        if stored[i]:
+            win = (phase2 + [i])[-window:]
+        else:
+            win = phase2[-window:] + [i]
+        patch = [j for j in stored_before if j < scale] + win
+        special = stored_before + [i]
+    ks = [frames[j][0][:SPECIALS] for j in special] + [frames[j][0][SPECIALS:] for j in patch]
+    vs = [frames[j][1][:SPECIALS] for j in special] + [frames[j][1][SPECIALS:] for j in patch]
+    return torch.cat(ks).double(), torch.cat(vs).double()  # [N, H, D]
+
+
+def dense64(q, k, v):
+    scores = torch.einsum("thd,nhd->htn", q.double(), k) / D**0.5  # [H, T, N]
+    return torch.einsum("htn,nhd->thd", scores.softmax(-1), v)  # [T, H, D]
+
+
+def make_caches(page_size, dtype, scale, window, kinds):
+    from lingbot_map_ros.core.cache import PagedKVCache
+    from lingbot_map_ros.core.cache.sdpa_backend import StaticSdpaBackend
+
+    caches = {}
+    common = dict(num_blocks=2, num_heads=H, head_dim=D, page_size=page_size, scale_frames=scale,
+                  sliding_window=window, max_frame_num=64, dtype=dtype, device="cuda")
+    tokens = SPECIALS + page_size
+    for kind in kinds:
+        if kind == "sdpa":
+            caches[kind] = PagedKVCache(**common, backend="sdpa")
+        elif kind == "sdpa-static":
+            static = StaticSdpaBackend(page_size=page_size, num_heads=H, head_dim=D,
+                                       max_keys=(scale + window + 1) * page_size + SPECIALS * 40,
+                                       num_query_tokens=tokens, dtype=dtype, device="cuda")
+            caches[kind] = PagedKVCache(**common, backend="sdpa", single_frame_backend=static)
+        else:
+            from lingbot_map_ros.core.cache.flashinfer_backend import FlashInferBackend
+
+            kernel, graph = kind.split("-")[1], kind.endswith("graph")
+            fi = dict(page_size=page_size, num_heads=H, head_dim=D, dtype=dtype, device="cuda", kernel=kernel)
+            eager = FlashInferBackend(**fi)
+            single = FlashInferBackend(**fi, use_cuda_graph=True, max_visible_pages=scale + window + 1 + 8,
+                                       max_query_tokens=tokens) if graph else None
+            caches[kind] = PagedKVCache(**common, backend=eager, single_frame_backend=single)
+    return caches
+
+
+def run_stream(page_size, dtype, kinds, steps=12, scale=2, window=3, seed=0):
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    caches = make_caches(page_size, dtype, scale, window, kinds)
+    frames, stored = [], []
+    worst = {kind: 0.0 for kind in kinds}
+    plan = [(scale, True)] + [(1, rng.random() < 0.6) for _ in range(steps)]
+    for num_frames, store in plan:
+        t = num_frames * (SPECIALS + page_size)
+        q, k, v = (torch.randn(t, H, D, device="cuda") for _ in range(3))
+        first = len(frames)
+        for f in range(num_frames):
+            sl = slice(f * (SPECIALS + page_size), (f + 1) * (SPECIALS + page_size))
+            frames.append((k[sl].to(dtype), v[sl].to(dtype)))
+            stored.append(store)
+        refs = []
+        for f in range(num_frames):
+            kr, vr = visible_reference(frames, stored, first + f, scale, window)
+            sl = slice(f * (SPECIALS + page_size), (f + 1) * (SPECIALS + page_size))
+            refs.append(dense64(q[sl].to(dtype), kr, vr))
+        ref = torch.cat(refs)  # [T, H, D] float64
+        for kind, cache in caches.items():
+            cache.begin_step(num_frames, store=store)
+            for block in range(2):
+                out = cache(block, q.to(dtype), k.to(dtype), v.to(dtype))
+                assert out.shape == ref.shape and torch.isfinite(out).all(), kind
+                rel = ((out.double() - ref).norm() / ref.norm()).item()
+                worst[kind] = max(worst[kind], rel)
+            cache.end_step()
+        if not store:
+            frames.pop()
+            stored.pop()
+    return worst
+
+
+@pytest.mark.parametrize("page_size", [777, 999, 1036])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sdpa_backends_match_float64(page_size, dtype):
+    worst = run_stream(page_size, dtype, ["sdpa", "sdpa-static"])
+    limit = 1e-2 if dtype == torch.bfloat16 else 2e-3
+    print(f"page {page_size} {dtype}: {worst}")
+    assert all(err < limit for err in worst.values()), worst
+
+
+@pytest.mark.skipif(not HAS_FLASHINFER, reason="flashinfer not installed")
+@pytest.mark.parametrize("page_size", [777, 999, 1036])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_flashinfer_fa2_matches_float64(page_size, dtype):
+    worst = run_stream(page_size, dtype, ["fi-fa2", "fi-fa2-graph", "sdpa"])
+    limit = 1e-2 if dtype == torch.bfloat16 else 2e-3
+    print(f"page {page_size} {dtype}: {worst}")
+    assert all(err < limit for err in worst.values()), worst
+
+
+@pytest.mark.skipif(not HAS_FLASHINFER, reason="flashinfer not installed")
+@pytest.mark.parametrize("page_size", [777, 999, 1036])
+def test_flashinfer_fa3_token_pages_match_float64(page_size):
+    worst = run_stream(page_size, torch.bfloat16, ["fi-fa3", "fi-fa3-graph"])
+    print(f"page {page_size} bf16 fa3: {worst}")
+    assert all(err < 1e-2 for err in worst.values()), worst
+
+
+def test_graphed_session_matches_eager_session():
+    """A tiny-preset bf16 stream: CUDA-graph replay gives the eager poses (same kernels per step)."""
+    from lingbot_map_ros.core.config import StreamConfig, model_config
+    from lingbot_map_ros.core.model import build_model
+    from lingbot_map_ros.core.stream import StreamingSession, _cast_for_inference
+
+    cfg = model_config("tiny")
+    model, _ = build_model(cfg, seed=5, device="cuda", dtype=torch.float32)
+    _cast_for_inference(model, torch.bfloat16)
+    scfg = StreamConfig(scale_frames=2, sliding_window=3, keyframe_interval=2, max_frame_num=64, max_stored_frames=60,
+                        with_depth=True)
+    frames = torch.rand(16, 3, 56, 84)
+    poses = {}
+    for graphs in (False, True):
+        session = StreamingSession(model, cfg, scfg, device=torch.device("cuda"), dtype=torch.bfloat16,
+                                   backend="sdpa", log=lambda m: None, cuda_graphs=graphs)
+        out = [r for f in frames for r in session.push(f)]
+        poses[graphs] = torch.stack([torch.from_numpy(r.pose_enc) for r in out]).double()
+    rel = ((poses[True] - poses[False]).norm() / poses[False].norm()).item()
+    print(f"graph vs eager pose rel diff {rel:.2e}")
+    assert rel < 2e-2
