@@ -3,6 +3,7 @@
     ros2 launch lingbot_map_ros lingbot_map.launch.py image_topic:=/camera/color/image_raw
     ros2 launch lingbot_map_ros lingbot_map.launch.py image_topic:=/camera/color/image_raw \
         image_transport:=compressed checkpoint:=/models/lingbot-map.pt namespace:=robot1 log_level:=debug
+    ros2 launch lingbot_map_ros lingbot_map.launch.py autostart:=false   # then: ros2 lifecycle set /lingbot_map configure
 
 Arguments left empty leave the value of the parameter file alone (so a checkpoint or transport set
 in your own params_file is not overridden by the launch defaults).
@@ -28,6 +29,8 @@ def _node(context):
     transport = LaunchConfiguration("image_transport").perform(context)
     if transport:
         overrides["image_transport"] = transport
+    # the managed node configures and activates itself unless autostart is false
+    overrides["autostart"] = LaunchConfiguration("autostart").perform(context).lower() in ("true", "1", "yes")
     parameters = [params_file] + ([overrides] if overrides else [])
     return [
         Node(
@@ -59,6 +62,9 @@ def generate_launch_description():
                               description="official LingBot-Map checkpoint; empty = as in params_file "
                                           "(default: tiny random weights, poses not meaningful)"),
         DeclareLaunchArgument("namespace", default_value="", description="namespace of the node and its topics"),
+        DeclareLaunchArgument("autostart", default_value="true",
+                              description="true: the managed node configures and activates itself; false: it "
+                                          "waits unconfigured for `ros2 lifecycle set` or a lifecycle manager"),
         DeclareLaunchArgument("log_level", default_value="info", description="debug, info, warn, error or fatal"),
         OpaqueFunction(function=_node),
     ])

@@ -20,7 +20,7 @@ LAUNCH = PKG / "launch" / "lingbot_map.launch.py"
 PARAMS = PKG / "config" / "lingbot_map.yaml"
 SETUP = PKG / "setup.py"
 CMAKE = PKG / "CMakeLists.txt"
-LAUNCH_ARGS = {"image_topic", "image_transport", "params_file", "checkpoint", "namespace", "log_level"}
+LAUNCH_ARGS = {"image_topic", "image_transport", "params_file", "checkpoint", "namespace", "log_level", "autostart"}
 
 
 def _module_constants(path: Path) -> dict:

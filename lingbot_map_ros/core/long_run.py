@@ -382,18 +382,24 @@ def _centre_scale(src: np.ndarray, dst: np.ndarray, previous_scale: float) -> tu
     return scale, ""
 
 
-def make_session(runtime: RuntimeConfig, stream: StreamConfig, log: Callable[[str], None] = print) -> StreamingSession:
-    """The session for ``stream.long_run_policy``: ``WindowedSession`` for ``window``, else the base.
+def session_class(policy: str) -> type[StreamingSession]:
+    """The one place that maps a long-run policy to the session class that implements it:
+    ``window`` chains windows (``WindowedSession``); ``reset`` and ``stop`` are handled by the base
+    session at its stored-frame limit."""
+    return WindowedSession if policy == "window" else StreamingSession
 
-    Window settings are validated here too, so the node rejects a bad ``overlap_frames`` with a
-    reason before building the model.
+
+def make_session(runtime: RuntimeConfig, stream: StreamConfig, log: Callable[[str], None] = print) -> StreamingSession:
+    """Build the model and the session for ``stream.long_run_policy``.
+
+    Window settings are validated here too, so a bad ``overlap_frames`` is rejected with a reason
+    before the model is built.
     """
     if stream.long_run_policy == "window":
         problems = validate_window(stream)
         if problems:
             raise ValueError("; ".join(problems))
-        return WindowedSession.from_config(runtime, stream, log=log)
-    return StreamingSession.from_config(runtime, stream, log=log)
+    return session_class(stream.long_run_policy).from_config(runtime, stream, log=log)
 
 
-__all__ = ["Sim3", "WindowAlignment", "WindowedSession", "make_session", "validate_window"]
+__all__ = ["Sim3", "WindowAlignment", "WindowedSession", "make_session", "session_class", "validate_window"]

@@ -53,3 +53,15 @@ class FrameResult:
     depth_conf: Optional[np.ndarray] = None  # [H, W] float32
     window_index: int = 0  # long-run windows chained inside one world frame (issue 5)
     frame_extra: dict = field(default_factory=dict)
+
+    def non_finite_fields(self) -> list[str]:
+        """Names of the outputs that hold NaN or Inf (empty: the frame may be published).
+
+        A bad or fp16-overflowing checkpoint, or a hardware fault, shows up here first; nothing of
+        such a frame may reach /tf or any other topic. ``intrinsics`` is not judged: the camera head's
+        ReLU'd FoV can be exactly 0 (an infinite focal length) on finite inputs, and published
+        intrinsics are guarded (``geometry.intrinsics_for_camera``); a NaN there always comes with
+        a NaN in ``pose_enc``, which is judged.
+        """
+        arrays = {"pose_enc": self.pose_enc, "c2w": self.c2w, "depth": self.depth, "depth_conf": self.depth_conf}
+        return [name for name, a in arrays.items() if a is not None and not np.isfinite(a).all()]

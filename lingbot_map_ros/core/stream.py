@@ -179,6 +179,15 @@ class StreamingSession:
         """Frames waiting for the joint scale-frame call."""
         return len(self._pending)
 
+    def pending_stamps(self) -> list[Any]:
+        """Stamps of the frames buffered for the joint scale-frame call, oldest first: the frames a
+        reset or a new session discards (the caller gives each its final status)."""
+        return [f.stamp for f in self._pending]
+
+    # Long-run windows chained inside one world frame; ``WindowedSession`` counts them.
+    window_index: int = 0
+    window_switches: int = 0
+
     @property
     def frames_stored(self) -> int:
         """F: frames stored in the KV cache in this session (the next keyframe's RoPE index)."""

@@ -28,8 +28,10 @@ ERROR_HOLD_S = 10.0  # the inference status stays ERROR this long after an error
 # The per-frame node timing parts, in the order the node records them.
 OVERHEAD_PARTS = ("convert", "handoff", "preprocess", "publish", "session_bookkeeping", "in_node_minus_model")
 REJECT_KINDS = ("unsupported", "data_length", "zero_size", "resolution_changed")
-COUNTER_NAMES = ("received", "processed", "dropped_queue", "rejected", "refused", "errors", "sessions_started",
-                 "parameter_sessions", "resets")
+# The counters of frames that ended without a pose, one per final FrameStatus other than PROCESSED.
+DROP_COUNTERS = ("dropped_queue", "rejected", "refused", "failed", "dropped_reset", "dropped_inactive", "non_finite")
+COUNTER_NAMES = ("received", "processed", *DROP_COUNTERS, "errors", "sessions_started", "parameter_sessions",
+                 "resets", "non_finite_sessions")
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,8 @@ class DiagnosticsSnapshot:
     last_reject_time: float
     last_error: str
     last_error_time: float
+    last_non_finite: str  # reason of the last frame with non-finite model output
+    last_non_finite_time: float
     new_session_reason: str
     expected_wh: Optional[tuple[int, int]]  # the session's image size; None before the first frame
     last_result: dict  # frame_index and rope_frame_index of the last published frame, when there was one
@@ -62,11 +66,15 @@ class DiagnosticsSnapshot:
     cache_warnings: Sequence[str]
     session_id: int
     buffered: int  # scale frames waiting for the joint call
+    pending: int  # received frames without a final status (received == processed + dropped + pending)
+    dropped: int  # frames that ended without a pose (every drop counter)
     stream_cfg: StreamConfig
     window_index: int
     window_switches: int
-    info: SessionInfo
+    info: Optional[SessionInfo]  # None: no model loaded (unconfigured)
     checkpoint: str
+    lifecycle_state: str = "active"  # unconfigured | inactive | active
+    configure_error: str = ""  # why the last configure failed ("" when it did not)
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -123,6 +131,8 @@ def _inference_status(d: DiagnosticsSnapshot) -> DiagnosticStatus:
                       f"falling behind the camera: {d.dropped_since_last} frames replaced in the queue")
     if d.now - d.last_error_time < ERROR_HOLD_S:
         level, msg = DiagnosticStatus.ERROR, d.last_error
+    if d.now - d.last_non_finite_time < ERROR_HOLD_S:
+        level, msg = DiagnosticStatus.ERROR, d.last_non_finite
     c = d.counters
     return _status(d, "inference", level, msg, [
         ("latency_median_ms", f"{med:.2f}"), ("latency_p90_ms", f"{p90:.2f}"),
@@ -130,8 +140,10 @@ def _inference_status(d: DiagnosticsSnapshot) -> DiagnosticStatus:
         *[(f"{name}_median_ms", f"{statistics.median(col):.2f}" if col else "nan")
           for name, col in zip(OVERHEAD_PARTS, columns)],
         ("fps_max", f"{1000.0 / med:.2f}" if lat and med > 0 else "-"),
-        ("frames_processed", c["processed"]), ("frames_dropped_queue", c["dropped_queue"]),
-        ("frames_refused", c["refused"]), ("frames_buffered", d.buffered),
+        ("frames_received", c["received"]), ("frames_processed", c["processed"]),
+        ("frames_dropped", d.dropped), ("frames_pending", d.pending),
+        *[(f"frames_{name}", c[name]) for name in DROP_COUNTERS if name != "rejected"],
+        ("frames_buffered", d.buffered), ("non_finite_sessions", c["non_finite_sessions"]),
         ("errors", c["errors"]), ("last_error", d.last_error or "-"),
         ("session_id", d.session_id), ("sessions_started", c["sessions_started"]),
         ("sessions_from_parameter_changes", c["parameter_sessions"]), ("resets", c["resets"]),
@@ -164,13 +176,23 @@ def _cache_status(d: DiagnosticsSnapshot) -> DiagnosticStatus:
 
 
 def _backend_status(d: DiagnosticsSnapshot) -> DiagnosticStatus:
-    """Which model, attention backend, dtype and device run, and whether the weights mean anything."""
+    """Lifecycle state, which model, attention backend, dtype and device run, and whether the weights
+    mean anything."""
     info = d.info
+    state = [("lifecycle_state", d.lifecycle_state), ("configure_error", d.configure_error or "-")]
+    if info is None:
+        if d.configure_error:
+            level, msg = DiagnosticStatus.ERROR, f"unconfigured: {d.configure_error}"
+        else:
+            level, msg = DiagnosticStatus.WARN, f"{d.lifecycle_state}: no model loaded (configure the node)"
+        return _status(d, "backend", level, msg, [*state, ("checkpoint", d.checkpoint or "-")])
     level, msg = DiagnosticStatus.OK, f"{info.backend} {info.dtype} on {info.device}"
     if info.random_weights:
         level, msg = DiagnosticStatus.WARN, msg + "; RANDOM WEIGHTS: poses are not meaningful"
+    if d.lifecycle_state != "active":
+        level, msg = DiagnosticStatus.WARN, f"{d.lifecycle_state}: frames are not processed; " + msg
     return _status(d, "backend", level, msg, [
-        ("backend", info.backend), ("backend_reason", info.backend_reason), ("dtype", info.dtype),
+        *state, ("backend", info.backend), ("backend_reason", info.backend_reason), ("dtype", info.dtype),
         ("device", info.device), ("model_preset", info.model_preset),
         ("checkpoint", d.checkpoint or "-"), ("random_weights", info.random_weights),
         ("depth_available", info.depth_available),

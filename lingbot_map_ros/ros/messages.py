@@ -30,8 +30,9 @@ class FrameCounts(NamedTuple):
 
     received: int
     processed: int
-    dropped: int  # replaced in the queue + rejected + refused
+    dropped: int  # every final status but PROCESSED
     rejected: int
+    pending: int  # received, no final status yet (received == processed + dropped + pending)
 
 
 def pose_stamped(c2w: np.ndarray, stamp: TimeMsg, world_frame: str) -> PoseStamped:
@@ -124,6 +125,7 @@ def cache_stats(result: FrameResult, stamp: TimeMsg, world_frame: str, session_i
     stats.frames_processed = int(counts.processed)
     stats.frames_dropped = int(counts.dropped)
     stats.frames_rejected = int(counts.rejected)
+    stats.frames_pending = int(counts.pending)
     stats.frame_index = int(result.frame_index)
     stats.session_id = session_id
     stats.is_keyframe = bool(result.is_keyframe)

@@ -1,10 +1,22 @@
-"""The ROS 2 node: camera topic in, camera pose + KV-cache diagnostics out.
+"""The ROS 2 managed (lifecycle) node: camera topic in, camera pose + KV-cache diagnostics out.
 
-The node is thin. It converts messages (``image_io``), preprocesses them (``preprocess``), hands the
-tensor to a ``StreamingSession`` on its own inference thread and publishes what comes back. It owns
-the parameters' lifecycle, QoS, the latest-frame queue, publishers, services and the diagnostics
-timer; it does no tensor work. What the parameters are (``node_params``), how results look as ROS
-messages (``ros_messages``) and what /diagnostics says (``diagnostics``) live in modules of their own.
+The node is thin. It converts messages (``image_io``), preprocesses them (``core.preprocess``),
+hands the tensor to the core's ``SessionManager`` on its own inference thread and publishes what
+comes back. It owns the ROS side only: parameters, lifecycle, QoS, the latest-frame queue,
+publishers, services and the diagnostics timer. What the parameters are (``core.settings``), what a
+change needs (``core.session_manager``), how results look as ROS messages (``messages``) and what
+/diagnostics says (``diagnostics``) live in modules of their own.
+
+Lifecycle (managed node, REP 2002-style states)
+-----------------------------------------------
+* unconfigured: parameters only; no model. ``configure`` validates them, builds the model and
+  allocates the caches; a failure (e.g. a bad checkpoint) fails the transition with its reason and
+  the node stays unconfigured, alive.
+* inactive: model loaded, image subscription up; received frames are counted and get the final
+  status DROPPED_INACTIVE.
+* active: frames are processed and poses published.
+* ``cleanup`` frees the model (and GPU memory); ``shutdown`` from any state. Parameter
+  ``autostart`` (default true) configures and activates at start.
 
 Threads
 -------
@@ -31,6 +43,7 @@ import numpy as np
 import rclpy
 import rclpy.exceptions
 import rclpy.qos
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from builtin_interfaces.msg import Time as TimeMsg
 from diagnostic_msgs.msg import DiagnosticArray
 from geometry_msgs.msg import PoseStamped
@@ -38,21 +51,17 @@ from lingbot_map_ros.msg import CacheStats, FrameStatus
 from nav_msgs.msg import Odometry, Path
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
-from rclpy.node import Node
 from rclpy.qos import QoSDurabilityPolicy, QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import Header
 from std_srvs.srv import Trigger
 from tf2_msgs.msg import TFMessage
 
-from ..core import config as cfgmod
-from . import messages as rosmsg
-from ..core.config import StreamConfig
-from .diagnostics import COUNTER_NAMES, DIAG_PREFIX, DiagnosticsSnapshot, diagnostic_array
 from ..core.geometry import write_tum
-from .parameters import (PARAMETER_NAMES, PARAMETERS, SPECS, STREAM_FIELDS, ParamSpec, configs_from_values,
-                          descriptor, validate_values)
-from ..core.results import FrameResult
+from ..core.results import CacheSnapshot, FrameResult
+from . import messages as rosmsg
+from .diagnostics import COUNTER_NAMES, DIAG_PREFIX, DROP_COUNTERS, DiagnosticsSnapshot, diagnostic_array
+from .parameters import PARAMETER_NAMES, PARAMETERS, SPECS, ParamSpec, configs_from_values, descriptor, validate_values
 
 # The parameter table and the diagnostics prefix live in their own modules; they stay importable
 # from here, where the tests import them from.
@@ -95,22 +104,39 @@ class _Frame:
 class _Counters:
     received: int = 0
     processed: int = 0
+    # final statuses other than PROCESSED (diagnostics.DROP_COUNTERS names them)
     dropped_queue: int = 0
     rejected: int = 0
     refused: int = 0
-    errors: int = 0
+    failed: int = 0
+    dropped_reset: int = 0
+    dropped_inactive: int = 0
+    non_finite: int = 0
+    errors: int = 0  # errors of any kind (inference, commands), for diagnostics
     rejected_by_kind: dict = field(default_factory=lambda: collections.Counter())
-    sessions_started: int = 1
+    sessions_started: int = 0
     parameter_sessions: int = 0  # new sessions caused by parameter changes
     resets: int = 0
+    non_finite_sessions: int = 0  # new sessions started because non-finite values kept coming
     last_reject_reason: str = ""
     last_reject_time: float = -1e9
     last_drop_time: float = -1e9
     last_error: str = ""
     last_error_time: float = -1e9
+    last_non_finite: str = ""
+    last_non_finite_time: float = -1e9
     last_new_session_reason: str = "node started"
     dropped_since_diag: int = 0
     rejected_since_diag: int = 0
+
+    @property
+    def dropped(self) -> int:
+        return sum(getattr(self, name) for name in DROP_COUNTERS)
+
+    @property
+    def pending(self) -> int:
+        """Received frames without a final status yet (queued, buffered, in the model)."""
+        return self.received - self.processed - self.dropped
 
 
 def _stamp_sec(stamp: TimeMsg) -> float:
@@ -135,8 +161,8 @@ def _check_image_message(msg) -> None:
 # --------------------------------------------------------------------------------------- the node
 
 
-class LingBotMapNode(Node):
-    """LingBot-Map streaming reconstruction on one camera topic (see INTERFACE.md)."""
+class LingBotMapNode(LifecycleNode):
+    """LingBot-Map streaming reconstruction on one camera topic, as a managed node (README: "The node")."""
 
     def __init__(self, node_name: str = NODE_NAME, **kwargs):
         super().__init__(node_name, **kwargs)
@@ -148,14 +174,13 @@ class LingBotMapNode(Node):
             raise ValueError("invalid parameters: " + "; ".join(problems))
 
         # Late imports: torch-heavy modules load after parameters are known to be valid.
-        from .image_io import UnsupportedImage, message_to_rgb
-        from ..core.preprocess import FramePreprocessor, ResolutionChanged
         from ..core import stream as streammod
+        from ..core.preprocess import FramePreprocessor, ResolutionChanged
+        from ..core.session_manager import Change, SessionManager
+        from .image_io import UnsupportedImage, message_to_rgb
 
-        from ..core.long_run import make_session  # the one factory that applies the long-run policy
-
-        self._make_session = make_session
-
+        self._session_manager_cls = SessionManager
+        self._change = Change
         self._message_to_rgb = message_to_rgb
         self._unsupported_image = UnsupportedImage
         self._make_preprocessor = FramePreprocessor
@@ -179,27 +204,21 @@ class LingBotMapNode(Node):
         self._warned_no_frame_id = False
         self._t_start = time.monotonic()
         self._last_frame_time: Optional[float] = None
+        self._consecutive_non_finite = 0
 
-        runtime, stream = configs_from_values(self._values)
-        self.get_logger().info(
-            f"building model (preset {runtime.resolved_preset()}, device {runtime.device}, dtype {runtime.dtype}, "
-            f"backend {runtime.attention_backend}); stream {stream}"
-        )
-        self._session = make_session(runtime, stream, log=self._session_log)
-        self._active_runtime = runtime
-        self._session_base = 0  # published session id = base + session.session_id (monotonic across models)
-        self._preproc = self._make_preprocessor(fast_resize=bool(self._values["fast_resize"]))
+        # Set in configure, cleared in cleanup; read by the executor thread under the lock.
+        self._manager = None
+        self._worker: Optional[threading.Thread] = None
+        self._active = False
+        self._state_label = "unconfigured"
+        self._configure_error = ""
+        self._preproc = None
         self._published_session: Optional[int] = None
-        self._snapshot = self._session.snapshot()
+        self._snapshot = None
         self._session_warnings: list[str] = []
         self._last_result_info: dict = {}
-        info = self._session.info
-        if info.random_weights:
-            self.get_logger().warning(
-                "NO CHECKPOINT: random weights (preset %s) - poses are NOT meaningful" % info.model_preset
-            )
 
-        # Publishers
+        # Publishers (plain ones: /diagnostics must report every state; frames are gated by _active)
         reliable10 = QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE)
         self._pose_pub = self.create_publisher(PoseStamped, "~/pose", reliable10)
         self._odom_pub = self.create_publisher(Odometry, "~/odom", reliable10)
@@ -220,36 +239,134 @@ class LingBotMapNode(Node):
         self.create_service(Trigger, "~/reset", self._on_reset)
         self.create_service(Trigger, "~/save_trajectory", self._on_save_trajectory)
 
-        # Input and timers
         self._sub = None
-        self._sub_topic = ""
-        self._create_subscription()
+        self._sub_topic = self._image_topic()
         self._diag_timer = self.create_timer(float(self._values["diagnostics_period"]), self._publish_diagnostics)
-
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self.add_post_set_parameters_callback(self._on_parameters_set)
 
+    @property
+    def autostart(self) -> bool:
+        return bool(self._values["autostart"])
+
+    # ------------------------------------------------------------------ lifecycle transitions
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Validate the parameters, build the model and its caches, start the inference thread."""
+        problems = validate_values(self._values)
+        if problems:
+            return self._configure_failed("invalid parameters: " + "; ".join(problems))
+        runtime, stream = configs_from_values(self._values)
+        self.get_logger().info(
+            f"configuring: building the model (preset {runtime.resolved_preset()}, device {runtime.device}, "
+            f"dtype {runtime.dtype}, backend {runtime.attention_backend}); stream {stream}"
+        )
+        try:
+            manager = self._session_manager_cls(runtime, stream, log=self._session_log)
+        except Exception as exc:  # noqa: BLE001 - any failure of the model build fails the transition
+            return self._configure_failed(f"cannot build the model: {type(exc).__name__}: {exc}", exc)
+        with self._lock:
+            self._manager = manager
+            self._configure_error = ""
+            self._snapshot = manager.snapshot()
+            self._session_warnings = manager.warnings()
+        self._preproc = self._make_preprocessor(fast_resize=bool(self._values["fast_resize"]))
+        self._after_new_session("configured", counter=None)
+        self._stop = False
         self._worker = threading.Thread(target=self._worker_loop, name="lingbot_map_inference", daemon=True)
         self._worker.start()
+        self._create_subscription()
+        info = manager.info
+        if info.random_weights:
+            self.get_logger().warning(
+                "NO CHECKPOINT: random weights (preset %s) - poses are NOT meaningful" % info.model_preset
+            )
         self.get_logger().info(
-            f"ready: {self._sub_topic} ({self._values['image_transport']}, {self._values['qos_reliability']}) "
-            f"-> {self.resolve_topic_name('~/pose')}; backend {info.backend} ({info.backend_reason}), "
-            f"dtype {info.dtype}, device {info.device}"
+            f"configured: backend {info.backend} ({info.backend_reason}), dtype {info.dtype}, device {info.device}; "
+            f"subscribed to {self._sub_topic} ({self._values['image_transport']}, {self._values['qos_reliability']})"
         )
+        self._state_label = "inactive"
+        return TransitionCallbackReturn.SUCCESS
 
-    # ------------------------------------------------------------------ lifecycle
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._active = True
+        self._state_label = "active"
+        self.get_logger().info(f"ready: active, {self._sub_topic} -> {self.resolve_topic_name('~/pose')}")
+        return super().on_activate(state)
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Stop taking frames (each one still gets a final status); the model stays loaded."""
+        self._active = False
+        self._state_label = "inactive"
+        with self._cond:
+            frame, self._pending = self._pending, None
+        if frame is not None:
+            self._finish(frame.header, FrameStatus.DROPPED_INACTIVE, "dropped_inactive", "the node was deactivated")
+        self.get_logger().info("inactive: frames are counted and dropped until activated again")
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._teardown()
+        self.get_logger().info("cleaned up: model and caches freed")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._teardown()
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._teardown()
+        return TransitionCallbackReturn.SUCCESS  # back to unconfigured
+
+    def _configure_failed(self, reason: str, exc: Optional[BaseException] = None) -> TransitionCallbackReturn:
+        with self._lock:
+            self._configure_error = reason
+        self._record_error(f"configure failed: {reason}; the node stays unconfigured (fix the parameters, then "
+                           f"`ros2 lifecycle set {self.get_fully_qualified_name()} configure`)", exc)
+        return TransitionCallbackReturn.FAILURE
+
+    def _teardown(self) -> None:
+        """Stop the inference thread (the frame in progress finishes), drop the subscription and model."""
+        self._active = False
+        self.shutdown()
+        if self._sub is not None:
+            self.destroy_subscription(self._sub)
+            self._sub = None
+        with self._cond:
+            frame, self._pending = self._pending, None
+        if frame is not None:
+            self._finish(frame.header, FrameStatus.DROPPED_INACTIVE, "dropped_inactive", "the node was cleaned up")
+        with self._lock:
+            manager, self._manager = self._manager, None
+        if manager is not None:
+            for stamp in manager.session.pending_stamps():
+                self._finish(stamp.header, FrameStatus.DROPPED_RESET, "dropped_reset",
+                             "buffered for the scale frames when the model was freed")
+            manager.release()
+        self._state_label = "unconfigured"
+
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the inference thread (finishes the frame in progress) and wait for it."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
-        if self._worker.is_alive():
-            self._worker.join(timeout)
+        worker, self._worker = self._worker, None
+        if worker is not None and worker.is_alive() and worker is not threading.current_thread():
+            worker.join(timeout)
 
     def _session_log(self, text: str) -> None:
         self.get_logger().info(text)
 
     # ------------------------------------------------------------------ subscription
+    def _image_topic(self) -> str:
+        if self._values["image_transport"] != "compressed":
+            return self.resolve_topic_name("image")
+        # image_transport convention: remapping 'image' also moves 'image/compressed', unless
+        # 'image/compressed' is remapped itself.
+        explicit = self.resolve_topic_name("image/compressed")
+        if explicit != self.resolve_topic_name("image/compressed", only_expand=True):
+            return explicit
+        return self.resolve_topic_name("image") + "/compressed"
+
     def _create_subscription(self) -> None:
         if self._sub is not None:
             self.destroy_subscription(self._sub)
@@ -259,19 +376,9 @@ class LingBotMapNode(Node):
                              history=QoSHistoryPolicy.KEEP_LAST, durability=QoSDurabilityPolicy.VOLATILE)
         else:
             qos = rclpy.qos.qos_profile_sensor_data
-        if self._values["image_transport"] == "compressed":
-            # image_transport convention: remapping 'image' also moves 'image/compressed', unless
-            # 'image/compressed' is remapped itself.
-            explicit = self.resolve_topic_name("image/compressed")
-            if explicit != self.resolve_topic_name("image/compressed", only_expand=True):
-                topic = explicit
-            else:
-                topic = self.resolve_topic_name("image") + "/compressed"
-            self._sub = self.create_subscription(CompressedImage, topic, self._on_image, qos)
-        else:
-            topic = self.resolve_topic_name("image")
-            self._sub = self.create_subscription(Image, topic, self._on_image, qos)
-        self._sub_topic = topic
+        self._sub_topic = self._image_topic()
+        msg_type = CompressedImage if self._values["image_transport"] == "compressed" else Image
+        self._sub = self.create_subscription(msg_type, self._sub_topic, self._on_image, qos)
 
     def _on_image(self, msg) -> None:
         t0 = time.perf_counter()
@@ -280,6 +387,10 @@ class LingBotMapNode(Node):
             self._c.received += 1
             self._recv_times.append(now)
             self._last_frame_time = now
+        if not self._active:
+            self._finish(msg.header, FrameStatus.DROPPED_INACTIVE, "dropped_inactive",
+                         f"the node is {self._state_label}: activate it to process frames")
+            return
         try:
             _check_image_message(msg)
             try:
@@ -310,19 +421,18 @@ class LingBotMapNode(Node):
             self._cond.notify()
         if old is not None:
             with self._lock:
-                self._c.dropped_queue += 1
                 self._c.dropped_since_diag += 1
                 self._c.last_drop_time = time.monotonic()
-            self._publish_status(old.header, FrameStatus.DROPPED_QUEUE, "replaced by a newer frame before inference")
+            self._finish(old.header, FrameStatus.DROPPED_QUEUE, "dropped_queue",
+                         "replaced by a newer frame before inference")
 
     def _reject(self, header: Header, kind: str, reason: str) -> None:
         with self._lock:
-            self._c.rejected += 1
             self._c.rejected_since_diag += 1
             self._c.rejected_by_kind[kind] += 1
             self._c.last_reject_reason = reason
             self._c.last_reject_time = time.monotonic()
-        self._publish_status(header, FrameStatus.REJECTED_INPUT, reason)
+        self._finish(header, FrameStatus.REJECTED_INPUT, "rejected", reason)
         # Throttled per kind: a camera sending only bad frames must not flood the log.
         now = time.monotonic()
         if now - self._reject_log_times.get(kind, -1e9) >= 2.0:
@@ -332,6 +442,12 @@ class LingBotMapNode(Node):
             self.get_logger().warning(f"rejected frame (stamp {_stamp_sec(header.stamp):.3f}): {reason}{more}")
         else:
             self._reject_log_suppressed[kind] += 1
+
+    def _finish(self, header: Header, status: int, counter: str, reason: str) -> None:
+        """The one way a frame that produced no pose ends: its counter, then its final FrameStatus."""
+        with self._lock:
+            setattr(self._c, counter, getattr(self._c, counter) + 1)
+        self._publish_status(header, status, reason)
 
     # ------------------------------------------------------------------ inference thread
     def _worker_loop(self) -> None:
@@ -354,7 +470,8 @@ class LingBotMapNode(Node):
                     if not self.context.ok():
                         return  # shutting down: publishers are gone
                     self._record_error(f"inference failed: {type(exc).__name__}: {exc}", exc)
-                    self._publish_status(frame.header, FrameStatus.REFUSED_POLICY, f"inference error: {exc}")
+                    self._finish(frame.header, FrameStatus.FAILED_INFERENCE, "failed",
+                                 f"inference error: {type(exc).__name__}: {exc}")
 
     def _record_error(self, text: str, exc: Optional[BaseException] = None) -> None:
         with self._lock:
@@ -365,7 +482,7 @@ class LingBotMapNode(Node):
         self.get_logger().error(text + ("\n" + detail if detail else ""), throttle_duration_sec=5.0)
 
     def _process(self, frame: _Frame) -> None:
-        session = self._session
+        manager = self._manager
         t0 = time.perf_counter()
         frame.handoff_ms = (t0 - frame.received) * 1e3 - frame.convert_ms
         fast = bool(self._values["fast_resize"])
@@ -382,37 +499,29 @@ class LingBotMapNode(Node):
         frame.preprocess_ms = (time.perf_counter() - t0) * 1e3
         t_push = time.perf_counter()
         try:
-            results = session.push(tensor, stamp=frame)
-        except getattr(self._streammod, "FrameSizeChanged", ()) as exc:
+            results = manager.push(tensor, stamp=frame)
+        except self._streammod.FrameSizeChanged as exc:
             self._reject(frame.header, "resolution_changed", str(exc))
             return
-        except self._streammod.SessionStopped as exc:
-            with self._lock:
-                self._c.refused += 1
-            self.get_logger().warning(f"frame refused: {exc}", throttle_duration_sec=5.0)
-            self._publish_status(frame.header, FrameStatus.REFUSED_POLICY, str(exc))
-            self._refresh_session_state(session)
-            return
-        except self._streammod.SessionError as exc:
-            with self._lock:
-                self._c.refused += 1
+        except self._streammod.SessionError as exc:  # SessionStopped included: the policy refuses it
             self.get_logger().warning(f"frame refused by the session: {exc}", throttle_duration_sec=5.0)
-            self._publish_status(frame.header, FrameStatus.REFUSED_POLICY, str(exc))
+            self._finish(frame.header, FrameStatus.REFUSED_POLICY, "refused", str(exc))
+            self._refresh_session_state()
             return
         if len(results) == 1:
             frame.session_extra_ms = max(0.0, (time.perf_counter() - t_push) * 1e3 - float(results[0].latency_ms))
-        self._refresh_session_state(session)  # before publishing: diagnostics never lag the topics
+        self._refresh_session_state()  # before publishing: diagnostics never lag the topics
         if not results:
             self._publish_status(
                 frame.header, FrameStatus.BUFFERED,
-                f"buffered for the joint scale-frame call ({session.buffered} of {session.stream_cfg.scale_frames})",
+                f"buffered for the joint scale-frame call ({manager.buffered} of {manager.stream_cfg.scale_frames})",
             )
         for result in results:
-            self._publish_result(result)
+            self._publish_result(result, manager)
 
-    def _refresh_session_state(self, session) -> None:
-        warnings = list(session.warnings())
-        snapshot = session.snapshot()
+    def _refresh_session_state(self) -> None:
+        manager = self._manager
+        warnings, snapshot = manager.warnings(), manager.snapshot()
         with self._lock:
             self._session_warnings = warnings
             self._snapshot = snapshot
@@ -429,15 +538,20 @@ class LingBotMapNode(Node):
             )
         return FALLBACK_CAMERA_FRAME
 
-    def _publish_result(self, r: FrameResult) -> None:
+    def _publish_result(self, r: FrameResult, manager) -> None:
         t0 = time.perf_counter()
+        frame: _Frame = r.stamp
+        header = frame.header
+        bad = r.non_finite_fields()
+        if bad:
+            self._on_non_finite(frame, r, bad, manager)
+            return
+        self._consecutive_non_finite = 0
         note = (r.frame_extra or {}).get("window_switch")
         if note:
             self.get_logger().info(f"long-run window {r.window_index}: {note}")
-        frame: _Frame = r.stamp
-        header = frame.header
         values = self._values
-        session_id = self._session_base + int(r.session_id)
+        session_id = manager.session_id
         if session_id != self._published_session:
             with self._lock:
                 self._path.clear()
@@ -475,8 +589,6 @@ class LingBotMapNode(Node):
         if values["publish_depth"] and r.depth is not None:
             self._depth_pub.publish(rosmsg.depth_image(r.depth, header.stamp, child))
 
-        self._status_pub.publish(rosmsg.processed_status(r, header, session_id))
-
         publish_ms = (time.perf_counter() - t0) * 1e3
         overhead_ms = frame.convert_ms + frame.preprocess_ms + publish_ms
         with self._lock:
@@ -487,12 +599,32 @@ class LingBotMapNode(Node):
             in_node = (time.perf_counter() - frame.received) * 1e3 - float(r.latency_ms)
             self._parts.append((frame.convert_ms, frame.handoff_ms, frame.preprocess_ms, publish_ms,
                                 frame.session_extra_ms, in_node if not r.is_scale_frame else float("nan")))
-            c = self._c
-            counts = rosmsg.FrameCounts(c.received, c.processed, c.dropped_queue + c.rejected + c.refused, c.rejected)
+            counts = self._frame_counts()
             self._last_result_info = {"frame_index": int(r.frame_index), "rope_frame_index": int(r.rope_frame_index),
                                       "is_keyframe": bool(r.is_keyframe), "stamp": _stamp_sec(header.stamp)}
+        self._status_pub.publish(rosmsg.processed_status(r, header, session_id))
         self._stats_pub.publish(rosmsg.cache_stats(r, header.stamp, world, session_id, counts, overhead_ms,
-                                                   self._session.info))
+                                                   manager.info))
+
+    def _frame_counts(self) -> rosmsg.FrameCounts:
+        """The counters as CacheStats reports them; call with the lock held."""
+        c = self._c
+        return rosmsg.FrameCounts(c.received, c.processed, c.dropped, c.rejected, c.pending)
+
+    def _on_non_finite(self, frame: _Frame, r: FrameResult, bad: list[str], manager) -> None:
+        """Publish nothing of the frame; after ``max_non_finite_frames`` in a row, a new session
+        (non-finite values in the KV cache would poison every later frame)."""
+        self._consecutive_non_finite += 1
+        reason = f"non-finite model output ({', '.join(bad)}): nothing published"
+        with self._lock:
+            self._c.last_non_finite = reason
+            self._c.last_non_finite_time = time.monotonic()
+        self.get_logger().error(f"frame {_stamp_sec(frame.header.stamp):.3f}: {reason}", throttle_duration_sec=5.0)
+        self._finish(frame.header, FrameStatus.NON_FINITE_OUTPUT, "non_finite", reason)
+        limit = int(self._values["max_non_finite_frames"])
+        if self._consecutive_non_finite >= limit:
+            self._consecutive_non_finite = 0
+            self._new_session(f"{limit} consecutive frames with non-finite output", counter="non_finite_sessions")
 
     def _publish_status(self, header: Header, status: int, reason: str) -> None:
         self._status_pub.publish(rosmsg.frame_status(header, status, reason, self._current_session_id()))
@@ -512,7 +644,7 @@ class LingBotMapNode(Node):
         (kind, arg), done, box = item
         try:
             if kind == "reset":
-                self._new_session(arg)
+                self._new_session(arg, counter="resets")
                 box["result"] = f"session {self._current_session_id()} started (new world frame)"
             elif kind == "apply":
                 box["result"] = self._apply_parameters(arg)
@@ -523,14 +655,20 @@ class LingBotMapNode(Node):
             done.set()
 
     def _current_session_id(self) -> int:
-        return self._session_base + int(self._session.session_id)
+        manager = self._manager
+        return manager.session_id if manager is not None else 0
 
-    def _new_session(self, reason: str) -> None:
-        """~/reset: the session empties its caches and starts a new world frame."""
-        self._session.reset()
-        self._after_new_session(reason, False)
+    def _new_session(self, reason: str, counter: str) -> None:
+        """A new session (new world frame) on the same model: ~/reset, or non-finite recovery."""
+        self._drop_discarded(self._manager.reset(), reason)
+        self._after_new_session(reason, counter)
 
-    def _after_new_session(self, reason: str, count_parameter: bool) -> None:
+    def _drop_discarded(self, stamps: list, reason: str) -> None:
+        for frame in stamps:
+            self._finish(frame.header, FrameStatus.DROPPED_RESET, "dropped_reset",
+                         f"buffered for the scale frames, then discarded: {reason}")
+
+    def _after_new_session(self, reason: str, counter: Optional[str]) -> None:
         self._preproc = self._make_preprocessor(fast_resize=bool(self._values["fast_resize"]))
         with self._lock:
             self._expected_wh = None
@@ -538,65 +676,31 @@ class LingBotMapNode(Node):
             self._trajectory.clear()
             self._c.sessions_started += 1
             self._c.last_new_session_reason = reason
-            if count_parameter:
-                self._c.parameter_sessions += 1
-            else:
-                self._c.resets += 1
-        self._refresh_session_state(self._session)
+            if counter is not None:
+                setattr(self._c, counter, getattr(self._c, counter) + 1)
+        self._refresh_session_state()
         self.get_logger().info(f"new session {self._current_session_id()}: {reason}")
 
     def _apply_parameters(self, changed: list[str]) -> str:
-        values = dict(self._values)
-        runtime, stream = configs_from_values(values)
-        session = self._session
-        if runtime != self._active_runtime:
+        """Hand the new settings to the session manager; it decides what they need."""
+        manager = self._manager
+        if manager is None:
+            return "stored: applies at configure"
+        runtime, stream = configs_from_values(self._values)
+        if runtime != manager.runtime:
             self.get_logger().info(f"parameters {changed} need a new model: building it")
-            try:
-                new = self._make_session(runtime, stream, log=self._session_log)
-            except Exception as exc:
-                self._record_error(f"could not build the model for {changed}: {exc}; keeping the previous one", exc)
-                return f"error: {exc}"
-            self._session_base = self._current_session_id() + 1 - int(new.session_id)
-            self._session = new
-            self._active_runtime = runtime
-            self._after_new_session(f"parameters {changed} changed (new model)", True)
-            return "new model"
-        old = session.stream_cfg
-        geometry = [k for k in STREAM_FIELDS if k != "keyframe_interval" and getattr(old, k) != getattr(stream, k)]
-        if geometry:
-            new = self._session_for_policy(session, stream)
-            if new is not None:  # the long-run policy needs another session class: same model, new session
-                self._session_base = self._current_session_id() + 1 - int(new.session_id)
-                self._session = new
-            else:
-                session.reconfigure(stream)
-            self._after_new_session(f"parameters {geometry} changed", True)
-            return "new session"
-        if stream.keyframe_interval != old.keyframe_interval:
-            if hasattr(session, "set_keyframe_interval"):
-                session.set_keyframe_interval(stream.keyframe_interval)
-            else:
-                session.stream_cfg = cfgmod.replace(session.stream_cfg, keyframe_interval=stream.keyframe_interval)
-            self.get_logger().info(f"keyframe_interval {old.keyframe_interval} -> {stream.keyframe_interval} "
-                                   "from the next frame")
-        if stream.with_depth != session.stream_cfg.with_depth:
-            # Depth is an extra head on the same tokens: no cache change, so no new session.
-            session.stream_cfg = cfgmod.replace(session.stream_cfg, with_depth=stream.with_depth)
-            if stream.with_depth and not session.info.depth_available:
-                self.get_logger().warning("publish_depth: this model has no depth head; ~/depth stays silent")
-        return "applied"
-
-    def _session_for_policy(self, session, stream: StreamConfig):
-        """A new session object when ``stream.long_run_policy`` needs another class than ``session``'s
-        (the window policy lives in ``long_run.WindowedSession``); None when ``reconfigure`` will do.
-        The model is shared, nothing is rebuilt."""
-        from ..core.long_run import WindowedSession
-
-        cls = WindowedSession if stream.long_run_policy == "window" else self._streammod.StreamingSession
-        if type(session) is cls:
-            return None
-        return cls(session.model, session.model_cfg, stream, device=session.device, dtype=session.dtype,
-                   backend=session.backend, info=session.info, log=self._session_log)
+        try:
+            result = manager.apply(runtime, stream)
+        except Exception as exc:  # noqa: BLE001 - a failed model build keeps the previous model
+            self._record_error(f"could not build the model for {changed}: {exc}; keeping the previous one", exc)
+            return f"error: {exc}"
+        Change = self._change
+        if result.change in (Change.NEW_MODEL, Change.NEW_SESSION):
+            reason = f"parameters {list(result.fields)} changed" + (
+                " (new model)" if result.change is Change.NEW_MODEL else "")
+            self._drop_discarded(result.discarded, reason)
+            self._after_new_session(reason, "parameter_sessions")
+        return result.change.value
 
     # ------------------------------------------------------------------ parameters (executor thread)
     def _on_set_parameters(self, params) -> SetParametersResult:
@@ -623,16 +727,24 @@ class LingBotMapNode(Node):
         self.get_logger().info("parameters changed: " + ", ".join(f"{n}={self._values[n]!r}" for n in changed))
         applies = {SPECS[n].applies for n in changed}
         if "subscription" in applies:
-            self._create_subscription()
-            self.get_logger().info(f"image subscription re-created on {self._sub_topic}")
+            if self._sub is not None:
+                self._create_subscription()
+                self.get_logger().info(f"image subscription re-created on {self._sub_topic}")
+            else:
+                self._sub_topic = self._image_topic()
         if "timer" in applies:
             self.destroy_timer(self._diag_timer)
             self._diag_timer = self.create_timer(float(self._values["diagnostics_period"]), self._publish_diagnostics)
-        if applies & {"model", "session"} or {"keyframe_interval", "publish_depth"} & set(changed):
+        if self._manager is not None and (applies & {"model", "session"} or {
+                "keyframe_interval", "publish_depth"} & set(changed)):
             self._submit(("apply", changed))
 
     # ------------------------------------------------------------------ services
     def _on_reset(self, request, response):
+        if self._manager is None:
+            response.success = False
+            response.message = f"the node is {self._state_label}: configure it first"
+            return response
         result = self._submit(("reset", "~/reset called"), wait=30.0)
         response.success = True
         response.message = result or "reset queued: applies before the next frame"
@@ -646,8 +758,10 @@ class LingBotMapNode(Node):
         try:
             parent = os.path.dirname(os.path.abspath(path))
             os.makedirs(parent, exist_ok=True)
-            write_tum(path, np.array([s for s, _ in trajectory], np.float64),
-                            np.array([m for _, m in trajectory], np.float64).reshape(-1, 4, 4))
+            tmp = f"{path}.tmp{os.getpid()}"
+            write_tum(tmp, np.array([s for s, _ in trajectory], np.float64),
+                      np.array([m for _, m in trajectory], np.float64).reshape(-1, 4, 4))
+            os.replace(tmp, path)  # atomic: a crash never leaves half a file at `path`
         except OSError as exc:
             response.success = False
             response.message = f"cannot write {path}: {exc}"
@@ -659,8 +773,9 @@ class LingBotMapNode(Node):
 
     # ------------------------------------------------------------------ diagnostics (executor thread)
     def _publish_diagnostics(self) -> None:
-        session = self._session  # swapped only by the inference thread; read once
+        _, stream = configs_from_values(self._values)
         with self._lock:
+            manager = self._manager
             c = self._c
             snapshot = DiagnosticsSnapshot(
                 now=time.monotonic(), started=self._t_start, hardware_id=self.get_fully_qualified_name(),
@@ -670,22 +785,29 @@ class LingBotMapNode(Node):
                 rejected_by_kind=dict(c.rejected_by_kind), dropped_since_last=c.dropped_since_diag,
                 rejected_since_last=c.rejected_since_diag, last_reject_reason=c.last_reject_reason,
                 last_reject_time=c.last_reject_time, last_error=c.last_error, last_error_time=c.last_error_time,
+                last_non_finite=c.last_non_finite, last_non_finite_time=c.last_non_finite_time,
                 new_session_reason=c.last_new_session_reason, expected_wh=self._expected_wh,
                 last_result=dict(self._last_result_info), latencies=list(self._latencies),
-                overheads=list(self._overheads), parts=list(self._parts), cache=self._snapshot,
+                overheads=list(self._overheads), parts=list(self._parts), cache=self._snapshot or CacheSnapshot(),
                 cache_warnings=list(self._session_warnings), session_id=self._current_session_id(),
-                buffered=session.buffered, stream_cfg=session.stream_cfg,
-                window_index=getattr(session, "window_index", 0),
-                window_switches=getattr(session, "window_switches", 0), info=session.info,
-                checkpoint=self._active_runtime.checkpoint,
+                buffered=manager.buffered if manager is not None else 0,
+                pending=c.pending, dropped=c.dropped,
+                stream_cfg=manager.stream_cfg if manager is not None else stream,
+                window_index=manager.session.window_index if manager is not None else 0,
+                window_switches=manager.session.window_switches if manager is not None else 0,
+                info=manager.info if manager is not None else None,
+                checkpoint=manager.runtime.checkpoint if manager is not None else self._values["checkpoint"],
+                lifecycle_state=self._state_label, configure_error=self._configure_error,
             )
             c.dropped_since_diag = c.rejected_since_diag = 0
         self._diag_pub.publish(diagnostic_array(snapshot, self.get_clock().now().to_msg()))
 
 
 def main(args=None) -> int:
-    """``lingbot_map_node``: run the node until SIGINT/SIGTERM (exit 0), or exit non-zero when it
-    cannot start (2: invalid parameters, 1: anything else, e.g. an unreadable checkpoint)."""
+    """``lingbot_map_node``: run the managed node until SIGINT/SIGTERM (exit 0); exit 2 when its
+    parameters are invalid. With ``autostart`` (default) it configures and activates itself; a
+    failed configure (e.g. an unreadable checkpoint) is logged with its reason and leaves the node
+    unconfigured, alive, so the parameters can be fixed and `ros2 lifecycle set ... configure` run."""
     rclpy.init(args=args)
     try:
         node = LingBotMapNode()
@@ -696,14 +818,14 @@ def main(args=None) -> int:
     except (KeyboardInterrupt, ExternalShutdownException):
         rclpy.try_shutdown()
         return 0
-    except Exception as exc:  # noqa: BLE001 - say why in one line, then the traceback
-        print(f"[lingbot_map] cannot start: {type(exc).__name__}: {exc}", flush=True)
-        traceback.print_exc()
-        rclpy.try_shutdown()
-        return 1
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     try:
+        if node.autostart:
+            if node.trigger_configure() == TransitionCallbackReturn.SUCCESS:
+                node.trigger_activate()
+            else:
+                print(f"[lingbot_map] configure failed: {node._configure_error}", flush=True)
         executor.spin()
     except (KeyboardInterrupt, ExternalShutdownException):
         pass

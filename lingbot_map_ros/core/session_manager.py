@@ -1,0 +1,151 @@
+"""SessionManager: owns the current streaming session and decides what a settings change needs.
+
+Every caller that lets settings change while frames stream (the node's parameters, a tool) hands
+the new ``(RuntimeConfig, StreamConfig)`` to ``apply`` and gets back what happened:
+
+* a runtime field changed (checkpoint, preset, device, dtype, backend, ...): a **new model** is
+  built first and only then swapped in, so a failure leaves the running model untouched;
+* a cache/stream geometry field changed (``applies == "session"`` in ``settings.py``): a **new
+  session** (new world frame) on the same model; when the long-run policy changes the session
+  class (``long_run.session_class``), a new session object shares the model;
+* ``keyframe_interval`` or the depth head: applied **from the next frame**, same session.
+
+Frames buffered for the joint scale-frame call are discarded by a reset or a new session; their
+stamps come back in ``ApplyResult.discarded`` / from ``reset`` so the caller can give each one a
+final status. Session ids stay monotonic across model swaps (``session_id``).
+
+Not thread-safe by design: one thread (the node's inference thread) owns the manager.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .config import RuntimeConfig, StreamConfig, replace
+from .long_run import make_session, session_class
+from .results import CacheSnapshot, FrameResult
+from .settings import applies_of_field
+from .stream import SessionInfo, StreamingSession
+
+
+class Change(str, enum.Enum):
+    NONE = "nothing to apply"
+    NEXT_FRAME = "applied from the next frame"
+    NEW_SESSION = "new session"
+    NEW_MODEL = "new model"
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    change: Change
+    fields: tuple[str, ...] = ()  # the RuntimeConfig/StreamConfig fields that differed
+    discarded: list[Any] = field(default_factory=list)  # stamps of buffered frames the change dropped
+
+
+def changed_fields(old, new) -> tuple[str, ...]:
+    """Names of the dataclass fields whose values differ between two configs of one type."""
+    return tuple(f.name for f in fields(old) if getattr(old, f.name) != getattr(new, f.name))
+
+
+class SessionManager:
+    """The current session of one camera stream, and the one place that applies setting changes."""
+
+    def __init__(self, runtime: RuntimeConfig, stream: StreamConfig, log: Callable[[str], None] = print,
+                 build: Callable[..., StreamingSession] = make_session) -> None:
+        """Builds the model and the first session (raises with the reason when it cannot)."""
+        self._log = log
+        self._build = build
+        self._session = build(runtime, stream, log=log)
+        self.runtime = runtime
+        self._id_base = 0  # published session id = base + the session object's own id
+
+    # ------------------------------------------------------------------ what the caller reads
+    @property
+    def session(self) -> StreamingSession:
+        return self._session
+
+    @property
+    def session_id(self) -> int:
+        """Monotonic over resets, new sessions and new models."""
+        return self._id_base + int(self._session.session_id)
+
+    @property
+    def stream_cfg(self) -> StreamConfig:
+        return self._session.stream_cfg
+
+    @property
+    def info(self) -> SessionInfo:
+        return self._session.info
+
+    @property
+    def buffered(self) -> int:
+        return self._session.buffered
+
+    def snapshot(self) -> CacheSnapshot:
+        return self._session.snapshot()
+
+    def warnings(self) -> list[str]:
+        return list(self._session.warnings())
+
+    # ------------------------------------------------------------------ frames
+    def push(self, frame: torch.Tensor | np.ndarray, stamp: Any = None) -> list[FrameResult]:
+        return self._session.push(frame, stamp=stamp)
+
+    def reset(self) -> list[Any]:
+        """New session (new world frame, caches emptied); returns the discarded buffered frames' stamps."""
+        discarded = self._session.pending_stamps()
+        self._session.reset()
+        return discarded
+
+    # ------------------------------------------------------------------ settings
+    def apply(self, runtime: RuntimeConfig, stream: StreamConfig) -> ApplyResult:
+        """Apply new settings; raises (and changes nothing) when a new model cannot be built."""
+        runtime_changes = changed_fields(self.runtime, runtime)
+        if runtime_changes:
+            new = self._build(runtime, stream, log=self._log)  # may raise: the old model keeps running
+            discarded = self._session.pending_stamps()
+            self._swap(new)
+            self.runtime = runtime
+            return ApplyResult(Change.NEW_MODEL, runtime_changes, discarded)
+        old = self._session.stream_cfg
+        stream_changes = changed_fields(old, stream)
+        session_changes = tuple(f for f in stream_changes if applies_of_field(f) == "session")
+        if session_changes:
+            discarded = self._session.pending_stamps()
+            cls = session_class(stream.long_run_policy)
+            if type(self._session) is cls:
+                self._session.reconfigure(stream)
+            else:  # another long-run policy class: a new session object on the same model
+                s = self._session
+                self._swap(cls(s.model, s.model_cfg, stream, device=s.device, dtype=s.dtype, backend=s.backend,
+                               info=s.info, log=self._log))
+            return ApplyResult(Change.NEW_SESSION, session_changes, discarded)
+        if not stream_changes:
+            return ApplyResult(Change.NONE)
+        if stream.keyframe_interval != old.keyframe_interval:
+            self._session.set_keyframe_interval(stream.keyframe_interval)
+            self._log(f"keyframe_interval {old.keyframe_interval} -> {stream.keyframe_interval} from the next frame")
+        if stream.with_depth != old.with_depth:
+            # the depth head reads the same tokens: no cache change, so no new session
+            self._session.stream_cfg = replace(self._session.stream_cfg, with_depth=stream.with_depth)
+            if stream.with_depth and not self._session.info.depth_available:
+                self._log("depth requested but this model has no depth head: depth outputs stay silent")
+        return ApplyResult(Change.NEXT_FRAME, stream_changes)
+
+    def release(self) -> None:
+        """Drop the session and the model (lifecycle cleanup): GPU memory goes back to the driver."""
+        device = self._session.device
+        del self._session
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _swap(self, new: StreamingSession) -> None:
+        self._id_base = self.session_id + 1 - int(new.session_id)
+        self._session = new
+
+
+__all__ = ["ApplyResult", "Change", "SessionManager", "changed_fields"]

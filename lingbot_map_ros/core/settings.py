@@ -1,0 +1,195 @@
+"""Every user-facing setting of the package, once: the table the ROS parameters, the CLI options of the
+tools, the parameter file and the validation all derive from.
+
+A ``Setting`` holds the name (the ROS parameter; the CLI option is the same with dashes), the
+default (taken from the core's dataclasses, so the two cannot drift; its Python type is the
+parameter's type), the range or the allowed values, the description ``ros2 param describe`` and
+``--help`` show, and ``applies``: what a change at runtime needs. ``SessionManager`` reads that
+column to decide between a new model, a new session and "from the next frame"; the node reads it to
+re-create its subscription or timer.
+
+Plain data and pure functions; no rclpy (``ros/parameters.py`` turns a row into a
+``ParameterDescriptor``, ``tools/common.py`` into an argparse option).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .config import LONG_RUN_POLICIES, MODEL_PRESETS, RuntimeConfig, StreamConfig, validate_runtime, validate_stream
+
+APPLIES = {
+    "model": "a change loads a new model and starts a new session",
+    "session": "a change starts a new session (new world frame)",
+    "next_frame": "applies from the next frame",
+    "subscription": "a change re-creates the image subscription",
+    "timer": "applies at once",
+    "startup": "read-only",
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its default, what it means, its range, and when a change takes effect."""
+
+    name: str
+    default: Any
+    description: str
+    applies: str  # a key of APPLIES
+    range: Optional[tuple] = None  # (low, high) inclusive, for int/float settings
+    choices: Optional[tuple] = None  # allowed strings
+
+    @property
+    def read_only(self) -> bool:
+        return self.applies == "startup"
+
+    @property
+    def option(self) -> str:
+        """The CLI option of the tools: ``--scale-frames`` for ``scale_frames``."""
+        return "--" + self.name.replace("_", "-")
+
+
+_D = StreamConfig()
+_R = RuntimeConfig()
+
+SETTINGS: tuple[Setting, ...] = (
+    # --- model (a change builds a new model and starts a new session)
+    Setting("checkpoint", _R.checkpoint, "Path of an official LingBot-Map checkpoint (.pt/.pth/.safetensors). "
+              "Empty: random weights of the tiny preset (demo only, poses are not meaningful).", "model"),
+    Setting("model_preset", _R.model_preset, "Model shapes: 'full' (the official checkpoint) or 'tiny' "
+              "(small, CPU tests). Empty: full with a checkpoint, tiny without.", "model",
+              choices=("", *sorted(MODEL_PRESETS))),
+    Setting("device", _R.device, "Torch device: auto (CUDA when available), cpu, cuda or cuda:N.", "model"),
+    Setting("dtype", _R.dtype, "Compute dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16.",
+              "model", choices=("auto", "float32", "bfloat16", "float16")),
+    Setting("attention_backend", _R.attention_backend, "Global attention over the paged KV cache: auto "
+              "(FlashInfer when usable, else SDPA), flashinfer or sdpa.", "model",
+              choices=("auto", "flashinfer", "sdpa")),
+    Setting("seed", _R.seed, "Seed of the random weights used when no checkpoint is given.", "model",
+              range=(0, 2**31 - 1)),
+    Setting("allow_unsafe_checkpoint", _R.allow_unsafe_checkpoint, "Allow loading a pickled checkpoint with "
+              "torch.load(weights_only=False) (runs code from the file). Read-only: set it at start only, "
+              "never remotely.", "startup"),
+    Setting("autostart", True, "Bring the managed node to active on its own at start (configure, then "
+            "activate). false: it waits unconfigured for `ros2 lifecycle set` or a lifecycle manager.",
+            "startup"),
+    # --- stream / cache geometry (a change starts a new session: new world frame)
+    Setting("scale_frames", _D.scale_frames, "Frames processed together first; their tokens stay in the "
+              "KV cache forever. Poses start after this many frames.", "session", range=(1, 256)),
+    Setting("sliding_window", _D.sliding_window, "Most recent stored frames kept in the KV cache with all "
+              "tokens; older ones keep only their 6 special tokens.", "session", range=(1, 4096)),
+    Setting("camera_iterations", _D.camera_iterations, "Refinement iterations of the camera head.",
+              "session", range=(1, 4)),
+    Setting("max_frame_num", _D.max_frame_num, "RoPE table size: the stored-frame index never reaches it.",
+              "session", range=(3, 1_000_000)),
+    Setting("long_run_policy", _D.long_run_policy, "What happens before max_stored_frames stored frames: "
+              "window (chain windows in one world frame), reset (new session) or stop (refuse frames "
+              "until ~/reset).", "session", choices=LONG_RUN_POLICIES),
+    Setting("max_stored_frames", _D.max_stored_frames, "Stored frames per session before the long-run "
+              "policy acts (the model was trained on ~320 views).", "session", range=(2, 1_000_000)),
+    Setting("overlap_frames", _D.overlap_frames, "Frames carried into the next window when "
+              "long_run_policy is 'window'.", "session", range=(1, 4096)),
+    # --- from the next frame, same session
+    Setting("keyframe_interval", _D.keyframe_interval, "Every N-th frame after the scale frames is stored "
+              "in the KV cache; the others get a pose but are forgotten. Applies from the next frame.",
+              "next_frame", range=(1, 100_000)),
+    Setting("publish_depth", False, "Run the depth head and publish ~/depth (32FC1, model input size). "
+              "Applies from the next frame.", "next_frame"),
+    Setting("max_non_finite_frames", 3, "Frames in a row whose model output holds NaN/Inf before the node starts "
+            "a new session (such values in the KV cache poison every later frame). Such frames are never "
+            "published.", "next_frame", range=(1, 10_000)),
+    Setting("world_frame", "lingbot_world", "Frame id of the poses: the first camera's optical frame of "
+              "the current session.", "next_frame"),
+    Setting("camera_frame", "", "Child frame id (camera optical frame). Empty: the image header's frame_id.",
+              "next_frame"),
+    Setting("publish_tf", True, "Broadcast world_frame -> camera_frame on /tf.", "next_frame"),
+    Setting("path_max_length", 10000, "Poses kept in ~/path (oldest dropped first).", "next_frame",
+              range=(1, 10_000_000)),
+    Setting("trajectory_path", "lingbot_trajectory.tum", "File ~/save_trajectory writes (TUM format: "
+              "stamp tx ty tz qx qy qz qw).", "next_frame"),
+    Setting("trajectory_max_length", 100000, "Poses of the current session kept for ~/save_trajectory "
+              "(oldest dropped first): bounds the node's memory on runs of hours (100000 = 2.8 h at 10 Hz).",
+              "next_frame", range=(1, 10_000_000)),
+    Setting("fast_resize", False, "Resize with OpenCV (INTER_AREA/INTER_CUBIC, ~0.5 ms) instead of the "
+              "official PIL bicubic (~3 ms at 640x480): faster, NOT bit-compatible with the official pipeline.",
+              "next_frame"),
+    # --- subscription (re-created on change)
+    Setting("image_transport", "raw", "raw: subscribe to 'image' (sensor_msgs/Image); compressed: to "
+              "'image/compressed' (sensor_msgs/CompressedImage).", "subscription", choices=("raw", "compressed")),
+    Setting("qos_reliability", "best_effort", "Image subscription reliability: best_effort (sensor-data "
+              "QoS) or reliable.", "subscription", choices=("best_effort", "reliable")),
+    # --- diagnostics timer
+    Setting("diagnostics_period", 1.0, "Seconds between /diagnostics messages.", "timer", range=(0.05, 60.0)),
+)
+SETTING_NAMES = tuple(s.name for s in SETTINGS)
+SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+# The settings that are RuntimeConfig / StreamConfig fields of the same name. The depth head
+# (StreamConfig.with_depth) runs when any output that needs depth is asked for.
+RUNTIME_FIELDS = ("checkpoint", "model_preset", "device", "dtype", "attention_backend", "seed",
+                  "allow_unsafe_checkpoint")
+STREAM_FIELDS = ("scale_frames", "sliding_window", "keyframe_interval", "camera_iterations", "max_frame_num",
+                 "long_run_policy", "max_stored_frames", "overlap_frames")
+DEPTH_OUTPUTS = ("publish_depth", "publish_points", "publish_map")
+
+
+def defaults() -> dict[str, Any]:
+    return {s.name: s.default for s in SETTINGS}
+
+
+def applies_of_field(field_name: str) -> str:
+    """What a change of a RuntimeConfig/StreamConfig field needs (``with_depth``: from the next frame)."""
+    if field_name == "with_depth":
+        return "next_frame"
+    return SETTINGS_BY_NAME[field_name].applies
+
+
+def configs_from_values(values: dict) -> tuple[RuntimeConfig, StreamConfig]:
+    """Setting values -> the core's dataclasses (one to one)."""
+    runtime = RuntimeConfig(**{k: values[k] for k in RUNTIME_FIELDS})
+    with_depth = any(bool(values.get(k, False)) for k in DEPTH_OUTPUTS)
+    stream = StreamConfig(with_depth=with_depth, **{k: values[k] for k in STREAM_FIELDS})
+    return runtime, stream
+
+
+def validate_values(values: dict, *, resolve: bool = True) -> list[str]:
+    """Every reason why these setting values cannot run (empty list: they can).
+
+    ``resolve``: also check that device/dtype/backend can run on this machine (imports torch).
+    """
+    problems: list[str] = []
+    for s in SETTINGS:
+        if s.name not in values:
+            continue
+        v = values[s.name]
+        if s.choices is not None and v not in s.choices:
+            problems.append(f"{s.name} must be one of {list(s.choices)} (got {v!r})")
+        if s.range is not None and not (s.range[0] <= v <= s.range[1]):
+            problems.append(f"{s.name} must be in [{s.range[0]}, {s.range[1]}] (got {v})")
+    runtime, stream = configs_from_values(values)
+    problems += [p for p in validate_runtime(runtime) + validate_stream(stream) if p not in problems]
+    if stream.long_run_policy == "window" and not problems:
+        from .long_run import validate_window  # late: long_run imports torch
+
+        problems += validate_window(stream)
+    if runtime.checkpoint and not os.path.isfile(os.path.expanduser(runtime.checkpoint)):
+        problems.append(f"checkpoint {runtime.checkpoint!r} is not a readable file")
+    if "world_frame" in values:
+        if not values["world_frame"].strip():
+            problems.append("world_frame must not be empty")
+        if values.get("camera_frame") and values["camera_frame"] == values["world_frame"]:
+            problems.append("camera_frame must differ from world_frame")
+    if "trajectory_path" in values and not values["trajectory_path"].strip():
+        problems.append("trajectory_path must not be empty")
+    if resolve and not problems:
+        try:  # device/dtype/backend combinations that cannot run here (e.g. cuda on a CPU machine)
+            from .runtime import resolve_runtime
+
+            resolve_runtime(runtime)
+        except (ValueError, RuntimeError) as exc:
+            problems.append(str(exc))
+    return problems
+
+
+__all__ = ["APPLIES", "DEPTH_OUTPUTS", "RUNTIME_FIELDS", "SETTINGS", "SETTINGS_BY_NAME", "SETTING_NAMES",
+           "STREAM_FIELDS", "Setting", "applies_of_field", "configs_from_values", "defaults", "validate_values"]
