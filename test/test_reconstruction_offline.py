@@ -1,0 +1,76 @@
+"""``lingbot_map_offline --with-depth --ply --colmap`` (issue 9) on the tiny preset, checked against an
+independent float64 unprojection of the depth and poses the tool itself saved."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from lingbot_map_ros.tools import offline
+
+from test_reconstruction import quat_wxyz_to_matrix, read_colmap, read_ply
+
+
+def test_offline_depth_ply_and_colmap(tmp_path):
+    n, h, w, stride = 5, 28, 42, 3
+    frames = torch.rand(n, 3, h, w, generator=torch.Generator().manual_seed(int(np.random.default_rng().integers(1e6))))
+    npy = tmp_path / "frames.npy"
+    np.save(npy, frames.numpy())
+    out, ply, colmap = tmp_path / "r.npz", tmp_path / "map.ply", tmp_path / "colmap"
+    rc = offline.main(["--frames", str(npy), "--model-preset", "tiny", "--device", "cpu", "--dtype", "float32",
+                       "--attention-backend", "sdpa", "--scale-frames", "2", "--sliding-window", "3",
+                       "--camera-iterations", "1", "--with-depth", "--ply", str(ply), "--colmap", str(colmap),
+                       "--points-stride", str(stride), "--points-min-confidence", "0",
+                       "--map-voxel-size", "1e-6", "--quiet", "--out", str(out)])
+    assert rc == 0
+    r = np.load(out)
+    assert r["depth"].shape == (n, h, w) and r["depth_conf"].shape == (n, h, w)
+    assert r["depth"].dtype == np.float32 and np.all(r["depth"] > 0)
+
+    cams, images, points = read_colmap(colmap)
+    assert len(cams) == len(images) == n
+    # the exported intrinsics: the raw ones, with a focal length outside a 1..170 deg FoV clamped
+    # (the tiny random head often outputs FoV 0 = infinite focal length)
+    used = {}
+    for i in range(1, n + 1):
+        s = int(images[i][3].split("_")[1].split(".")[0])
+        fx, fy, cx, cy = cams[images[i][2]][3]
+        raw = r["intrinsics"][s]
+        for f, f_raw, size in ((fx, raw[0, 0], w), (fy, raw[1, 1], h)):
+            lo, hi = (size / 2) / np.tan(np.radians(170) / 2), (size / 2) / np.tan(np.radians(1) / 2)
+            assert f == pytest.approx(min(max(f_raw, lo), hi) if f_raw > 0 else lo, rel=1e-12)
+        assert (cx - 0.5, cy - 0.5) == (raw[0, 2], raw[1, 2])
+        used[s] = np.array([[fx, 0, cx - 0.5], [0, fy, cy - 0.5], [0, 0, 1.0]])
+
+    # independent reference: every strided pixel of every frame, float64
+    ref_xyz, ref_rgb = [], []
+    img = frames.numpy()
+    for s in range(n):
+        k, c2w = used[s], r["c2w"][s]
+        v, u = np.mgrid[0:h:stride, 0:w:stride]
+        d = r["depth"][s][v, u].astype(np.float64)
+        cam = np.stack([(u - k[0, 2]) / k[0, 0] * d, (v - k[1, 2]) / k[1, 1] * d, d], -1).reshape(-1, 3)
+        ref_xyz.append(cam @ c2w[:3, :3].T + c2w[:3, 3])
+        ref_rgb.append(np.rint(img[s][:, v, u].reshape(3, -1).T.astype(np.float32) * np.float32(255)))
+    ref_xyz, ref_rgb = np.concatenate(ref_xyz), np.concatenate(ref_rgb)
+
+    _, vert = read_ply(ply)
+    got = np.stack([vert["x"], vert["y"], vert["z"]], 1).astype(np.float64)
+    assert len(got) == len(ref_xyz)  # 1e-6 voxels: no two points share one
+    dist = np.linalg.norm(ref_xyz[:, None, :] - got[None, :, :], axis=-1)  # [R, G]
+    nearest = dist.argmin(axis=1)
+    assert np.max(dist[np.arange(len(ref_xyz)), nearest]) < 1e-4
+    assert len(set(nearest.tolist())) == len(ref_xyz)  # one to one
+    got_rgb = np.stack([vert["red"], vert["green"], vert["blue"]], 1)
+    np.testing.assert_array_equal(got_rgb[nearest], ref_rgb)
+
+    assert len(points) == len(ref_xyz)
+    for i in range(1, n + 1):
+        q, t, cam_id, name, _ = images[i]
+        png = np.asarray(Image.open(colmap / "images" / name))
+        assert png.shape == (h, w, 3)
+        s = int(name.split("_")[1].split(".")[0])
+        np.testing.assert_array_equal(png, np.rint(img[s].transpose(1, 2, 0) * np.float32(255)).astype(np.uint8))
+        np.testing.assert_allclose(quat_wxyz_to_matrix(q), r["c2w"][s][:3, :3].T, atol=1e-9)
+        assert cams[cam_id][1:3] == (w, h)
