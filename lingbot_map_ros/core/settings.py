@@ -114,6 +114,26 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("fast_resize", False, "Resize with OpenCV (INTER_AREA/INTER_CUBIC, ~0.5 ms) instead of the "
               "official PIL bicubic (~3 ms at 640x480): faster, NOT bit-compatible with the official pipeline.",
               "next_frame"),
+    # --- reconstruction outputs (issue 9; all from the next frame; the depth head runs when any
+    # of publish_depth / publish_points / publish_map is on, see DEPTH_OUTPUTS)
+    Setting("publish_points", False, "Publish ~/points (PointCloud2 in world_frame: x y z, rgb, confidence): "
+            "the frame's depth unprojected with its pose and intrinsics. Runs the depth head.", "next_frame"),
+    Setting("points_stride", 4, "Unproject every N-th pixel in x and y for ~/points and the map "
+            "(4 at 518x378: ~12 000 points per frame).", "next_frame", range=(1, 64)),
+    Setting("points_min_confidence", 1.0, "Drop pixels whose depth confidence is below this (the head's "
+            "confidence is 1 + exp(x) >= 1, so 1.0 keeps every valid pixel; raise it to drop sky and edges).",
+            "next_frame", range=(0.0, 1.0e6)),
+    Setting("publish_map", False, "Accumulate the session's points in a bounded voxel map and publish it on "
+            "~/map_points every map_period s. Runs the depth head.", "next_frame"),
+    Setting("map_voxel_size", 0.01, "Voxel edge of the map in the model's (normalised) units; one fused "
+            "point per voxel. A change empties the map.", "next_frame", range=(1.0e-4, 100.0)),
+    Setting("map_max_points", 500000, "Voxels kept in the map; beyond it the voxels seen longest ago, then "
+            "the least confident, are dropped first (memory stays bounded on runs of hours).", "next_frame",
+            range=(1000, 50_000_000)),
+    Setting("map_period", 1.0, "Seconds between ~/map_points messages (the map is merged then).",
+            "next_frame", range=(0.1, 3600.0)),
+    Setting("map_path", "lingbot_map.ply", "File ~/save_map writes (binary PLY: x y z, red green blue, "
+            "confidence).", "next_frame"),
     # --- subscription (re-created on change)
     Setting("image_transport", "raw", "raw: subscribe to 'image' (sensor_msgs/Image); compressed: to "
               "'image/compressed' (sensor_msgs/CompressedImage).", "subscription", choices=("raw", "compressed")),
@@ -167,7 +187,8 @@ def validate_values(values: dict, *, resolve: bool = True) -> list[str]:
         if s.range is not None and not (s.range[0] <= v <= s.range[1]):
             problems.append(f"{s.name} must be in [{s.range[0]}, {s.range[1]}] (got {v})")
     runtime, stream = configs_from_values(values)
-    problems += [p for p in validate_runtime(runtime) + validate_stream(stream) if p not in problems]
+    reported = {p.split(" ", 1)[0] for p in problems}  # one reason per setting: the table's wins
+    problems += [p for p in validate_runtime(runtime) + validate_stream(stream) if p.split(" ", 1)[0] not in reported]
     if stream.long_run_policy == "window" and not problems:
         from .long_run import validate_window  # late: long_run imports torch
 
