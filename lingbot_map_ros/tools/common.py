@@ -1,55 +1,62 @@
-"""CLI options shared by the offline tool and the benchmark; names equal the node parameters."""
+"""CLI options shared by the tools, derived from the one settings table (``core/settings.py``).
+
+An option is the node parameter of the same name with dashes (``--sliding-window`` for
+``sliding_window``), with the same default, type, allowed values and description, and the same
+validation: the tools and the node cannot disagree about what a setting means or allows.
+"""
 from __future__ import annotations
 
 import argparse
+from typing import Any, Iterable, Optional
 
 from ..core.config import RuntimeConfig, StreamConfig
+from ..core.settings import RUNTIME_FIELDS, SETTINGS_BY_NAME, STREAM_FIELDS, configs_from_values, defaults, validate_values
+
+SESSION_OPTIONS: tuple[str, ...] = RUNTIME_FIELDS + STREAM_FIELDS
 
 
-def add_session_options(parser: argparse.ArgumentParser, *, scale_frames: int = 8, sliding_window: int = 64) -> None:
-    g = parser.add_argument_group("model and session (same names as the node parameters)")
-    g.add_argument("--checkpoint", default="", help="official .pt/.safetensors; empty = random weights")
-    g.add_argument("--model-preset", default="", choices=["", "full", "tiny"],
-                   help="full = official shapes; default: full with a checkpoint, tiny without")
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    g.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
-    g.add_argument("--attention-backend", default="auto", choices=["auto", "flashinfer", "sdpa"])
-    g.add_argument("--scale-frames", type=int, default=scale_frames)
-    g.add_argument("--sliding-window", type=int, default=sliding_window)
-    g.add_argument("--keyframe-interval", type=int, default=1)
-    g.add_argument("--camera-iterations", type=int, default=4)
-    g.add_argument("--max-frame-num", type=int, default=1024)
-    g.add_argument("--max-stored-frames", type=int, default=320,
-                   help="stored frames per session before the long-run policy acts")
-    g.add_argument("--long-run-policy", default="window", choices=["window", "reset", "stop"])
-    g.add_argument("--overlap-frames", type=int, default=16)
-    g.add_argument("--with-depth", action="store_true", help="run the DPT depth head")
-    g.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    g.add_argument("--allow-unsafe-checkpoint", action="store_true",
-                   help="allow a checkpoint that needs arbitrary code to unpickle (trusted files only)")
+def add_session_options(parser: argparse.ArgumentParser, *, names: Iterable[str] = SESSION_OPTIONS,
+                        overrides: Optional[dict[str, Any]] = None, with_depth: bool = True) -> None:
+    """Add ``--<setting>`` for each of ``names``; ``overrides`` changes a tool's defaults (the demo's
+    short window, say) and ``--help`` shows the value that applies."""
+    overrides = overrides or {}
+    g = parser.add_argument_group("model and session (same names, defaults and rules as the node parameters)")
+    for name in names:
+        s = SETTINGS_BY_NAME[name]
+        default = overrides.get(name, s.default)
+        if isinstance(s.default, bool):
+            g.add_argument(s.option, action=argparse.BooleanOptionalAction, default=default,
+                           help=f"{s.description} (default: {default})")
+            continue
+        extra = f"; one of {', '.join(repr(c) for c in s.choices)}" if s.choices else ""
+        if s.range:
+            extra += f"; {s.range[0]}..{s.range[1]}"
+        g.add_argument(s.option, type=type(s.default), default=default, choices=s.choices, metavar=name.upper(),
+                       help=f"{s.description} (default: {default!r}{extra})")
+    if with_depth:
+        g.add_argument("--with-depth", action="store_true", help="run the DPT depth head (the node's publish_depth)")
+
+
+def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The full settings dict: the table's defaults, then every session option the parser has."""
+    values = defaults()
+    for name in SESSION_OPTIONS:
+        if hasattr(args, name):
+            values[name] = getattr(args, name)
+    values["publish_depth"] = bool(getattr(args, "with_depth", False))
+    return values
+
+
+def check_session_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse invalid settings before any work, in one line (argparse's usage error, exit 2)."""
+    problems = validate_values(settings_from_args(args), resolve=False)
+    if problems:
+        parser.error("; ".join(problems))
 
 
 def runtime_from_args(args: argparse.Namespace) -> RuntimeConfig:
-    return RuntimeConfig(
-        device=args.device,
-        dtype=args.dtype,
-        attention_backend=args.attention_backend,
-        checkpoint=args.checkpoint,
-        model_preset=args.model_preset,
-        seed=args.seed,
-        allow_unsafe_checkpoint=args.allow_unsafe_checkpoint,
-    )
+    return configs_from_values(settings_from_args(args))[0]
 
 
 def stream_from_args(args: argparse.Namespace) -> StreamConfig:
-    return StreamConfig(
-        scale_frames=args.scale_frames,
-        sliding_window=args.sliding_window,
-        keyframe_interval=args.keyframe_interval,
-        camera_iterations=args.camera_iterations,
-        max_frame_num=args.max_frame_num,
-        with_depth=args.with_depth,
-        long_run_policy=args.long_run_policy,
-        max_stored_frames=min(args.max_stored_frames, args.max_frame_num - 1),
-        overlap_frames=args.overlap_frames,
-    )
+    return configs_from_values(settings_from_args(args))[1]

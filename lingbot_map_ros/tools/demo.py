@@ -27,9 +27,13 @@ from typing import Optional
 
 import numpy as np
 
+from .common import add_session_options, check_session_args
+
 NODE_NAME = "lingbot_map"
 DEMO_TOPIC = "/lingbot_demo/camera/image"
 DEMO_CAMERA_FRAME = "demo_camera_optical"
+DEMO_SESSION_OPTIONS = ("checkpoint", "model_preset", "device", "dtype", "attention_backend", "seed", "scale_frames",
+                        "sliding_window", "keyframe_interval", "camera_iterations")
 
 
 # ------------------------------------------------------------------------------------ environment
@@ -440,16 +444,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--frames", type=int, default=40, help="frames to send (default 40: eviction happens)")
     p.add_argument("--width", type=int, default=320)
     p.add_argument("--height", type=int, default=240)
-    p.add_argument("--checkpoint", default="", help="official checkpoint; empty = tiny random weights")
-    p.add_argument("--model-preset", default="", help="full | tiny (default: full with a checkpoint, else tiny)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--attention-backend", default="auto")
-    p.add_argument("--scale-frames", type=int, default=4)
-    p.add_argument("--sliding-window", type=int, default=8)
-    p.add_argument("--keyframe-interval", type=int, default=1)
-    p.add_argument("--camera-iterations", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
+    # a short window by default, so that eviction happens within the demo's 40 frames
+    add_session_options(p, names=DEMO_SESSION_OPTIONS, overrides={"scale_frames": 4, "sliding_window": 8},
+                        with_depth=False)
     p.add_argument("--rate", type=float, default=0.0,
                    help="camera rate in Hz; 0 (default) = send the next frame when the node has taken the last")
     p.add_argument("--compressed", action="store_true", help="send JPEG sensor_msgs/CompressedImage")
@@ -457,7 +454,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
     p.add_argument("--quiet-node", action="store_true", help="do not echo the node's log")
     p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (0..101; default: env or derived)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    check_session_args(p, args)
+    return args
 
 
 def _raise_interrupt(signum, frame):
@@ -481,11 +480,8 @@ def main(argv=None) -> int:
 
     tmp = tempfile.mkdtemp(prefix="lingbot_demo_")
     params = {
+        **{name: getattr(args, name) for name in DEMO_SESSION_OPTIONS},
         "checkpoint": os.path.abspath(args.checkpoint) if args.checkpoint else "",
-        "model_preset": args.model_preset, "device": args.device, "dtype": args.dtype,
-        "attention_backend": args.attention_backend, "seed": args.seed,
-        "scale_frames": args.scale_frames, "sliding_window": args.sliding_window,
-        "keyframe_interval": args.keyframe_interval, "camera_iterations": args.camera_iterations,
         "qos_reliability": "reliable", "image_transport": "compressed" if args.compressed else "raw",
         "trajectory_path": os.path.abspath(args.tum) if args.tum else os.path.join(tmp, "trajectory.tum"),
         "diagnostics_period": 1.0,

@@ -1,0 +1,142 @@
+"""The package's structure as the design card fixes it: one ROS package at the root, the core/ROS
+boundary as a folder boundary, and no import cycles.
+
+* Nothing under ``lingbot_map_ros/core/`` imports rclpy, a ROS message package or the ROS layer
+  (checked statically on every import statement, and dynamically by importing every core module in
+  a fresh interpreter and looking at ``sys.modules``).
+* The module-level import graph of the package has no cycle (late imports inside functions are
+  allowed: they are how optional, heavy or circular-by-nature pieces load).
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "lingbot_map_ros"
+CORE = PACKAGE / "core"
+ROS_MESSAGE_PACKAGES = ("builtin_interfaces", "diagnostic_msgs", "geometry_msgs", "nav_msgs", "sensor_msgs",
+                        "std_msgs", "std_srvs", "tf2_msgs", "rcl_interfaces", "lifecycle_msgs")
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _imports(path: Path, module_level_only: bool) -> list[str]:
+    """Absolute names of the modules ``path`` imports (relative imports resolved)."""
+    tree = ast.parse(path.read_text())
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rsplit(".", 1)[0]
+    nodes = tree.body if module_level_only else list(ast.walk(tree))
+    out: list[str] = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            if node.module:
+                out.append(prefix)
+            # `from . import x` imports the submodule x (or a name of the package)
+            out += [f"{prefix}.{a.name}" for a in node.names]
+    return out
+
+
+def _forbidden(name: str) -> bool:
+    head = name.split(".")[0]
+    return (head == "rclpy" or head in ROS_MESSAGE_PACKAGES or name.startswith("lingbot_map_ros.ros")
+            or name.startswith("lingbot_map_ros.msg") or name.startswith("lingbot_map_ros.tools"))
+
+
+def test_root_is_one_ros_package():
+    for name in ("package.xml", "CMakeLists.txt", "setup.py", "README.md"):
+        assert (ROOT / name).is_file(), name
+    for name in ("lingbot_map_ros", "launch", "config", "msg", "test", "scripts", "docs", ".ci"):
+        assert (ROOT / name).is_dir(), name
+    manifests = [p for p in ROOT.rglob("package.xml") if ".venv" not in p.parts and "build" not in p.parts]
+    assert manifests == [ROOT / "package.xml"], f"a second ROS package: {manifests}"
+    assert not (PACKAGE / "msg").exists(), "msg/ is generated into the installed package, not kept in the sources"
+
+
+def test_core_imports_no_ros_statically():
+    offenders = []
+    for path in sorted(CORE.rglob("*.py")):
+        for name in _imports(path, module_level_only=False):
+            if _forbidden(name):
+                offenders.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_core_imports_no_ros_at_run_time():
+    modules = [_module_name(p) for p in sorted(CORE.rglob("*.py"))]
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}:\n"
+        "    try:\n"
+        "        importlib.import_module(m)\n"
+        "    except ImportError as exc:\n"
+        "        if 'flashinfer' not in str(exc) and 'triton' not in str(exc):\n"
+        "            raise\n"
+        f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {('rclpy',) + ROS_MESSAGE_PACKAGES!r} "
+        "or m.startswith('lingbot_map_ros.ros') or m.startswith('lingbot_map_ros.msg'))\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "", f"importing the core loaded: {out.stdout.strip()}"
+
+
+def test_static_check_catches_a_ros_import(tmp_path):
+    """The checker itself can fail: a core-like file importing rclpy is reported."""
+    fake = ROOT / "lingbot_map_ros" / "core" / "_layout_probe.py"
+    tree_text = "from ..ros import node\nimport rclpy\n"
+    names = []
+    try:
+        fake.write_text(tree_text)
+        names = _imports(fake, module_level_only=False)
+    finally:
+        fake.unlink()
+    assert [n for n in names if _forbidden(n)] == ["lingbot_map_ros.ros", "lingbot_map_ros.ros.node", "rclpy"]
+
+
+def test_no_module_level_import_cycles():
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        for imported in _imports(path, module_level_only=True):
+            # the deepest package module this name refers to
+            while imported and imported not in modules:
+                imported = imported.rsplit(".", 1)[0] if "." in imported else ""
+            if imported and imported != name:
+                deps.add(imported)
+        graph[name] = deps
+    # Tarjan-free cycle search: DFS with colours
+    colour: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        colour[node] = 1
+        stack.append(node)
+        for dep in sorted(graph.get(node, ())):
+            if colour.get(dep) == 1:
+                cycles.append(stack[stack.index(dep):] + [dep])
+            elif dep not in colour:
+                visit(dep, stack)
+        stack.pop()
+        colour[node] = 2
+
+    for node in sorted(graph):
+        if node not in colour:
+            visit(node, [])
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
