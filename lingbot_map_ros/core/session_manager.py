@@ -14,6 +14,10 @@ Frames buffered for the joint scale-frame call are discarded by a reset or a new
 stamps come back in ``ApplyResult.discarded`` / from ``reset`` so the caller can give each one a
 final status. Session ids stay monotonic across model swaps (``session_id``).
 
+A model step that raises (a fault, CUDA out of memory) may have written part of its K/V pages and
+evicted a window frame: no earlier state can be restored without copies, so ``push`` starts a new
+session and raises ``InferenceFailed`` with the frames that reset discarded.
+
 Not thread-safe by design: one thread (the node's inference thread) owns the manager.
 """
 from __future__ import annotations
@@ -29,7 +33,17 @@ from .config import RuntimeConfig, StreamConfig, replace
 from .long_run import make_session, session_class
 from .results import CacheSnapshot, FrameResult
 from .settings import applies_of_field
-from .stream import SessionInfo, StreamingSession
+from .stream import SessionError, SessionInfo, StreamingSession
+
+
+class InferenceFailed(RuntimeError):
+    """The model raised for a frame; the session was started anew (``discarded``: the other frames
+    that were buffered with it, whose stamps need a final status)."""
+
+    def __init__(self, cause: BaseException, discarded: list[Any]) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.cause = cause
+        self.discarded = discarded
 
 
 class Change(str, enum.Enum):
@@ -93,7 +107,17 @@ class SessionManager:
 
     # ------------------------------------------------------------------ frames
     def push(self, frame: torch.Tensor | np.ndarray, stamp: Any = None) -> list[FrameResult]:
-        return self._session.push(frame, stamp=stamp)
+        """Frames processed now; ``SessionError`` for a frame the session refuses (state unchanged),
+        ``InferenceFailed`` when the model raised (the session was reset)."""
+        try:
+            return self._session.push(frame, stamp=stamp)
+        except SessionError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any model fault: only a new session is known to be consistent
+            if isinstance(exc, torch.cuda.OutOfMemoryError):
+                torch.cuda.empty_cache()
+            discarded = [s for s in self.reset() if s is not stamp]
+            raise InferenceFailed(exc, discarded) from exc
 
     def reset(self) -> list[Any]:
         """New session (new world frame, caches emptied); returns the discarded buffered frames' stamps."""
@@ -148,4 +172,4 @@ class SessionManager:
         self._session = new
 
 
-__all__ = ["ApplyResult", "Change", "SessionManager", "changed_fields"]
+__all__ = ["ApplyResult", "Change", "InferenceFailed", "SessionManager", "changed_fields"]

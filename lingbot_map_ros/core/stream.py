@@ -406,7 +406,11 @@ class StreamingSession:
         rope_frames = torch.arange(s)  # f = 0..S-1
         camera_variant = (torch.arange(s) > 0).long()  # frame 0 of the session is the reference
         scale_variant = torch.zeros(s, dtype=torch.long)  # jointly processed scale frames
-        out, elapsed_ms = self._run_model(images, rope_frames, camera_variant, scale_variant, store=True)
+        try:
+            out, elapsed_ms = self._run_model(images, rope_frames, camera_variant, scale_variant, store=True)
+        except BaseException:
+            self._pending = frames  # still buffered: whoever resets the session accounts for them
+            raise
         self._stored = s
         self._scale_count = s
         self._phase1_done = True

@@ -31,7 +31,7 @@ REJECT_KINDS = ("unsupported", "data_length", "zero_size", "resolution_changed")
 # The counters of frames that ended without a pose, one per final FrameStatus other than PROCESSED.
 DROP_COUNTERS = ("dropped_queue", "rejected", "refused", "failed", "dropped_reset", "dropped_inactive", "non_finite")
 COUNTER_NAMES = ("received", "processed", *DROP_COUNTERS, "errors", "sessions_started", "parameter_sessions",
-                 "resets", "non_finite_sessions")
+                 "resets", "non_finite_sessions", "failure_sessions")
 
 
 @dataclass(frozen=True)
@@ -144,6 +144,7 @@ def _inference_status(d: DiagnosticsSnapshot) -> DiagnosticStatus:
         ("frames_dropped", d.dropped), ("frames_pending", d.pending),
         *[(f"frames_{name}", c[name]) for name in DROP_COUNTERS if name != "rejected"],
         ("frames_buffered", d.buffered), ("non_finite_sessions", c["non_finite_sessions"]),
+        ("failure_sessions", c["failure_sessions"]),
         ("errors", c["errors"]), ("last_error", d.last_error or "-"),
         ("session_id", d.session_id), ("sessions_started", c["sessions_started"]),
         ("sessions_from_parameter_changes", c["parameter_sessions"]), ("resets", c["resets"]),

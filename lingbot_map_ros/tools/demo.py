@@ -73,8 +73,7 @@ def write_params_file(path: str, params: dict, node_name: str = NODE_NAME) -> st
 def node_command() -> list[str]:
     """How to start ``lingbot_map_node``: its console script next to this Python, else ``-m``.
 
-    ``-P`` keeps the working directory off ``sys.path``: run from the repository root, the
-    ``lingbot_map_ros/`` ROS package folder would otherwise shadow the Python package.
+    ``-P`` keeps the working directory off ``sys.path`` (the node imports the installed package).
     """
     script = os.path.join(os.path.dirname(sys.executable), "lingbot_map_node")
     if os.path.isfile(script) and os.access(script, os.X_OK):
@@ -86,8 +85,9 @@ class NodeProcess:
     """``lingbot_map_node`` in a child process; its output is echoed with a prefix and kept."""
 
     def __init__(self, ros_args: list[str], *, echo: bool = True, prefix: str = "[node] ",
-                 env: Optional[dict] = None, log_path: Optional[str] = None):
-        cmd = [*node_command(), "--ros-args", *ros_args]
+                 env: Optional[dict] = None, log_path: Optional[str] = None, command: Optional[list[str]] = None):
+        """``command``: how to start the node (default ``node_command()``), e.g. a wrapper script."""
+        cmd = [*(command or node_command()), "--ros-args", *ros_args]
         self.lines: list[str] = []
         self.ready = threading.Event()
         self._echo, self._prefix = echo, prefix
@@ -262,7 +262,7 @@ class Received:
     arrival: dict = field(default_factory=dict)  # (topic, stamp) -> perf_counter at arrival
 
 
-FINAL_STATUSES = (0, 1, 2, 3)  # PROCESSED, DROPPED_QUEUE, REJECTED_INPUT, REFUSED_POLICY
+BUFFERED_STATUS = 4  # FrameStatus.BUFFERED: the only status that is not final
 
 
 class Listener:
@@ -369,7 +369,7 @@ class Listener:
     def final_status(self, stamp: int):
         """The status that settles a frame (None while buffered or not yet seen)."""
         for s in self.rx.status.get(stamp, []):
-            if s.status in FINAL_STATUSES:
+            if s.status != BUFFERED_STATUS:
                 return s
         return None
 

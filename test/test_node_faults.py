@@ -1,0 +1,280 @@
+"""Faults injected into the real node (child process, real topics): nothing non-finite is published,
+every received frame ends with exactly one final status, the counters add up, the node survives.
+
+* a checkpoint with NaN in the camera head: every pose is NaN -> NON_FINITE_OUTPUT, nothing on
+  ~/pose, ~/odom, ~/path, /tf; a new session after ``max_non_finite_frames`` in a row; ERROR in
+  /diagnostics;
+* a model that raises on chosen calls (a wrapper script patches ``LingBotMap.forward`` before the
+  node starts): FAILED_INFERENCE for that frame, DROPPED_RESET for the frames buffered with it, a
+  new session, and the node processes the next frames;
+* ``~/reset`` and a session-parameter change while a scale frame is buffered: DROPPED_RESET;
+* deactivate/activate: frames received while inactive end DROPPED_INACTIVE.
+Always: ``frames_received == frames_processed + frames_dropped + frames_pending`` in every
+CacheStats, and pending 0 once the stream is settled.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+rclpy = pytest.importorskip("rclpy")
+pytest.importorskip("lingbot_map_ros.msg")
+pytest.importorskip("tf2_msgs.msg")
+pytestmark = pytest.mark.ros
+
+import torch  # noqa: E402
+from lifecycle_msgs.msg import Transition  # noqa: E402
+from lifecycle_msgs.srv import ChangeState  # noqa: E402
+from rclpy.context import Context  # noqa: E402
+from rclpy.parameter import Parameter  # noqa: E402
+from rclpy.parameter_client import AsyncParameterClient  # noqa: E402
+from std_srvs.srv import Trigger  # noqa: E402
+
+from lingbot_map_ros.core.config import model_config  # noqa: E402
+from lingbot_map_ros.core.model import build_model  # noqa: E402
+from lingbot_map_ros.msg import FrameStatus  # noqa: E402
+from lingbot_map_ros.tools.demo import Listener, NodeProcess, SyntheticCamera, image_message, node_command  # noqa: E402
+
+W, H = 64, 48
+NS = "/lingbot_map"
+TOPIC = "/fault/camera/image"
+BASE_ARGS = ["-p", "model_preset:=tiny", "-p", "device:=cpu", "-p", "scale_frames:=2", "-p", "sliding_window:=3",
+             "-p", "camera_iterations:=1", "-p", "qos_reliability:=reliable", "-p", "diagnostics_period:=0.2",
+             "-r", f"image:={TOPIC}"]
+
+
+class Stream:
+    """Sends frames one by one with unique stamps and reads the node's verdicts."""
+
+    def __init__(self, listener: Listener, node: NodeProcess):
+        self.listener, self.node = listener, node
+        self.camera = SyntheticCamera(W, H, seed=5)
+        self.stamp = 1_800_000_000 * 10**9
+        self.sent: list[int] = []
+
+    def send(self) -> int:
+        self.stamp += 40_000_000
+        stamp = self.stamp
+        msg = image_message(self.camera.render(len(self.sent)), stamp, "fault_cam")
+        self.listener.pub.publish(msg)
+        self.sent.append(stamp)
+        ok = self.listener.wait_for(lambda rx: stamp in rx.status, 60)
+        assert ok, f"no frame_status for {stamp}:\n{self.node.output()[-3000:]}"
+        return stamp
+
+    def statuses(self, stamp: int) -> list[int]:
+        with self.listener.lock:
+            return [s.status for s in self.listener.rx.status.get(stamp, [])]
+
+    def wait_final(self, stamps, timeout: float = 60.0) -> None:
+        ok = self.listener.wait_for(lambda rx: all(self.listener.final_status(s) is not None for s in stamps), timeout)
+        assert ok, f"not every frame got a final status:\n{self.node.output()[-3000:]}"
+
+    def assert_one_final_status_each(self) -> None:
+        """Each sent frame: at most one BUFFERED, then exactly one final status, nothing after it."""
+        for stamp in self.sent:
+            seq = self.statuses(stamp)
+            finals = [s for s in seq if s != FrameStatus.BUFFERED]
+            assert len(finals) == 1, f"{stamp}: statuses {seq}"
+            assert seq[-1] == finals[0] and seq.count(FrameStatus.BUFFERED) <= 1, f"{stamp}: {seq}"
+
+
+def _diag(rx, name: str) -> dict:
+    for array in reversed(rx.diagnostics):
+        for s in array.status:
+            if s.name == "lingbot_map: " + name:
+                return {"level": s.level, "message": s.message, **{kv.key: kv.value for kv in s.values}}
+    return {}
+
+
+def _counters_add_up(rx) -> None:
+    for stats in rx.stats.values():
+        assert stats.frames_received == stats.frames_processed + stats.frames_dropped + stats.frames_pending, stats
+
+
+def _settled_diag(listener: Listener, received: int, timeout: float = 10.0) -> dict:
+    """The inference status of a /diagnostics message that has counted all ``received`` frames."""
+    box = {}
+
+    def ready(rx):
+        d = _diag(rx, "inference")
+        if d and int(d["frames_received"]) == received and int(d["frames_pending"]) == 0:
+            box["d"] = d
+            return True
+        return False
+
+    assert listener.wait_for(ready, timeout), f"diagnostics never settled: {_diag(listener.rx, 'inference')}"
+    return box["d"]
+
+
+def _start(tmp: Path, domain: int, extra_args: list[str], command=None):
+    env = dict(os.environ, ROS_DOMAIN_ID=str(domain))
+    node = NodeProcess([*BASE_ARGS, *extra_args], echo=False, env=env, log_path=str(tmp / "node.log"), command=command)
+    ctx = Context()
+    rclpy.init(context=ctx, domain_id=domain)
+    listener = Listener(NS, TOPIC, context=ctx, name="fault_test_client")
+    assert node.wait_ready(120), f"node did not start:\n{node.output()}"
+    assert listener.wait_connected(30), "no connection to the node"
+    return node, listener, ctx
+
+
+def _stop(node: NodeProcess, listener: Listener, ctx) -> None:
+    listener.close()
+    rc = node.stop()
+    rclpy.shutdown(context=ctx)
+    assert rc == 0, f"node exit code {rc}:\n{node.output()[-3000:]}"
+    assert "stopped cleanly" in node.output()
+
+
+def _nan_checkpoint(path: Path) -> None:
+    model, _ = build_model(model_config("tiny"), seed=1)
+    sd = model.state_dict()
+    poisoned = [k for k in sd if k.startswith("camera_head.") and sd[k].is_floating_point()]
+    assert poisoned
+    for k in poisoned[:1]:
+        sd[k] = torch.full_like(sd[k], float("nan"))
+    torch.save({"model": sd}, path)
+
+
+def test_nan_checkpoint_publishes_nothing_and_restarts_sessions(tmp_path, ros_domain_id):
+    ckpt = tmp_path / "nan_tiny.pt"
+    _nan_checkpoint(ckpt)
+    node, listener, ctx = _start(tmp_path, ros_domain_id,
+                                 ["-p", f"checkpoint:={ckpt}", "-p", "max_non_finite_frames:=2"])
+    try:
+        s = Stream(listener, node)
+        stamps = [s.send() for _ in range(6)]
+        s.wait_final(stamps)
+        rx = listener.rx
+        assert [listener.final_status(t).status for t in stamps] == [FrameStatus.NON_FINITE_OUTPUT] * 6
+        assert all("non-finite" in listener.final_status(t).reason for t in stamps)
+        time.sleep(0.5)  # anything published late would arrive now
+        with listener.lock:
+            assert not rx.poses and not rx.odoms and not rx.tf, "a non-finite frame was published"
+            assert all(not p.poses for p in rx.paths)
+        # scale 2, limit 2: every joint call gives two bad frames in a row -> a new session each time
+        assert [s.statuses(t).count(FrameStatus.BUFFERED) for t in stamps] == [1, 0, 1, 0, 1, 0]
+        d = _settled_diag(listener, received=6)
+        assert int(d["frames_non_finite"]) == 6 and int(d["frames_processed"]) == 0
+        assert int(d["non_finite_sessions"]) == 3
+        assert d["level"] == b"\x02" and "non-finite" in d["message"], d  # ERROR while such frames occur
+        s.assert_one_final_status_each()
+    finally:
+        _stop(node, listener, ctx)
+
+
+FAULT_WRAPPER = '''\
+import sys
+from lingbot_map_ros.core.model import lingbot_map as _m
+
+_FAIL_ON = {fail_on!r}
+_calls = [0]
+_forward = _m.LingBotMap.forward
+
+
+def _faulty_forward(self, *args, **kwargs):
+    _calls[0] += 1
+    if _calls[0] in _FAIL_ON:
+        raise RuntimeError(f"injected fault on model call {{_calls[0]}}")
+    return _forward(self, *args, **kwargs)
+
+
+_m.LingBotMap.forward = _faulty_forward
+from lingbot_map_ros.ros.node import main
+sys.exit(main())
+'''
+
+
+def test_model_exception_fails_one_frame_and_the_node_carries_on(tmp_path, ros_domain_id):
+    wrapper = tmp_path / "faulty_node.py"
+    wrapper.write_text(FAULT_WRAPPER.format(fail_on={3, 4}))
+    command = [sys.executable, str(wrapper)]
+    assert os.path.isfile(node_command()[0]) or node_command()[0] == sys.executable
+    node, listener, ctx = _start(tmp_path, ros_domain_id, [], command=command)
+    try:
+        s = Stream(listener, node)
+        stamps = [s.send() for _ in range(8)]
+        s.wait_final(stamps)
+        final = [listener.final_status(t).status for t in stamps]
+        P, F, R = FrameStatus.PROCESSED, FrameStatus.FAILED_INFERENCE, FrameStatus.DROPPED_RESET
+        # call 1: frames 1+2 (scale), call 2: frame 3, call 3 (frame 4) raises -> new session;
+        # frame 5 buffered, call 4 (frames 5+6) raises -> 6 failed, 5 dropped; call 5: frames 7+8
+        assert final == [P, P, P, F, R, F, P, P], final
+        assert "injected fault on model call 3" in listener.final_status(stamps[3]).reason
+        with listener.lock:
+            poses = set(listener.rx.poses)
+            sessions = {t: listener.rx.stats[t].session_id for t in listener.rx.stats}
+        assert poses == {stamps[i] for i in (0, 1, 2, 6, 7)}
+        assert sessions[stamps[7]] == sessions[stamps[2]] + 2
+        d = _settled_diag(listener, received=8)
+        assert int(d["frames_failed"]) == 2 and int(d["frames_dropped_reset"]) == 1
+        assert int(d["failure_sessions"]) == 2 and int(d["frames_processed"]) == 5
+        _counters_add_up(listener.rx)
+        s.assert_one_final_status_each()
+    finally:
+        _stop(node, listener, ctx)
+
+
+def test_reset_parameter_change_and_deactivate_account_for_every_frame(tmp_path, ros_domain_id):
+    node, listener, ctx = _start(tmp_path, ros_domain_id, [])
+    try:
+        s = Stream(listener, node)
+        a = s.send()
+        assert s.statuses(a) == [FrameStatus.BUFFERED]
+        resp = listener.call(Trigger, f"{NS}/reset", Trigger.Request())
+        assert resp is not None and resp.success
+        s.wait_final([a])
+        assert listener.final_status(a).status == FrameStatus.DROPPED_RESET
+        assert "~/reset" in listener.final_status(a).reason
+
+        b = s.send()
+        assert s.statuses(b) == [FrameStatus.BUFFERED]
+        client = AsyncParameterClient(listener.node, NS)
+        assert client.wait_for_services(15.0)
+        future = client.set_parameters([Parameter("sliding_window", value=4)])
+        deadline = time.monotonic() + 15
+        while not future.done() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert future.done() and all(r.successful for r in future.result().results)
+        s.wait_final([b])
+        assert listener.final_status(b).status == FrameStatus.DROPPED_RESET
+        assert "sliding_window" in listener.final_status(b).reason
+
+        c, d = s.send(), s.send()
+        s.wait_final([c, d])
+        assert [listener.final_status(t).status for t in (c, d)] == [FrameStatus.PROCESSED] * 2
+
+        change = listener.node.create_client(ChangeState, f"{NS}/change_state")
+        assert change.wait_for_service(15.0)
+
+        def transition(tid: int) -> bool:
+            future = change.call_async(ChangeState.Request(transition=Transition(id=tid)))
+            end = time.monotonic() + 30
+            while not future.done() and time.monotonic() < end:
+                time.sleep(0.02)
+            return future.done() and future.result().success
+
+        assert transition(Transition.TRANSITION_DEACTIVATE)
+        e = s.send()
+        s.wait_final([e])
+        assert listener.final_status(e).status == FrameStatus.DROPPED_INACTIVE
+        assert transition(Transition.TRANSITION_ACTIVATE)
+        f = s.send()
+        s.wait_final([f])
+        assert listener.final_status(f).status == FrameStatus.PROCESSED
+
+        diag = _settled_diag(listener, received=len(s.sent))
+        assert int(diag["frames_dropped_reset"]) == 2 and int(diag["frames_dropped_inactive"]) == 1
+        assert int(diag["frames_processed"]) == 3
+        assert int(diag["frames_dropped"]) == 3 and int(diag["frames_pending"]) == 0
+        _counters_add_up(listener.rx)
+        s.assert_one_final_status_each()
+        assert not any(math.isnan(v) for t in listener.rx.poses.values()
+                       for v in (t.pose.position.x, t.pose.position.y, t.pose.position.z))
+    finally:
+        _stop(node, listener, ctx)
