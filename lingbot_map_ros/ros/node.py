@@ -59,6 +59,7 @@ from tf2_msgs.msg import TFMessage
 
 from ..core.geometry import write_tum
 from ..core.results import CacheSnapshot, FrameResult
+from ..core.settings import DEPTH_OUTPUTS
 from . import messages as rosmsg
 from .diagnostics import COUNTER_NAMES, DIAG_PREFIX, DROP_COUNTERS, DiagnosticsSnapshot, diagnostic_array
 from .parameters import PARAMETER_NAMES, PARAMETERS, SPECS, ParamSpec, configs_from_values, descriptor, validate_values
@@ -98,6 +99,7 @@ class _Frame:
     preprocess_ms: float = 0.0
     session_extra_ms: float = 0.0  # push() wall time beyond the model time (phase 2 only)
     handoff_ms: float = 0.0  # callback done -> inference thread starts on it (queue wait + thread wake-up)
+    model_image: Optional[object] = None  # the preprocessed [3, H, W] tensor, until its result is published
 
 
 @dataclass
@@ -217,6 +219,7 @@ class LingBotMapNode(LifecycleNode):
         self._snapshot = None
         self._session_warnings: list[str] = []
         self._last_result_info: dict = {}
+        self._recon = None  # ReconstructionPublisher (issue 9), from configure to cleanup
 
         # Publishers (plain ones: /diagnostics must report every state; frames are gated by _active)
         reliable10 = QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE)
@@ -270,6 +273,12 @@ class LingBotMapNode(LifecycleNode):
             self._snapshot = manager.snapshot()
             self._session_warnings = manager.warnings()
         self._preproc = self._make_preprocessor(fast_resize=bool(self._values["fast_resize"]))
+        if self._recon is None:
+            from .reconstruction import ReconstructionPublisher
+
+            self._recon = ReconstructionPublisher(
+                self, lambda: self._values,
+                device=lambda: self._manager.session.device if self._manager is not None else None)
         self._after_new_session("configured", counter=None)
         self._stop = False
         self._worker = threading.Thread(target=self._worker_loop, name="lingbot_map_inference", daemon=True)
@@ -342,6 +351,9 @@ class LingBotMapNode(LifecycleNode):
                 self._finish(stamp.header, FrameStatus.DROPPED_RESET, "dropped_reset",
                              "buffered for the scale frames when the model was freed")
             manager.release()
+        recon, self._recon = self._recon, None
+        if recon is not None:
+            recon.destroy()
         self._state_label = "unconfigured"
 
     def shutdown(self, timeout: float = 30.0) -> None:
@@ -497,6 +509,7 @@ class LingBotMapNode(LifecycleNode):
             self._reject(frame.header, "unsupported", f"preprocessing failed: {exc}")
             return
         frame.preprocess_ms = (time.perf_counter() - t0) * 1e3
+        frame.model_image = tensor  # colours of ~/points and the map
         t_push = time.perf_counter()
         try:
             results = manager.push(tensor, stamp=frame)
@@ -588,6 +601,10 @@ class LingBotMapNode(LifecycleNode):
 
         if values["publish_depth"] and r.depth is not None:
             self._depth_pub.publish(rosmsg.depth_image(r.depth, header.stamp, child))
+        recon = self._recon
+        if recon is not None:  # depth confidence, camera info, points, map (after the pose)
+            recon.publish(r, frame.model_image, header, child, world)
+        frame.model_image = None
 
         publish_ms = (time.perf_counter() - t0) * 1e3
         overhead_ms = frame.convert_ms + frame.preprocess_ms + publish_ms
@@ -678,6 +695,8 @@ class LingBotMapNode(LifecycleNode):
             self._c.last_new_session_reason = reason
             if counter is not None:
                 setattr(self._c, counter, getattr(self._c, counter) + 1)
+        if self._recon is not None:
+            self._recon.reset()  # a new world frame: the map starts empty
         self._refresh_session_state()
         self.get_logger().info(f"new session {self._current_session_id()}: {reason}")
 
@@ -736,7 +755,7 @@ class LingBotMapNode(LifecycleNode):
             self.destroy_timer(self._diag_timer)
             self._diag_timer = self.create_timer(float(self._values["diagnostics_period"]), self._publish_diagnostics)
         if self._manager is not None and (applies & {"model", "session"} or {
-                "keyframe_interval", "publish_depth"} & set(changed)):
+                "keyframe_interval", *DEPTH_OUTPUTS} & set(changed)):
             self._submit(("apply", changed))
 
     # ------------------------------------------------------------------ services
