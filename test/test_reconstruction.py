@@ -397,6 +397,8 @@ def test_point_cloud2_layout_read_back():
     np.testing.assert_array_equal(f["confidence"].astype(np.float32), b.confidence.numpy())
     with pytest.raises(ValueError):
         point_cloud2(np.full((1, 5), np.nan, np.float32), Time(), "w")
+    empty = point_cloud2(np.zeros((0, 5), np.float32), Time(), "w")  # an emptied map
+    assert (empty.width, empty.row_step, len(empty.data), empty.point_step) == (0, 0, 0, 20)
 
 
 def test_camera_info_and_confidence_image():

@@ -71,7 +71,8 @@ def point_cloud2(records: np.ndarray, stamp: TimeMsg, frame_id: str) -> PointClo
     msg.row_step = POINT_STEP * msg.width
     msg.is_dense = True
     data = array.array("B")
-    data.frombytes(memoryview(rec).cast("B"))  # one memcpy, no per-byte checks
+    if rec.size:
+        data.frombytes(memoryview(rec).cast("B"))  # one memcpy, no per-byte checks
     msg.data = data
     return msg
 
@@ -108,7 +109,8 @@ def confidence_image(confidence: np.ndarray, stamp: TimeMsg, frame_id: str) -> I
     img.header.stamp = stamp
     img.header.frame_id = frame_id
     data = array.array("B")
-    data.frombytes(memoryview(c).cast("B"))
+    if c.size:
+        data.frombytes(memoryview(c).cast("B"))
     img.data = data
     return img
 
@@ -128,8 +130,8 @@ class ReconstructionPublisher:
     """``~/depth_confidence``, ``~/camera_info``, ``~/points``, ``~/map_points`` and ``~/save_map``.
 
     ``get_values()`` returns the node's current parameter values (read on every frame and tick, so
-    every parameter applies from the next frame). ``device`` is where the per-pixel work runs (the
-    model's device; default: the model image's device); ``map_device`` where the voxel map lives
+    every parameter applies from the next frame). ``device`` (a device or a callable returning one) is
+    where the per-pixel work runs: the model's device; default: the model image's. ``map_device`` where the voxel map lives
     (default CPU, so its merges never queue kernels between the model's on the GPU).
 
     Threads: ``publish`` and ``reset`` run on the node's inference thread and only append to a queue
@@ -141,10 +143,12 @@ class ReconstructionPublisher:
     """
 
     def __init__(self, node, get_values: Callable[[], Mapping[str, Any]],
-                 device: Optional[Union[str, torch.device]] = None, map_device: Union[str, torch.device] = "cpu"):
+                 device: Union[None, str, torch.device, Callable[[], Optional[torch.device]]] = None,
+                 map_device: Union[str, torch.device] = "cpu"):
         self._node = node
         self._get_values = get_values
-        self.device = None if device is None else torch.device(device)
+        # a callable follows the model when the node rebuilds it on another device
+        self._device = device if callable(device) else (lambda d=device: d)
         self.map_device = torch.device(map_device)
         values = get_values()
         self._qlock = threading.Lock()  # the queue below (inference thread <-> executor)
@@ -203,7 +207,7 @@ class ReconstructionPublisher:
         send_points = want_points and self._points_pub.get_subscription_count() > 0
         if not (send_points or want_map):
             return
-        device = self.device or (model_image.device if model_image is not None else torch.device("cpu"))
+        device = self._device() or (model_image.device if model_image is not None else torch.device("cpu"))
         points = unproject_depth(
             result.depth, k, result.c2w, confidence=result.depth_conf, image=model_image,
             stride=int(values["points_stride"]), min_confidence=float(values["points_min_confidence"]),
@@ -253,6 +257,13 @@ class ReconstructionPublisher:
                 self._map_dirty = True
 
     def _on_tick(self) -> None:
+        try:
+            self._tick()
+        except Exception as exc:  # noqa: BLE001 - the map must never take the node (and its poses) down
+            self._node.get_logger().error(f"map update failed: {type(exc).__name__}: {exc}",
+                                          throttle_duration_sec=5.0)
+
+    def _tick(self) -> None:
         values = self._get_values()
         now = time.monotonic()
         due = bool(values["publish_map"]) and now - self._last_map_pub >= float(values["map_period"])
@@ -277,17 +288,17 @@ class ReconstructionPublisher:
     def _on_save_map(self, request, response):
         values = self._get_values()
         path = os.path.abspath(os.path.expanduser(str(values["map_path"])))
-        with self._map_lock:
-            self._drain_locked(values)
-            xyz, rgb, conf = self._map.points().numpy()
-            session = self._map_session
         try:
+            with self._map_lock:
+                self._drain_locked(values)
+                xyz, rgb, conf = self._map.points().numpy()
+                session = self._map_session
             n = write_ply(path, xyz, rgb, conf,
                           comment=f"lingbot_map_ros voxel map (session {session}, frame {values['world_frame']}, "
                                   f"voxel {values['map_voxel_size']})")
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - answer with the reason; never raise into the executor
             response.success = False
-            response.message = f"cannot write {path}: {exc}"
+            response.message = f"cannot write {path}: {type(exc).__name__}: {exc}"
             return response
         response.success = True
         response.message = f"wrote {n} map points to {path}"
