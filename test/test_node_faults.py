@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 rclpy = pytest.importorskip("rclpy")
+import rclpy.parameter  # noqa: E402
 pytest.importorskip("lingbot_map_ros.msg")
 pytest.importorskip("tf2_msgs.msg")
 pytestmark = pytest.mark.ros
@@ -276,5 +277,111 @@ def test_reset_parameter_change_and_deactivate_account_for_every_frame(tmp_path,
         s.assert_one_final_status_each()
         assert not any(math.isnan(v) for t in listener.rx.poses.values()
                        for v in (t.pose.position.x, t.pose.position.y, t.pose.position.z))
+    finally:
+        _stop(node, listener, ctx)
+
+
+def _set(listener: Listener, **values):
+    """``ros2 param set`` through the node's parameter service: [(successful, reason)] per value."""
+    client = AsyncParameterClient(listener.node, NS)
+    assert client.wait_for_services(15.0)
+    future = client.set_parameters([Parameter(k, value=v) for k, v in values.items()])
+    deadline = time.monotonic() + 60
+    while not future.done() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert future.done(), "no answer from set_parameters"
+    return [(r.successful, r.reason) for r in future.result().results]
+
+
+def _get(listener: Listener, name: str):
+    """``ros2 param get``: the node's current value of ``name``."""
+    client = AsyncParameterClient(listener.node, NS)
+    assert client.wait_for_services(15.0)
+    future = client.get_parameters([name])
+    deadline = time.monotonic() + 15
+    while not future.done() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert future.done(), "no answer from get_parameters"
+    return rclpy.parameter.parameter_value_to_python(future.result().values[0])
+
+
+class _Exploit:
+    """Unpickling this runs code: a checkpoint nobody should load by default."""
+
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_model_changes_are_checked_before_they_are_accepted(tmp_path, ros_domain_id):
+    """A checkpoint of the other preset, a truncated file and a code-running pickle are refused by
+    ``ros2 param set`` itself, with the reason; the value stays what the model uses."""
+    model, _ = build_model(model_config("tiny"), seed=2)
+    good = tmp_path / "tiny.pt"
+    torch.save({"model": model.state_dict()}, good)
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 3])
+    unsafe = tmp_path / "unsafe.pt"
+    torch.save({"model": model.state_dict(), "payload": _Exploit()}, unsafe)
+    node, listener, ctx = _start(tmp_path, ros_domain_id, ["-p", f"checkpoint:={good}"])
+    try:
+        [(ok, reason)] = _set(listener, model_preset="full")
+        assert not ok and "does not match the model" in reason and "full" in reason, reason
+        for bad in (truncated, unsafe):
+            [(ok, reason)] = _set(listener, checkpoint=str(bad))
+            assert not ok and str(bad) in reason, reason
+        assert _get(listener, "checkpoint") == str(good) and _get(listener, "model_preset") == "tiny"
+        s = Stream(listener, node)
+        stamps = [s.send() for _ in range(3)]
+        s.wait_final(stamps)
+        assert [listener.final_status(t).status for t in stamps] == [FrameStatus.PROCESSED] * 3
+        assert "new model" not in node.output()
+    finally:
+        _stop(node, listener, ctx)
+
+
+BUILD_FAULT_WRAPPER = '''\
+import sys
+from lingbot_map_ros.core import stream as _s
+
+_calls = [0]
+_from_config = _s.StreamingSession.from_config.__func__
+
+
+def _failing_from_config(cls, *args, **kwargs):
+    _calls[0] += 1
+    print(f"[wrapper] model build {{_calls[0]}}", flush=True)
+    if _calls[0] == 2:
+        raise RuntimeError("injected failure while building the model")
+    return _from_config(cls, *args, **kwargs)
+
+
+_s.StreamingSession.from_config = classmethod(_failing_from_config)
+from lingbot_map_ros.ros.node import main
+sys.exit(main())
+'''
+
+
+def test_failed_model_build_reverts_the_parameter_and_is_not_retried(tmp_path, ros_domain_id):
+    wrapper = tmp_path / "failing_build_node.py"
+    wrapper.write_text(BUILD_FAULT_WRAPPER.format())
+    node, listener, ctx = _start(tmp_path, ros_domain_id, ["-p", "seed:=0"], command=[sys.executable, str(wrapper)])
+    try:
+        [(ok, _)] = _set(listener, seed=7)  # passes every check; the build itself fails
+        assert ok
+        assert listener.wait_for(lambda rx: "injected failure" in _diag(rx, "inference").get("message", ""), 30), \
+            node.output()[-3000:]
+        assert _diag(listener.rx, "inference")["level"] == b"\x02"
+        deadline = time.monotonic() + 15
+        while _get(listener, "seed") != 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _get(listener, "seed") == 0, "the parameter still shows a value the model does not use"
+        [(ok, _)] = _set(listener, keyframe_interval=2)  # unrelated: must not retry the build
+        assert ok
+        s = Stream(listener, node)
+        stamps = [s.send() for _ in range(3)]
+        s.wait_final(stamps)
+        assert [listener.final_status(t).status for t in stamps] == [FrameStatus.PROCESSED] * 3
+        builds = [line for line in node.output().splitlines() if line.startswith("[wrapper] model build")]
+        assert builds == ["[wrapper] model build 1", "[wrapper] model build 2"], builds
     finally:
         _stop(node, listener, ctx)

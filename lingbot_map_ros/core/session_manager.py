@@ -29,7 +29,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .config import RuntimeConfig, StreamConfig, replace
+from .config import RuntimeConfig, StreamConfig, model_config, replace
 from .long_run import make_session, session_class
 from .results import CacheSnapshot, FrameResult
 from .settings import applies_of_field
@@ -58,6 +58,37 @@ class ApplyResult:
     change: Change
     fields: tuple[str, ...] = ()  # the RuntimeConfig/StreamConfig fields that differed
     discarded: list[Any] = field(default_factory=list)  # stamps of buffered frames the change dropped
+
+
+MEMORY_HEADROOM = 1.25  # weights x this must fit in free device memory (activations and caches come on top)
+
+
+def model_change_problems(runtime: RuntimeConfig) -> list[str]:
+    """Every reason why a model for ``runtime`` cannot be built here, found before building it:
+    device/dtype/backend, the checkpoint file (readable, safe, every key with its shape for the
+    preset) and the device memory for the weights. Cheap: nothing is allocated."""
+    from .model.checkpoint import CheckpointError, check_checkpoint, model_bytes
+    from .runtime import resolve_runtime
+
+    try:
+        resolved = resolve_runtime(runtime)
+    except (ValueError, RuntimeError) as exc:
+        return [str(exc)]
+    preset = runtime.resolved_preset()
+    cfg = model_config(preset)
+    problems: list[str] = []
+    if runtime.checkpoint:
+        try:
+            check_checkpoint(cfg, runtime.checkpoint, allow_unsafe=runtime.allow_unsafe_checkpoint)
+        except (CheckpointError, OSError, ValueError) as exc:
+            problems.append(f"checkpoint {runtime.checkpoint!r} (model_preset {preset!r}): {exc}")
+    if resolved.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(resolved.device)
+        need = model_bytes(cfg, resolved.dtype) * MEMORY_HEADROOM
+        if need > free:
+            problems.append(f"{resolved.device} has {free / 2**30:.1f} GiB free, the '{preset}' model needs "
+                            f"~{need / 2**30:.1f} GiB")
+    return problems
 
 
 def changed_fields(old, new) -> tuple[str, ...]:
@@ -172,4 +203,4 @@ class SessionManager:
         self._session = new
 
 
-__all__ = ["ApplyResult", "Change", "InferenceFailed", "SessionManager", "changed_fields"]
+__all__ = ["ApplyResult", "Change", "InferenceFailed", "SessionManager", "changed_fields", "model_change_problems"]

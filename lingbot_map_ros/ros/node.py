@@ -42,6 +42,7 @@ from typing import Optional
 import numpy as np
 import rclpy
 import rclpy.exceptions
+import rclpy.parameter
 import rclpy.qos
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from builtin_interfaces.msg import Time as TimeMsg
@@ -62,7 +63,8 @@ from ..core.results import CacheSnapshot, FrameResult
 from ..core.settings import DEPTH_OUTPUTS
 from . import messages as rosmsg
 from .diagnostics import COUNTER_NAMES, DIAG_PREFIX, DROP_COUNTERS, DiagnosticsSnapshot, diagnostic_array
-from .parameters import PARAMETER_NAMES, PARAMETERS, SPECS, ParamSpec, configs_from_values, descriptor, validate_values
+from .parameters import (PARAMETER_NAMES, PARAMETERS, RUNTIME_FIELDS, SPECS, ParamSpec, configs_from_values, descriptor,
+                         validate_values)
 
 # The parameter table and the diagnostics prefix live in their own modules; they stay importable
 # from here, where the tests import them from.
@@ -120,6 +122,7 @@ class _Counters:
     parameter_sessions: int = 0  # new sessions caused by parameter changes
     resets: int = 0
     non_finite_sessions: int = 0  # new sessions started because non-finite values kept coming
+    failure_sessions: int = 0  # new sessions started because the model raised
     last_reject_reason: str = ""
     last_reject_time: float = -1e9
     last_drop_time: float = -1e9
@@ -178,11 +181,12 @@ class LingBotMapNode(LifecycleNode):
         # Late imports: torch-heavy modules load after parameters are known to be valid.
         from ..core import stream as streammod
         from ..core.preprocess import FramePreprocessor, ResolutionChanged
-        from ..core.session_manager import Change, SessionManager
+        from ..core.session_manager import Change, InferenceFailed, SessionManager
         from .image_io import UnsupportedImage, message_to_rgb
 
         self._session_manager_cls = SessionManager
         self._change = Change
+        self._inference_failed = InferenceFailed
         self._message_to_rgb = message_to_rgb
         self._unsupported_image = UnsupportedImage
         self._make_preprocessor = FramePreprocessor
@@ -521,6 +525,13 @@ class LingBotMapNode(LifecycleNode):
             self._finish(frame.header, FrameStatus.REFUSED_POLICY, "refused", str(exc))
             self._refresh_session_state()
             return
+        except self._inference_failed as exc:  # the manager already started a new session
+            reason = f"inference failed: {exc}"
+            self._record_error(reason + "; a new session was started", exc.cause)
+            self._finish(frame.header, FrameStatus.FAILED_INFERENCE, "failed", reason)
+            self._drop_discarded(exc.discarded, reason)
+            self._after_new_session(reason, "failure_sessions")
+            return
         if len(results) == 1:
             frame.session_extra_ms = max(0.0, (time.perf_counter() - t_push) * 1e3 - float(results[0].latency_ms))
         self._refresh_session_state()  # before publishing: diagnostics never lag the topics
@@ -711,7 +722,9 @@ class LingBotMapNode(LifecycleNode):
         try:
             result = manager.apply(runtime, stream)
         except Exception as exc:  # noqa: BLE001 - a failed model build keeps the previous model
-            self._record_error(f"could not build the model for {changed}: {exc}; keeping the previous one", exc)
+            self._record_error(f"could not build the model for {changed}: {exc}; keeping the previous one and "
+                               "reverting the parameters to the values it runs with", exc)
+            self._revert_model_parameters(manager.runtime)
             return f"error: {exc}"
         Change = self._change
         if result.change in (Change.NEW_MODEL, Change.NEW_SESSION):
@@ -720,6 +733,18 @@ class LingBotMapNode(LifecycleNode):
             self._drop_discarded(result.discarded, reason)
             self._after_new_session(reason, "parameter_sessions")
         return result.change.value
+
+    def _revert_model_parameters(self, runtime) -> None:
+        """Put the model parameters back to the values the running model was built from, so that
+        ``ros2 param get`` never shows a value the model does not use and no later change retries
+        the failed build."""
+        active = {name: getattr(runtime, name) for name in RUNTIME_FIELDS}
+        stale = {k: v for k, v in active.items() if self._values.get(k) != v}
+        if not stale:
+            return
+        self._values.update(stale)  # first: the post-set callback then sees nothing to apply
+        self.set_parameters([rclpy.parameter.Parameter(k, value=v) for k, v in stale.items()])
+        self.get_logger().warning("reverted " + ", ".join(f"{k}={v!r}" for k, v in stale.items()))
 
     # ------------------------------------------------------------------ parameters (executor thread)
     def _on_set_parameters(self, params) -> SetParametersResult:
@@ -734,6 +759,16 @@ class LingBotMapNode(LifecycleNode):
         problems = validate_values(values)
         if problems:
             return SetParametersResult(successful=False, reason="; ".join(problems))
+        runtime = configs_from_values(values)[0]
+        manager = self._manager
+        if manager is not None and runtime != manager.runtime and runtime != configs_from_values(self._values)[0]:
+            # A new model: check the file, its keys and shapes, the device and its memory now, so
+            # that "Set parameter successful" means the model will be built.
+            from ..core.session_manager import model_change_problems
+
+            problems = model_change_problems(runtime)
+            if problems:
+                return SetParametersResult(successful=False, reason="; ".join(problems))
         return SetParametersResult(successful=True)
 
     def _on_parameters_set(self, params) -> None:

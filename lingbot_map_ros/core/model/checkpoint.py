@@ -131,17 +131,8 @@ def _strip_wrappers(sd: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], str]:
     return dict(zip(keys, sd.values())), stripped
 
 
-def apply_state_dict(model: LingBotMap, sd: Mapping[str, Tensor], *, device: torch.device | str | None = None) -> LoadReport:
-    """Validate ``sd`` against ``model`` and load it; returns what happened.
-
-    Works on a materialised model (values copied in place) and on one built on the meta device
-    (tensors assigned after moving to ``device``, default CPU, and casting to each parameter's dtype).
-    """
-    sd, stripped = _strip_wrappers(sd)
-    expected = model.state_dict(keep_vars=True)
-    report = LoadReport(stripped_prefix=stripped)
-    report.checkpoint_dtypes = sorted({str(t.dtype).replace("torch.", "") for t in sd.values()})
-
+def _check_required(sd: Mapping[str, Tensor], expected: Mapping[str, Tensor]) -> None:
+    """Every aggregator/camera-head tensor of the model present in ``sd`` with its exact shape."""
     missing, mismatched = [], []
     for key, target in expected.items():
         if key.startswith(DEPTH_PREFIX):
@@ -157,6 +148,41 @@ def apply_state_dict(model: LingBotMap, sd: Mapping[str, Tensor], *, device: tor
         if mismatched:
             lines.append(f"{len(mismatched)} keys with the wrong shape: {_name_some(mismatched)}")
         raise CheckpointError("; ".join(lines))
+
+
+def check_checkpoint(cfg: ModelConfig, checkpoint: str | Path, *, allow_unsafe: bool = False) -> None:
+    """Raise ``CheckpointError`` unless ``checkpoint`` would load into a model of ``cfg``: readable,
+    safe to unpickle, every required key with its shape. Nothing is allocated (the file is memory-
+    mapped where possible and the model lives on the meta device), so a node can check a
+    ``ros2 param set checkpoint`` before accepting it."""
+    sd, _ = _strip_wrappers(load_state_dict_file(checkpoint, allow_unsafe=allow_unsafe))
+    with torch.device("meta"):
+        expected = LingBotMap(cfg, enable_depth=True).state_dict()
+    _check_required(sd, expected)
+
+
+def model_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes of the model's tensors as ``build_model`` places them (aggregator in ``dtype``, heads fp32)."""
+    with torch.device("meta"):
+        model = LingBotMap(cfg, enable_depth=True)
+    total = 0
+    for name, t in model.state_dict().items():
+        itemsize = torch.empty((), dtype=dtype).element_size() if name.startswith("aggregator.") else 4
+        total += t.numel() * itemsize
+    return total
+
+
+def apply_state_dict(model: LingBotMap, sd: Mapping[str, Tensor], *, device: torch.device | str | None = None) -> LoadReport:
+    """Validate ``sd`` against ``model`` and load it; returns what happened.
+
+    Works on a materialised model (values copied in place) and on one built on the meta device
+    (tensors assigned after moving to ``device``, default CPU, and casting to each parameter's dtype).
+    """
+    sd, stripped = _strip_wrappers(sd)
+    expected = model.state_dict(keep_vars=True)
+    report = LoadReport(stripped_prefix=stripped)
+    report.checkpoint_dtypes = sorted({str(t.dtype).replace("torch.", "") for t in sd.values()})
+    _check_required(sd, expected)
 
     known_depth = {k for k in sd if k.startswith(DEPTH_PREFIX)}
     if model.depth_head is None:
