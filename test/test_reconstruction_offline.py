@@ -22,7 +22,7 @@ def test_offline_depth_ply_and_colmap(tmp_path):
                        "--attention-backend", "sdpa", "--scale-frames", "2", "--sliding-window", "3",
                        "--camera-iterations", "1", "--with-depth", "--ply", str(ply), "--colmap", str(colmap),
                        "--points-stride", str(stride), "--points-min-confidence", "0",
-                       "--map-voxel-size", "1e-6", "--quiet", "--out", str(out)])
+                       "--map-voxel-size", "1e-4", "--quiet", "--out", str(out)])
     assert rc == 0
     r = np.load(out)
     assert r["depth"].shape == (n, h, w) and r["depth_conf"].shape == (n, h, w)
@@ -57,7 +57,7 @@ def test_offline_depth_ply_and_colmap(tmp_path):
 
     _, vert = read_ply(ply)
     got = np.stack([vert["x"], vert["y"], vert["z"]], 1).astype(np.float64)
-    assert len(got) == len(ref_xyz)  # 1e-6 voxels: no two points share one
+    assert len(got) == len(ref_xyz)  # 1e-4 voxels: no two points share one
     dist = np.linalg.norm(ref_xyz[:, None, :] - got[None, :, :], axis=-1)  # [R, G]
     nearest = dist.argmin(axis=1)
     assert np.max(dist[np.arange(len(ref_xyz)), nearest]) < 1e-4
@@ -74,3 +74,11 @@ def test_offline_depth_ply_and_colmap(tmp_path):
         np.testing.assert_array_equal(png, np.rint(img[s].transpose(1, 2, 0) * np.float32(255)).astype(np.uint8))
         np.testing.assert_allclose(quat_wxyz_to_matrix(q), r["c2w"][s][:3, :3].T, atol=1e-9)
         assert cams[cam_id][1:3] == (w, h)
+
+
+def test_offline_rejects_out_of_range_reconstruction_options(tmp_path, capsys):
+    npy = tmp_path / "f.npy"
+    np.save(npy, np.zeros((2, 3, 28, 28), np.float32))
+    rc = offline.main(["--frames", str(npy), "--model-preset", "tiny", "--ply", str(tmp_path / "m.ply"),
+                       "--points-stride", "0", "--out", str(tmp_path / "r.npz")])
+    assert rc == 2 and "points_stride must be in [1, 64]" in capsys.readouterr().err

@@ -38,16 +38,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="result .npz (pose_enc, c2w, intrinsics, is_keyframe, ...) or .json")
     p.add_argument("--tum", default="", help="also write the trajectory in TUM format")
     p.add_argument("--quiet", action="store_true")
-    g = p.add_argument_group("reconstruction exports (names as the node parameters)")
+    g = p.add_argument_group("reconstruction exports (run the depth head)")
     g.add_argument("--ply", default="", help="write the fused points (voxel map) as binary PLY")
     g.add_argument("--colmap", default="", help="write COLMAP text (cameras.txt, images.txt, points3D.txt, images/)")
-    g.add_argument("--points-stride", type=int, default=4, help="unproject every N-th pixel in x and y")
-    g.add_argument("--points-min-confidence", type=float, default=1.0, help="drop pixels below this confidence")
-    g.add_argument("--map-voxel-size", type=float, default=0.01, help="voxel edge in model units")
-    g.add_argument("--map-max-points", type=int, default=2_000_000, help="voxels kept (oldest, then least "
-                   "confident dropped first)")
     add_session_options(p)
+    # the node's unprojection and map settings, same names, defaults and ranges (settings table)
+    add_session_options(p, names=RECON_OPTIONS, with_depth=False)
     return p
+
+
+RECON_OPTIONS = ("points_stride", "points_min_confidence", "map_voxel_size", "map_max_points")
+
+
+def recon_problems(args: argparse.Namespace) -> list[str]:
+    """Range problems of the reconstruction options (the node's rules for the same parameters)."""
+    from ..core.settings import SETTINGS_BY_NAME
+
+    out = []
+    for name in RECON_OPTIONS:
+        lo, hi = SETTINGS_BY_NAME[name].range
+        v = getattr(args, name)
+        if not lo <= v <= hi:
+            out.append(f"{name} must be in [{lo}, {hi}] (got {v})")
+    return out
 
 
 def frame_source(args: argparse.Namespace):
@@ -93,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     from ..core.stream import SessionError
     from ..core.long_run import make_session
 
+    if (args.ply or args.colmap) and recon_problems(args):
+        print("lingbot_map_offline: " + "; ".join(recon_problems(args)), file=sys.stderr)
+        return 2
     say = (lambda m: None) if args.quiet else (lambda m: print(f"[lingbot_map_offline] {m}", file=sys.stderr))
     try:
         stream = stream_from_args(args)
