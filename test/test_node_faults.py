@@ -277,6 +277,16 @@ def test_reset_parameter_change_and_deactivate_account_for_every_frame(tmp_path,
         s.assert_one_final_status_each()
         assert not any(math.isnan(v) for t in listener.rx.poses.values()
                        for v in (t.pose.position.x, t.pose.position.y, t.pose.position.z))
+
+        # A camera driver publishing best effort to a node that asks for reliable: the middleware
+        # cannot match them; the node reports it instead of waiting silently.
+        from rclpy.qos import QoSProfile, QoSReliabilityPolicy
+        from sensor_msgs.msg import Image
+
+        listener.node.create_publisher(Image, TOPIC, QoSProfile(depth=1, reliability=QoSReliabilityPolicy.BEST_EFFORT))
+        assert listener.wait_for(lambda rx: int(_diag(rx, "input").get("incompatible_qos_publishers", 0)) >= 1, 20)
+        diag = _diag(listener.rx, "input")
+        assert diag["level"] == b"\x01" and "incompatible QoS" in diag["message"], diag
     finally:
         _stop(node, listener, ctx)
 

@@ -31,7 +31,7 @@ REJECT_KINDS = ("unsupported", "data_length", "zero_size", "resolution_changed")
 # The counters of frames that ended without a pose, one per final FrameStatus other than PROCESSED.
 DROP_COUNTERS = ("dropped_queue", "rejected", "refused", "failed", "dropped_reset", "dropped_inactive", "non_finite")
 COUNTER_NAMES = ("received", "processed", *DROP_COUNTERS, "errors", "sessions_started", "parameter_sessions",
-                 "resets", "non_finite_sessions", "failure_sessions")
+                 "resets", "non_finite_sessions", "failure_sessions", "qos_messages_lost", "qos_incompatible")
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,8 @@ class DiagnosticsSnapshot:
     last_error_time: float
     last_non_finite: str  # reason of the last frame with non-finite model output
     last_non_finite_time: float
+    last_qos_event: str  # the middleware's last loss/incompatibility report on the image subscription
+    last_qos_event_time: float
     new_session_reason: str
     expected_wh: Optional[tuple[int, int]]  # the session's image size; None before the first frame
     last_result: dict  # frame_index and rope_frame_index of the last published frame, when there was one
@@ -104,10 +106,15 @@ def _input_status(d: DiagnosticsSnapshot) -> DiagnosticStatus:
         level, msg = DiagnosticStatus.WARN, f"no images for {d.now - d.last_frame_time:.0f} s on {d.topic}"
     if d.rejected_since_last or d.now - d.last_reject_time < RATE_WINDOW_S:
         level, msg = DiagnosticStatus.WARN, f"rejecting input: {d.last_reject_reason}"
+    if d.now - d.last_qos_event_time < RATE_WINDOW_S:
+        level, msg = DiagnosticStatus.WARN, d.last_qos_event
     kv: list[tuple[str, object]] = [
         ("topic", d.topic), ("transport", d.transport), ("qos_reliability", d.qos_reliability),
         ("rate_hz", f"{rate:.2f}"), ("frames_received", d.counters["received"]),
         ("frames_rejected", d.counters["rejected"]),
+        ("middleware_messages_lost", d.counters["qos_messages_lost"]),
+        ("incompatible_qos_publishers", d.counters["qos_incompatible"]),
+        ("last_middleware_event", d.last_qos_event or "-"),
     ]
     kv += [(f"rejected_{k}", d.rejected_by_kind.get(k, 0)) for k in REJECT_KINDS]
     kv += [("last_reject_reason", d.last_reject_reason or "-"),

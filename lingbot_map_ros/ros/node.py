@@ -51,6 +51,7 @@ from geometry_msgs.msg import PoseStamped
 from lingbot_map_ros.msg import CacheStats, FrameStatus
 from nav_msgs.msg import Odometry, Path
 from rcl_interfaces.msg import SetParametersResult
+from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.qos import QoSDurabilityPolicy, QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
@@ -123,6 +124,10 @@ class _Counters:
     resets: int = 0
     non_finite_sessions: int = 0  # new sessions started because non-finite values kept coming
     failure_sessions: int = 0  # new sessions started because the model raised
+    qos_messages_lost: int = 0  # reported by the middleware (message_lost event)
+    qos_incompatible: int = 0  # publishers whose QoS cannot match the subscription
+    last_qos_event: str = ""
+    last_qos_event_time: float = -1e9
     last_reject_reason: str = ""
     last_reject_time: float = -1e9
     last_drop_time: float = -1e9
@@ -394,7 +399,32 @@ class LingBotMapNode(LifecycleNode):
             qos = rclpy.qos.qos_profile_sensor_data
         self._sub_topic = self._image_topic()
         msg_type = CompressedImage if self._values["image_transport"] == "compressed" else Image
-        self._sub = self.create_subscription(msg_type, self._sub_topic, self._on_image, qos)
+        # Losses before the node: what the middleware reports (message lost where the RMW supports it,
+        # a publisher whose QoS cannot match ours, another message type on the topic).
+        events = SubscriptionEventCallbacks(
+            message_lost=self._on_messages_lost, incompatible_qos=self._on_incompatible_qos,
+            incompatible_type=self._on_incompatible_type)
+        self._sub = self.create_subscription(msg_type, self._sub_topic, self._on_image, qos, event_callbacks=events)
+
+    def _on_messages_lost(self, info) -> None:
+        with self._lock:
+            self._c.qos_messages_lost = int(info.total_count)
+            self._c.last_qos_event = f"{info.total_count_change} image(s) lost by the middleware before the node"
+            self._c.last_qos_event_time = time.monotonic()
+
+    def _on_incompatible_qos(self, info) -> None:
+        with self._lock:
+            self._c.qos_incompatible = int(info.total_count)
+            self._c.last_qos_event = (f"a publisher on {self._sub_topic} offers an incompatible QoS (policy id "
+                                      f"{info.last_policy_kind}); set qos_reliability to match it")
+            self._c.last_qos_event_time = time.monotonic()
+        self.get_logger().warning(self._c.last_qos_event, throttle_duration_sec=10.0)
+
+    def _on_incompatible_type(self, info) -> None:
+        with self._lock:
+            self._c.last_qos_event = f"a publisher on {self._sub_topic} sends another message type"
+            self._c.last_qos_event_time = time.monotonic()
+        self.get_logger().warning(self._c.last_qos_event, throttle_duration_sec=10.0)
 
     def _on_image(self, msg) -> None:
         t0 = time.perf_counter()
@@ -840,6 +870,7 @@ class LingBotMapNode(LifecycleNode):
                 rejected_since_last=c.rejected_since_diag, last_reject_reason=c.last_reject_reason,
                 last_reject_time=c.last_reject_time, last_error=c.last_error, last_error_time=c.last_error_time,
                 last_non_finite=c.last_non_finite, last_non_finite_time=c.last_non_finite_time,
+                last_qos_event=c.last_qos_event, last_qos_event_time=c.last_qos_event_time,
                 new_session_reason=c.last_new_session_reason, expected_wh=self._expected_wh,
                 last_result=dict(self._last_result_info), latencies=list(self._latencies),
                 overheads=list(self._overheads), parts=list(self._parts), cache=self._snapshot or CacheSnapshot(),
