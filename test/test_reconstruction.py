@@ -425,3 +425,27 @@ def test_camera_info_and_confidence_image():
     assert np.all(np.isfinite(back))
     assert back[0, 0] == 0 and back[1, 1] == np.finfo(np.float32).max and back[2, 2] == 0
     np.testing.assert_array_equal(back[3:], conf[3:])
+
+
+# ------------------------------------------------------------------------------------ RViz config
+def test_rviz_config_has_the_displays_by_name():
+    import yaml
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "lingbot_map.rviz").read_text())
+    vm = cfg["Visualization Manager"]
+    assert vm["Global Options"]["Fixed Frame"] == "lingbot_world"
+    displays = {d["Name"]: d for d in vm["Displays"]}
+    expected = {"TF": ("rviz_default_plugins/TF", None),
+                "Path": ("rviz_default_plugins/Path", "/lingbot_map/path"),
+                "Pose": ("rviz_default_plugins/Pose", "/lingbot_map/pose"),
+                "Points": ("rviz_default_plugins/PointCloud2", "/lingbot_map/points"),
+                "Map": ("rviz_default_plugins/PointCloud2", "/lingbot_map/map_points"),
+                "Depth": ("rviz_default_plugins/Image", "/lingbot_map/depth")}
+    for name, (cls, topic) in expected.items():
+        d = displays[name]
+        assert d["Class"] == cls and d["Enabled"] is True
+        if topic is not None:
+            assert d["Topic"]["Value"] == topic
+    # the map is latched (transient local) on the node's side; the clouds carry packed rgb
+    assert displays["Map"]["Topic"]["Durability Policy"] == "Transient Local"
+    assert displays["Points"]["Color Transformer"] == displays["Map"]["Color Transformer"] == "RGB8"
