@@ -51,7 +51,12 @@ _NOT_COLOUR_HINT = {
 
 
 class UnsupportedImage(ValueError):
-    """A message that cannot become an RGB frame; ``str(exc)`` says why."""
+    """A message that cannot become an RGB frame; ``str(exc)`` says why, ``kind`` names the class of
+    problem the node counts it under (``unsupported``, ``zero_size``, ``data_length``)."""
+
+    def __init__(self, reason: str, kind: str = "unsupported") -> None:
+        super().__init__(reason)
+        self.kind = kind
 
 
 def supported_encodings() -> list[str]:
@@ -138,7 +143,7 @@ def _raw_rows(msg: Any, bytes_per_pixel: int) -> np.ndarray:
     """Validated pixel bytes [H, W * bytes_per_pixel] (a view; padding at row ends dropped)."""
     height, width, step = int(msg.height), int(msg.width), int(msg.step)
     if height <= 0 or width <= 0:
-        raise UnsupportedImage(f"zero-sized image ({width}x{height})")
+        raise UnsupportedImage(f"zero-sized image ({width}x{height})", kind="zero_size")
     row_bytes = width * bytes_per_pixel
     if step < row_bytes:
         raise UnsupportedImage(
@@ -147,7 +152,8 @@ def _raw_rows(msg: Any, bytes_per_pixel: int) -> np.ndarray:
         )
     buf = _buffer(msg.data)
     if buf.size != step * height:
-        raise UnsupportedImage(f"data has {buf.size} bytes but step*height = {step}*{height} = {step * height}")
+        raise UnsupportedImage(f"data length mismatch: data has {buf.size} bytes but step*height = {step}*{height} "
+                               f"= {step * height}", kind="data_length")
     return buf.reshape(height, step)[:, :row_bytes]
 
 
@@ -188,6 +194,8 @@ def _raw_to_rgb(msg: Any) -> np.ndarray:
     if not encoding:
         raise UnsupportedImage("image has an empty encoding")
     hint = _NOT_COLOUR_HINT.get(encoding, "")
+    if encoding in DEPTH_ENCODINGS:  # the same reason as the compressed form (no list: it is not a camera)
+        raise UnsupportedImage(f"unsupported encoding {encoding!r}: {hint}")
     raise UnsupportedImage(
         f"unsupported encoding {encoding!r}{': ' + hint if hint else ''}; supported: {', '.join(supported_encodings())}"
     )
@@ -220,13 +228,35 @@ def _cv_decoded_to_rgb(arr: np.ndarray) -> np.ndarray:
     return to_rgb(arr, names[channels])
 
 
+# The raw encodings that are depth, not colour: refused raw and compressed with the same reason.
+DEPTH_ENCODINGS = ("16UC1", "32FC1")
+
+
+def _declared_depth(fmt: str) -> Optional[str]:
+    """The depth encoding a ``CompressedImage.format`` declares, else None.
+
+    image_transport writes ``"<source encoding>; <codec> compressed [<target>]"`` (``"16UC1; png
+    compressed"``) and compressed_depth_image_transport ``"<encoding>; compressedDepth <codec>"``. The
+    pixels of such a PNG decode as a 16-bit grey image that would pass for a camera frame, so the
+    declared encoding decides, as it does for a raw Image.
+    """
+    source = fmt.split(";", 1)[0].strip()
+    if source in DEPTH_ENCODINGS:
+        return source
+    if "compresseddepth" in fmt.lower():
+        return "16UC1" if "32fc1" not in fmt.lower() else "32FC1"
+    return None
+
+
 def _compressed_to_rgb(msg: Any) -> np.ndarray:
     fmt = str(getattr(msg, "format", ""))
-    if "compresseddepth" in fmt.lower():
-        raise UnsupportedImage(f"compressed depth image (format {fmt!r}), not a camera image")
+    depth = _declared_depth(fmt)
+    if depth is not None:
+        raise UnsupportedImage(f"unsupported encoding {depth!r} (compressed depth image, format {fmt!r}): "
+                               f"{_NOT_COLOUR_HINT[depth]}")
     buf = _buffer(msg.data)
     if buf.size == 0:
-        raise UnsupportedImage(f"compressed image (format {fmt!r}) has no data")
+        raise UnsupportedImage(f"compressed image (format {fmt!r}) has no data", kind="zero_size")
     try:
         img = Image.open(io.BytesIO(buf.tobytes()))
     except UnidentifiedImageError:

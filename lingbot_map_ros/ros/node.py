@@ -153,21 +153,6 @@ def _stamp_sec(stamp: TimeMsg) -> float:
     return stamp.sec + stamp.nanosec * 1e-9
 
 
-def _check_image_message(msg) -> None:
-    """Cheap structural checks before any conversion (reasons name the offending numbers)."""
-    if isinstance(msg, CompressedImage):
-        if len(msg.data) == 0:
-            raise InputRejected("zero_size", "compressed image has no data")
-        return
-    if msg.width == 0 or msg.height == 0:
-        raise InputRejected("zero_size", f"zero-sized image {msg.width}x{msg.height}")
-    if len(msg.data) != msg.step * msg.height:
-        raise InputRejected(
-            "data_length",
-            f"data length {len(msg.data)} != step {msg.step} x height {msg.height} = {msg.step * msg.height}",
-        )
-
-
 # --------------------------------------------------------------------------------------- the node
 
 
@@ -438,15 +423,12 @@ class LingBotMapNode(LifecycleNode):
                          f"the node is {self._state_label}: activate it to process frames")
             return
         try:
-            _check_image_message(msg)
             try:
-                rgb = self._message_to_rgb(msg)
+                rgb = self._message_to_rgb(msg)  # every structural check of the message lives there
             except self._unsupported_image as exc:
-                raise InputRejected("unsupported", str(exc)) from exc
+                raise InputRejected(exc.kind, str(exc)) from exc
             except (ValueError, TypeError) as exc:  # a decoder that fails in its own words
                 raise InputRejected("unsupported", f"cannot convert: {exc}") from exc
-            if rgb.ndim != 3 or rgb.shape[0] == 0 or rgb.shape[1] == 0:
-                raise InputRejected("zero_size", f"converted image has shape {rgb.shape}")
             wh = (int(rgb.shape[1]), int(rgb.shape[0]))
             with self._lock:
                 expected = self._expected_wh

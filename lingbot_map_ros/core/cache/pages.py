@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-SPECIAL_TOKENS_PER_FRAME = 6  # camera, 4 registers, scale (MODEL_SPEC §6)
+from ..config import SPECIAL_TOKENS_PER_FRAME  # camera, 4 registers, scale (MODEL_SPEC §6)
 EXTRA_PATCH_PAGES = 16  # the official pool: n_sc + W + 16 patch pages
 
 
