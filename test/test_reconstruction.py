@@ -449,3 +449,17 @@ def test_rviz_config_has_the_displays_by_name():
     # the map is latched (transient local) on the node's side; the clouds carry packed rgb
     assert displays["Map"]["Topic"]["Durability Policy"] == "Transient Local"
     assert displays["Points"]["Color Transformer"] == displays["Map"]["Color Transformer"] == "RGB8"
+
+
+def test_bench_points_runs_and_reports_every_step():
+    from lingbot_map_ros.tools.bench_points import run
+
+    rows = run("cpu", 42, 56, [2, 4], frames=4, map_max_points=500, voxel=0.01, merge_every=2)
+    steps = {(r[0], r[2]) for r in rows}
+    for stride in (2, 4):
+        for step in ("unproject", "records", "message", "points total", "map add", "map merge"):
+            assert (stride, step) in steps
+    points = {r[0]: r[1] for r in rows}
+    assert points == {2: 21 * 28, 4: 11 * 14}  # every pixel valid in the benchmark's input
+    assert all(r[3] >= 0 for r in rows if not r[2].startswith("map size"))
+    assert all(r[3] <= 500 for r in rows if r[2].startswith("map size"))
