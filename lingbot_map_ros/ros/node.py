@@ -194,7 +194,6 @@ class LingBotMapNode(LifecycleNode):
         self._overheads: collections.deque = collections.deque(maxlen=200)
         # per-part node overhead [convert, preprocess, publish, session bookkeeping] for diagnostics
         self._parts: collections.deque = collections.deque(maxlen=200)
-        self._expected_wh: Optional[tuple[int, int]] = None  # first accepted frame's size in this session
         self._reject_log_times: dict = {}
         self._reject_log_suppressed: collections.Counter = collections.Counter()
         self._warned_no_frame_id = False
@@ -429,17 +428,13 @@ class LingBotMapNode(LifecycleNode):
                 raise InputRejected(exc.kind, str(exc)) from exc
             except (ValueError, TypeError) as exc:  # a decoder that fails in its own words
                 raise InputRejected("unsupported", f"cannot convert: {exc}") from exc
-            wh = (int(rgb.shape[1]), int(rgb.shape[0]))
-            with self._lock:
-                expected = self._expected_wh
-                if expected is None:
-                    self._expected_wh = wh
-            if expected is not None and wh != expected:
-                raise InputRejected(
-                    "resolution_changed",
-                    f"resolution changed from {expected[0]}x{expected[1]} to {wh[0]}x{wh[1]} mid-session; "
-                    "call ~/reset to start a session at the new size",
-                )
+            try:  # the preprocessor owns the session's input size: checked here, before the queue
+                self._preproc.fix_size(int(rgb.shape[1]), int(rgb.shape[0]))
+            except self._resolution_changed as exc:
+                raise InputRejected("resolution_changed", f"resolution changed mid-session: {exc}; call "
+                                    "~/reset to start a session at the new size") from exc
+            except ValueError as exc:
+                raise InputRejected("unsupported", f"cannot preprocess this size: {exc}") from exc
         except InputRejected as exc:
             self._reject(msg.header, exc.kind, str(exc))
             return
@@ -514,8 +509,7 @@ class LingBotMapNode(LifecycleNode):
         t0 = time.perf_counter()
         frame.handoff_ms = (t0 - frame.received) * 1e3 - frame.convert_ms
         fast = bool(self._values["fast_resize"])
-        if self._preproc.fast_resize != fast:  # the resize method applies from the next frame
-            self._preproc = self._make_preprocessor(fast_resize=fast)
+        self._preproc.fast_resize = fast  # the resize method applies from the next frame
         try:
             tensor = self._preproc(frame.rgb)
         except self._resolution_changed as exc:
@@ -529,9 +523,6 @@ class LingBotMapNode(LifecycleNode):
         t_push = time.perf_counter()
         try:
             results = manager.push(tensor, stamp=frame)
-        except self._streammod.FrameSizeChanged as exc:
-            self._reject(frame.header, "resolution_changed", str(exc))
-            return
         except self._streammod.SessionError as exc:  # SessionStopped included: the policy refuses it
             self.get_logger().warning(f"frame refused by the session: {exc}", throttle_duration_sec=5.0)
             self._finish(frame.header, FrameStatus.REFUSED_POLICY, "refused", str(exc))
@@ -711,7 +702,6 @@ class LingBotMapNode(LifecycleNode):
     def _after_new_session(self, reason: str, counter: Optional[str]) -> None:
         self._preproc = self._make_preprocessor(fast_resize=bool(self._values["fast_resize"]))
         with self._lock:
-            self._expected_wh = None
             self._path.clear()
             self._trajectory.clear()
             self._c.sessions_started += 1
@@ -853,7 +843,7 @@ class LingBotMapNode(LifecycleNode):
                 last_reject_time=c.last_reject_time, last_error=c.last_error, last_error_time=c.last_error_time,
                 last_non_finite=c.last_non_finite, last_non_finite_time=c.last_non_finite_time,
                 last_qos_event=c.last_qos_event, last_qos_event_time=c.last_qos_event_time,
-                new_session_reason=c.last_new_session_reason, expected_wh=self._expected_wh,
+                new_session_reason=c.last_new_session_reason, expected_wh=self._preproc.input_wh if self._preproc is not None else None,
                 last_result=dict(self._last_result_info), latencies=list(self._latencies),
                 overheads=list(self._overheads), parts=list(self._parts), cache=self._snapshot or CacheSnapshot(),
                 cache_warnings=list(self._session_warnings), session_id=self._current_session_id(),
