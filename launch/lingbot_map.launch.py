@@ -4,6 +4,7 @@
     ros2 launch lingbot_map_ros lingbot_map.launch.py image_topic:=/camera/color/image_raw \
         image_transport:=compressed checkpoint:=/models/lingbot-map.pt namespace:=robot1 log_level:=debug
     ros2 launch lingbot_map_ros lingbot_map.launch.py autostart:=false   # then: ros2 lifecycle set /lingbot_map configure
+    ros2 launch lingbot_map_ros lingbot_map.launch.py rviz:=true   # + RViz with config/lingbot_map.rviz
 
 Arguments left empty leave the value of the parameter file alone (so a checkpoint or transport set
 in your own params_file is not overridden by the launch defaults).
@@ -48,6 +49,27 @@ def _node(context):
     ]
 
 
+RVIZ_CONFIG = "config/lingbot_map.rviz"  # relative to the package share folder
+
+
+def _rviz(context):
+    """rviz2 with the package's display config when ``rviz:=true`` and rviz2 is in the ament index;
+    otherwise (asked for but missing) a log line saying so. RViz is optional: no dependency."""
+    from ament_index_python.packages import PackageNotFoundError, get_package_share_directory
+    from launch.actions import LogInfo
+    from launch.conditions import IfCondition
+
+    if not IfCondition(LaunchConfiguration("rviz")).evaluate(context):
+        return []
+    try:
+        get_package_share_directory("rviz2")
+    except PackageNotFoundError:
+        return [LogInfo(msg="rviz:=true, but rviz2 is not installed (install ros-$ROS_DISTRO-rviz2); "
+                            f"the node runs without it. Later: rviz2 -d <share>/{RVIZ_CONFIG}")]
+    return [Node(package="rviz2", executable="rviz2", name="rviz2", output="screen",
+                 arguments=["-d", PathJoinSubstitution([FindPackageShare(PACKAGE), *RVIZ_CONFIG.split("/")])])]
+
+
 def generate_launch_description():
     return LaunchDescription([
         DeclareLaunchArgument("image_topic", default_value="/camera/image_raw",
@@ -66,5 +88,9 @@ def generate_launch_description():
                               description="true: the managed node configures and activates itself; false: it "
                                           "waits unconfigured for `ros2 lifecycle set` or a lifecycle manager"),
         DeclareLaunchArgument("log_level", default_value="info", description="debug, info, warn, error or fatal"),
+        DeclareLaunchArgument("rviz", default_value="false",
+                              description=f"true: also start rviz2 with <share>/{RVIZ_CONFIG} (TF, path, pose, "
+                                          "points, map, depth), where rviz2 is installed"),
         OpaqueFunction(function=_node),
+        OpaqueFunction(function=_rviz),
     ])
