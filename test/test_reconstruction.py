@@ -463,3 +463,42 @@ def test_bench_points_runs_and_reports_every_step():
     assert points == {2: 21 * 28, 4: 11 * 14}  # every pixel valid in the benchmark's input
     assert all(r[3] >= 0 for r in rows if not r[2].startswith("map size"))
     assert all(r[3] <= 500 for r in rows if r[2].startswith("map size"))
+
+
+def test_launch_rviz_argument(tmp_path, monkeypatch):
+    """rviz:=false (default) adds nothing; rviz:=true starts rviz2 with the package's config where the
+    ament index has rviz2, and logs that it is missing where it has not."""
+    pytest.importorskip("launch")
+    pytest.importorskip("launch_ros")
+    import importlib.util
+
+    from launch import LaunchContext
+    from launch.actions import DeclareLaunchArgument, LogInfo
+    from launch_ros.actions import Node
+
+    path = Path(__file__).resolve().parents[1] / "launch" / "lingbot_map.launch.py"
+    spec = importlib.util.spec_from_file_location("lingbot_launch_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    args = {e.name: e for e in mod.generate_launch_description().entities if isinstance(e, DeclareLaunchArgument)}
+    assert args["rviz"].default_value[0].text == "false"
+    assert (Path(__file__).resolve().parents[1] / mod.RVIZ_CONFIG).is_file()
+
+    def actions(value: str, prefix: Path):
+        monkeypatch.setenv("AMENT_PREFIX_PATH", str(prefix))
+        ctx = LaunchContext()
+        ctx.launch_configurations["rviz"] = value
+        return mod._rviz(ctx)
+
+    empty = tmp_path / "empty_prefix"
+    empty.mkdir()
+    assert actions("false", empty) == []
+    missing = actions("true", empty)
+    assert len(missing) == 1 and isinstance(missing[0], LogInfo)
+    fake = tmp_path / "prefix"
+    (fake / "share" / "ament_index" / "resource_index" / "packages").mkdir(parents=True)
+    (fake / "share" / "ament_index" / "resource_index" / "packages" / "rviz2").write_text("")
+    (fake / "share" / "rviz2").mkdir()
+    started = actions("true", fake)
+    assert len(started) == 1 and isinstance(started[0], Node)
+    assert started[0].node_executable == "rviz2"
