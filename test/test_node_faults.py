@@ -395,3 +395,42 @@ def test_failed_model_build_reverts_the_parameter_and_is_not_retried(tmp_path, r
         assert builds == ["[wrapper] model build 1", "[wrapper] model build 2"], builds
     finally:
         _stop(node, listener, ctx)
+
+
+@pytest.mark.parametrize("moment", ["phase1", "model_change", "save"])
+def test_sigterm_at_awkward_moments_ends_cleanly(tmp_path, ros_domain_id, moment):
+    """SIGTERM while a scale frame is buffered, while a new model is being built, or while
+    ~/save_trajectory writes: exit 0, "stopped cleanly", and the trajectory file (written to a temp
+    file and renamed) is either absent or complete."""
+    from lingbot_map_ros.core.geometry import read_tum
+
+    traj = tmp_path / "traj.tum"
+    node, listener, ctx = _start(tmp_path, ros_domain_id, ["-p", f"trajectory_path:={traj}"])
+    try:
+        s = Stream(listener, node)
+        if moment == "phase1":
+            a = s.send()
+            assert s.statuses(a) == [FrameStatus.BUFFERED]
+        else:
+            stamps = [s.send() for _ in range(4)]
+            s.wait_final(stamps)
+            if moment == "model_change":
+                client = AsyncParameterClient(listener.node, NS)
+                assert client.wait_for_services(15.0)
+                client.set_parameters([Parameter("seed", value=11)])  # not awaited: SIGTERM during the build
+                time.sleep(0.05)
+            else:
+                client = listener.node.create_client(Trigger, f"{NS}/save_trajectory")
+                assert client.wait_for_service(15.0)
+                client.call_async(Trigger.Request())  # not awaited: SIGTERM while it writes
+                time.sleep(0.01)
+    finally:
+        listener.close()
+        rc = node.stop(sig=15)
+        rclpy.shutdown(context=ctx)
+    assert rc == 0, f"exit code {rc}:\n{node.output()[-3000:]}"
+    assert "stopped cleanly" in node.output()
+    assert not list(tmp_path.glob("traj.tum.tmp*")), "a temporary trajectory file was left behind"
+    if traj.exists():
+        stamps_sec, _, _ = read_tum(traj)
+        assert len(stamps_sec) == 4, "a half-written trajectory file"
