@@ -1,16 +1,19 @@
-"""rosbag2 recordings (mcap and sqlite3) of camera images, read and written without ROS.
+"""Camera-image recordings - rosbag2 folders (mcap, sqlite3) and ROS 1 ``.bag`` files - without ROS.
 
-Reading goes through ``rosbags`` (pure Python) so ``lingbot_map_offline --bag`` and the tests run
-on machines without DDS and without ``rosbag2_py`` (absent from the PyPI wheels, ROS_ENV.md).
+Reading goes through ``rosbags`` (pure Python, ``rosbags.highlevel.AnyReader`` for both formats) so
+``lingbot_map_offline --bag`` and ``lingbot_map_replay`` run on machines without DDS and without
+``rosbag2_py`` (absent from the PyPI wheels), and take the ROS 1 recordings many teams still hold.
 Messages are deserialised into rosbags' dataclasses, which ``image_io.message_to_rgb`` reads like
 rclpy messages (it only looks at the fields), so the offline path converts pixels exactly as the
-node does. Nothing here imports rclpy.
+node does. The replay tool needs ROS 2 CDR bytes: rosbag2 messages are passed on unchanged, ROS 1
+ones are rebuilt field by field as Jazzy messages (ROS 1's ``Header.seq`` has no ROS 2 field).
+Nothing here imports rclpy.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence, Union
+from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
@@ -19,6 +22,7 @@ from ..ros.image_io import message_to_rgb
 IMAGE_TYPE = "sensor_msgs/msg/Image"
 COMPRESSED_TYPE = "sensor_msgs/msg/CompressedImage"
 IMAGE_TYPES = (IMAGE_TYPE, COMPRESSED_TYPE)
+STORAGES = ("mcap", "sqlite3", "ros1")  # what write_image_bag writes
 
 PathLike = Union[str, os.PathLike]
 
@@ -34,11 +38,56 @@ def _typestore():
     return get_typestore(Stores.ROS2_JAZZY)
 
 
+def bag_kind(path: PathLike) -> tuple[str, Path]:
+    """``("ros1", file)`` or ``("rosbag2", folder)`` for a recording, else ``BagError`` saying what it is."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise BagError(f"{p}: no such bag (give a rosbag2 folder or a ROS 1 .bag file)")
+    if p.is_file():
+        if p.suffix == ".bag":
+            return "ros1", p
+        if p.suffix in (".mcap", ".db3"):  # a bare storage file: rosbags wants the folder holding metadata.yaml
+            p = p.parent
+        else:
+            raise BagError(f"{p}: not a bag (a ROS 1 .bag file or a rosbag2 folder with metadata.yaml)")
+    if not (p / "metadata.yaml").exists():
+        raise BagError(f"{p}: not a rosbag2 folder (no metadata.yaml) nor a ROS 1 .bag file")
+    return "rosbag2", p
+
+
+def _check_bag(path: PathLike) -> Path:
+    return bag_kind(path)[1]
+
+
+def _open(path: PathLike):
+    """An opened-to-be ``AnyReader`` (use as a context manager); unreadable files become ``BagError``."""
+    from rosbags.highlevel import AnyReader
+
+    kind, p = bag_kind(path)
+    return AnyReader([p], default_typestore=_typestore())
+
+
+class _Opened:
+    """``with _Opened(path) as reader``: AnyReader whose open errors (truncated, not a bag) say the file."""
+
+    def __init__(self, path: PathLike) -> None:
+        self.path = path
+        self.reader = _open(path)
+
+    def __enter__(self):
+        try:
+            self.reader.open()
+        except Exception as exc:  # noqa: BLE001 - rosbags raises its own error types per format
+            raise BagError(f"{self.path}: cannot read the bag ({type(exc).__name__}: {exc})") from exc
+        return self.reader
+
+    def __exit__(self, *exc) -> None:
+        self.reader.close()
+
+
 def image_topics(path: PathLike) -> dict[str, str]:
     """``{topic: message type}`` of every Image/CompressedImage topic in the bag."""
-    from rosbags.rosbag2 import Reader
-
-    with Reader(_check_bag(path)) as reader:
+    with _Opened(path) as reader:
         return {c.topic: c.msgtype for c in reader.connections if c.msgtype in IMAGE_TYPES}
 
 
@@ -52,7 +101,8 @@ def pick_image_topic(path: PathLike, topic: str = "") -> tuple[str, str]:
     if topic:
         if topic not in topics:
             listing = ", ".join(sorted(topics)) or "none"
-            raise BagError(f"{path}: no Image/CompressedImage topic {topic!r} (image topics: {listing})")
+            raise BagError(f"{path}: no Image/CompressedImage topic {topic!r} (image topics: {listing}); "
+                           "choose one with --topic")
         return topic, topics[topic]
     if not topics:
         raise BagError(f"{path}: no sensor_msgs/Image or sensor_msgs/CompressedImage topic in the bag")
@@ -63,15 +113,10 @@ def pick_image_topic(path: PathLike, topic: str = "") -> tuple[str, str]:
     return next(iter(topics.items()))
 
 
-def _check_bag(path: PathLike) -> Path:
-    p = Path(path)
-    if not p.exists():
-        raise BagError(f"{p}: no such bag")
-    if p.is_file():  # a bare .mcap/.db3: rosbags wants the folder holding metadata.yaml
-        p = p.parent
-    if not (p / "metadata.yaml").exists():
-        raise BagError(f"{p}: not a rosbag2 folder (no metadata.yaml)")
-    return p
+def message_count(path: PathLike, topic: str) -> int:
+    """Messages recorded on ``topic`` (for progress bars; 0 when the index does not say)."""
+    with _Opened(path) as reader:
+        return sum(int(getattr(c, "msgcount", 0) or 0) for c in reader.connections if c.topic == topic)
 
 
 def stamp_seconds(header) -> float:
@@ -79,18 +124,45 @@ def stamp_seconds(header) -> float:
     return int(header.stamp.sec) + int(header.stamp.nanosec) * 1e-9
 
 
-def iter_bag_messages(path: PathLike, topic: str = "") -> Iterator[tuple[str, bytes, int]]:
-    """Raw CDR messages of one image topic: ``(msgtype, raw bytes, receive time ns)``, in bag order.
+def iter_bag_decoded(path: PathLike, topic: str = "") -> Iterator[tuple[str, Any, Optional[bytes], int]]:
+    """``(msgtype, message, CDR bytes or None, receive time ns)`` of one image topic, in bag order.
 
-    The replay tool publishes these bytes unchanged (no per-field conversion).
+    The CDR bytes are the recorded ones for rosbag2 and None for ROS 1 (``to_cdr`` rebuilds them).
     """
-    from rosbags.rosbag2 import Reader
-
     chosen, _ = pick_image_topic(path, topic)
-    with Reader(_check_bag(path)) as reader:
+    kind, _ = bag_kind(path)
+    with _Opened(path) as reader:
         connections = [c for c in reader.connections if c.topic == chosen]
         for conn, t_ns, raw in reader.messages(connections=connections):
-            yield conn.msgtype, bytes(raw), int(t_ns)
+            msg = reader.deserialize(raw, conn.msgtype)
+            yield conn.msgtype, msg, (bytes(raw) if kind == "rosbag2" else None), int(t_ns)
+
+
+def to_cdr(msg: Any, msgtype: str, store=None) -> bytes:
+    """A ROS 1 (or any field-compatible) Image/CompressedImage as Jazzy CDR bytes, field by field."""
+    store = store or _typestore()
+    time_t = store.types["builtin_interfaces/msg/Time"]
+    header = store.types["std_msgs/msg/Header"](
+        stamp=time_t(sec=int(msg.header.stamp.sec), nanosec=int(msg.header.stamp.nanosec)),
+        frame_id=str(msg.header.frame_id))
+    data = np.asarray(msg.data, dtype=np.uint8).reshape(-1)
+    if msgtype == COMPRESSED_TYPE:
+        out = store.types[msgtype](header=header, format=str(msg.format), data=data)
+    else:
+        out = store.types[msgtype](header=header, height=int(msg.height), width=int(msg.width),
+                                   encoding=str(msg.encoding), is_bigendian=int(msg.is_bigendian),
+                                   step=int(msg.step), data=data)
+    return bytes(store.serialize_cdr(out, msgtype))
+
+
+def iter_bag_messages(path: PathLike, topic: str = "") -> Iterator[tuple[str, bytes, int]]:
+    """CDR messages of one image topic: ``(msgtype, CDR bytes, receive time ns)``, in bag order.
+
+    The replay tool publishes these bytes (rosbag2: unchanged; ROS 1: rebuilt as Jazzy messages).
+    """
+    store = _typestore()
+    for msgtype, msg, raw, t_ns in iter_bag_decoded(path, topic):
+        yield msgtype, (raw if raw is not None else to_cdr(msg, msgtype, store)), t_ns
 
 
 def iter_bag_images(path: PathLike, topic: str = "") -> Iterator[tuple[np.ndarray, float]]:
@@ -99,15 +171,131 @@ def iter_bag_images(path: PathLike, topic: str = "") -> Iterator[tuple[np.ndarra
     Undecodable frames raise ``image_io.UnsupportedImage`` with the reason (an offline run should
     not quietly skip frames it was asked to reconstruct).
     """
-    store = _typestore()
-    for msgtype, raw, _ in iter_bag_messages(path, topic):
-        msg = store.deserialize_cdr(raw, msgtype)
+    for _, msg, _, _ in iter_bag_decoded(path, topic):
         yield message_to_rgb(msg), stamp_seconds(msg.header)
+
+
+def check_first_image(path: PathLike, topic: str = "") -> tuple[str, str, int]:
+    """Decode the first image of the topic before any work: ``(topic, msgtype, message count)``.
+
+    A depth topic or an unsupported encoding is then refused at once, naming the bag and the topic,
+    instead of after the model was built (or, for replay, by the node, frame after frame).
+    """
+    from ..ros.image_io import UnsupportedImage
+
+    chosen, msgtype = pick_image_topic(path, topic)
+    for _, msg, _, _ in iter_bag_decoded(path, chosen):
+        try:
+            message_to_rgb(msg)
+        except UnsupportedImage as exc:
+            raise BagError(f"{path}: topic {chosen}: {exc}; choose a camera topic with --topic") from None
+        break
+    else:
+        raise BagError(f"{path}: topic {chosen} has no messages")
+    return chosen, msgtype, message_count(path, chosen)
 
 
 def _split_stamp(stamp: float) -> tuple[int, int]:
     ns = int(round(float(stamp) * 1e9))
     return ns // 1_000_000_000, ns % 1_000_000_000
+
+
+def image_fields(pixels: np.ndarray, encoding: str = "rgb8") -> dict:
+    """Fields of a raw ``sensor_msgs/Image`` holding ``pixels`` (RGB [H, W, 3] uint8 for rgb8/bgr8,
+    [H, W] uint8 for mono8, [H, W] uint16 for 16UC1/mono16, little endian)."""
+    a = np.asarray(pixels)
+    if encoding in ("rgb8", "bgr8"):
+        if a.dtype != np.uint8 or a.ndim != 3 or a.shape[2] != 3:
+            raise ValueError(f"{encoding} frames must be [H, W, 3] uint8, got {a.dtype} {a.shape}")
+        a = a if encoding == "rgb8" else a[:, :, ::-1]
+    elif encoding == "mono8":
+        if a.dtype != np.uint8 or a.ndim != 2:
+            raise ValueError(f"mono8 frames must be [H, W] uint8, got {a.dtype} {a.shape}")
+    elif encoding in ("16UC1", "mono16"):
+        if a.dtype != np.uint16 or a.ndim != 2:
+            raise ValueError(f"{encoding} frames must be [H, W] uint16, got {a.dtype} {a.shape}")
+        a = a.astype("<u2")
+    else:
+        raise ValueError(f"encoding must be rgb8, bgr8, mono8, 16UC1 or mono16 (got {encoding!r})")
+    a = np.ascontiguousarray(a)
+    h, w = a.shape[:2]
+    return dict(height=h, width=w, encoding=encoding, is_bigendian=0, step=a.nbytes // h,
+                data=a.view(np.uint8).reshape(-1))
+
+
+def compressed_fields(pixels: np.ndarray, codec: str = "png", fmt: str = "") -> dict:
+    """Fields of a ``sensor_msgs/CompressedImage``: RGB uint8 [H, W, 3] as PNG/JPEG, or a uint16
+    [H, W] depth image as 16-bit PNG. ``fmt`` overrides the ``format`` string (image_transport's
+    ``"rgb8; jpeg compressed bgr8"``, ``"16UC1; png compressed"``, ``"16UC1; compressedDepth png"``)."""
+    import cv2
+
+    a = np.asarray(pixels)
+    ext = {"png": ".png", "jpeg": ".jpg"}.get(codec)
+    if ext is None:
+        raise ValueError(f"codec must be 'png' or 'jpeg' (got {codec!r})")
+    if a.dtype == np.uint16 and a.ndim == 2:
+        if codec != "png":
+            raise ValueError("16-bit images compress as PNG only")
+        ok, buf = cv2.imencode(".png", a)
+        default_fmt = "16UC1; png compressed"
+    else:
+        if a.dtype != np.uint8 or a.ndim != 3 or a.shape[2] != 3:
+            raise ValueError(f"colour frames must be [H, W, 3] uint8, got {a.dtype} {a.shape}")
+        ok, buf = cv2.imencode(ext, np.ascontiguousarray(a[:, :, ::-1]))
+        default_fmt = codec if codec == "png" else f"rgb8; {codec} compressed bgr8"
+    if not ok:
+        raise ValueError(f"{codec} encoding failed")
+    data = buf.reshape(-1)
+    if "compresseddepth" in (fmt or "").lower():
+        # compressed_depth_image_transport: a 12-byte config header (format enum + 2 floats) before the PNG
+        data = np.concatenate([np.zeros(12, np.uint8), data])
+    return dict(format=fmt or default_fmt, data=data)
+
+
+def write_messages_bag(path: PathLike, topic: str, msgtype: str, items: Iterable[tuple[float, dict]],
+                       storage: str = "mcap", frame_id: str = "camera_optical") -> Path:
+    """Write ``(stamp seconds, message fields without header)`` as Image/CompressedImage messages.
+
+    ``storage``: ``mcap`` or ``sqlite3`` (a rosbag2 folder) or ``ros1`` (a ROS 1 ``.bag`` file, with
+    the ROS 1 definitions, ``Header.seq`` counting up). The receive time of each message is its
+    header stamp, so "recorded rate" replay reproduces the stamps' spacing.
+    """
+    from rosbags.typesys import Stores, get_typestore
+
+    if storage not in STORAGES:
+        raise ValueError(f"storage must be one of {', '.join(STORAGES)} (got {storage!r})")
+    if msgtype not in IMAGE_TYPES:
+        raise ValueError(f"msgtype must be one of {', '.join(IMAGE_TYPES)} (got {msgtype!r})")
+    out = Path(path)
+    if out.exists():
+        raise BagError(f"{out} exists; bag writers never overwrite")
+    ros1 = storage == "ros1"
+    if ros1 and out.suffix != ".bag":
+        raise ValueError(f"a ROS 1 bag needs a .bag name (got {out.name})")
+    store = get_typestore(Stores.ROS1_NOETIC) if ros1 else _typestore()
+    header_t = store.types["std_msgs/msg/Header"]
+    time_t = store.types["builtin_interfaces/msg/Time"]
+    msg_t = store.types[msgtype]
+    if ros1:
+        from rosbags.rosbag1 import Writer as Ros1Writer
+
+        writer_cm = Ros1Writer(out)
+    else:
+        from rosbags.rosbag2 import StoragePlugin, Writer
+
+        plugins = {"mcap": StoragePlugin.MCAP, "sqlite3": StoragePlugin.SQLITE3}
+        writer_cm = Writer(out, version=9, storage_plugin=plugins[storage])
+    with writer_cm as writer:
+        conn = writer.add_connection(topic, msgtype, typestore=store)
+        for seq, (stamp, fields) in enumerate(items):
+            sec, nsec = _split_stamp(stamp)
+            stamp_msg = time_t(sec=sec, nanosec=nsec)
+            header = header_t(seq=seq, stamp=stamp_msg, frame_id=frame_id) if ros1 else \
+                header_t(stamp=stamp_msg, frame_id=frame_id)
+            msg = msg_t(header=header, **fields)
+            raw = store.serialize_ros1(msg, msgtype) if ros1 else store.serialize_cdr(msg, msgtype)
+            writer.write(conn, sec * 1_000_000_000 + nsec, raw)
+    return out
 
 
 def write_image_bag(
@@ -116,59 +304,42 @@ def write_image_bag(
     stamps: Sequence[float],
     storage: str = "mcap",
     topic: str = "/camera/image_raw",
-    compressed: bool = False,
+    compressed: Union[bool, str] = False,
     frame_id: str = "camera_optical",
     encoding: str = "rgb8",
+    compressed_format: str = "",
 ) -> Path:
-    """Write RGB uint8 frames ``[H, W, 3]`` as a rosbag2 recording (tests, the demo).
+    """Write frames as a recording (tests, the demo): rosbag2 (``mcap``/``sqlite3``) or ROS 1 (``ros1``).
 
-    ``compressed`` stores PNG ``CompressedImage`` messages (lossless, so a test can compare pixels);
-    else raw ``Image`` in ``encoding`` (``rgb8`` or ``bgr8``). The receive time of each message is its
-    header stamp, so "recorded rate" replay reproduces the stamps' spacing.
+    ``compressed``: False for raw ``Image`` in ``encoding`` (rgb8/bgr8 from RGB [H, W, 3] uint8,
+    mono8 from [H, W] uint8, 16UC1/mono16 from [H, W] uint16); True or ``"png"`` for PNG
+    ``CompressedImage`` (lossless, so a test can compare pixels; 16-bit PNG for uint16 frames);
+    ``"jpeg"`` for JPEG. ``compressed_format`` overrides the message's ``format`` string.
     """
-    import cv2
-    from rosbags.rosbag2 import StoragePlugin, Writer
-
-    plugins = {"mcap": StoragePlugin.MCAP, "sqlite3": StoragePlugin.SQLITE3}
-    if storage not in plugins:
-        raise ValueError(f"storage must be 'mcap' or 'sqlite3' (got {storage!r})")
-    if encoding not in ("rgb8", "bgr8"):
-        raise ValueError(f"encoding must be 'rgb8' or 'bgr8' (got {encoding!r})")
-    out = Path(path)
-    if out.exists():
-        raise BagError(f"{out} exists; rosbag2 writers never overwrite")
-    store = _typestore()
-    header_t = store.types["std_msgs/msg/Header"]
-    time_t = store.types["builtin_interfaces/msg/Time"]
-    msgtype = COMPRESSED_TYPE if compressed else IMAGE_TYPE
-    msg_t = store.types[msgtype]
     frames, stamps = list(frames), list(stamps)
     if len(frames) != len(stamps):
         raise ValueError(f"{len(frames)} frames but {len(stamps)} stamps")
-    with Writer(out, version=9, storage_plugin=plugins[storage]) as writer:
-        conn = writer.add_connection(topic, msgtype, typestore=store)
-        for rgb, stamp in zip(frames, stamps):
-            rgb = np.ascontiguousarray(rgb, dtype=np.uint8)
-            if rgb.ndim != 3 or rgb.shape[2] != 3:
-                raise ValueError(f"frames must be [H, W, 3] uint8, got {rgb.shape}")
-            sec, nsec = _split_stamp(stamp)
-            header = header_t(stamp=time_t(sec=sec, nanosec=nsec), frame_id=frame_id)
-            if compressed:
-                ok, png = cv2.imencode(".png", rgb[:, :, ::-1])
-                if not ok:
-                    raise ValueError("PNG encoding failed")
-                msg = msg_t(header=header, format="png", data=png.reshape(-1))
-            else:
-                pixels = rgb if encoding == "rgb8" else np.ascontiguousarray(rgb[:, :, ::-1])
-                h, w = rgb.shape[:2]
-                msg = msg_t(header=header, height=h, width=w, encoding=encoding, is_bigendian=0,
-                            step=w * 3, data=pixels.reshape(-1))
-            writer.write(conn, sec * 1_000_000_000 + nsec, store.serialize_cdr(msg, msgtype))
-    return out
+    if compressed:
+        codec = "png" if compressed is True else str(compressed)
+        items = [(s, compressed_fields(f, codec, compressed_format)) for f, s in zip(frames, stamps)]
+        msgtype = COMPRESSED_TYPE
+    else:
+        items = [(s, image_fields(f, encoding)) for f, s in zip(frames, stamps)]
+        msgtype = IMAGE_TYPE
+    return write_messages_bag(path, topic, msgtype, items, storage=storage, frame_id=frame_id)
 
 
 __all__ = [
     "BagError",
+    "STORAGES",
+    "bag_kind",
+    "check_first_image",
+    "compressed_fields",
+    "image_fields",
+    "iter_bag_decoded",
+    "message_count",
+    "to_cdr",
+    "write_messages_bag",
     "COMPRESSED_TYPE",
     "IMAGE_TYPE",
     "image_topics",

@@ -27,6 +27,7 @@ from typing import Optional
 
 import numpy as np
 
+from .cli import OneLineParser, UsageError, one_line, output_path
 from .common import add_session_options, check_session_args
 
 NODE_NAME = "lingbot_map"
@@ -81,6 +82,23 @@ def node_command() -> list[str]:
     return [sys.executable, "-P", "-m", "lingbot_map_ros.ros.node"]
 
 
+FAILURE_MARKERS = ("configure failed:", "cannot start:")  # what the node prints when it cannot serve
+
+
+def failure_reason(line: str) -> Optional[str]:
+    """The reason in a node output line that says it failed to start/configure, else None.
+
+    The managed node stays alive after a failed configure (waiting for ``ros2 lifecycle set``), so
+    the demo cannot wait for it to exit: it reads this line (``[lingbot_map] configure failed: ...``
+    on stdout, or the same text in the ROS log line) and stops the node by its PID.
+    """
+    for marker in FAILURE_MARKERS:
+        at = line.find(marker)
+        if at >= 0:
+            return line[at:].strip()
+    return None
+
+
 class NodeProcess:
     """``lingbot_map_node`` in a child process; its output is echoed with a prefix and kept."""
 
@@ -90,6 +108,7 @@ class NodeProcess:
         cmd = [*(command or node_command()), "--ros-args", *ros_args]
         self.lines: list[str] = []
         self.ready = threading.Event()
+        self.failure: Optional[str] = None  # the node's own reason when it cannot start or configure
         self._echo, self._prefix = echo, prefix
         self._log = open(log_path, "w") if log_path else None
         self.proc = subprocess.Popen(
@@ -109,7 +128,10 @@ class NodeProcess:
                 self._log.flush()
             if "ready:" in line:
                 self.ready.set()
-            if self._echo:
+            reason = failure_reason(line)
+            if reason and self.failure is None:
+                self.failure = reason
+                self.ready.set()  # stop waiting at once: the node told us why it will never be ready
                 print(self._prefix + line, flush=True)
         self.ready.set()  # process ended: do not wait forever
 
@@ -117,7 +139,17 @@ class NodeProcess:
         return "\n".join(self.lines)
 
     def wait_ready(self, timeout: float) -> bool:
-        return self.ready.wait(timeout) and self.proc.poll() is None
+        """True once the node says ``ready:``; False at once when it fails (``failure``) or exits."""
+        return self.ready.wait(timeout) and self.failure is None and self.proc.poll() is None
+
+    def why_not_ready(self) -> str:
+        """The node's reason (its ``configure failed:`` / ``cannot start:`` line, or its last output)."""
+        if self.failure:
+            return self.failure
+        if self.proc.poll() is not None:
+            tail = [line for line in self.lines if line.strip()][-3:]
+            return f"the node exited with code {self.proc.returncode}" + (": " + " | ".join(tail) if tail else "")
+        return "the node did not report ready in time (see its log above)"
 
     def stop(self, sig: int = 2, timeout: float = 30.0) -> int:
         """Send SIGINT (default) or SIGTERM and wait; returns the exit code (kills after ``timeout``)."""
@@ -401,7 +433,10 @@ class Listener:
             self.node.destroy_client(client)
 
     def close(self) -> None:
+        """Stop the executor and wait for its thread before the node goes (a spinning thread over a
+        destroyed node or context is what ends a process in a C++ abort)."""
         self.executor.shutdown(timeout_sec=2.0)
+        self._thread.join(timeout=5.0)
         self.node.destroy_node()
 
 
@@ -437,13 +472,13 @@ def _level(s) -> int:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="lingbot_map_demo",
         description="Run lingbot_map_node on a synthetic camera over loopback; print poses and cache diagnostics.",
     )
-    p.add_argument("--frames", type=int, default=40, help="frames to send (default 40: eviction happens)")
-    p.add_argument("--width", type=int, default=320)
-    p.add_argument("--height", type=int, default=240)
+    p.add_argument("--frames", type=int, default=40, help="frames to send (40: eviction happens)")
+    p.add_argument("--width", type=int, default=320, help="image width in pixels")
+    p.add_argument("--height", type=int, default=240, help="image height in pixels")
     # a short window by default, so that eviction happens within the demo's 40 frames
     add_session_options(p, names=DEMO_SESSION_OPTIONS, overrides={"scale_frames": 4, "sliding_window": 8},
                         with_depth=False)
@@ -451,12 +486,47 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="camera rate in Hz; 0 (default) = send the next frame when the node has taken the last")
     p.add_argument("--compressed", action="store_true", help="send JPEG sensor_msgs/CompressedImage")
     p.add_argument("--tum", default="", help="also ask the node to save its trajectory (TUM) here")
+    p.add_argument("--plot", default="", help="write a figure (.png/.pdf/.svg): trajectory top view, latency per "
+                   "frame, KV-cache pages over frames")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
     p.add_argument("--quiet-node", action="store_true", help="do not echo the node's log")
     p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (0..101; default: env or derived)")
     args = p.parse_args(argv)
     check_session_args(p, args)
+    try:
+        if args.frames < 1 or args.width < 8 or args.height < 8:
+            raise UsageError("--frames must be >= 1 and --width/--height >= 8")
+        if args.tum:
+            output_path(args.tum, "--tum", (".tum", ".txt"))
+        if args.plot:
+            from .plotting import PLOT_SUFFIXES, available
+
+            output_path(args.plot, "--plot", PLOT_SUFFIXES)
+            if available():
+                raise UsageError(f"--plot {args.plot}: {available()}")
+    except UsageError as exc:
+        p.error(str(exc))
     return args
+
+
+def _plot_demo(path: str, listener: "Listener", stamps: list[int]) -> dict:
+    """The demo's figure from what came back over the topics (poses and cache statistics)."""
+    from .plotting import RunSeries, plot_run
+
+    with listener.lock:
+        got = [(listener.rx.poses[s], listener.rx.stats[s]) for s in stamps
+               if s in listener.rx.poses and s in listener.rx.stats]
+    series = RunSeries(
+        frame=np.arange(len(got)),
+        position=np.array([[p.pose.position.x, p.pose.position.y, p.pose.position.z] for p, _ in got]).reshape(-1, 3),
+        latency_ms=np.array([st.latency_ms for _, st in got], dtype=np.float64),
+        cache={"scale": np.array([st.scale_pages for _, st in got]), "window": np.array([st.window_pages for _, st in got]),
+               "free": np.array([st.free_pages for _, st in got]), "special": np.array([st.special_pages for _, st in got])},
+        session=np.array([st.session_id for _, st in got]),
+    )
+    drawn = plot_run(path, series, title=f"lingbot_map_demo: {len(got)} frames")
+    print(f"[demo] figure ({len(got)} frames) -> {path}", flush=True)
+    return drawn
 
 
 def _raise_interrupt(signum, frame):
@@ -526,7 +596,8 @@ def main(argv=None) -> int:
         listener = Listener(compressed=args.compressed, on_pose=lambda m: maybe_print(stamp_ns(m.header.stamp)),
                             on_stats=lambda m: maybe_print(stamp_ns(m.header.stamp)), on_diagnostics=on_diag)
         if not node.wait_ready(max(30.0, args.timeout / 2)):
-            print("[demo] FAILED: the node did not start (see its log above)", flush=True)
+            # the node's own reason, at once; the node (alive but unconfigured) is stopped by its PID below
+            print(f"[demo] FAILED: the node cannot run: {one_line(node.why_not_ready(), 600)}", flush=True)
             return 1
         if not listener.wait_connected(30.0):
             print("[demo] FAILED: could not connect to the node over loopback", flush=True)
@@ -568,6 +639,8 @@ def main(argv=None) -> int:
         print(f"[demo] sent {len(stamps)} frames: {processed} processed, {other} dropped/rejected, "
               f"{missing} unaccounted; eviction observed: {'yes' if counters['evicted_max'] else 'no'} "
               f"(max evicted {counters['evicted_max']}); {time.monotonic() - t_start:.1f} s", flush=True)
+        if args.plot:
+            _plot_demo(args.plot, listener, stamps)
         if args.checkpoint == "":
             print("[demo] reminder: random weights - the poses above are NOT meaningful", flush=True)
         rc = 0 if all_done and len(stamps) == args.frames and processed > 0 else 1

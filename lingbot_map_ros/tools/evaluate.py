@@ -26,6 +26,9 @@ from ..core.geometry import (
     rpe,
     umeyama_sim3,
 )
+from .cli import OneLineParser, UsageError, fail, need_file
+
+PROG = "lingbot_map_eval"
 
 
 @dataclass(frozen=True)
@@ -45,15 +48,28 @@ class Evaluation:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lingbot_map_eval", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog=PROG, description=__doc__)
     p.add_argument("est", help="estimated trajectory (TUM: stamp tx ty tz qx qy qz qw)")
-    p.add_argument("gt", help="ground-truth trajectory (TUM)")
+    p.add_argument("gt", help="ground-truth trajectory (TUM; TUM RGB-D's groundtruth.txt works as is)")
     p.add_argument("--align", default="sim3", choices=["sim3", "se3", "none"],
-                   help="alignment before ATE (sim3: rotation, translation and scale)")
-    p.add_argument("--max-dt", type=float, default=0.02, help="largest stamp difference of an associated pair (s)")
+                   help="alignment before ATE (sim3: rotation, translation and scale; LingBot-Map has no metric "
+                   "scale)")
+    p.add_argument("--max-dt", "--tolerance", dest="max_dt", type=float, default=0.02,
+                   help="association tolerance: largest stamp difference of a matched pair, in seconds "
+                   "(TUM's associate.py uses 0.02)")
     p.add_argument("--delta", type=int, default=1, help="RPE frame offset")
     p.add_argument("--no-evo", action="store_true", help="do not print evo's numbers even if evo is installed")
     return p
+
+
+def stamp_warnings(path: str) -> list[str]:
+    """Duplicate or out-of-order stamps in a TUM file: association pairs each stamp once, closest
+    first, so such a file silently loses poses or pairs the wrong ones. Warned, not refused."""
+    from .frame_sources import stamp_problems
+
+    stamps, _, _ = read_tum(path)
+    problems = stamp_problems(stamps)
+    return [f"warning: {path}: {problems} (association may drop or mis-pair poses)"] if problems else []
 
 
 def load_pairs(est_path: str, gt_path: str, max_dt: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
@@ -129,10 +145,17 @@ def report(ev: Evaluation, max_dt: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        need_file(args.est, "estimated trajectory", "write it with lingbot_map_offline --tum")
+        need_file(args.gt, "ground truth")
+        if args.max_dt < 0:
+            raise UsageError(f"--max-dt must be >= 0 (got {args.max_dt:g})")
+        if args.delta < 1:
+            raise UsageError(f"--delta must be >= 1 (got {args.delta})")
+        for line in stamp_warnings(args.est) + stamp_warnings(args.gt):
+            print(f"{PROG}: {line}", file=sys.stderr)
         ev = evaluate(args.est, args.gt, args.align, args.max_dt, args.delta)
-    except (OSError, ValueError) as exc:
-        print(f"lingbot_map_eval: {exc}", file=sys.stderr)
-        return 2
+    except (OSError, ValueError, UsageError) as exc:
+        return fail(PROG, str(exc))
     print(report(ev, args.max_dt))
     if not args.no_evo:
         try:

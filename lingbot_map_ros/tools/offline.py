@@ -14,78 +14,111 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Optional
 
 import numpy as np
 
 from ..core.geometry import write_tum
 from ..core.results import FrameResult
-from .common import add_session_options, runtime_from_args, stream_from_args
+from .cli import INTERRUPTED_EXIT, OneLineParser, UsageError, atomic_write, distinct_outputs, fail, output_dir, \
+    output_path
+from .common import add_session_options, check_session_args, runtime_from_args, stream_from_args
+
+PROG = "lingbot_map_offline"
+OUT_SUFFIXES = (".npz", ".json")
+TUM_SUFFIXES = (".tum", ".txt")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lingbot_map_offline", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog=PROG, description=__doc__)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--frames", help="float32 .npy [S,3,H,W] in [0,1], already model-sized")
-    src.add_argument("--images", help="folder of *.jpg/*.png (sorted by name), preprocessed as the node does")
-    src.add_argument("--video", help="video file, preprocessed as the node does")
-    src.add_argument("--bag", help="rosbag2 folder (mcap or sqlite3) with Image/CompressedImage messages")
+    src.add_argument("--frames", help="float32 .npy [S,3,H,W] in [0,1], already model-sized (stamps: indices)")
+    src.add_argument("--images", help="folder of *.jpg/*.jpeg/*.png, preprocessed as the node does; stamps from "
+                     "numeric file names (TUM 1305031102.175304.png s, EuRoC 1403636579763555584.png ns), "
+                     "else --stamps, else --fps, else the frame index")
+    src.add_argument("--video", help="video file, preprocessed as the node does; stamps: the container's timestamps")
+    src.add_argument("--bag", help="rosbag2 folder (mcap or sqlite3) or ROS 1 .bag file with Image/CompressedImage "
+                     "messages; stamps: the message headers")
     p.add_argument("--topic", default="", help="image topic inside --bag (default: the only image topic)")
-    p.add_argument("--fps", type=float, default=0.0, help="--video: keep about this many frames per second")
-    p.add_argument("--max-frames", type=int, default=0, help="stop after this many frames (0 = all)")
-    p.add_argument("--out", required=True, help="result .npz (pose_enc, c2w, intrinsics, is_keyframe, ...) or .json")
-    p.add_argument("--tum", default="", help="also write the trajectory in TUM format")
-    p.add_argument("--quiet", action="store_true")
-    g = p.add_argument_group("reconstruction exports (run the depth head)")
+    p.add_argument("--stamps", default="", help="--images: stamps file, one stamp (s) per image in name order, or "
+                   "TUM rgb.txt 'stamp path' lines (they then choose the images)")
+    p.add_argument("--fps", type=float, default=0.0, help="--video: keep about this many frames per second; "
+                   "--images without stamps in the names: stamp = index / fps (default: 0 = all frames / indices)")
+    p.add_argument("--max-frames", type=int, default=0, help="stop after this many frames (default: 0 = all)")
+    p.add_argument("--out", required=True, help="result file, exactly this name: .npz (pose_enc, c2w, intrinsics, "
+                   "is_keyframe, stamps, latency, ...) or .json (pose_enc only)")
+    p.add_argument("--tum", default="", help="also write the trajectory in TUM format (stamp tx ty tz qx qy qz qw), "
+                   ".tum or .txt")
+    p.add_argument("--plot", default="", help="also write a figure (.png/.pdf/.svg): trajectory top view, latency "
+                   "per frame, KV-cache pages over frames")
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors (no progress bar, no summary)")
+    g = p.add_argument_group("reconstruction exports (names as the node parameters)")
     g.add_argument("--ply", default="", help="write the fused points (voxel map) as binary PLY")
-    g.add_argument("--colmap", default="", help="write COLMAP text (cameras.txt, images.txt, points3D.txt, images/)")
+    g.add_argument("--colmap", default="", help="write COLMAP text (cameras.txt, images.txt, points3D.txt, images/) "
+                   "into this folder")
+    g.add_argument("--points-stride", type=int, default=4, help="unproject every N-th pixel in x and y")
+    g.add_argument("--points-min-confidence", type=float, default=1.0, help="drop pixels below this confidence")
+    g.add_argument("--map-voxel-size", type=float, default=0.01, help="voxel edge in model units")
+    g.add_argument("--map-max-points", type=int, default=2_000_000, help="voxels kept (oldest, then least "
+                   "confident dropped first)")
     add_session_options(p)
-    # the node's unprojection and map settings, same names, defaults and ranges (settings table)
-    add_session_options(p, names=RECON_OPTIONS, with_depth=False)
     return p
 
 
-RECON_OPTIONS = ("points_stride", "points_min_confidence", "map_voxel_size", "map_max_points")
+def check_outputs(args: argparse.Namespace) -> None:
+    """Every output checked before the model is built: exact names, existing folders, no clashes."""
+    output_path(args.out, "--out", OUT_SUFFIXES)
+    if args.tum:
+        output_path(args.tum, "--tum", TUM_SUFFIXES)
+    if args.plot:
+        from .plotting import PLOT_SUFFIXES, available
 
-
-def recon_problems(args: argparse.Namespace) -> list[str]:
-    """Range problems of the reconstruction options (the node's rules for the same parameters)."""
-    from ..core.settings import SETTINGS_BY_NAME
-
-    out = []
-    for name in RECON_OPTIONS:
-        lo, hi = SETTINGS_BY_NAME[name].range
-        v = getattr(args, name)
-        if not lo <= v <= hi:
-            out.append(f"{name} must be in [{lo}, {hi}] (got {v})")
-    return out
+        output_path(args.plot, "--plot", PLOT_SUFFIXES)
+        missing = available()
+        if missing:
+            raise UsageError(f"--plot {args.plot}: {missing}")
+    if args.ply:
+        output_path(args.ply, "--ply", (".ply",))
+    if args.colmap:
+        output_dir(args.colmap, "--colmap")
+    distinct_outputs([("--out", args.out), ("--tum", args.tum), ("--plot", args.plot), ("--ply", args.ply)])
+    if args.max_frames < 0:
+        raise UsageError(f"--max-frames must be >= 0 (got {args.max_frames})")
+    if args.fps < 0:
+        raise UsageError(f"--fps must be >= 0 (got {args.fps:g})")
+    if args.stamps and not args.images:
+        raise UsageError("--stamps goes with --images (videos and bags carry their own stamps)")
 
 
 def frame_source(args: argparse.Namespace):
+    """The checked input (``frame_sources.FrameSource``); ``SourceError`` (one line) when unusable."""
     from . import frame_sources
 
     if args.frames:
-        return frame_sources.npy_frames(args.frames)
+        return frame_sources.open_npy(args.frames)
     if args.images:
-        return frame_sources.image_folder_frames(args.images)
+        return frame_sources.open_images(args.images, stamps_file=args.stamps, fps=args.fps)
     if args.video:
-        return frame_sources.video_frames(args.video, fps=args.fps)
-    return frame_sources.bag_frames(args.bag, topic=args.topic)
+        return frame_sources.open_video(args.video, fps=args.fps)
+    return frame_sources.open_bag(args.bag, topic=args.topic)
 
 
 def save_results(results: list[FrameResult], out: str, tum: str = "", with_depth: bool = False) -> None:
+    """Write the results under exactly the names given (temp file + rename: never a half file)."""
     pose_enc = np.stack([r.pose_enc for r in results]).astype(np.float32)  # [S, 9]
-    if out.endswith(".json"):
-        Path(out).write_text(json.dumps({"pose_enc": pose_enc.tolist()}))
+    out_path = Path(out)
+    if out_path.suffix.lower() == ".json":
+        atomic_write(out_path, lambda f: f.write(json.dumps({"pose_enc": pose_enc.tolist()})), binary=False)
     else:
         extra = {}
         if with_depth and all(r.depth is not None for r in results):
             extra["depth"] = np.stack([r.depth for r in results]).astype(np.float32)  # [S, H, W]
             extra["depth_conf"] = np.stack([r.depth_conf for r in results]).astype(np.float32)  # [S, H, W]
-        np.savez(
-            out,
+        arrays = dict(
             **extra,
             pose_enc=pose_enc,
             c2w=np.stack([r.c2w for r in results]),  # [S, 4, 4]
@@ -97,56 +130,116 @@ def save_results(results: list[FrameResult], out: str, tum: str = "", with_depth
             stamp=np.array([float(r.stamp) for r in results]),
             latency_ms=np.array([r.latency_ms for r in results]),
         )
+        atomic_write(out_path, lambda f: np.savez(f, **arrays))  # a file object: no ".npz" appended
     if tum:
-        write_tum(tum, [float(r.stamp) for r in results], [r.c2w for r in results])
+        tmp = Path(tum).with_name(f".{Path(tum).name}.tmp")
+        write_tum(tmp, [float(r.stamp) for r in results], [r.c2w for r in results])
+        tmp.replace(tum)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from ..core.stream import SessionError
-    from ..core.long_run import make_session
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_session_args(parser, args)  # settings and the checkpoint file: one line, exit 2
+    try:
+        check_outputs(args)
+        source = frame_source(args)
+    except UsageError as exc:
+        return fail(PROG, str(exc))
+    return _run(args, source)
 
-    if (args.ply or args.colmap) and recon_problems(args):
-        print("lingbot_map_offline: " + "; ".join(recon_problems(args)), file=sys.stderr)
-        return 2
-    say = (lambda m: None) if args.quiet else (lambda m: print(f"[lingbot_map_offline] {m}", file=sys.stderr))
+
+def _run(args: argparse.Namespace, source) -> int:
+    from ..core.long_run import make_session
+    from ..core.stream import SessionError
+    from .frame_sources import SourceError, stamp_problems
+    from .progress import Progress
+
+    quiet = args.quiet
+    say: Callable[[str], None] = (lambda m: None) if quiet else (lambda m: print(f"[{PROG}] {m}", file=sys.stderr))
+    say(f"{source.description}; stamps from {source.stamps_from}")
     try:
         stream = stream_from_args(args)
         if args.ply or args.colmap:  # the exports need the depth head
             stream = dataclasses.replace(stream, with_depth=True)
         session = make_session(runtime_from_args(args), stream, log=say)
-    except (ValueError, OSError) as exc:
-        print(f"lingbot_map_offline: {exc}", file=sys.stderr)
-        return 2
+    except (ValueError, OSError, RuntimeError) as exc:  # a bad checkpoint (keys, shapes, unsafe pickle)
+        msg = str(exc).replace("set allow_unsafe_checkpoint:=true", "pass --allow-unsafe-checkpoint")
+        return fail(PROG, f"--checkpoint {args.checkpoint}: {msg}" if args.checkpoint else msg)
     results: list[FrameResult] = []
     dropped = 0
     start = time.perf_counter()
     recon = _Reconstruction(args, session.device) if (args.ply or args.colmap) else None
-    for count, (frame, stamp) in enumerate(frame_source(args)):
-        if args.max_frames and count >= args.max_frames:
-            break
-        tagged = _IndexedStamp(stamp, count)
-        if recon is not None:
-            recon.waiting[count] = frame
+    total = source.total
+    if args.max_frames and (total is None or args.max_frames < total):
+        total = args.max_frames
+    bar = Progress(total, PROG, enabled=None if not quiet else False)
+    interrupted = False
+    error: Optional[str] = None
+    stamps: list[float] = []
+    previous_sigterm = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
         try:
-            new = session.push(frame, tagged)
-        except SessionError as exc:
-            dropped += 1
-            say(f"frame {count} dropped: {exc}")
-            if recon is not None:
-                recon.waiting.pop(count, None)
-            continue
-        results += _consume(new, recon, args.with_depth)
-    results += _consume(session.flush(), recon, args.with_depth)
+            for count, (frame, stamp) in enumerate(source):
+                if args.max_frames and count >= args.max_frames:
+                    break
+                stamps.append(float(stamp))
+                tagged = _IndexedStamp(stamp, count)
+                if recon is not None:
+                    recon.waiting[count] = frame
+                try:
+                    new = session.push(frame, tagged)
+                except SessionError as exc:
+                    dropped += 1
+                    if not quiet:
+                        bar.write(f"[{PROG}] frame {count} dropped: {exc}")
+                    if recon is not None:
+                        recon.waiting.pop(count, None)
+                    continue
+                results += _consume(new, recon, args.with_depth)
+                bar.update(1, extra=f"{len(results)} poses")
+        except KeyboardInterrupt:
+            interrupted = True
+        except SourceError as exc:  # an undecodable frame in the middle: keep what was done
+            error = str(exc)
+        try:
+            results += _consume(session.flush(), recon, args.with_depth)  # frames still buffered for phase 1
+        except KeyboardInterrupt:  # a second Ctrl-C: save what is there now
+            interrupted = True
+    finally:
+        bar.close()
+        signal.signal(signal.SIGTERM, previous_sigterm)
     if not results:
-        print("lingbot_map_offline: no frame was processed", file=sys.stderr)
-        return 1
+        if interrupted:
+            return fail(PROG, "interrupted before any pose was computed; nothing written", INTERRUPTED_EXIT)
+        return fail(PROG, error or "no frame was processed; nothing written", 1)
+    problems = stamp_problems(stamps)
+    if problems:
+        say(f"warning: the input's stamps have {problems}; evaluation against a ground truth may mis-associate")
     save_results(results, args.out, args.tum, with_depth=args.with_depth)
+    if args.plot:
+        from .plotting import RunSeries, plot_run
+
+        plot_run(args.plot, RunSeries.from_results(results), title=f"{PROG}: {source.description}")
+        say(f"figure -> {args.plot}")
     if recon is not None:
         recon.finish(results, say)
     wall = time.perf_counter() - start
-    say(f"{len(results)} frames ({dropped} dropped) in {wall:.1f} s -> {args.out}")
+    written = ", ".join(x for x in (args.out, args.tum, args.plot) if x)
+    if interrupted:
+        print(f"[{PROG}] interrupted: wrote the {len(results)} poses computed so far -> {written}", file=sys.stderr)
+        return INTERRUPTED_EXIT
+    if error:
+        print(f"{PROG}: error: {error}; wrote the {len(results)} poses before it -> {written}", file=sys.stderr)
+        return 1
+    rate = len(results) / wall if wall > 0 else 0.0
+    say(f"{len(results)} frames ({dropped} dropped) in {wall:.1f} s ({rate:.2f} frames/s) -> {written}")
     return 0
+
+
+def _sigterm_as_interrupt(signum, frame) -> None:
+    """SIGTERM (a job scheduler, ``timeout``) ends the run like Ctrl-C: what was done is written."""
+    raise KeyboardInterrupt
 
 
 class _IndexedStamp(float):

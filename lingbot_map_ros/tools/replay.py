@@ -1,8 +1,9 @@
-"""``lingbot_map_replay``: publish a rosbag2 recording's camera images to the node.
+"""``lingbot_map_replay``: publish a recording's camera images (rosbag2 folder or ROS 1 .bag) to the node.
 
 ``ros2 bag play`` is not available from the PyPI wheels (no rosbag2_py), and it cannot pace a
-recording by the consumer: this tool reads the bag with ``rosbags`` (mcap or sqlite3) and publishes
-the recorded CDR bytes unchanged, either
+recording by the consumer: this tool reads the bag with ``rosbags`` (rosbag2 mcap or sqlite3, or a
+ROS 1 ``.bag``) and publishes the recorded CDR bytes unchanged (ROS 1 messages are rebuilt as ROS 2
+ones, field by field), either
 
 * ``--rate R`` (R > 0): at R times the recorded rate (receive times of the bag), like ``ros2 bag
   play``; a node slower than the camera then drops frames, as it would live; or
@@ -11,23 +12,31 @@ the recorded CDR bytes unchanged, either
   rejected - the node publishes one status per received frame), so nothing is dropped and a
   trajectory gets one pose per recorded frame.
 
-Discovery is kept on loopback (``ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST``) unless the caller set a
+Before anything is published the bag, the topic and its first image are checked (a depth topic or
+an unsupported encoding is refused in one line, exit 2). Ctrl-C stops the replay and prints what was
+sent and acknowledged (exit 130). Discovery is kept on loopback (``ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST``) unless the caller set a
 range explicitly. Exit code 0 when every frame went out (and, with ``--rate 0``, was accounted for).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from typing import Optional
 
+from .cli import INTERRUPTED_EXIT, OneLineParser, fail
+
 DEFAULT_NODE = "lingbot_map"
 
 
+PROG = "lingbot_map_replay"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lingbot_map_replay", description=__doc__.splitlines()[0])
-    p.add_argument("bag", help="rosbag2 folder (mcap or sqlite3)")
+    p = OneLineParser(prog=PROG, description=__doc__)
+    p.add_argument("bag", help="rosbag2 folder (mcap or sqlite3) or ROS 1 .bag file")
     p.add_argument("--topic", default="", help="image topic in the bag (default: the only image topic)")
     p.add_argument("--topic-out", default="", help="topic to publish on (default: the bag's topic)")
     p.add_argument("--rate", type=float, default=1.0,
@@ -46,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drain", type=float, default=1.0,
                    help="--rate > 0: seconds to keep collecting statuses after the last frame")
     p.add_argument("--max-frames", type=int, default=0, help="stop after this many frames (0 = all)")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors (no progress bar)")
     return p
 
 
@@ -117,63 +126,82 @@ class _Replayer:
 
 
 def replay(args: argparse.Namespace) -> int:
-    from .bag_io import BagError, iter_bag_messages, pick_image_topic, stamp_seconds
+    from .bag_io import BagError, check_first_image, iter_bag_messages, stamp_seconds
 
-    say = (lambda m: None) if args.quiet else (lambda m: print(f"[lingbot_map_replay] {m}", flush=True))
-    if args.rate < 0:
-        print("lingbot_map_replay: --rate must be >= 0", file=sys.stderr)
-        return 2
+    say = (lambda m: None) if args.quiet else (lambda m: print(f"[{PROG}] {m}", flush=True))
+    for name in ("rate", "wait_subscriber", "ack_timeout", "drain"):
+        if getattr(args, name) < 0:
+            return fail(PROG, f"--{name.replace('_', '-')} must be >= 0 (got {getattr(args, name):g})")
+    if args.max_missing < 1 or args.max_frames < 0:
+        return fail(PROG, "--max-missing must be >= 1 and --max-frames >= 0")
     try:
-        topic_in, msgtype = pick_image_topic(args.bag, args.topic)
+        topic_in, msgtype, count = check_first_image(args.bag, args.topic)  # before any DDS set-up
     except (BagError, OSError) as exc:
-        print(f"lingbot_map_replay: {exc}", file=sys.stderr)
-        return 2
+        return fail(PROG, str(exc))
     topic_out = args.topic_out or topic_in
 
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")  # before rclpy reads it
     import rclpy
+    import rclpy.signals
     from rclpy.executors import ExternalShutdownException
     from rosbags.typesys import Stores, get_typestore
 
     store = get_typestore(Stores.ROS2_JAZZY)
-    rclpy.init()
+    # Our own Ctrl-C: a KeyboardInterrupt wherever we wait, so the summary is printed (rclpy's handler
+    # would only shut the context down and leave the loop to fail on the next call).
+    rclpy.init(signal_handler_options=rclpy.signals.SignalHandlerOptions.NO)
     rep: Optional[_Replayer] = None
+    progress = {"sent": 0, "missing": 0}
     try:
         rep = _Replayer(rclpy, topic_out, msgtype, args.qos, _status_topic(args), say)
         if args.wait_subscriber > 0 and not rep.wait_until(lambda: rep.pub.get_subscription_count() > 0,
                                                            args.wait_subscriber):
             if args.rate == 0:  # nobody would ever acknowledge: fail now, not after a timeout per frame
-                print(f"lingbot_map_replay: no subscriber on {topic_out} after {args.wait_subscriber:g} s "
-                      "(check --topic-out and the node's image remapping)", file=sys.stderr)
-                return 1
+                return fail(PROG, f"no subscriber on {topic_out} after {args.wait_subscriber:g} s (is the node "
+                            "running on this ROS_DOMAIN_ID? check --topic-out and the node's image remapping)", 1)
             say(f"no subscriber on {topic_out} after {args.wait_subscriber:g} s; publishing anyway")
         if args.rate == 0:
             if not rep.wait_until(lambda: rep.node.count_publishers(rep.status_topic) > 0, max(args.wait_subscriber, 1.0)):
-                print(f"lingbot_map_replay: --rate 0 needs the node's {rep.status_topic}; nobody publishes it",
-                      file=sys.stderr)
-                return 1
+                return fail(PROG, f"--rate 0 needs the node's {rep.status_topic}; nobody publishes it (check --node)", 1)
         rep.spin_for(0.5)  # let the node's side of discovery match our publisher too
         say(f"{args.bag}: {topic_in} ({msgtype}) -> {topic_out}, "
             + ("paced by " + rep.status_topic if args.rate == 0 else f"rate x{args.rate:g}"))
-        sent, missing = _publish_all(rep, iter_bag_messages(args.bag, topic_in), store, stamp_seconds, args, say)
+        total = min(count, args.max_frames) if args.max_frames and count else (args.max_frames or count or None)
+        sent, missing = _publish_all(rep, iter_bag_messages(args.bag, topic_in), store, stamp_seconds, args, say,
+                                     total, progress)
         if args.rate > 0:
             rep.spin_for(args.drain)
         say(f"published {sent} frames; node statuses: {rep.summary()}")
         if missing:
-            print(f"lingbot_map_replay: {missing} frames were not acknowledged within {args.ack_timeout:g} s",
-                  file=sys.stderr)
-            return 1
+            return fail(PROG, f"{missing} frames were not acknowledged within {args.ack_timeout:g} s", 1)
         return 0
     except (KeyboardInterrupt, ExternalShutdownException):  # Ctrl-C / SIGTERM
-        return 130
+        print(f"[{PROG}] interrupted: published {progress['sent']} frames; node statuses: "
+              f"{rep.summary() if rep else 'none'}", file=sys.stderr, flush=True)
+        return INTERRUPTED_EXIT
     finally:
         if rep is not None:
             rep.close()
         rclpy.try_shutdown()
 
 
-def _publish_all(rep: _Replayer, messages, store, stamp_seconds, args, say) -> tuple[int, int]:
-    """Publish every message (paced by rate or by acknowledgements); returns (sent, unacknowledged)."""
+def _publish_all(rep: _Replayer, messages, store, stamp_seconds, args, say, total: Optional[int] = None,
+                 progress: Optional[dict] = None) -> tuple[int, int]:
+    """Publish every message (paced by rate or by acknowledgements); returns (sent, unacknowledged).
+
+    ``progress`` is updated as frames go out, so an interrupted replay can say how far it got.
+    """
+    from .progress import Progress
+
+    progress = progress if progress is not None else {}
+    bar = Progress(total, PROG, enabled=False if args.quiet else None)
+    try:
+        return _publish_loop(rep, messages, store, stamp_seconds, args, say, bar, progress)
+    finally:
+        bar.close()
+
+
+def _publish_loop(rep: _Replayer, messages, store, stamp_seconds, args, say, bar, progress: dict) -> tuple[int, int]:
     sent = missing = consecutive = 0
     t0_bag: Optional[int] = None
     t0_wall = time.monotonic()
@@ -190,24 +218,32 @@ def _publish_all(rep: _Replayer, messages, store, stamp_seconds, args, say) -> t
         rep.acked.pop(key, None)  # a repeated stamp must be acknowledged afresh
         rep.pub.publish(raw)
         sent += 1
+        progress["sent"] = sent
         if args.rate == 0:
             if rep.wait_until(lambda: key in rep.acked, args.ack_timeout):
                 consecutive = 0
             else:
                 missing += 1
                 consecutive += 1
-                say(f"frame {sent - 1} (stamp {stamp_seconds(header):.9f}) not acknowledged; going on")
+                bar.write(f"[{PROG}] frame {sent - 1} (stamp {stamp_seconds(header):.9f}) not acknowledged; going on")
                 if consecutive >= args.max_missing:
-                    say(f"{consecutive} frames in a row not acknowledged: is the node still running? giving up")
+                    bar.write(f"[{PROG}] {consecutive} frames in a row not acknowledged: is the node still running? "
+                              "giving up")
                     break
         else:
             rep.rclpy.spin_once(rep.node, timeout_sec=0.0)  # take statuses as they come
+        bar.update(1, extra=rep.summary())
     return sent, missing
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     return replay(args)
+
+
+def _sigterm_as_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

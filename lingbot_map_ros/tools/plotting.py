@@ -1,0 +1,109 @@
+"""One figure per run: trajectory top view, per-frame latency, KV-cache occupancy over frames.
+
+Why a picture: a drifting trajectory, a latency spike at the window change or a cache that fills
+with special pages are obvious at a glance and invisible in a table of numbers. Used by
+``lingbot_map_offline --plot`` and ``lingbot_map_demo --plot``.
+
+matplotlib is optional for the package (installed by ``scripts/setup_env.sh``); it is imported only
+here, with the Agg canvas (no display, no global backend switch), so tools check ``available()``
+before any work. ``plot_run`` returns the arrays it drew, so tests check the panels' data, not pixels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+CACHE_SERIES = ("scale", "window", "free", "special")  # page counts drawn in the cache panel
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+
+
+def available() -> Optional[str]:
+    """None when matplotlib imports, else the sentence that says how to get it."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "matplotlib is not installed: run scripts/setup_env.sh again, or pip install matplotlib"
+    return None
+
+
+@dataclass
+class RunSeries:
+    """What one run produced, frame by frame (arrays of equal length N, in processing order)."""
+
+    frame: np.ndarray  # [N] frame numbers (x axis)
+    position: np.ndarray  # [N, 3] camera centres in the world frame (the first camera's optical frame)
+    latency_ms: np.ndarray  # [N] model time per frame
+    cache: dict = field(default_factory=dict)  # name in CACHE_SERIES -> [N] pages in use
+    session: Optional[np.ndarray] = None  # [N] session id (the top view starts a new line per session)
+
+    @classmethod
+    def from_results(cls, results: Sequence) -> "RunSeries":
+        """From ``core.results.FrameResult`` objects (the offline tool)."""
+        c = [r.cache for r in results]
+        return cls(
+            frame=np.arange(len(results)),
+            position=np.array([np.asarray(r.c2w)[:3, 3] for r in results], dtype=np.float64).reshape(-1, 3),
+            latency_ms=np.array([r.latency_ms for r in results], dtype=np.float64),
+            cache={"scale": np.array([s.scale_pages for s in c]), "window": np.array([s.window_pages for s in c]),
+                   "free": np.array([s.free_pages for s in c]), "special": np.array([s.special_pages for s in c])},
+            session=np.array([r.session_id for r in results]),
+        )
+
+
+def plot_run(path: str | Path, series: RunSeries, title: str = "") -> dict:
+    """Write the three-panel figure to ``path`` (format from its extension); returns what was drawn:
+    ``{"top_view": (x, z), "latency": (frames, ms), "cache": {name: (frames, pages)}, "axes": [titles]}``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    n = len(series.frame)
+    fig = Figure(figsize=(15, 4.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax_top, ax_lat, ax_cache = fig.subplots(1, 3)
+    drawn: dict = {"cache": {}}
+
+    # Top view: the world frame is the first camera's optical frame (x right, y down, z forward), so
+    # the ground plane of a forward-looking camera is x-z.
+    x, z = series.position[:, 0], series.position[:, 2]
+    sessions = series.session if series.session is not None else np.zeros(n, dtype=int)
+    for sid in np.unique(sessions):
+        m = sessions == sid
+        ax_top.plot(x[m], z[m], "-", lw=1.2, label=f"session {sid}" if len(np.unique(sessions)) > 1 else None)
+    if n:
+        ax_top.plot(x[:1], z[:1], "go", label="start")
+        ax_top.plot(x[-1:], z[-1:], "rs", label="end")
+    ax_top.set(title="trajectory (top view)", xlabel="x (right, model units)", ylabel="z (forward, model units)")
+    ax_top.set_aspect("equal", adjustable="datalim")
+    ax_top.legend(loc="best", fontsize=8)
+    ax_top.grid(alpha=0.3)
+    drawn["top_view"] = (x.copy(), z.copy())
+
+    ax_lat.plot(series.frame, series.latency_ms, ".-", lw=0.8, ms=3)
+    if n:
+        med = float(np.median(series.latency_ms))
+        ax_lat.axhline(med, color="gray", ls="--", lw=0.8, label=f"median {med:.1f} ms")
+        ax_lat.legend(loc="best", fontsize=8)
+    ax_lat.set(title="model latency per frame", xlabel="frame", ylabel="ms")
+    ax_lat.grid(alpha=0.3)
+    drawn["latency"] = (np.asarray(series.frame).copy(), np.asarray(series.latency_ms).copy())
+
+    for name in CACHE_SERIES:
+        if name in series.cache:
+            values = np.asarray(series.cache[name])
+            ax_cache.plot(series.frame, values, lw=1.2, label=f"{name} pages")
+            drawn["cache"][name] = (np.asarray(series.frame).copy(), values.copy())
+    ax_cache.set(title="KV-cache occupancy", xlabel="frame", ylabel="pages")
+    ax_cache.legend(loc="best", fontsize=8)
+    ax_cache.grid(alpha=0.3)
+
+    if title:
+        fig.suptitle(title)
+    drawn["axes"] = [a.get_title() for a in fig.axes]
+    fig.savefig(str(path), dpi=110)
+    return drawn
+
+
+__all__ = ["CACHE_SERIES", "PLOT_SUFFIXES", "RunSeries", "available", "plot_run"]
