@@ -81,4 +81,4 @@ def test_offline_rejects_out_of_range_reconstruction_options(tmp_path, capsys):
     np.save(npy, np.zeros((2, 3, 28, 28), np.float32))
     rc = offline.main(["--frames", str(npy), "--model-preset", "tiny", "--ply", str(tmp_path / "m.ply"),
                        "--points-stride", "0", "--out", str(tmp_path / "r.npz")])
-    assert rc == 2 and "points_stride must be in [1, 64]" in capsys.readouterr().err
+    assert rc == 2 and "--points-stride must be in [1, 64]" in capsys.readouterr().err

@@ -60,13 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ply", default="", help="write the fused points (voxel map) as binary PLY")
     g.add_argument("--colmap", default="", help="write COLMAP text (cameras.txt, images.txt, points3D.txt, images/) "
                    "into this folder")
-    g.add_argument("--points-stride", type=int, default=4, help="unproject every N-th pixel in x and y")
-    g.add_argument("--points-min-confidence", type=float, default=1.0, help="drop pixels below this confidence")
-    g.add_argument("--map-voxel-size", type=float, default=0.01, help="voxel edge in model units")
-    g.add_argument("--map-max-points", type=int, default=2_000_000, help="voxels kept (oldest, then least "
-                   "confident dropped first)")
     add_session_options(p)
+    # the node's unprojection and map settings: same names, defaults and ranges (the settings table)
+    add_session_options(p, names=RECON_OPTIONS, with_depth=False)
     return p
+
+
+RECON_OPTIONS = ("points_stride", "points_min_confidence", "map_voxel_size", "map_max_points")
 
 
 def check_outputs(args: argparse.Namespace) -> None:
@@ -92,6 +92,13 @@ def check_outputs(args: argparse.Namespace) -> None:
         raise UsageError(f"--fps must be >= 0 (got {args.fps:g})")
     if args.stamps and not args.images:
         raise UsageError("--stamps goes with --images (videos and bags carry their own stamps)")
+    if args.ply or args.colmap:
+        from ..core.settings import SETTINGS_BY_NAME
+
+        for name in RECON_OPTIONS:
+            lo, hi = SETTINGS_BY_NAME[name].range
+            if not lo <= getattr(args, name) <= hi:
+                raise UsageError(f"{SETTINGS_BY_NAME[name].option} must be in [{lo}, {hi}] (got {getattr(args, name)})")
 
 
 def frame_source(args: argparse.Namespace):
