@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run of record (device machine, nvidia-h200): GPU correctness tests, then the benchmark
 # table of issue 4. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
-#   bash scripts/device_run.sh [quick|full|long]
+#   bash scripts/device_run.sh [perf|quick|full|long]
 # Everything it prints also lands in $OUT (gpu_tests.log, bench.txt, long.txt) and the JIT-compiled
 # FlashInfer kernels are copied to $OUT/*.so so a later call can skip compiling (put each one at
 # .fi_aot/<name>/<name>.so and carry .fi_aot).
@@ -11,10 +11,27 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 . scripts/device_env.sh
 BENCH=(python3 -m lingbot_map_ros.tools.bench --model-preset full --device cuda --dtype bfloat16
        --height 378 --width 518 --scale-frames 8 --sliding-window 64 --camera-iterations 4)
-if [ "$MODE" != long ]; then
+# torch.compile's kernels (fused blocks): a persistent cache, shipped back as one archive; carry it
+# back as .inductor_cache/inductor_cache.tgz to skip most of the compile in a later call.
+export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_cache
+if [ -f .inductor_cache/inductor_cache.tgz ]; then mkdir -p "$TORCHINDUCTOR_CACHE_DIR" && tar -xzf .inductor_cache/inductor_cache.tgz -C "$TORCHINDUCTOR_CACHE_DIR"; fi
+if [ "$MODE" = perf ] || [ "$MODE" = record ]; then
+  # issue 10: GPU tests, attention options per layer, then the variants per lever (one process, same card)
+  if [ "$MODE" = record ]; then
+    timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -30
+  fi
+  timeout 100 python3 scripts/attention_bench.py 2>&1 | tee "$OUT/attention.txt"
+  timeout 200 "${BENCH[@]}" --frames 208 --heads depth+camera \
+      --variants flashinfer:fa3+graph+compile,flashinfer:fa3+graph,sdpa:cudnn+graph+compile,sdpa:flash+graph+compile,flashinfer:fa3+graph+compile+bf16 \
+      --profile 2>&1 | tee "$OUT/bench.txt"
+  timeout 80 "${BENCH[@]}" --frames 208 --heads camera --variants flashinfer:fa3+graph+compile,sdpa:cudnn+graph+compile \
+      2>&1 | tee "$OUT/bench_camera.txt"
+elif [ "$MODE" != long ]; then
   timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
-if [ "$MODE" = quick ]; then
+if [ "$MODE" = perf ] || [ "$MODE" = record ]; then
+  :  # done above
+elif [ "$MODE" = quick ]; then
   "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"
 elif [ "$MODE" = second ]; then
   "${BENCH[@]}" --frames 208 --variants flashinfer:fa3+graph,flashinfer:fa3+graph-bf16,sdpa+graph,sdpa+graph-bf16 \
@@ -29,5 +46,6 @@ else
       --heads camera --report-every 1000 2>&1 | tee "$OUT/long.txt"
 fi
 # ship newly compiled kernels back (each under 16 MB)
-find "${FLASHINFER_WORKSPACE_BASE}" -name '*.so' | head -5 | while read -r so; do cp "$so" "$OUT/"; done
+find "${FLASHINFER_WORKSPACE_BASE}" -name '*.so' | head -4 | while read -r so; do cp "$so" "$OUT/"; done
+if [ -d "$TORCHINDUCTOR_CACHE_DIR" ]; then tar -czf "$OUT/inductor_cache.tgz" -C "$TORCHINDUCTOR_CACHE_DIR" . ; fi
 ls -la "$OUT"

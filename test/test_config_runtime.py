@@ -78,3 +78,21 @@ def test_auto_resolution_on_a_cpu_machine_says_why():
 def test_flashinfer_needs_half_precision_even_on_cuda():
     reason = runtime.flashinfer_unusable_reason(torch.device("cuda"), torch.float32)
     assert "float16 or bfloat16" in reason
+
+
+def test_resolve_for_one_owner_of_every_runtime_decision():
+    """Graphs and fusion need CUDA; impossible requests fail with the reason; every decision is logged."""
+    cpu = torch.device("cpu")
+    rt = runtime.resolve_for(cpu, torch.float32, backend="sdpa", cuda_graphs=True, compile_blocks="auto")
+    assert (rt.backend, rt.cuda_graphs, rt.compile_blocks, rt.sdpa_kernel) == ("sdpa", False, False, "flash")
+    assert any("CUDA graphs off" in r for r in rt.reasons) and rt.summary().startswith("sdpa:flash+eager")
+    with pytest.raises(ValueError, match="compile_blocks 'on' cannot run"):
+        runtime.resolve_for(cpu, torch.float32, backend="sdpa", compile_blocks="on")
+    with pytest.raises(ValueError, match="sdpa_kernel 'cudnn' cannot run"):
+        runtime.resolve_for(cpu, torch.float32, backend="sdpa", sdpa_kernel="cudnn")
+    with pytest.raises(ValueError, match="compile_blocks must be"):
+        runtime.resolve_for(cpu, torch.float32, backend="sdpa", compile_blocks="maybe")
+    assert not runtime.resolve_for(cpu, torch.float32, backend="sdpa", autocast=False).autocast
+    cfg = RuntimeConfig(device="cpu", attention_backend="sdpa", compile_blocks="off", autocast=False)
+    assert runtime.resolve_runtime(cfg) == runtime.resolve_for(cpu, torch.float32, backend="sdpa",
+                                                               compile_blocks="off", autocast=False)

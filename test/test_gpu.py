@@ -57,6 +57,15 @@ def make_caches(page_size, dtype, scale, window, kinds):
     for kind in kinds:
         if kind == "sdpa":
             caches[kind] = PagedKVCache(**common, backend="sdpa")
+        elif kind == "sdpa-cudnn":  # the masked dense path with the factory's tight pools
+            from lingbot_map_ros.core.cache.dense_backend import MaskedDenseBackend
+
+            pools = dict(num_patch_pages=scale + window + 1, special_pages=-(-SPECIALS * 40 // page_size))
+            cache = PagedKVCache(**common, backend="sdpa", **pools)
+            cache.single_frame_backend = MaskedDenseBackend(
+                page_size=page_size, num_pages=cache.table.num_pages, num_heads=H, head_dim=D, dtype=dtype,
+                device="cuda", kernel="cudnn")
+            caches[kind] = cache
         elif kind == "sdpa-static":
             static = StaticSdpaBackend(page_size=page_size, num_heads=H, head_dim=D,
                                        max_keys=(scale + window + 1) * page_size + SPECIALS * 40,
@@ -112,7 +121,7 @@ def run_stream(page_size, dtype, kinds, steps=12, scale=2, window=3, seed=0):
 @pytest.mark.parametrize("page_size", [777, 999, 1036])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_sdpa_backends_match_float64(page_size, dtype):
-    worst = run_stream(page_size, dtype, ["sdpa", "sdpa-static"])
+    worst = run_stream(page_size, dtype, ["sdpa", "sdpa-static", "sdpa-cudnn"])
     limit = 1e-2 if dtype == torch.bfloat16 else 2e-3
     print(f"page {page_size} {dtype}: {worst}")
     assert all(err < limit for err in worst.values()), worst
@@ -157,3 +166,77 @@ def test_graphed_session_matches_eager_session():
     rel = ((poses[True] - poses[False]).norm() / poses[False].norm()).item()
     print(f"graph vs eager pose rel diff {rel:.2e}")
     assert rel < 2e-2
+
+
+def _block_reference_error(block_kind: str):
+    """One aggregator-shaped block (bf16 weights, autocast) eager and fused vs its float64 copy."""
+    import copy
+
+    from lingbot_map_ros.core.model.blocks import Block, frame_attend, global_attend
+    from lingbot_map_ros.core.model.fusion import BlockFusion, fused_blocks
+    from lingbot_map_ros.core.model.interfaces import DenseGlobalAttention
+    from lingbot_map_ros.core.model.rope import Rope2D, Rope3D
+
+    torch.manual_seed(11)
+    ph, pw = 9, 13
+    tokens = SPECIALS + ph * pw
+    blk = Block(256, 4, qk_norm=True, layerscale_init=0.5).cuda()
+    for prm in blk.parameters():  # non-trivial norms and gains
+        prm.data.normal_(0.0, 0.5)
+    ref_blk = copy.deepcopy(blk).double()
+    blk = blk.to(torch.bfloat16)
+    x = torch.randn(1, tokens, 256, device="cuda")  # [1, P, C]
+
+    def attend(rope_dtype_device):
+        if block_kind == "frame":
+            return frame_attend(Rope2D(64, 100.0, SPECIALS).applier(ph, pw, rope_dtype_device))
+        rope = Rope3D(64, 10000.0, (20, 22, 22), SPECIALS).applier(torch.tensor([3]), ph, pw, rope_dtype_device, 64)
+        return global_attend(0, rope, DenseGlobalAttention())
+
+    with torch.inference_mode():
+        ref = ref_blk(x.double(), attend("cuda"))  # [1, P, C] float64
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            eager = blk(x.to(torch.bfloat16), attend("cuda"))
+            fusion = BlockFusion()
+            out = torch.full_like(eager, float("nan"))  # poisoned: every element must be written
+            with fused_blocks(fusion):
+                out.copy_(blk(x.to(torch.bfloat16), attend("cuda")))
+    assert fusion.calls == 1
+    rel = lambda a: ((a.double() - ref).norm() / ref.norm()).item()  # noqa: E731
+    return rel(eager), rel(out), ((out.double() - eager.double()).norm() / eager.double().norm()).item(), out
+
+
+@pytest.mark.parametrize("block_kind", ["frame", "global"])
+def test_fused_block_matches_float64(block_kind):
+    """torch.compile-fused block bodies: same error class as the eager bf16 block against float64."""
+    eager_err, fused_err, diff, out = _block_reference_error(block_kind)
+    print(f"{block_kind} block: eager {eager_err:.2e}, fused {fused_err:.2e}, fused vs eager {diff:.2e}")
+    assert torch.isfinite(out).all()
+    assert fused_err < max(1.5 * eager_err, 5e-3), (eager_err, fused_err)
+    assert diff < 2e-2
+
+
+def test_fused_graphed_session_matches_eager_session():
+    """Tiny preset, bf16: CUDA graphs + fused blocks + masked cuDNN attention vs the eager session."""
+    from lingbot_map_ros.core.config import StreamConfig, model_config
+    from lingbot_map_ros.core.model import build_model
+    from lingbot_map_ros.core.stream import StreamingSession, _cast_for_inference
+
+    cfg = model_config("tiny")
+    model, _ = build_model(cfg, seed=5, device="cuda", dtype=torch.float32)
+    _cast_for_inference(model, torch.bfloat16)
+    scfg = StreamConfig(scale_frames=2, sliding_window=3, keyframe_interval=2, max_frame_num=64, max_stored_frames=60,
+                        with_depth=True)
+    frames = torch.rand(16, 3, 56, 84)
+    poses = {}
+    for mode in ("eager", "fused"):
+        session = StreamingSession(model, cfg, scfg, device=torch.device("cuda"), dtype=torch.bfloat16,
+                                   backend="sdpa", log=lambda m: None, cuda_graphs=mode == "fused",
+                                   compile_blocks="on" if mode == "fused" else "off", sdpa_kernel="cudnn")
+        out = [r for f in frames for r in session.push(f)]
+        poses[mode] = torch.stack([torch.from_numpy(r.pose_enc) for r in out]).double()
+        if mode == "fused":
+            assert session._fusion is not None and session._fusion.calls > 0
+    rel = ((poses["fused"] - poses["eager"]).norm() / poses["eager"].norm()).item()
+    print(f"fused+graph vs eager pose rel diff {rel:.2e}")
+    assert torch.isfinite(poses["fused"]).all() and rel < 2e-2

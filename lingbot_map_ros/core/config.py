@@ -118,6 +118,11 @@ class RuntimeConfig:
     seed: int = 0  # random-weight initialisation
     allow_unsafe_checkpoint: bool = False  # allow torch.load(weights_only=False)
     cuda_graphs: bool = True  # replay phase-2 frame steps as CUDA graphs (CUDA only)
+    # The attention kernel and the block fusion (resolved, with reasons, by runtime.resolve_runtime):
+    flashinfer_kernel: str = "auto"  # auto | fa2 | fa3 (attention_backend flashinfer)
+    sdpa_kernel: str = "auto"  # auto | cudnn | flash: one-frame steps of attention_backend sdpa on CUDA
+    compile_blocks: str = "auto"  # auto | on | off: torch.compile-fused block bodies in the CUDA-graph step
+    autocast: bool = True  # the official mixed-precision recipe; False = pure dtype (opt-in, moves poses)
 
     def resolved_preset(self) -> str:
         if self.model_preset:

@@ -1,26 +1,58 @@
-"""Resolve ``auto`` settings into a concrete device, dtype and attention backend, with reasons.
+"""Every runtime decision in one place: device, dtype, attention backend and kernel, CUDA graphs,
+block fusion, autocast — resolved once, with a reason for each, into a ``ResolvedRuntime``.
 
-Users see the choice and its reason in the log and in the diagnostics, so "why is it slow" has an
-answer: e.g. "sdpa (flashinfer is not installed)".
+Users see the choices and their reasons in the log and in the diagnostics, so "why is it slow" has
+an answer: e.g. "sdpa (flashinfer is not installed)". ``cache/factory.py`` builds the attention
+backends and caches from a ``ResolvedRuntime`` and nothing else; the session only carries it.
+
+Which attention kernel runs (docs/benchmarks.md has the measurements behind these defaults):
+
+* multi-frame steps (phase 1, eager): SDPA over gathered visible slots (``SdpaBackend``) or
+  FlashInfer's paged prefill (``fa2``/``fa3``);
+* one-frame steps (phase 2, captured in a CUDA graph): ``sdpa`` + ``cudnn`` = cuDNN fused attention
+  over the whole fixed-size page storage with a visibility mask (``MaskedDenseBackend``);
+  ``sdpa`` + ``flash`` = gather into fixed buffers + varlen flash (``StaticSdpaBackend``);
+  ``flashinfer`` = FlashInfer's CUDA-graph wrapper (fa3 over exact token pages on Hopper).
 """
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .config import RuntimeConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FLASHINFER_KERNELS = ("auto", "fa2", "fa3")
+SDPA_KERNELS = ("auto", "cudnn", "flash")
+SWITCHES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
 class ResolvedRuntime:
+    """Concrete runtime settings; built only by ``resolve_for`` / ``resolve_runtime``."""
+
     device: torch.device
     dtype: torch.dtype
     backend: str  # flashinfer | sdpa
     backend_reason: str
+    flashinfer_kernel: str = "fa2"  # fa2 | fa3; used when backend == flashinfer
+    sdpa_kernel: str = "flash"  # cudnn | flash; one-frame CUDA-graph steps when backend == sdpa
+    cuda_graphs: bool = False  # one-frame steps replayed as CUDA graphs
+    compile_blocks: bool = False  # torch.compile-fused block bodies inside the graph step
+    autocast: bool = True  # official mixed precision (False: pure dtype, opt-in)
+    reasons: tuple[str, ...] = field(default=())  # one line per decision, for logs and diagnostics
+
+    @property
+    def attention(self) -> str:
+        """The one-frame attention path in words, e.g. ``sdpa:cudnn+graph+compiled``."""
+        kernel = self.flashinfer_kernel if self.backend == "flashinfer" else self.sdpa_kernel
+        mode = "+graph" if self.cuda_graphs else "+eager"
+        return f"{self.backend}:{kernel}{mode}{'+compiled' if self.compile_blocks else ''}"
+
+    def summary(self) -> str:
+        return f"{self.attention}, {str(self.dtype).replace('torch.', '')} on {self.device}: " + "; ".join(self.reasons)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -36,7 +68,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         if device.type != "cuda":
             return torch.float32
-        # The official recipe: bf16 on compute capability >= 8, fp16 below (MODEL_SPEC §14).
+        # The official recipe: bf16 on compute capability >= 8, fp16 below.
         major, _ = torch.cuda.get_device_capability(device)
         return torch.bfloat16 if major >= 8 else torch.float16
     return _DTYPES[name]
@@ -53,7 +85,22 @@ def flashinfer_unusable_reason(device: torch.device, dtype: torch.dtype) -> str:
     return ""
 
 
+def cudnn_attention_unusable_reason(device: torch.device, dtype: torch.dtype) -> str:
+    """Why the masked cuDNN one-frame path cannot run ("" when it can)."""
+    if device.type != "cuda":
+        return f"device is {device.type}"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return "cuDNN attention needs float16 or bfloat16"
+    if not torch.backends.cudnn.is_available():
+        return "cuDNN is not available"
+    if torch.cuda.get_device_capability(device)[0] < 8:
+        return "cuDNN fused attention needs compute capability >= 8"
+    return ""
+
+
 def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
+    """``auto``: FlashInfer where it runs (fa3 over exact token pages was the fastest exact kernel
+    measured on an H200: 958 us/layer against 1176 for the masked cuDNN path), else SDPA."""
     if name == "sdpa":
         return "sdpa", "requested"
     reason = flashinfer_unusable_reason(device, dtype)
@@ -61,16 +108,25 @@ def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> tupl
         if reason:
             raise ValueError(f"attention_backend 'flashinfer' cannot run: {reason}")
         return "flashinfer", "requested"
+    if name != "auto":
+        raise ValueError(f"attention_backend must be auto, flashinfer or sdpa (got {name!r})")
+    if AUTO_PREFERS_CUDNN and not cudnn_attention_unusable_reason(device, dtype):
+        return "sdpa", "auto: cuDNN fused attention over the masked page storage (fastest measured on Hopper)"
     if reason:
         return "sdpa", f"auto: {reason}"
     return "flashinfer", "auto: CUDA with a half-precision dtype and flashinfer importable"
+
+
+# Set by measurement (docs/benchmarks.md): whether ``auto`` picks sdpa:cudnn over FlashInfer. The
+# masked cuDNN call pays ~40 % for its bias (1176 vs 830 us/layer unmasked), so FlashInfer stays first.
+AUTO_PREFERS_CUDNN = False
 
 
 def resolve_flashinfer_kernel(name: str, device: torch.device) -> str:
     """``auto``: fa3 on Hopper (compute capability 9.x, where FlashInfer has it), fa2 elsewhere.
 
     fa3 is used over exact one-token pages, so it attends exactly the visible keys (unlike the
-    official fa3 mode, MODEL_SPEC §16 #8); measured ~45 vs ~55 ms/frame on an H200 (docs/benchmarks.md).
+    official fa3 mode, which pads pages with zero slots).
     """
     if name in ("fa2", "fa3"):
         return name
@@ -81,8 +137,75 @@ def resolve_flashinfer_kernel(name: str, device: torch.device) -> str:
     return "fa2"
 
 
+def _switch(name: str, label: str) -> str:
+    value = {True: "on", False: "off"}.get(name, name) if isinstance(name, bool) else name
+    if value not in SWITCHES:
+        raise ValueError(f"{label} must be auto, on or off (got {name!r})")
+    return value
+
+
+def resolve_for(
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    backend: str = "auto",
+    flashinfer_kernel: str = "auto",
+    sdpa_kernel: str = "auto",
+    cuda_graphs: bool = True,
+    compile_blocks: str | bool = "auto",
+    autocast: bool = True,
+) -> ResolvedRuntime:
+    """The one function that decides, for a concrete device and dtype. Raises ``ValueError`` (with
+    the reason) for a combination that cannot run."""
+    reasons: list[str] = []
+    chosen, backend_reason = resolve_backend(backend, device, dtype)
+    reasons.append(f"backend {chosen}: {backend_reason}")
+    graphs = bool(cuda_graphs) and device.type == "cuda" and dtype != torch.float32
+    if cuda_graphs and not graphs:
+        reasons.append("CUDA graphs off: they need CUDA and a half-precision dtype")
+    else:
+        reasons.append(f"CUDA graphs {'on' if graphs else 'off (requested)'}")
+    fi_kernel = resolve_flashinfer_kernel(flashinfer_kernel, device)
+    if chosen == "flashinfer":
+        reasons.append(f"FlashInfer {fi_kernel} ({'requested' if flashinfer_kernel != 'auto' else 'auto: fa3 on Hopper'})")
+    if sdpa_kernel not in SDPA_KERNELS:
+        raise ValueError(f"sdpa_kernel must be one of {SDPA_KERNELS} (got {sdpa_kernel!r})")
+    cudnn_reason = cudnn_attention_unusable_reason(device, dtype)
+    if sdpa_kernel == "cudnn" and cudnn_reason:
+        raise ValueError(f"sdpa_kernel 'cudnn' cannot run: {cudnn_reason}")
+    sk = sdpa_kernel if sdpa_kernel != "auto" else ("flash" if cudnn_reason else "cudnn")
+    if chosen == "sdpa" and graphs:
+        reasons.append(f"one-frame SDPA kernel {sk} ({'requested' if sdpa_kernel != 'auto' else cudnn_reason or 'auto'})")
+    switch = _switch(compile_blocks, "compile_blocks")
+    compile_reason = ""
+    if not graphs:
+        compile_reason = "the fused blocks run inside the CUDA-graph step, which is off"
+    elif importlib.util.find_spec("triton") is None:
+        compile_reason = "triton is not installed"
+    if switch == "on" and compile_reason:
+        raise ValueError(f"compile_blocks 'on' cannot run: {compile_reason}")
+    fused = switch == "on" or (switch == "auto" and not compile_reason)
+    reasons.append(f"block fusion {'on' if fused else 'off'} ({switch}{': ' + compile_reason if compile_reason and switch != 'off' else ''})")
+    if not autocast:
+        reasons.append("autocast off: pure low-precision aggregator (opt-in, moves poses)")
+    return ResolvedRuntime(
+        device=device, dtype=dtype, backend=chosen, backend_reason=backend_reason, flashinfer_kernel=fi_kernel,
+        sdpa_kernel=sk, cuda_graphs=graphs, compile_blocks=fused, autocast=bool(autocast), reasons=tuple(reasons),
+    )
+
+
 def resolve_runtime(cfg: RuntimeConfig) -> ResolvedRuntime:
+    """``RuntimeConfig`` (user settings, ``auto`` allowed) -> ``ResolvedRuntime``."""
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    backend, reason = resolve_backend(cfg.attention_backend, device, dtype)
-    return ResolvedRuntime(device=device, dtype=dtype, backend=backend, backend_reason=reason)
+    return resolve_for(
+        device, dtype, backend=cfg.attention_backend, flashinfer_kernel=cfg.flashinfer_kernel,
+        sdpa_kernel=cfg.sdpa_kernel, cuda_graphs=cfg.cuda_graphs, compile_blocks=cfg.compile_blocks,
+        autocast=cfg.autocast,
+    )
+
+
+__all__ = [
+    "ResolvedRuntime", "resolve_runtime", "resolve_for", "resolve_device", "resolve_dtype", "resolve_backend",
+    "resolve_flashinfer_kernel", "flashinfer_unusable_reason", "cudnn_attention_unusable_reason",
+]

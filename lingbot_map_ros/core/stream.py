@@ -37,7 +37,9 @@ from .geometry import decode_pose_encoding
 from .model import LingBotMap, build_model
 from .cuda_graph import GraphedFrameStep
 from .results import CacheSnapshot, FrameResult
-from .runtime import resolve_flashinfer_kernel, resolve_runtime
+from .cache.factory import build_camera_cache, build_global_cache
+from .model.fusion import BlockFusion, fused_blocks
+from .runtime import ResolvedRuntime, resolve_for, resolve_runtime
 
 TRAINING_RANGE_STORED_FRAMES = 320  # README of the official model: quality degrades beyond this
 
@@ -88,22 +90,34 @@ class StreamingSession:
         cuda_graphs: bool = True,
         flashinfer_kernel: str = "auto",
         autocast: bool = True,
+        sdpa_kernel: str = "auto",
+        compile_blocks: str | bool = "off",
+        runtime: Optional[ResolvedRuntime] = None,
     ) -> None:
-        """``autocast``: the official mixed-precision recipe (fp32 LayerNorm outputs and residual
-        stream, MODEL_SPEC §14). ``False`` runs the aggregator purely in ``dtype`` (bf16 residual
-        stream, no cast kernels): faster, and further from the official bf16 numbers."""
+        """``runtime``: the resolved runtime (``runtime.resolve_runtime``); when given it decides
+        backend, kernels, graphs, fusion and autocast, and the keyword settings below are ignored.
+        Without it they are resolved here by the same function (``runtime.resolve_for``):
+        ``autocast`` = the official mixed-precision recipe (``False`` runs the aggregator purely in
+        ``dtype``: faster, further from the official bf16 numbers); ``compile_blocks`` defaults to
+        off on this path so that direct constructions (tests) never pay a compile."""
         problems = validate_stream(stream_cfg)
         if problems:
             raise ValueError("; ".join(problems))
         self.model = model
         self.model_cfg = model_cfg
         self.stream_cfg = stream_cfg
-        self.device = device
-        self.dtype = dtype
-        self.backend = backend
+        if runtime is None:
+            runtime = resolve_for(
+                device, dtype, backend=backend, flashinfer_kernel=flashinfer_kernel, sdpa_kernel=sdpa_kernel,
+                cuda_graphs=cuda_graphs, compile_blocks=compile_blocks, autocast=autocast,
+            )
+        self.runtime = runtime
+        self.device = runtime.device
+        self.dtype = runtime.dtype
+        self.backend = runtime.backend
         self.log = log
         self.info = info or SessionInfo(
-            backend=backend,
+            backend=self.backend,
             backend_reason="chosen by the caller",
             dtype=str(dtype).replace("torch.", ""),
             device=str(device),
@@ -112,12 +126,11 @@ class StreamingSession:
             random_weights=True,
         )
         self.session_id = 0
-        # CUDA graphs for one-frame steps: only on CUDA, and only with half-precision pages (the
-        # graph-capable attention kernels are flash/FlashInfer).
-        self.use_cuda_graphs = bool(cuda_graphs) and device.type == "cuda" and dtype != torch.float32
-        # fa2 (official page layout) or fa3 (exact token pages; Hopper, ~10 ms/frame faster on an H200)
-        self.flashinfer_kernel = resolve_flashinfer_kernel(flashinfer_kernel, device)
-        self.autocast = autocast
+        # all resolved by runtime.resolve_for (one owner); kept as attributes for the callers
+        self.use_cuda_graphs = runtime.cuda_graphs
+        self.flashinfer_kernel = runtime.flashinfer_kernel
+        self.autocast = runtime.autocast
+        self._fusion: Optional[BlockFusion] = BlockFusion() if runtime.compile_blocks else None
         self._graph_step: Optional[GraphedFrameStep] = None
         self._graph_key: Optional[tuple] = None
         self._kv: Optional[PagedKVCache] = None  # allocated for the first frame's size
@@ -164,13 +177,10 @@ class StreamingSession:
             random_weights=not runtime.checkpoint,
         )
         log(f"attention backend {info.backend} ({info.backend_reason}); dtype {info.dtype}; device {info.device}")
-        session = cls(
-            model, cfg, stream, device=resolved.device, dtype=resolved.dtype, backend=resolved.backend,
-            info=info, log=log, cuda_graphs=runtime.cuda_graphs,
-        )
+        session = cls(model, cfg, stream, device=resolved.device, dtype=resolved.dtype, info=info, log=log,
+                      runtime=resolved)
         if session.device.type == "cuda":
-            kernel = f"FlashInfer {session.flashinfer_kernel}, " if session.backend == "flashinfer" else ""
-            log(f"{kernel}CUDA graphs for one-frame steps: {'on' if session.use_cuda_graphs else 'off'}")
+            log(f"one-frame steps: {resolved.summary()}")
         return session
 
     # ------------------------------------------------------------------ public API
@@ -308,64 +318,10 @@ class StreamingSession:
             raise SessionError(
                 f"frame {hw[1]}x{hw[0]} needs more spatial RoPE rows than max_frame_num={scfg.max_frame_num}"
             )
-        self._kv = PagedKVCache(
-            num_blocks=cfg.depth,
-            num_heads=cfg.num_heads,
-            head_dim=cfg.head_dim,
-            page_size=page_size,
-            scale_frames=scfg.scale_frames,
-            sliding_window=scfg.sliding_window,
-            max_frame_num=scfg.max_frame_num,
-            dtype=self.dtype,
-            device=self.device,
-            backend=self._eager_backend(page_size),
-            single_frame_backend=self._graph_backend(page_size) if self.use_cuda_graphs else None,
-        )
-        self._camera_kv = CameraKVCache(
-            num_iterations=scfg.camera_iterations,
-            num_blocks=cfg.camera_trunk_depth,
-            num_heads=cfg.camera_num_heads,
-            head_dim=cfg.camera_head_dim,
-            # stored frames never exceed max_stored_frames (the long-run policy acts first), plus one
-            # scratch slot for a non-keyframe; a tight capacity keeps the graph's masked attention short
-            capacity_frames=min(scfg.max_frame_num, scfg.max_stored_frames + 1),
-            dtype=torch.float32,  # the camera head runs in fp32 (MODEL_SPEC §10.3)
-            device=self.device,
-            static=self.use_cuda_graphs,
-        )
+        # which backends, how large the pools: cache/factory.py decides from the resolved runtime
+        self._kv = build_global_cache(self.runtime, cfg, scfg, page_size)
+        self._camera_kv = build_camera_cache(self.runtime, cfg, scfg)
         self._kv_hw = hw
-
-    def _eager_backend(self, page_size: int):
-        if self.backend != "flashinfer":
-            return self.backend
-        from .cache.flashinfer_backend import FlashInferBackend
-
-        cfg = self.model_cfg
-        return FlashInferBackend(page_size=page_size, num_heads=cfg.num_heads, head_dim=cfg.head_dim,
-                                 dtype=self.dtype, device=self.device, kernel=self.flashinfer_kernel)
-
-    def _graph_backend(self, page_size: int):
-        """A single-frame attention backend whose buffers have fixed addresses (CUDA graphs)."""
-        cfg, scfg = self.model_cfg, self.stream_cfg
-        patch_pages = scfg.scale_frames + scfg.sliding_window + 1  # +1: a non-keyframe's own page
-        max_stored = min(scfg.max_stored_frames, scfg.max_frame_num - 1) + 1
-        max_specials = SPECIAL_TOKENS_PER_FRAME * max_stored
-        tokens = SPECIAL_TOKENS_PER_FRAME + page_size
-        if self.backend == "flashinfer":
-            from .cache.flashinfer_backend import FlashInferBackend
-
-            return FlashInferBackend(
-                page_size=page_size, num_heads=cfg.num_heads, head_dim=cfg.head_dim, dtype=self.dtype,
-                device=self.device, use_cuda_graph=True, kernel=self.flashinfer_kernel,
-                max_visible_pages=patch_pages + -(-max_specials // page_size) + 1, max_query_tokens=tokens,
-            )
-        from .cache.sdpa_backend import StaticSdpaBackend
-
-        return StaticSdpaBackend(
-            page_size=page_size, num_heads=cfg.num_heads, head_dim=cfg.head_dim,
-            max_keys=patch_pages * page_size + max_specials, num_query_tokens=tokens,
-            dtype=self.dtype, device=self.device,
-        )
 
     def _graphed_step(self) -> GraphedFrameStep:
         """The captured one-frame step for the current size and head settings (built on first use)."""
@@ -375,8 +331,11 @@ class StreamingSession:
             ones = torch.ones(1, dtype=torch.long, device=self.device)
             iterations, with_depth, max_positions = self.stream_cfg.camera_iterations, self._with_depth, self.stream_cfg.max_frame_num
 
+            fusion = self._fusion  # compiled block bodies (None: eager blocks), compiled in the warm-up run
+
             def run(images: torch.Tensor, rope_frames: torch.Tensor):
-                with torch.inference_mode(), _autocast(self.device, self.dtype if self.autocast else torch.float32):
+                with torch.inference_mode(), _autocast(self.device, self.dtype if self.autocast else torch.float32), \
+                        fused_blocks(fusion):
                     return self.model(
                         images, rope_frames=rope_frames, camera_variant=ones, scale_variant=ones,
                         global_attention=kv, camera_attention=camera_kv, num_iterations=iterations,

@@ -18,8 +18,9 @@ import torch
 
 from ..core.config import StreamConfig, model_config
 from ..core.model import build_model
-from ..core.runtime import resolve_backend, resolve_device, resolve_dtype
-from ..core.long_run import WindowedSession
+from ..core.model.fusion import fused_blocks
+from ..core.runtime import resolve_backend, resolve_device, resolve_dtype, resolve_for
+from ..core.long_run import session_class
 from ..core.stream import StreamingSession, _cast_for_inference
 from .common import add_session_options, stream_from_args
 
@@ -37,6 +38,29 @@ class BenchRow:
     peak_mem_gb: float
     growth_gb: float  # memory at the last frame minus memory at frame 100 (or the steady start)
     growth_span: str
+    first_frame_ms: float = 0.0  # first phase-2 frame: graph capture + block compilation
+    finite: bool = True  # every pose finite
+
+
+VARIANT_HELP = (
+    "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+bf16]: BACKEND sdpa|flashinfer, KERNEL "
+    "cudnn|flash (sdpa) or fa2|fa3 (flashinfer); +compile = torch.compile-fused blocks in the graph step; "
+    "+bf16 = no autocast (opt-in numerics). e.g. sdpa:cudnn+graph+compile,flashinfer:fa3+graph"
+)
+
+
+def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
+    """Parse a variant name into the ``ResolvedRuntime`` it stands for (same resolver as the node)."""
+    head, *flags = variant.replace("-bf16", "+bf16").split("+")
+    backend, _, kernel = head.partition(":")
+    unknown = set(flags) - {"graph", "eager", "compile", "bf16"}
+    if unknown:
+        raise ValueError(f"unknown variant flags {sorted(unknown)} in {variant!r}; {VARIANT_HELP}")
+    fi_kernel = kernel if backend == "flashinfer" and kernel else "auto"
+    sdpa_kernel = kernel if backend == "sdpa" and kernel else "auto"
+    return resolve_for(device, dtype, backend=backend, flashinfer_kernel=fi_kernel, sdpa_kernel=sdpa_kernel,
+                       cuda_graphs="eager" not in flags and device.type == "cuda",
+                       compile_blocks="on" if "compile" in flags else "off", autocast="bf16" not in flags)
 
 
 def _memory_bytes(device: torch.device) -> int:
@@ -59,13 +83,11 @@ def _peak_bytes(device: torch.device) -> int:
 def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, variant: str, frames: int,
             height: int, width: int, heads: str, report_every: int = 0,
             profile: bool = False) -> tuple[BenchRow, np.ndarray]:
-    backend, _, mode = variant.partition("+")
-    backend, _, kernel = backend.partition(":")  # flashinfer:fa2 / flashinfer:fa3 (default: auto)
+    runtime = variant_runtime(variant, device, dtype)
+    backend = runtime.backend
     stream_cfg = dataclasses.replace(stream_cfg, with_depth=(heads == "depth+camera"))
-    session_cls = WindowedSession if stream_cfg.long_run_policy == "window" else StreamingSession
-    session = session_cls(model, cfg, stream_cfg, device=device, dtype=dtype, backend=backend,
-                          log=lambda m: None, cuda_graphs=mode.startswith("graph"), flashinfer_kernel=kernel or "auto",
-                          autocast=not mode.endswith("-bf16"))
+    session_cls = session_class(stream_cfg.long_run_policy)
+    session = session_cls(model, cfg, stream_cfg, device=device, dtype=dtype, log=lambda m: None, runtime=runtime)
     gen = torch.Generator().manual_seed(0)
     pool = [torch.rand(3, height, width, generator=gen) for _ in range(8)]  # frames cycle through a pool
     if device.type == "cuda":
@@ -77,6 +99,7 @@ def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, variant: str, f
     poses: list[np.ndarray] = []
     phase1_ms = 0.0
     mem_mark = mem_last = 0
+    first_frame_ms = 0.0
     for i in range(frames):
         t0 = time.perf_counter()
         results = session.push(pool[i % len(pool)], float(i))
@@ -84,6 +107,8 @@ def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, variant: str, f
         poses += [r.pose_enc for r in results]
         if results and results[0].is_scale_frame:
             phase1_ms = dt
+        elif results and not first_frame_ms:
+            first_frame_ms = dt  # the first one-frame step: graph capture (and block compilation)
         elif results:
             per_frame.append(dt)
         if i == mark:
@@ -96,6 +121,7 @@ def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, variant: str, f
     mem_last = _memory_bytes(device)
     if profile:
         print(profile_table(session, pool, variant), flush=True)
+    pose_check = bool(np.isfinite(np.stack(poses)).all()) if poses else False
     del session
     import gc
 
@@ -116,6 +142,8 @@ def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, variant: str, f
         peak_mem_gb=_peak_bytes(device) / 1e9,
         growth_gb=(mem_last - mem_mark) / 1e9,
         growth_span=f"{mark}->{frames - 1}",
+        first_frame_ms=first_frame_ms,
+        finite=pose_check,
     ), np.stack(poses)
 
 
@@ -138,7 +166,7 @@ def profile_table(session, pool, variant: str, frames: int = 10) -> str:
 
     graphs = session.use_cuda_graphs
     session.use_cuda_graphs = False
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof, fused_blocks(session._fusion):  # same kernels as the graph
         for i in range(frames):
             session.push(pool[i % len(pool)], float(i))
         torch.cuda.synchronize()
@@ -164,12 +192,14 @@ def profile_table(session, pool, variant: str, frames: int = 10) -> str:
 
 def format_table(rows: list[BenchRow], header: str) -> str:
     lines = [header, "",
-             "| variant | heads | frames | steady median ms | steady p90 ms | FPS | phase-1 ms | peak mem GB | mem growth GB (frames) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| variant | heads | frames | steady median ms | steady p90 ms | FPS | phase-1 ms | first one-frame ms "
+             "| peak mem GB | mem growth GB (frames) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r.variant} | {r.heads} | {r.frames} | {r.steady_median_ms:.2f} | {r.steady_p90_ms:.2f} | "
-            f"{r.fps:.1f} | {r.phase1_ms:.1f} | {r.peak_mem_gb:.2f} | {r.growth_gb:+.3f} ({r.growth_span}) |"
+            f"{r.fps:.1f} | {r.phase1_ms:.1f} | {r.first_frame_ms:.0f} | {r.peak_mem_gb:.2f} | "
+            f"{r.growth_gb:+.3f} ({r.growth_span}){'' if r.finite else ' NON-FINITE POSES'} |"
         )
     return "\n".join(lines)
 
@@ -180,12 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--height", type=int, default=378, help="model input height (multiple of 14)")
     p.add_argument("--width", type=int, default=518, help="model input width (multiple of 14)")
     p.add_argument("--frames", type=int, default=208, help="frames per run, phase 1 included")
-    p.add_argument("--variants", default="",
-                   help="comma list of BACKEND[+graph|+eager] (e.g. flashinfer+graph,sdpa+graph); "
-                        "default: the resolved backend with CUDA graphs on CUDA")
+    p.add_argument("--variants", default="", help=VARIANT_HELP + "; default: the resolved backend with CUDA graphs on CUDA")
     p.add_argument("--heads", default="depth+camera,camera", help="comma list of depth+camera and/or camera")
     p.add_argument("--report-every", type=int, default=0, help="print the recent median and memory every N frames")
-    p.add_argument("--profile", action="store_true", help="print GPU kernel time by category for the first variant")
+    p.add_argument("--profile", action="store_true", help="print GPU kernel time by category (first head setting)")
+    p.add_argument("--profile-variant", default="", help="the variant to profile (default: the first)")
     args = p.parse_args(argv)
     # Random weights always: a checkpoint changes no timing.
     preset = args.model_preset or "tiny"
@@ -199,11 +228,21 @@ def main(argv: list[str] | None = None) -> int:
     variants = [v for v in args.variants.split(",") if v] or [default_variant]
     rows = []
     pose_diffs: list[str] = []
-    for heads in [h for h in args.heads.split(",") if h]:
+    failures: list[str] = []
+    profile_variant = args.profile_variant or variants[0]
+    head_list = [h for h in args.heads.split(",") if h]
+    for heads in head_list:
         reference: np.ndarray | None = None
         for variant in variants:
-            row, poses = run_one(model, cfg, stream_cfg, device, dtype, variant, args.frames, args.height, args.width, heads,
-                                 args.report_every, profile=args.profile and not rows)
+            try:
+                row, poses = run_one(model, cfg, stream_cfg, device, dtype, variant, args.frames, args.height, args.width,
+                                     heads, args.report_every, profile=args.profile and variant == profile_variant and heads == head_list[0])
+            except Exception as exc:  # one broken variant must not lose the others' numbers
+                print(f"FAILED: {variant} {heads}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                failures.append(f"{variant} {heads}: {type(exc).__name__}: {str(exc)[:300]}")
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                continue
             rows.append(row)
             print(f"done: {variant} {heads}: {row.steady_median_ms:.2f} ms", file=sys.stderr, flush=True)
             if reference is None:
@@ -219,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows, header))
     for line in pose_diffs:
         print(line)
+    for line in failures:
+        print("FAILED:", line)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Streaming KV caches: paged global-attention cache (page table + per-block pages + backend) and
 the camera-head cache. Plain-Python page bookkeeping lives in ``pages``; attention kernels behind
 the ``AttentionBackend`` seam (``sdpa_backend``; FlashInfer optional)."""
-from .backend import AttentionBackend, make_backend
+from .backend import AttentionBackend
 from .camera_cache import CameraKVCache
 from .paged import PagedKVCache
 from .pages import (
@@ -25,5 +25,4 @@ __all__ = [
     "PagedKVCache",
     "PoolExhausted",
     "SdpaBackend",
-    "make_backend",
 ]

@@ -4,14 +4,14 @@ All global blocks share one page table at a given step (MODEL_SPEC §9.3), so a 
 per-step work (index building, kernel planning) once in ``plan`` and only launches the kernel
 per block in ``run``. This is exactly the shape of FlashInfer's
 ``BatchPrefillWithPagedKVCacheWrapper`` (``plan`` once, ``run`` per layer), so a FlashInfer
-backend only has to implement these two methods.
+backend only has to implement these two methods. This module imports no backend: they import its
+helpers, and ``factory.py`` picks and builds them.
 
 Physical layout handed to ``run`` (per block, owned by ``paged.PagedKVCache``): a pair
 ``(k_pages, v_pages)``, each a contiguous ``[num_pages, page_size, H, D]`` tensor ("NHD"), page ids
 as in ``pages.PageTable``; token slot ``page * page_size + offset`` is row ``page*page_size+offset``
 of ``k_pages.view(-1, H, D)``. K and V are separate (not one ``[pages, 2, page, H, D]`` tensor)
-because exact token-granular paging (FlashInfer fa3 with page size 1, the fastest exact option in
-GPU.md) needs each of them viewable as ``[pages*page, 1, H, D]``. The visible keys are all
+because exact token-granular paging (FlashInfer fa3 with page size 1) needs each of them viewable as ``[pages*page, 1, H, D]``. The visible keys are all
 ``page_size`` slots of every visible page except the last, then the first ``last_page_len`` slots of
 the last one. There is no mask.
 """
@@ -60,34 +60,4 @@ def visible_token_slots(
     return (pages[:, None] * page_size + offsets).reshape(-1)[:num_keys]  # [N]
 
 
-def make_backend(
-    name: str,
-    *,
-    page_size: int,
-    num_heads: int,
-    head_dim: int,
-    dtype: torch.dtype,
-    device: torch.device | str,
-) -> AttentionBackend:
-    """Build a backend by name. ``flashinfer`` is optional and imported only when asked for.
-
-    A FlashInfer backend is expected at ``cache/flashinfer_backend.py`` as
-    ``FlashInferBackend(page_size=, num_heads=, head_dim=, dtype=, device=)``.
-    """
-    key = name.lower()
-    if key == "sdpa":
-        from .sdpa_backend import SdpaBackend
-
-        return SdpaBackend(page_size=page_size, device=device)
-    if key == "flashinfer":
-        try:
-            from .flashinfer_backend import FlashInferBackend  # type: ignore[import-not-found]
-        except ImportError as exc:  # flashinfer (or the module) is optional
-            raise ValueError(f"attention backend 'flashinfer' is not available: {exc}") from exc
-        return FlashInferBackend(
-            page_size=page_size, num_heads=num_heads, head_dim=head_dim, dtype=dtype, device=device
-        )
-    raise ValueError(f"unknown attention backend {name!r}; choose 'sdpa' or 'flashinfer'")
-
-
-__all__ = ["AttentionBackend", "make_backend", "visible_key_count", "visible_token_slots"]
+__all__ = ["AttentionBackend", "visible_key_count", "visible_token_slots"]

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import torch
 
 from ..config import special_pages_capacity
-from .backend import AttentionBackend, make_backend
+from .backend import AttentionBackend
 from .pages import AppendPlan, PageStats, PageTable
+from .sdpa_backend import SdpaBackend
 
 
 @dataclass(frozen=True)
@@ -56,10 +57,13 @@ class PagedKVCache:
         backend: str | AttentionBackend = "sdpa",
         num_patch_pages: int | None = None,
         single_frame_backend: AttentionBackend | None = None,
+        special_pages: int | None = None,
     ) -> None:
-        """``single_frame_backend``: an optional second backend for one-frame steps (phase 2), e.g. a
-        CUDA-graph-capable one whose buffers have fixed addresses; multi-frame steps (phase 1) keep
-        using ``backend``."""
+        """``backend``: ``"sdpa"`` or an ``AttentionBackend`` (``cache/factory.py`` builds them from
+        the runtime). ``single_frame_backend``: an optional second backend for one-frame steps
+        (phase 2), e.g. a CUDA-graph-capable one whose buffers have fixed addresses; multi-frame
+        steps (phase 1) keep using ``backend``. ``num_patch_pages`` / ``special_pages``: pool sizes
+        (None = the official ones)."""
         if num_blocks < 1 or num_heads < 1 or head_dim < 1:
             raise ValueError(
                 f"num_blocks, num_heads, head_dim must be >= 1 (got {num_blocks}, {num_heads}, {head_dim})"
@@ -71,7 +75,7 @@ class PagedKVCache:
             sliding_window=sliding_window,
             page_size=page_size,
             num_patch_pages=num_patch_pages,
-            special_pages=special_pages_capacity(max_frame_num, page_size),
+            special_pages=special_pages if special_pages is not None else special_pages_capacity(max_frame_num, page_size),
         )
         self.num_blocks = num_blocks
         self.num_heads = num_heads
@@ -88,11 +92,11 @@ class PagedKVCache:
             (num_blocks, 2, self.table.num_pages, page_size, num_heads, head_dim), dtype=dtype, device=self.device
         )
         if isinstance(backend, str):
-            backend = make_backend(
-                backend, page_size=page_size, num_heads=num_heads, head_dim=head_dim, dtype=dtype, device=self.device
-            )
+            if backend.lower() != "sdpa":
+                raise ValueError(f"backend by name must be 'sdpa' (got {backend!r}); build others with cache/factory.py")
+            backend = SdpaBackend(page_size=page_size, device=self.device)
         elif not isinstance(backend, AttentionBackend):
-            raise TypeError(f"backend must be 'sdpa', 'flashinfer' or an AttentionBackend (got {type(backend)!r})")
+            raise TypeError(f"backend must be 'sdpa' or an AttentionBackend (got {type(backend)!r})")
         self.backend = backend
         self.single_frame_backend = single_frame_backend
         self._offsets = torch.arange(page_size, dtype=torch.long, device=self.device)  # [page]

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .fusion import active_fusion
 from .interfaces import GlobalAttention
 from .rope import RopeApplier
 
@@ -97,7 +98,15 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, layerscale_init)
 
     def forward(self, x: Tensor, attend: AttendFn) -> Tensor:
-        """x: ``[N, T, C]``."""
+        """x: ``[N, T, C]``.
+
+        Inside ``fusion.fused_blocks(...)`` (the CUDA-graph frame step) a block whose attention is a
+        ``SplitAttend`` runs as two compiled regions around the attention call; everywhere else (CPU,
+        phase 1, the camera head) exactly the ops below run, so eager numbers never change.
+        """
+        fused = active_fusion()
+        if fused is not None and isinstance(attend, SplitAttend):
+            return fused.block(self, x, attend)
         x = x + self.ls1(self.attn(self.norm1(x), attend))
         return x + self.ls2(self.mlp(self.norm2(x)))
 
@@ -108,38 +117,50 @@ def sdpa_tokens(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return out.transpose(1, 2)  # [N, T, H, D]
 
 
+class SplitAttend:
+    """An attention callable in two parts: a rotation of q and k (``rope``) and the attention proper.
+
+    Calling it does exactly what the closures of earlier versions did (RoPE, cast q and k to v's
+    dtype, attend). The split exists so that the fused block path can do the rotation and the cast
+    inside its own compiled kernels and call only ``core`` (an opaque region for the compiler).
+    """
+
+    def __init__(self, rope: RopeApplier | None, core: AttendFn) -> None:
+        self.rope = rope
+        self.core = core  # q, k, v already rotated and in v's dtype -> output, same layout as q
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if self.rope is not None:
+            q, k = self.rope(q), self.rope(k)
+        return self.core(q.to(v.dtype), k.to(v.dtype), v)
+
+
 def dense_attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Attention of the DINO blocks: every token of a frame to every token of the frame."""
     return sdpa_tokens(q, k, v)
 
 
-def frame_attend(rope: RopeApplier | None) -> AttendFn:
+DENSE_ATTEND = SplitAttend(None, sdpa_tokens)  # the DINO blocks' attention, fusable (no RoPE, no cast)
+
+
+def frame_attend(rope: RopeApplier | None) -> SplitAttend:
     """Frame-block attention: 2D RoPE on q and k, then each frame attends only to itself.
 
     q and k are cast to v's dtype after RoPE: under autocast LayerNorm returns fp32, v is the
     lower-precision linear output, and SDPA needs one dtype.
     """
-
-    def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        if rope is not None:
-            q, k = rope(q), rope(k)  # [S, P, H, D]
-        return sdpa_tokens(q.to(v.dtype), k.to(v.dtype), v)
-
-    return attend
+    return SplitAttend(rope, sdpa_tokens)
 
 
-def global_attend(block_idx: int, rope: RopeApplier | None, global_attention: GlobalAttention) -> AttendFn:
+def global_attend(block_idx: int, rope: RopeApplier | None, global_attention: GlobalAttention) -> SplitAttend:
     """Global-block attention: 3D RoPE, then the injected cache/backend sees ``[T, H, D]``.
 
     Input here is ``[1, S·P, H, D]`` (the whole call as one sequence). q and k are cast to v's dtype
-    *before* the callable so a cache stores K in the model dtype (never silently fp32 under autocast).
+    *before* the cache so it stores K in the model dtype (never silently fp32 under autocast).
+    RoPE is elementwise, so rotating the ``[1, T, H, D]`` tensor equals rotating its ``[T, H, D]`` view.
     """
 
-    def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        q, k, v = q[0], k[0], v[0]  # [T, H, D]
-        if rope is not None:
-            q, k = rope(q), rope(k)
-        out = global_attention(block_idx, q.to(v.dtype), k.to(v.dtype), v)  # [T, H, D]
-        return out[None]  # [1, T, H, D]
+    def core(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return global_attention(block_idx, q[0], k[0], v[0])[None]  # [1, T, H, D]
 
-    return attend
+    return SplitAttend(rope, core)

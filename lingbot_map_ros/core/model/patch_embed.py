@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .blocks import Block, dense_attend
+from .blocks import DENSE_ATTEND, Block
 
 
 class PatchConv(nn.Module):
@@ -89,6 +89,6 @@ class DinoV2Backbone(nn.Module):
         regs = self.register_tokens.expand(N, -1, -1).to(tokens.dtype)  # [N, R, C]
         tokens = torch.cat([tokens[:, :1], regs, tokens[:, 1:]], dim=1)  # [N, 1+R+Np, C]
         for block in self.blocks:
-            tokens = block(tokens, dense_attend)
+            tokens = block(tokens, DENSE_ATTEND)
         tokens = self.norm(tokens)
         return tokens[:, 1 + self.num_register_tokens :]  # [N, Np, C]

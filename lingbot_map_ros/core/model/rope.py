@@ -253,6 +253,11 @@ class RopeApplier:
             self._tables[dtype] = hit
         return hit
 
+    @property
+    def apply_fn(self) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+        """The rotation ``(x, cos, sin) -> x'`` (for the fused blocks, which pass the tables explicitly)."""
+        return self._apply
+
     def __call__(self, x: Tensor) -> Tensor:
         cos, sin = self.tables(x.dtype)
         return self._apply(x, cos, sin)

@@ -1,0 +1,112 @@
+"""The one place that turns a ``ResolvedRuntime`` into attention backends and KV caches.
+
+The session asks for its caches here (``build_global_cache``, ``build_camera_cache``) once per
+frame size; everything that depends on the runtime choice — which backend serves multi-frame steps,
+which one serves the one-frame CUDA-graph steps, how large the page pools are — is decided below
+and nowhere else.
+
+Pool sizes: the default pools are the official ones (``scale + window + 16`` patch pages and
+``ceil((max_frame_num + 100)·6 / page) + 16`` special pages). The masked dense backend reads the
+whole storage of a block, so with it the pools are exactly what can ever be visible:
+``scale + window + 1`` patch pages (the +1 holds a non-keyframe until its rollback) and enough
+special pages for the specials of ``max_stored + 1`` frames; the session never stores more
+(its long-run policy acts before ``max_stored_frames``).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ..config import SPECIAL_TOKENS_PER_FRAME, ModelConfig, StreamConfig
+from ..runtime import ResolvedRuntime
+from .backend import AttentionBackend
+from .camera_cache import CameraKVCache
+from .paged import PagedKVCache
+from .sdpa_backend import SdpaBackend, StaticSdpaBackend
+
+
+def max_stored_frames(stream: StreamConfig) -> int:
+    """Frames a session can hold in the cache at once, the in-flight non-keyframe included."""
+    return min(stream.max_stored_frames, stream.max_frame_num - 1) + 1
+
+
+def uses_masked_dense(rt: ResolvedRuntime) -> bool:
+    """True when one-frame steps run ``MaskedDenseBackend`` (pools then sized tightly)."""
+    return rt.backend == "sdpa" and rt.cuda_graphs and rt.sdpa_kernel == "cudnn"
+
+
+def pool_sizes(rt: ResolvedRuntime, stream: StreamConfig, page_size: int) -> tuple[Optional[int], Optional[int]]:
+    """``(num_patch_pages, special_pages)`` for ``PagedKVCache``; None = the official default."""
+    if not uses_masked_dense(rt):
+        return None, None
+    patch = stream.scale_frames + stream.sliding_window + 1
+    special = max(1, math.ceil(SPECIAL_TOKENS_PER_FRAME * max_stored_frames(stream) / page_size))
+    return patch, special
+
+
+def make_eager_backend(rt: ResolvedRuntime, model: ModelConfig, page_size: int) -> AttentionBackend:
+    """Backend of steps that are not captured (phase 1; every step when CUDA graphs are off)."""
+    if rt.backend == "flashinfer":
+        from .flashinfer_backend import FlashInferBackend  # optional dependency
+
+        return FlashInferBackend(page_size=page_size, num_heads=model.num_heads, head_dim=model.head_dim,
+                                 dtype=rt.dtype, device=rt.device, kernel=rt.flashinfer_kernel)
+    return SdpaBackend(page_size=page_size, device=rt.device)
+
+
+def make_single_frame_backend(
+    rt: ResolvedRuntime, model: ModelConfig, stream: StreamConfig, page_size: int, num_pages: int
+) -> Optional[AttentionBackend]:
+    """Backend of one-frame steps inside the CUDA graph (fixed buffer addresses); None without graphs."""
+    if not rt.cuda_graphs:
+        return None
+    patch_pages = stream.scale_frames + stream.sliding_window + 1  # +1: a non-keyframe's own page
+    max_specials = SPECIAL_TOKENS_PER_FRAME * max_stored_frames(stream)
+    tokens = SPECIAL_TOKENS_PER_FRAME + page_size
+    common = dict(num_heads=model.num_heads, head_dim=model.head_dim, dtype=rt.dtype, device=rt.device)
+    if rt.backend == "flashinfer":
+        from .flashinfer_backend import FlashInferBackend
+
+        return FlashInferBackend(
+            page_size=page_size, use_cuda_graph=True, kernel=rt.flashinfer_kernel,
+            max_visible_pages=patch_pages + -(-max_specials // page_size) + 1, max_query_tokens=tokens, **common,
+        )
+    if rt.sdpa_kernel == "cudnn":
+        from .dense_backend import MaskedDenseBackend
+
+        return MaskedDenseBackend(page_size=page_size, num_pages=num_pages, kernel="cudnn", **common)
+    return StaticSdpaBackend(page_size=page_size, max_keys=patch_pages * page_size + max_specials,
+                             num_query_tokens=tokens, **common)
+
+
+def build_global_cache(rt: ResolvedRuntime, model: ModelConfig, stream: StreamConfig, page_size: int) -> PagedKVCache:
+    """The paged global-attention cache of every aggregator block, with both backends attached."""
+    num_patch_pages, special_pages = pool_sizes(rt, stream, page_size)
+    cache = PagedKVCache(
+        num_blocks=model.depth, num_heads=model.num_heads, head_dim=model.head_dim, page_size=page_size,
+        scale_frames=stream.scale_frames, sliding_window=stream.sliding_window, max_frame_num=stream.max_frame_num,
+        dtype=rt.dtype, device=rt.device, backend=make_eager_backend(rt, model, page_size),
+        num_patch_pages=num_patch_pages, special_pages=special_pages,
+    )
+    cache.single_frame_backend = make_single_frame_backend(rt, model, stream, page_size, cache.table.num_pages)
+    return cache
+
+
+def build_camera_cache(rt: ResolvedRuntime, model: ModelConfig, stream: StreamConfig) -> CameraKVCache:
+    """The camera-head trunk cache (fp32, the head's dtype); static buffers when graphs are on."""
+    return CameraKVCache(
+        num_iterations=stream.camera_iterations, num_blocks=model.camera_trunk_depth,
+        num_heads=model.camera_num_heads, head_dim=model.camera_head_dim,
+        # stored frames never exceed max_stored_frames (the long-run policy acts first), plus one
+        # scratch slot for a non-keyframe; a tight capacity keeps the graph's masked attention short
+        capacity_frames=min(stream.max_frame_num, stream.max_stored_frames + 1),
+        dtype=torch.float32, device=rt.device, static=rt.cuda_graphs,
+    )
+
+
+__all__ = [
+    "build_camera_cache", "build_global_cache", "make_eager_backend", "make_single_frame_backend",
+    "max_stored_frames", "pool_sizes", "uses_masked_dense",
+]

@@ -1,0 +1,137 @@
+"""Fused transformer blocks for the CUDA-graph frame step: ``torch.compile`` of the block bodies.
+
+Eager, one block is ~20 small kernels besides its GEMMs and its attention (LayerNorms, the casts
+of the mixed-precision recipe, RoPE's slices/products/stack, LayerScale, residual adds), and the
+model has 24 DINO + 48 aggregator blocks. Compiling the two regions of a block around its attention
+call fuses them into a handful of Triton kernels:
+
+* ``pre``: ``LN₁ → qkv → q/k-norm → RoPE(q, k) → cast to v's dtype``, returns q, k, v;
+* ``post``: ``proj → γ₁ → residual → LN₂ → fc1 → GELU → fc2 → γ₂ → residual``.
+
+The attention itself (``SplitAttend.core``: SDPA, or the paged KV cache with its Python bookkeeping)
+stays outside, so the compiler never sees the cache. The regions are pure functions of tensors
+(parameters passed in), so one compiled graph serves every block of the same shape: 24 DINO blocks
+share one, 24 frame blocks another, 24 global blocks a third. Compilation happens in the warm-up run
+before the CUDA graph is captured; the graph then replays the compiled kernels like any other.
+
+Numerics: the regions run the same ops under the same autocast state as the eager blocks, with
+Inductor's ``emulate_precision_casts`` so that every bf16 rounding of the eager path is kept
+(Inductor would otherwise keep fused intermediates in fp32). Reduction order inside LayerNorm and
+GEMM epilogues may differ from the eager kernels, so results match to bf16 rounding, not bit for
+bit; the fused path is used only where the eager path also runs in half precision (CUDA).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .blocks import Block, SplitAttend
+
+_STATE = threading.local()
+
+
+def active_fusion() -> Optional["BlockFusion"]:
+    """The fusion in effect on this thread (None: eager blocks)."""
+    return getattr(_STATE, "fusion", None)
+
+
+@contextlib.contextmanager
+def fused_blocks(fusion: Optional["BlockFusion"]) -> Iterator[None]:
+    """Run the enclosed model call with ``fusion`` (None leaves the blocks eager)."""
+    previous = active_fusion()
+    _STATE.fusion = fusion
+    try:
+        yield
+    finally:
+        _STATE.fusion = previous
+
+
+def _pre(
+    x: Tensor,
+    n1_w: Tensor, n1_b: Tensor, n1_eps: float,
+    qkv_w: Tensor, qkv_b: Tensor,
+    qn_w: Optional[Tensor], qn_b: Optional[Tensor], kn_w: Optional[Tensor], kn_b: Optional[Tensor], qk_eps: float,
+    num_heads: int,
+    cos: Optional[Tensor], sin: Optional[Tensor], rotate: Optional[Callable[[Tensor, Tensor, Tensor], Tensor]],
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``x [N, T, C]`` -> q, k, v ``[N, T, H, D]`` exactly as ``Attention.qkv_heads(norm1(x))`` + RoPE + cast."""
+    N, T, C = x.shape
+    head_dim = C // num_heads
+    h = F.layer_norm(x, (C,), n1_w, n1_b, n1_eps)  # [N, T, C]
+    qkv = F.linear(h, qkv_w, qkv_b).reshape(N, T, 3, num_heads, head_dim)  # [N, T, 3, H, D]
+    q, k, v = qkv.unbind(dim=2)  # each [N, T, H, D]
+    if qn_w is not None:
+        q = F.layer_norm(q, (head_dim,), qn_w, qn_b, qk_eps)
+        k = F.layer_norm(k, (head_dim,), kn_w, kn_b, qk_eps)
+    if rotate is not None:
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    return q.to(v.dtype), k.to(v.dtype), v
+
+
+def _post(
+    x: Tensor, attn_out: Tensor,
+    proj_w: Tensor, proj_b: Tensor, g1: Tensor,
+    n2_w: Tensor, n2_b: Tensor, n2_eps: float,
+    fc1_w: Tensor, fc1_b: Tensor, fc2_w: Tensor, fc2_b: Tensor, g2: Tensor,
+) -> Tensor:
+    """``x + γ₁·proj(attn_out)``, then the MLP half of ``Block.forward``; ``attn_out [N, T, H, D]``."""
+    C = x.shape[-1]
+    x = x + F.linear(attn_out.flatten(-2), proj_w, proj_b) * g1  # [N, T, C]
+    h = F.layer_norm(x, (C,), n2_w, n2_b, n2_eps)
+    h = F.linear(F.gelu(F.linear(h, fc1_w, fc1_b)), fc2_w, fc2_b)  # [N, T, C]
+    return x + h * g2
+
+
+class BlockFusion:
+    """Compiled ``pre``/``post`` regions shared by every block; ``block`` runs one block through them."""
+
+    def __init__(self, *, compile_options: Optional[dict] = None) -> None:
+        import torch._dynamo
+
+        # 3 block kinds x a few shapes, plus head room: never fall back to eager silently.
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        options = {"emulate_precision_casts": True}
+        options.update(compile_options or {})
+        self._pre = torch.compile(_pre, fullgraph=True, dynamic=False, options=options)
+        self._post = torch.compile(_post, fullgraph=True, dynamic=False, options=options)
+        self.calls = 0
+
+    def block(self, blk: "Block", x: Tensor, attend: "SplitAttend") -> Tensor:
+        attn = blk.attn
+        qk = not isinstance(attn.q_norm, torch.nn.Identity)
+        cos = sin = rotate = None
+        if attend.rope is not None:
+            # the dtype the eager path rotates in: q/k-norm output (fp32 under autocast), else qkv's
+            probe_dtype = _qk_dtype(x, blk, qk)
+            cos, sin = attend.rope.tables(probe_dtype)
+            rotate = attend.rope.apply_fn
+        q, k, v = self._pre(
+            x, blk.norm1.weight, blk.norm1.bias, blk.norm1.eps, attn.qkv.weight, attn.qkv.bias,
+            attn.q_norm.weight if qk else None, attn.q_norm.bias if qk else None,
+            attn.k_norm.weight if qk else None, attn.k_norm.bias if qk else None,
+            attn.q_norm.eps if qk else 0.0, attn.num_heads, cos, sin, rotate,
+        )
+        out = attend.core(q, k, v)  # [N, T, H, D], opaque to the compiler
+        self.calls += 1
+        return self._post(
+            x, out, attn.proj.weight, attn.proj.bias, blk.ls1.gamma, blk.norm2.weight, blk.norm2.bias, blk.norm2.eps,
+            blk.mlp.fc1.weight, blk.mlp.fc1.bias, blk.mlp.fc2.weight, blk.mlp.fc2.bias, blk.ls2.gamma,
+        )
+
+
+def _qk_dtype(x: Tensor, blk: "Block", qk_norm: bool) -> torch.dtype:
+    """dtype of q after ``qkv`` (+ q-norm) in the eager path, without running it."""
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.float32 if qk_norm else torch.get_autocast_dtype(device_type)
+    return torch.promote_types(x.dtype, blk.attn.qkv.weight.dtype) if not qk_norm else torch.promote_types(
+        torch.promote_types(x.dtype, blk.attn.qkv.weight.dtype), blk.attn.q_norm.weight.dtype)
+
+
+__all__ = ["BlockFusion", "active_fusion", "fused_blocks"]
