@@ -5,12 +5,16 @@
         image_transport:=compressed checkpoint:=/models/lingbot-map.pt namespace:=robot1 log_level:=debug
     ros2 launch lingbot_map_ros lingbot_map.launch.py autostart:=false   # then: ros2 lifecycle set /lingbot_map configure
     ros2 launch lingbot_map_ros lingbot_map.launch.py rviz:=true   # + RViz with config/lingbot_map.rviz
+    ros2 launch lingbot_map_ros lingbot_map.launch.py diagnostics_aggregator:=true   # + /diagnostics_agg for rqt_robot_monitor
 
 Arguments left empty leave the value of the parameter file alone (so a checkpoint or transport set
 in your own params_file is not overridden by the launch defaults).
 """
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.actions import DeclareLaunchArgument, LogInfo, OpaqueFunction
+from launch.condition import Condition
+from launch.conditions import IfCondition
+from launch.launch_context import LaunchContext
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
@@ -19,6 +23,51 @@ PACKAGE = "lingbot_map_ros"
 EXECUTABLE = "lingbot_map_node"
 NODE_NAME = "lingbot_map"
 PARAMS_FILE = "config/lingbot_map.yaml"  # relative to the package share folder
+# diagnostics_aggregator:=true starts diagnostic_aggregator's aggregator_node with this analyzer file
+# (rqt_robot_monitor shows its /diagnostics_agg); it is not a dependency, so only where it is installed.
+AGGREGATOR_PACKAGE = "diagnostic_aggregator"
+AGGREGATOR_EXECUTABLE = "aggregator_node"
+AGGREGATOR_CONFIG = "config/diagnostic_aggregator.yaml"  # relative to this package's share folder
+
+
+def package_installed(name: str) -> bool:
+    """Whether ``name`` is in the ament index (AMENT_PREFIX_PATH), as ``ros2 run`` would find it."""
+    from ament_index_python.packages import PackageNotFoundError, get_package_prefix
+
+    try:
+        get_package_prefix(name)
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+def _aggregator_requested(context: LaunchContext) -> bool:
+    return IfCondition(LaunchConfiguration("diagnostics_aggregator")).evaluate(context)
+
+
+def aggregator_actions() -> list:
+    """The aggregator node when asked for and installed; else, when asked for, a log line saying why not.
+
+    Both carry conditions evaluated at launch time, so the node is part of the description either way
+    (``ros2 launch -p`` shows it) and the ament index is consulted only when the argument is true.
+    """
+    return [
+        Node(
+            package=AGGREGATOR_PACKAGE,
+            executable=AGGREGATOR_EXECUTABLE,
+            # no name=: the aggregator's node is called `analyzers`, the key of the parameter file
+            parameters=[PathJoinSubstitution([FindPackageShare(PACKAGE), *AGGREGATOR_CONFIG.split("/")])],
+            output="screen",
+            condition=Condition(predicate=lambda c: _aggregator_requested(c) and package_installed(AGGREGATOR_PACKAGE)),
+        ),
+        LogInfo(
+            msg=f"diagnostics_aggregator:=true, but {AGGREGATOR_PACKAGE} is not installed: no /diagnostics_agg "
+                f"(raw /diagnostics is still published; install ros-$ROS_DISTRO-diagnostic-aggregator for "
+                f"rqt_robot_monitor)",
+            condition=Condition(predicate=lambda c: _aggregator_requested(c)
+                                and not package_installed(AGGREGATOR_PACKAGE)),
+        ),
+    ]
 
 
 def _node(context):
@@ -91,6 +140,11 @@ def generate_launch_description():
         DeclareLaunchArgument("rviz", default_value="false",
                               description=f"true: also start rviz2 with <share>/{RVIZ_CONFIG} (TF, path, pose, "
                                           "points, map, depth), where rviz2 is installed"),
+        DeclareLaunchArgument("diagnostics_aggregator", default_value="false",
+                              description="true: also start diagnostic_aggregator's aggregator_node with "
+                                          f"<share>/{AGGREGATOR_CONFIG} (/diagnostics_agg for rqt_robot_monitor), "
+                                          "where that package is installed"),
         OpaqueFunction(function=_node),
         OpaqueFunction(function=_rviz),
+        *aggregator_actions(),
     ])

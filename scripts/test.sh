@@ -19,7 +19,12 @@ export PYTHONUNBUFFERED=1
 
 cd "$ROOT"
 set +e
-"$VENV/bin/pytest" test -q -rs "$@"
+# The whole test/ folder unless test files or folders are named (`scripts/test.sh test/test_x.py -x`).
+targets=(test)
+for arg in "$@"; do
+  if [[ "$arg" != -* && -e "${arg%%::*}" ]]; then targets=(); break; fi
+done
+"$VENV/bin/pytest" "${targets[@]}" -q -rs "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then  # pytest's "no tests collected" (e.g. a -k/-m filter that matches nothing)

@@ -1,0 +1,313 @@
+"""The node started and driven with the real ROS 2 tools, from the pip environment, as a user does it.
+
+Every command runs in bash after ``source .venv/bin/activate`` (nothing else of the test's
+environment leaks in, see ``rostools.RosShell``) and is checked on what it prints:
+
+* ``ros2 launch lingbot_map_ros lingbot_map.launch.py image_topic:=/cam/image params_file:=<yaml>``:
+  the node appears in ``ros2 node list``, publishes poses and /tf for the frames a test node streams,
+  and the CLI works against it: ``ros2 param describe/set/get``, ``ros2 topic echo --once``
+  (``~/cache_stats``, ``/diagnostics``), ``ros2 service call ~/reset``, ``ros2 lifecycle
+  get/set/nodes``, ``ros2 interface show``; SIGINT ends it cleanly (exit 0, "stopped cleanly").
+* ``ros2 run lingbot_map_ros lingbot_map_node --ros-args ...``: the same node without launch, and
+  with ``autostart:=false`` driven through its lifecycle by hand, a bad checkpoint included.
+* The live /diagnostics status names go through config/diagnostic_aggregator.yaml's analyzer
+  (GenericAnalyzer's documented matching, ``diagnostic_analyzers.py``).
+
+Test-only flags: ``--no-daemon --spin-time 2`` on the verbs that have them (no background daemon is
+left behind; discovery gets 2 s instead of 0.5 s), and ``ros2 daemon stop`` at the end anyway.
+Skipped, with the reason, only where the venv has no ros2 CLI / launch (``../shared/ros_cli`` absent).
+"""
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from rostools import REPO, VENV, FrameStreamer, RosShell, require_ros_tools, tiny_params, wait_until
+
+require_ros_tools()
+pytest.importorskip("rclpy")
+pytest.importorskip("lingbot_map_ros.msg")
+pytestmark = pytest.mark.ros
+
+from diagnostic_analyzers import load_analyzers, route  # noqa: E402
+
+NODE = "/lingbot_map"
+LAUNCH_TOPIC = "/cam/image"
+RUN_TOPIC = "/run/cam/image"
+FLAGS = "--no-daemon --spin-time 2"  # test-only: see the module docstring
+PROCESSED, DROPPED_INACTIVE = 0, 6
+DIAG_NAMES = {"lingbot_map: input", "lingbot_map: inference", "lingbot_map: kv cache", "lingbot_map: backend"}
+
+
+def echo_once(shell: RosShell, topic: str, msg_type: str = "", timeout: float = 40) -> dict:
+    """``ros2 topic echo --once TOPIC [TYPE]``, its YAML parsed (fails on no message or no YAML)."""
+    res = shell.ros2(f"ros2 topic echo --once --no-daemon {topic} {msg_type}".strip(), timeout=timeout).ok()
+    docs = [d for d in yaml.safe_load_all(res.output) if isinstance(d, dict)]
+    assert docs, f"no message printed by `{res.command}`:\n{res.output[-3000:]}"
+    return docs[0]
+
+
+# ------------------------------------------------------------------------------------ ros2 launch
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory, new_domain_id):
+    """``ros2 launch`` of the installed launch file from an activated venv, with a user's params file."""
+    tmp = tmp_path_factory.mktemp("ros2_launch")
+    shell = RosShell(new_domain_id(), tmp)
+    params = tiny_params(tmp / "my_params.yaml", world_frame="tools_world")
+    t0 = time.monotonic()
+    launch = shell.start(f"ros2 launch lingbot_map_ros lingbot_map.launch.py image_topic:={LAUNCH_TOPIC} "
+                         f"params_file:={params}", "ros2_launch")
+    streamer = None
+    try:
+        launch.wait_for(r"\[lingbot_map\]: ready: active", 150)
+        startup = time.monotonic() - t0
+        streamer = FrameStreamer(shell.domain_id, LAUNCH_TOPIC)
+        assert streamer.listener.wait_connected(30), "the test node does not see the launched node"
+        yield SimpleNamespace(shell=shell, launch=launch, streamer=streamer, params=params, startup=startup)
+    finally:
+        if streamer is not None:
+            streamer.close()
+        launch.close()
+        shell.stop_daemon()
+
+
+def test_launch_from_venv_finds_the_installed_package(launched):
+    shell, launch = launched.shell, launched.launch
+    prefix = shell.run("ros2 pkg prefix lingbot_map_ros", timeout=30).ok().output.strip()
+    assert Path(prefix) == VENV, prefix
+    # launch ran <venv>/lib/lingbot_map_ros/lingbot_map_node with the params file and the remap
+    m = re.search(r"process started with pid \[(\d+)\]", launch.output())
+    assert m, launch.output()[-3000:]
+    cmdline = Path(f"/proc/{m.group(1)}/cmdline").read_bytes().decode().split("\0")
+    assert cmdline[:2] == [str(VENV / "bin" / "python"), str(VENV / "lib" / "lingbot_map_ros" / "lingbot_map_node")] \
+        or cmdline[1] == str(VENV / "lib" / "lingbot_map_ros" / "lingbot_map_node"), cmdline
+    assert f"image:={LAUNCH_TOPIC}" in cmdline and str(launched.params) in cmdline, cmdline
+    assert wait_until(lambda: NODE in shell.run(f"ros2 node list {FLAGS}", timeout=30).ok().output.split(), 30), \
+        "ros2 node list never showed " + NODE
+
+
+def test_launch_node_publishes_poses_and_tf(launched):
+    s = launched.streamer
+    s.streaming.set()
+    try:
+        assert s.wait_for(lambda rx: len(rx.poses) >= 4 and rx.tf, 90), \
+            f"poses {len(s.rx.poses)}, tf {len(s.rx.tf)}; node output:\n{launched.launch.output()[-3000:]}"
+    finally:
+        s.streaming.clear()
+    with s.listener.lock:
+        poses = list(s.rx.poses.values())
+        tfs = [t for m in s.rx.tf for t in m.transforms]
+    assert {p.header.frame_id for p in poses} == {"tools_world"}  # from the user's params file
+    assert {p.header.stamp.sec * 10**9 + p.header.stamp.nanosec for p in poses} <= set(s.sent)  # image stamps
+    assert {(t.header.frame_id, t.child_frame_id) for t in tfs} == {("tools_world", "tools_test_cam")}
+
+
+def test_param_describe_prints_range_and_description(launched):
+    out = launched.shell.ros2(f"ros2 param describe {NODE} sliding_window {FLAGS}", timeout=30).ok().output
+    assert "Parameter name: sliding_window" in out and "Type: integer" in out, out
+    assert re.search(r"Description: .*stored frames", out), out
+    assert "Min value: 1" in out and "Max value: 4096" in out, out
+
+
+def test_param_set_valid_is_applied_invalid_prints_the_reason(launched):
+    shell = launched.shell
+    out = shell.ros2(f"ros2 param set {NODE} sliding_window 5 {FLAGS}", timeout=30).ok().output
+    assert "Set parameter successful" in out, out
+    assert "Integer value is: 5" in shell.ros2(f"ros2 param get {NODE} sliding_window {FLAGS}", timeout=30).output
+    launched.launch.wait_for(r"parameters changed: sliding_window=5", 20)  # the node applied it (new session)
+    # rejected by the node's validation: its reason is printed, the value stays
+    out = shell.ros2(f"ros2 param set {NODE} long_run_policy forever {FLAGS}", timeout=30).output
+    assert "Setting parameter failed" in out and "long_run_policy must be one of" in out, out
+    assert "String value is: window" in shell.ros2(f"ros2 param get {NODE} long_run_policy {FLAGS}", timeout=30).output
+    # rejected by the declared range
+    out = shell.ros2(f"ros2 param set {NODE} sliding_window 5000 {FLAGS}", timeout=30).output
+    assert "Setting parameter failed" in out and "out of range" in out and "4096" in out, out
+    assert "Integer value is: 5" in shell.ros2(f"ros2 param get {NODE} sliding_window {FLAGS}", timeout=30).output
+
+
+def test_topic_echo_once_cache_stats(launched):
+    s = launched.streamer
+    s.streaming.set()
+    try:
+        msg = echo_once(launched.shell, f"{NODE}/cache_stats")
+    finally:
+        s.streaming.clear()
+    assert msg["header"]["frame_id"] == "tools_world"
+    assert msg["backend"] == "sdpa" and msg["dtype"] == "float32", msg
+    assert msg["scale_frames"] == 2 and 0 <= msg["window_frames"] <= 5, msg  # sliding_window 5 (set above)
+    assert msg["frames_received"] >= msg["frames_processed"] >= 1, msg
+
+
+def test_topic_echo_once_diagnostics_and_the_aggregator_rules(launched):
+    msg = echo_once(launched.shell, "/diagnostics", "diagnostic_msgs/msg/DiagnosticArray")
+    statuses = {st["name"]: st for st in msg["status"]}
+    assert DIAG_NAMES <= set(statuses), list(statuses)
+    assert {st["hardware_id"] for st in statuses.values()} == {NODE}, "hardware_id: the node's full name"
+    backend = {kv["key"]: kv["value"] for kv in statuses["lingbot_map: backend"]["values"]}
+    assert backend["lifecycle_state"] == "active", backend
+    # every live status is taken by exactly the shipped analyzer (none goes to 'Other'), shows under
+    # its group without the node prefix, and every expected name is live
+    _, analyzers = load_analyzers(REPO / "config" / "diagnostic_aggregator.yaml")
+    with launched.streamer.listener.lock:
+        live = {st.name for arr in launched.streamer.rx.diagnostics for st in arr.status}
+    assert set(statuses) <= live
+    for name in live:
+        taken = route(analyzers, name)
+        assert [a.key for a in taken] == ["lingbot_map"], (name, [a.key for a in taken])
+        assert taken[0].output_name(name) == "/LingBot-Map/" + name.split(": ", 1)[1]
+    expected = {n for a in analyzers for n in a.values("expected")}
+    assert expected and expected <= live, expected - live
+
+
+def test_service_call_reset(launched):
+    out = launched.shell.run(f"ros2 service call {NODE}/reset std_srvs/srv/Trigger", timeout=40).ok().output
+    assert re.search(r"std_srvs\.srv\.Trigger_Response\(success=True, message='[^']*new world frame", out), out
+    launched.launch.wait_for(r"~/reset called", 20)
+
+
+def test_lifecycle_get_set_deactivate_activate(launched):
+    shell, s = launched.shell, launched.streamer
+    assert wait_until(lambda: NODE in shell.run(f"ros2 lifecycle nodes {FLAGS}", timeout=30).ok().output.split(), 30)
+    assert "active [3]" in shell.ros2(f"ros2 lifecycle get {NODE} {FLAGS}", timeout=30).ok().output
+    out = shell.ros2(f"ros2 lifecycle set {NODE} deactivate {FLAGS}", timeout=30).ok().output
+    assert "Transitioning successful" in out, out
+    assert "inactive [2]" in shell.ros2(f"ros2 lifecycle get {NODE} {FLAGS}", timeout=30).ok().output
+    # inactive: frames are received and counted, every one ends DROPPED_INACTIVE, no pose
+    before = max(s.sent, default=0)
+    s.streaming.set()
+    try:
+        assert s.wait_for(lambda rx: sum(1 for st in rx.status_log
+                                         if st.status == DROPPED_INACTIVE) >= 3, 30), "no DROPPED_INACTIVE"
+    finally:
+        s.streaming.clear()
+    time.sleep(1.0)
+    assert s.poses_after(before) == [], "poses published while inactive"
+    with s.listener.lock:
+        after_deactivate = [st for st in s.rx.status_log if st.header.stamp.sec * 10**9 + st.header.stamp.nanosec
+                            > before]
+    assert after_deactivate and {st.status for st in after_deactivate} == {DROPPED_INACTIVE}
+    out = shell.ros2(f"ros2 lifecycle set {NODE} activate {FLAGS}", timeout=30).ok().output
+    assert "Transitioning successful" in out, out
+    assert "active [3]" in shell.ros2(f"ros2 lifecycle get {NODE} {FLAGS}", timeout=30).ok().output
+    resumed = max(s.sent)
+    s.streaming.set()
+    try:
+        assert s.wait_for(lambda rx: any(t > resumed for t in rx.poses), 60), "no pose after activate"
+    finally:
+        s.streaming.clear()
+
+
+def test_interface_show_cache_stats(launched):
+    out = launched.shell.run("ros2 interface show lingbot_map_ros/msg/CacheStats", timeout=30).ok().output
+    fields = []
+    for line in (REPO / "msg" / "CacheStats.msg").read_text().splitlines():
+        code = line.split("#", 1)[0].strip()
+        if code:
+            fields.append(code.split()[:2])
+    assert len(fields) > 20
+    shown = {tuple(line.split("#", 1)[0].split()[:2]) for line in out.splitlines() if not line.startswith("\t")}
+    missing = [f for f in fields if tuple(f) not in shown]
+    assert not missing, f"fields of msg/CacheStats.msg not shown: {missing}\n{out[:2000]}"
+
+
+def test_launch_sigint_stops_cleanly(launched):
+    launched.streamer.streaming.clear()
+    rc = launched.launch.interrupt(group=False)
+    out = launched.launch.output()
+    assert rc == 0, out[-3000:]
+    assert "[lingbot_map] stopped cleanly" in out, out[-3000:]
+    assert re.search(r"\[lingbot_map_node-1\]: process has finished cleanly", out), out[-3000:]
+    print(f"ros2 launch: start to active {launched.startup:.1f} s")
+
+
+# ------------------------------------------------------------------------------------ ros2 run
+
+
+def _start_run(shell: RosShell, args: str, name: str):
+    return shell.start(f"ros2 run lingbot_map_ros lingbot_map_node --ros-args {args}", name)
+
+
+def test_ros2_run_from_venv_publishes_and_stops_on_sigint(tmp_path, ros_domain_id):
+    shell = RosShell(ros_domain_id, tmp_path)
+    params = tiny_params(tmp_path / "run_params.yaml")
+    run = _start_run(shell, f"--params-file {params} -r image:={RUN_TOPIC} -p world_frame:=run_world", "ros2_run")
+    streamer = None
+    try:
+        run.wait_for(r"\[lingbot_map\]: ready: active", 150)
+        assert wait_until(lambda: NODE in shell.run(f"ros2 node list {FLAGS}", timeout=30).ok().output.split(), 30)
+        streamer = FrameStreamer(shell.domain_id, RUN_TOPIC)
+        assert streamer.listener.wait_connected(30)
+        streamer.streaming.set()
+        assert streamer.wait_for(lambda rx: len(rx.poses) >= 3, 90), run.output()[-3000:]
+        streamer.streaming.clear()
+        with streamer.listener.lock:
+            assert {p.header.frame_id for p in streamer.rx.poses.values()} == {"run_world"}
+        rc = run.interrupt(group=True)  # Ctrl-C: the terminal signals the whole foreground group
+        assert rc == 0, run.output()[-3000:]
+        assert "[lingbot_map] stopped cleanly" in run.output()
+    finally:
+        if streamer is not None:
+            streamer.close()
+        run.close()
+        shell.stop_daemon()
+
+
+def test_ros2_run_autostart_false_lifecycle_by_hand_with_a_bad_checkpoint(tmp_path, ros_domain_id):
+    """unconfigured at start; configure with an unloadable checkpoint fails with the reason and the
+    node stays alive and unconfigured; fixed parameter -> configure, activate, poses; deactivate and
+    cleanup free the model; SIGINT ends it cleanly."""
+    shell = RosShell(ros_domain_id, tmp_path)
+    params = tiny_params(tmp_path / "run_params.yaml")
+    bad = tmp_path / "broken.pt"
+    bad.write_bytes(b"this is not a torch checkpoint\n" * 64)
+    run = _start_run(shell, f"--params-file {params} -r image:={RUN_TOPIC} -p autostart:=false "
+                            f"-p checkpoint:={bad}", "ros2_run_manual")
+    streamer = None
+
+    def lifecycle(verb: str) -> str:
+        return shell.ros2(f"ros2 lifecycle {verb} {FLAGS}", timeout=30).ok().output
+
+    try:
+        assert wait_until(lambda: NODE in shell.ros2(f"ros2 node list {FLAGS}", timeout=30).output.split(), 90), \
+            run.output()[-3000:]
+        assert "unconfigured [1]" in lifecycle(f"get {NODE}")
+        assert "ready:" not in run.output()
+        out = lifecycle(f"set {NODE} configure")
+        assert "Transitioning failed" in out, out
+        run.wait_for(r"configure failed: .*broken\.pt|configure failed: .*cannot build the model", 30)
+        assert run.proc.poll() is None, "the node died on a bad checkpoint"
+        assert "unconfigured [1]" in lifecycle(f"get {NODE}")
+        diag = echo_once(shell, "/diagnostics", "diagnostic_msgs/msg/DiagnosticArray")
+        backend = {kv["key"]: kv["value"] for st in diag["status"] if st["name"] == "lingbot_map: backend"
+                   for kv in st["values"]}
+        assert backend["lifecycle_state"] == "unconfigured" and backend["configure_error"] != "-", backend
+        out = shell.ros2(f"ros2 param set {NODE} checkpoint '' {FLAGS}", timeout=30).output
+        assert "Set parameter successful" in out, out
+        assert "Transitioning successful" in lifecycle(f"set {NODE} configure")
+        assert "inactive [2]" in lifecycle(f"get {NODE}")
+        assert "Transitioning successful" in lifecycle(f"set {NODE} activate")
+        assert "active [3]" in lifecycle(f"get {NODE}")
+        streamer = FrameStreamer(shell.domain_id, RUN_TOPIC)
+        assert streamer.listener.wait_connected(30)
+        streamer.streaming.set()
+        assert streamer.wait_for(lambda rx: len(rx.poses) >= 2, 90), run.output()[-3000:]
+        streamer.streaming.clear()
+        assert "Transitioning successful" in lifecycle(f"set {NODE} deactivate")
+        assert "Transitioning successful" in lifecycle(f"set {NODE} cleanup")
+        assert "unconfigured [1]" in lifecycle(f"get {NODE}")
+        run.wait_for(r"cleaned up", 20)
+        rc = run.interrupt(group=True)
+        assert rc == 0, run.output()[-3000:]
+        assert "[lingbot_map] stopped cleanly" in run.output()
+    finally:
+        if streamer is not None:
+            streamer.close()
+        run.close()
+        shell.stop_daemon()
