@@ -170,6 +170,10 @@ def validate_runtime(cfg: RuntimeConfig) -> list[str]:
         problems.append(f"attention_backend must be auto, flashinfer or sdpa (got {cfg.attention_backend!r})")
     if cfg.model_preset and cfg.model_preset not in MODEL_PRESETS:
         problems.append(f"model_preset must be one of {sorted(MODEL_PRESETS)} (got {cfg.model_preset!r})")
+    for name, allowed in (("flashinfer_kernel", ("auto", "fa2", "fa3")), ("sdpa_kernel", ("auto", "cudnn", "flash")),
+                          ("compile_blocks", ("auto", "on", "off"))):
+        if getattr(cfg, name) not in allowed:
+            problems.append(f"{name} must be one of {list(allowed)} (got {getattr(cfg, name)!r})")
     return problems
 
 

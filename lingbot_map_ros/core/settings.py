@@ -66,6 +66,20 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("attention_backend", _R.attention_backend, "Global attention over the paged KV cache: auto "
               "(FlashInfer when usable, else SDPA), flashinfer or sdpa.", "model",
               choices=("auto", "flashinfer", "sdpa")),
+    Setting("flashinfer_kernel", _R.flashinfer_kernel, "FlashInfer kernel (attention_backend flashinfer): auto "
+            "(fa3 over exact token pages on Hopper, fa2 elsewhere), fa2 or fa3.", "model",
+            choices=("auto", "fa2", "fa3")),
+    Setting("sdpa_kernel", _R.sdpa_kernel, "One-frame kernel of attention_backend sdpa on CUDA: auto, cudnn "
+            "(fixed-shape masked call) or flash (gather + varlen flash).", "model", choices=("auto", "cudnn", "flash")),
+    Setting("cuda_graphs", _R.cuda_graphs, "Replay each one-frame step as a CUDA graph (CUDA, half precision "
+            "only): removes thousands of kernel launches per frame.", "model"),
+    Setting("compile_blocks", _R.compile_blocks, "torch.compile the block bodies around the attention call "
+            "inside the CUDA-graph step: auto (on with CUDA graphs), on or off. Costs seconds on the first "
+            "one-frame step (cached on disk), then ~8 ms/frame less on an H200.", "model",
+            choices=("auto", "on", "off")),
+    Setting("autocast", _R.autocast, "The official mixed-precision recipe (fp32 LayerNorm outputs and residual "
+            "stream). false: the aggregator purely in dtype; opt-in, moves poses by ~4e-2 (docs/benchmarks.md).",
+            "model"),
     Setting("seed", _R.seed, "Seed of the random weights used when no checkpoint is given.", "model",
               range=(0, 2**31 - 1)),
     Setting("allow_unsafe_checkpoint", _R.allow_unsafe_checkpoint, "Allow loading a pickled checkpoint with "
@@ -146,8 +160,8 @@ SETTING_NAMES = tuple(s.name for s in SETTINGS)
 SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The settings that are RuntimeConfig / StreamConfig fields of the same name. The depth head
 # (StreamConfig.with_depth) runs when any output that needs depth is asked for.
-RUNTIME_FIELDS = ("checkpoint", "model_preset", "device", "dtype", "attention_backend", "seed",
-                  "allow_unsafe_checkpoint")
+RUNTIME_FIELDS = ("checkpoint", "model_preset", "device", "dtype", "attention_backend", "flashinfer_kernel",
+                  "sdpa_kernel", "cuda_graphs", "compile_blocks", "autocast", "seed", "allow_unsafe_checkpoint")
 STREAM_FIELDS = ("scale_frames", "sliding_window", "keyframe_interval", "camera_iterations", "max_frame_num",
                  "long_run_policy", "max_stored_frames", "overlap_frames")
 DEPTH_OUTPUTS = ("publish_depth", "publish_points", "publish_map")
