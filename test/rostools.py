@@ -4,7 +4,7 @@ Every command runs the way a user types it: in ``bash``, after ``source .venv/bi
 for the colcon workspace, ``source ws/install/setup.bash``), with an environment from which the
 test's own ROS/venv variables were removed, so the activation script is what makes it work.
 
-Isolation rules (ROS_ENV.md, shared/ros_cli/README.md): discovery on loopback, one ROS_DOMAIN_ID
+Isolation rules (README.md, "Two commands"): discovery on loopback, one ROS_DOMAIN_ID
 per test, ROS_LOG_DIR / ROS_HOME / TMPDIR in the test's temporary folder, ``--no-daemon`` where the
 verb has it and ``ros2 daemon stop`` at the end, a timeout on every command, and every process
 stopped by its own PID (its process group for ``ros2 run``, as Ctrl-C does), never by name.
@@ -41,11 +41,11 @@ def ros_tools_missing() -> Optional[str]:
     if not (VENV / "bin" / "activate").is_file():
         return f"no virtual environment at {VENV} (run scripts/setup_env.sh)"
     if not (VENV / "bin" / "ros2").is_file():
-        return "the ros2 CLI is not installed in the venv (../shared/ros_cli missing at set-up)"
+        return "the ros2 CLI is not installed in the venv (the ros_cli wheels were not installed at set-up)"
     for module in ("launch", "launch_ros", "ros2cli"):
         spec = _find_spec(module)
         if spec is None:
-            return f"{module} is not importable (../shared/ros_cli missing at set-up)"
+            return f"{module} is not importable (the ros_cli wheels were not installed at set-up)"
     return None
 
 

@@ -1,4 +1,4 @@
-"""CameraKVCache against float64 dense attention over the MODEL_SPEC §10.3 visible set, and its capacity."""
+"""CameraKVCache against float64 dense attention over the docs/model.md §10.3 visible set, and its capacity."""
 from __future__ import annotations
 
 import math

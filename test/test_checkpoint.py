@@ -1,4 +1,4 @@
-"""Checkpoint reading and validation (MODEL_SPEC §3): layouts, prefixes, formats, errors, unsafe pickles."""
+"""Checkpoint reading and validation (docs/model.md §3): layouts, prefixes, formats, errors, unsafe pickles."""
 from __future__ import annotations
 
 from pathlib import Path

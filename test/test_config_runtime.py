@@ -54,7 +54,7 @@ def test_invalid_runtime_settings_are_rejected_with_a_reason(changes, fragment):
 
 
 def test_height_rule_and_special_capacity():
-    # MODEL_SPEC §2.1 examples
+    # docs/model.md §2.1 examples
     assert model_input_height(1280, 720) == 294 and model_input_height(640, 480) == 392
     assert model_input_height(480, 640) == 686  # cropped later to 518
     # ceil((1024 + 100) * 6 / 777) + 16

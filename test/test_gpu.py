@@ -24,7 +24,7 @@ H, D = 16, 64
 
 
 def visible_reference(frames, stored, i, scale, window):
-    """float64 K, V of frame i's visible set (MODEL_SPEC §9.2/§9.5) from raw per-frame tensors."""
+    """float64 K, V of frame i's visible set (docs/model.md §9.2/§9.5) from raw per-frame tensors."""
     stored_before = [j for j in range(i) if stored[j]]
     phase2 = [j for j in stored_before if j >= scale]
     if i < scale:

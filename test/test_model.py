@@ -1,6 +1,6 @@
 """Model structure (full preset, meta device) and numerics (tiny preset) against a plain float64 reference.
 
-The reference below is written from MODEL_SPEC only, with explicit LayerNorm/GELU/softmax, explicit
+The reference below is written from docs/model.md only, with explicit LayerNorm/GELU/softmax, explicit
 channel splits and explicit RoPE trigonometry; it shares no code with the model package.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""PagedKVCache + SdpaBackend against float64 dense attention over the MODEL_SPEC §9.2/§9.5 visible set.
+"""PagedKVCache + SdpaBackend against float64 dense attention over the docs/model.md §9.2/§9.5 visible set.
 
 The test keeps every frame's raw K/V per block and rebuilds each step's visible set from the spec's
 rules alone (no pages): all tokens of the scale frames and of the last W stored frames, the 6

@@ -1,5 +1,5 @@
 """Page bookkeeping of the global KV cache: exact page ids, free-list order and special slots, then
-property tests against a list model written here (MODEL_SPEC §9.3, §9.5)."""
+property tests against a list model written here (docs/model.md §9.3, §9.5)."""
 from __future__ import annotations
 
 import copy
@@ -167,7 +167,7 @@ def test_rollback_only_after_deferred_append() -> None:
 
 @dataclass
 class ListModel:
-    """The table as plain lists: what MODEL_SPEC §9.3 says, written without the implementation's tricks."""
+    """The table as plain lists: what docs/model.md §9.3 says, written without the implementation's tricks."""
 
     scale_frames: int
     window: int

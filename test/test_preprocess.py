@@ -1,4 +1,4 @@
-"""preprocess.py against an independent PIL re-implementation of the demo pipeline (MODEL_SPEC §2)."""
+"""preprocess.py against an independent PIL re-implementation of the demo pipeline (docs/model.md §2)."""
 from __future__ import annotations
 
 import numpy as np

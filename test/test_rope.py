@@ -1,4 +1,4 @@
-"""2D / 3D RoPE against float64 evaluations of MODEL_SPEC §7 written out here with explicit loops."""
+"""2D / 3D RoPE against float64 evaluations of docs/model.md §7 written out here with explicit loops."""
 from __future__ import annotations
 
 import math

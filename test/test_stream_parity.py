@@ -2,7 +2,7 @@
 
 The reference runs ALL frames through the same model in ONE forward call. Its global attention is a
 dense masked attention whose mask is built here, independently of the cache code, from the rules of
-MODEL_SPEC §9.2/§9.5 (scale frames, sliding window of stored frames, specials of every stored frame,
+docs/model.md §9.2/§9.5 (scale frames, sliding window of stored frames, specials of every stored frame,
 non-keyframes seeing the cache plus themselves and being seen by nobody); the camera head gets the
 causal keyframe mask of §10.3. RoPE frame indices and special-token variants follow §6/§7.2.
 """
@@ -19,7 +19,7 @@ from lingbot_map_ros.core.stream import StreamingSession
 
 
 def frame_schedule(num_frames: int, scale: int, kf: int) -> tuple[list[bool], list[int]]:
-    """Per frame: stored in the cache? and its RoPE frame index (MODEL_SPEC §7.2, §9.5)."""
+    """Per frame: stored in the cache? and its RoPE frame index (docs/model.md §7.2, §9.5)."""
     stored, rope = [], []
     counter = 0
     for i in range(num_frames):

@@ -1,6 +1,6 @@
 """Every setting of the package in one place: model shapes, cache/stream geometry, runtime choices.
 
-ROS parameters and CLI options map onto these dataclasses one to one (see ``../shared/INTERFACE.md``);
+ROS parameters and CLI options map onto these dataclasses one to one (see ``core/settings.py (the settings table) and README.md ("The ROS 2 node")``);
 ``validate_*`` functions return human-readable reasons so the node can reject a parameter change
 with an explanation instead of crashing later inside the model.
 """
@@ -92,7 +92,7 @@ LONG_RUN_POLICIES = ("window", "reset", "stop")
 
 @dataclass(frozen=True)
 class StreamConfig:
-    """Cache geometry and streaming policy (MODEL_SPEC §1, §9, §12, §15)."""
+    """Cache geometry and streaming policy (docs/model.md §1, §9, §12, §15)."""
 
     scale_frames: int = 8  # n_s == n_sc: processed together first, patch pages kept forever
     sliding_window: int = 64  # W: most recent stored frames kept with all tokens
@@ -178,7 +178,7 @@ def validate_runtime(cfg: RuntimeConfig) -> list[str]:
 
 
 def model_input_height(width0: int, height0: int) -> int:
-    """Resized height before the centre crop (MODEL_SPEC §2.1 step 3), evaluated as the official code does."""
+    """Resized height before the centre crop (docs/model.md §2.1 step 3), evaluated as the official code does."""
     if width0 <= 0 or height0 <= 0:
         raise ValueError(f"image size must be positive (got {width0}x{height0})")
     return round(height0 * (MODEL_WIDTH_PX / width0) / PATCH_SIZE) * PATCH_SIZE

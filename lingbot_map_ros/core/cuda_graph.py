@@ -1,6 +1,6 @@
 """CUDA-graph replay of the one-frame (phase-2) model step.
 
-Eager PyTorch launches ~4,000 small kernels per frame and is host-bound on the GPU (GPU.md). A
+Eager PyTorch launches ~4,000 small kernels per frame and is host-bound on the GPU (docs/benchmarks.md). A
 phase-2 step always has the same shapes (one frame of the session's size), so it is captured once
 and replayed. What changes from frame to frame reaches the graph through buffers with fixed
 addresses, all written *outside* the graph before the replay:

@@ -2,7 +2,7 @@
 
 Why float64 numpy and not torch: these run once per frame on 9 numbers (or once per evaluation on a
 trajectory), where clarity and precision matter more than speed, and the node must not need a
-device to publish a pose. Conventions (MODEL_SPEC §11): the decoded matrix is the camera(optical)-to-
+device to publish a pose. Conventions (docs/model.md §11): the decoded matrix is the camera(optical)-to-
 world transform ``X_world = R X_cam + t`` of an OpenCV/REP 103 optical camera; quaternions are
 scalar-last ``(x, y, z, w)`` everywhere, as in ROS and TUM files.
 """
@@ -78,7 +78,7 @@ def quaternion_xyzw_from_matrix(rot: ArrayLike) -> np.ndarray:
 
     Uses the best-conditioned of the four classic formulas per matrix (largest of trace and diagonal),
     so precision does not collapse near 180 deg rotations. ``w >= 0`` is the official windowed code's
-    standardisation (MODEL_SPEC §15).
+    standardisation (docs/model.md §15).
     """
     m = _as_f64(rot)
     m00, m01, m02 = m[..., 0, 0], m[..., 0, 1], m[..., 0, 2]
@@ -106,7 +106,7 @@ def quaternion_xyzw_from_matrix(rot: ArrayLike) -> np.ndarray:
 def decode_pose_encoding(pose_enc: ArrayLike, image_hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     """pose_enc [..., 9] -> (c2w [..., 4, 4], K [..., 3, 3]) for the model input size ``image_hw``.
 
-    Exactly MODEL_SPEC §11 in float64: rotation from the non-unit quaternion with s = 2/|q|^2,
+    Exactly docs/model.md §11 in float64: rotation from the non-unit quaternion with s = 2/|q|^2,
     translation = camera centre, ``fy = (H/2)/tan(fov_h/2)``, ``fx = (W/2)/tan(fov_w/2)``,
     ``cx = W/2``, ``cy = H/2``. Raw: a zero FoV gives an infinite focal length here on purpose (the
     guard belongs to what is published, see ``intrinsics_for_camera``).
@@ -158,7 +158,7 @@ def intrinsics_for_camera(
 ) -> np.ndarray:
     """Model-input intrinsics [..., 3, 3] -> intrinsics of the original camera image [..., 3, 3].
 
-    Undoes the resize and crop (MODEL_SPEC §11): ``s_x = W/W0``, ``s_y = new_h/H0`` with
+    Undoes the resize and crop (docs/model.md §11): ``s_x = W/W0``, ``s_y = new_h/H0`` with
     ``new_h = H + 2*crop_offset_y``; ``fx0 = fx/s_x``, ``fy0 = fy/s_y``, ``cx0 = cx/s_x``,
     ``cy0 = (cy + crop_offset_y)/s_y``. The principal point keeps the model's convention (image centre
     in continuous pixel coordinates, no half-pixel shift).
@@ -229,7 +229,7 @@ def optical_to_body(c2w_optical: ArrayLike, rebase_world: bool = False) -> np.nd
 
 
 def sim3_apply_to_poses(scale: float, rot: ArrayLike, trans: ArrayLike, c2w: ArrayLike) -> np.ndarray:
-    """Map c2w pose(s) [..., 4, 4] by ``X -> s R X + t`` (MODEL_SPEC §15).
+    """Map c2w pose(s) [..., 4, 4] by ``X -> s R X + t`` (docs/model.md §15).
 
     Rotation becomes ``R R_i`` and centre ``s R c_i + t``; the result is again a rigid c2w (the scale
     lives in the world, not in the camera).
@@ -249,7 +249,7 @@ def sim3_apply_to_points(scale: float, rot: ArrayLike, trans: ArrayLike, points:
 def window_alignment(
     c2w_anchor_prev: ArrayLike, c2w_anchor_next: ArrayLike, scale: float = 1.0
 ) -> tuple[float, np.ndarray, np.ndarray]:
-    """Sim(3) that maps window ``w`` onto the already aligned window ``w-1`` (MODEL_SPEC §15).
+    """Sim(3) that maps window ``w`` onto the already aligned window ``w-1`` (docs/model.md §15).
 
     From the anchor frame's pose in both windows, ``(R_a, c_a)`` (previous) and ``(R_b, c_b)`` (next):
     ``R = R_a R_b^T`` and ``t = c_a - s R c_b``; ``scale`` comes from ``alignment_scale`` (depth).
@@ -267,7 +267,7 @@ def alignment_scale(
     eps: float = float(np.finfo(np.float32).eps),
     limits: tuple[float, float] = (1e-3, 1e3),
 ) -> float:
-    """Scale of window ``w`` relative to ``w-1``: median of ``depth_prev / depth_next`` (MODEL_SPEC §15).
+    """Scale of window ``w`` relative to ``w-1``: median of ``depth_prev / depth_next`` (docs/model.md §15).
 
     Over all pixels of the paired frames, keeping finite ratios where ``|depth_next| > eps``; the
     median is the lower middle element for even counts (PyTorch's rule); clamped to ``limits``.

@@ -1,4 +1,4 @@
-"""Long-run policies around the streaming session (MODEL_SPEC §15; issue 5).
+"""Long-run policies around the streaming session (docs/model.md §15; issue 5).
 
 A camera never stops, but one streaming session cannot run forever: the RoPE table has
 ``max_frame_num`` rows, the camera-head cache never evicts and is preallocated for

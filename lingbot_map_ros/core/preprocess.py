@@ -1,4 +1,4 @@
-"""One camera frame -> the model's input tensor, exactly as the official demo builds it (MODEL_SPEC §2).
+"""One camera frame -> the model's input tensor, exactly as the official demo builds it (docs/model.md §2).
 
 Why this module insists on PIL: the official pipeline resizes the uint8 RGB image with
 ``PIL.Image.resize(..., BICUBIC)`` (antialiased, a = -0.5, rounded back to uint8) and then divides by
@@ -54,7 +54,7 @@ class ResolutionChanged(ValueError):
 
 
 def model_size(width0: int, height0: int) -> tuple[int, int, int]:
-    """Model input ``(H, W, crop_offset_y)`` for a ``width0 x height0`` camera image (MODEL_SPEC §2.1).
+    """Model input ``(H, W, crop_offset_y)`` for a ``width0 x height0`` camera image (docs/model.md §2.1).
 
     ``H`` is the resized height (``config.model_input_height``) capped at 518 by a centre crop whose
     first kept row is ``crop_offset_y`` (0 without crop). ``W`` is always 518.
@@ -138,7 +138,7 @@ def to_rgb(array: np.ndarray, encoding: str) -> np.ndarray:
 
 
 class FramePreprocessor:
-    """Session-scoped frame -> ``[3, H, 518]`` float32 tensor in [0, 1] (MODEL_SPEC §2.1 steps 3-6).
+    """Session-scoped frame -> ``[3, H, 518]`` float32 tensor in [0, 1] (docs/model.md §2.1 steps 3-6).
 
     The input size is fixed by the first frame because the model input height, the crop and the
     intrinsics mapping all follow from it; another size raises ``ResolutionChanged``.

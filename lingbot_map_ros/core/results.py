@@ -12,7 +12,7 @@ import numpy as np
 
 @dataclass(frozen=True)
 class CacheSnapshot:
-    """KV-cache state right after a frame was processed (MODEL_SPEC §9.6)."""
+    """KV-cache state right after a frame was processed (docs/model.md §9.6)."""
 
     frames_stored: int = 0  # F: scale + window + evicted stored frames of this session
     scale_frames: int = 0

@@ -1,4 +1,4 @@
-"""StreamingSession: frames in, FrameResults out (MODEL_SPEC §9, §12).
+"""StreamingSession: frames in, FrameResults out (docs/model.md §9, §12).
 
 The session owns the model's caches and the streaming state machine:
 
@@ -253,7 +253,7 @@ class StreamingSession:
         self.reset()
 
     def set_keyframe_interval(self, keyframe_interval: int) -> None:
-        """Change kf from the next frame on, without a new session (INTERFACE.md)."""
+        """Change kf from the next frame on, without a new session (core/settings.py: "next_frame")."""
         if keyframe_interval < 1:
             raise ValueError(f"keyframe_interval must be >= 1 (got {keyframe_interval})")
         # Keyframe phase restarts at the next frame so that it is a keyframe (a fresh anchor).
@@ -391,7 +391,7 @@ class StreamingSession:
         cfg = self.stream_cfg
         is_kf = self._is_keyframe(self._frame_index)
         f = self._stored
-        # Never feed f >= max_frame_num (the official model crashes there, MODEL_SPEC §16 #3); act
+        # Never feed f >= max_frame_num (the official model crashes there, docs/model.md §16 #3); act
         # before the configured stored-frame limit is passed.
         if is_kf and (f + 1 > cfg.max_stored_frames or f + 1 >= cfg.max_frame_num):
             return self._on_stored_frame_limit(image, stamp)
@@ -399,7 +399,7 @@ class StreamingSession:
             image[None],
             torch.tensor([f]),
             torch.ones(1, dtype=torch.long),  # every phase-2 frame: camera/register variant 1
-            torch.ones(1, dtype=torch.long),  # and scale variant 1 (MODEL_SPEC §6)
+            torch.ones(1, dtype=torch.long),  # and scale variant 1 (docs/model.md §6)
             store=is_kf,
         )
         if is_kf:
@@ -532,13 +532,13 @@ class StreamingSession:
 
 
 def _autocast(device: torch.device, dtype: torch.dtype):
-    """The official GPU recipe: aggregator weights in bf16/fp16 under autocast (MODEL_SPEC §14)."""
+    """The official GPU recipe: aggregator weights in bf16/fp16 under autocast (docs/model.md §14)."""
     if dtype == torch.float32:
         return torch.autocast(device_type=device.type, enabled=False)
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def _cast_for_inference(model: LingBotMap, dtype: torch.dtype) -> None:
-    """Aggregator in the compute dtype; camera and depth heads stay fp32 (MODEL_SPEC §14)."""
+    """Aggregator in the compute dtype; camera and depth heads stay fp32 (docs/model.md §14)."""
     model.eval()
     model.aggregator.to(dtype)

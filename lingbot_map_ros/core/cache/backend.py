@@ -1,6 +1,6 @@
 """The seam between the paged KV cache and the attention kernel that reads its pages.
 
-All global blocks share one page table at a given step (MODEL_SPEC §9.3), so a backend does its
+All global blocks share one page table at a given step (docs/model.md §9.3), so a backend does its
 per-step work (index building, kernel planning) once in ``plan`` and only launches the kernel
 per block in ``run``. This is exactly the shape of FlashInfer's
 ``BatchPrefillWithPagedKVCacheWrapper`` (``plan`` once, ``run`` per layer), so a FlashInfer

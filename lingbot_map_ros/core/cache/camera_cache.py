@@ -1,4 +1,4 @@
-"""KV cache of the camera head's trunk (MODEL_SPEC §10.3). Implements ``model.interfaces.CameraAttention``.
+"""KV cache of the camera head's trunk (docs/model.md §10.3). Implements ``model.interfaces.CameraAttention``.
 
 One token per frame per (iteration, block); no eviction and no window: a stored frame stays
 visible until ``reset()`` (the official behaviour the weights were run with, §16 #2). The storage

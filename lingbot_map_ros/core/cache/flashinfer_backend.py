@@ -6,11 +6,11 @@ tensors, see ``paged.py``):
 * ``fa2`` (default, the official layout): FlashInfer pages = our pages, ``page_size`` = patches
   per frame (non-power-of-two is fine for fa2); the visible table is scale → window → special pages.
 * ``fa3`` (Hopper): FlashInfer's fa3 paged kernel only takes power-of-two pages, and the official
-  fa3 mode rounds pages up and then attends zero-filled slots (MODEL_SPEC §16 #8). We instead hand
+  fa3 mode rounds pages up and then attends zero-filled slots (docs/model.md §16 #8). We instead hand
   it *token-granular* pages (page_size 1) over the same storage viewed as ``[pages*page, 1, H, D]``:
   the indices list exactly the visible token slots, so lengths are exact and nothing is padded.
 
-Both run without a mask or positional encoding (RoPE is already in K, MODEL_SPEC §9.3). With
+Both run without a mask or positional encoding (RoPE is already in K, docs/model.md §9.3). With
 ``use_cuda_graph`` the index buffers are preallocated at their maximum size so that ``run`` can be
 captured in a CUDA graph and re-planned between replays.
 """

@@ -7,7 +7,7 @@ Implements ``model.interfaces.GlobalAttention``. One step of the session is::
         out = cache(block, q, k, v)           # write this step's k/v, attend over the visible set
     cache.end_step()                          # non-keyframes are rolled back here
 
-Semantics (MODEL_SPEC §9): ``store=True`` appends the step's frames (phase 1: the scale frames at
+Semantics (docs/model.md §9): ``store=True`` appends the step's frames (phase 1: the scale frames at
 once; phase-2 keyframe: one frame) and applies eviction *before* attention, so the step sees
 scale frames + the last ``W`` stored frames (incl. itself) + specials of every stored frame.
 ``store=False`` (non-keyframe) appends with eviction deferred, so the step sees the cache as it
@@ -128,7 +128,7 @@ class PagedKVCache:
 
     @property
     def frames_stored(self) -> int:
-        """Frames stored (``F`` of MODEL_SPEC §7.2 outside a non-keyframe step)."""
+        """Frames stored (``F`` of docs/model.md §7.2 outside a non-keyframe step)."""
         return self.table.frames_stored
 
     @property

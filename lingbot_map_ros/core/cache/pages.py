@@ -1,11 +1,11 @@
 """Page bookkeeping of the global KV cache: plain Python on small integers, no tensors.
 
 Every global block appends, evicts and rolls back exactly the same frames at the same step
-(MODEL_SPEC §9.3), so one ``PageTable`` describes the page layout of all blocks; only the
+(docs/model.md §9.3), so one ``PageTable`` describes the page layout of all blocks; only the
 physical K/V storage is per block (``paged.PagedKVCache``). Keeping the bookkeeping free of
 tensors lets it be property-tested on its own against a list model.
 
-Layout (MODEL_SPEC §9.3, the official FlashInfer two-stream layout):
+Layout (docs/model.md §9.3, the official FlashInfer two-stream layout):
 
 * Patch pool: physical page ids ``0 .. num_patch_pages-1``. One page holds one frame's
   ``page_size`` patch tokens. Free pages sit on a LIFO free list; initially ordered so that the
@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from ..config import SPECIAL_TOKENS_PER_FRAME  # camera, 4 registers, scale (MODEL_SPEC §6)
+from ..config import SPECIAL_TOKENS_PER_FRAME  # camera, 4 registers, scale (docs/model.md §6)
 EXTRA_PATCH_PAGES = 16  # the official pool: n_sc + W + 16 patch pages
 
 
@@ -61,7 +61,7 @@ class AppendPlan:
 
 @dataclass(frozen=True)
 class PageStats:
-    """A snapshot of the table for diagnostics (MODEL_SPEC §9.6).
+    """A snapshot of the table for diagnostics (docs/model.md §9.6).
 
     During a deferred (non-keyframe) step the snapshot includes the in-flight frame.
     """
@@ -261,7 +261,7 @@ class PageTable:
 
     @property
     def last_page_len(self) -> int:
-        """Valid tokens in the last visible page (MODEL_SPEC §9.3).
+        """Valid tokens in the last visible page (docs/model.md §9.3).
 
         Specials in the tail special page, ``page_size`` when it is exactly full, and
         ``page_size`` when there is no special page (the last page is then a full patch page).

@@ -1,4 +1,4 @@
-"""The aggregator: patch tokens + special tokens through alternating frame / global blocks (MODEL_SPEC §4, §6, §8).
+"""The aggregator: patch tokens + special tokens through alternating frame / global blocks (docs/model.md §4, §6, §8).
 
 Everything stream-related (which variant a frame's special tokens take, which RoPE frame index it
 gets, what the global blocks can see) is decided by the caller and passed in per frame: the
@@ -61,7 +61,7 @@ class Aggregator(nn.Module):
         """(Re)create the normalisation constants; needed after building on the meta device.
 
         Non-persistent (they are not in the checkpoint) and kept fp32 so the exact constants are used
-        even when the weights are cast to bf16 (MODEL_SPEC §2.2, §16 #6).
+        even when the weights are cast to bf16 (docs/model.md §2.2, §16 #6).
         """
         if device is None:
             device = self.camera_token.device

@@ -1,11 +1,11 @@
 """Transformer building blocks shared by the DINO backbone, the aggregator and the camera head.
 
-Every attention in the model has the same parameter layout (MODEL_SPEC §5): ``qkv = Linear(C, 3C)``
+Every attention in the model has the same parameter layout (docs/model.md §5): ``qkv = Linear(C, 3C)``
 whose output channel ``c = s·C + h·d + j`` (s ∈ q,k,v; head h; in-head j), heads merged back as
 ``h·d + j`` before ``proj``. What differs between the three uses is *how the attention itself is
 computed* (each frame alone with 2D RoPE; across frames through a KV cache with 3D RoPE; causal over
 camera tokens). Blocks therefore take an ``attend(q, k, v)`` callable and never know which one it is;
-this keeps the K/V storage out of the model (ARCHITECTURE.md, "Seams").
+this keeps the K/V storage out of the model (docs/architecture.md, "Seams").
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Camera head (CameraCausalHead, MODEL_SPEC §10): camera tokens -> 9-D pose encodings.
+"""Camera head (CameraCausalHead, docs/model.md §10): camera tokens -> 9-D pose encodings.
 
 The head refines a pose encoding over ``K`` iterations; each iteration modulates the (normalised)
 camera token with the current estimate (adaLN), runs a small trunk whose attention is causal over

@@ -1,4 +1,4 @@
-"""Reading official checkpoints and putting them into a :class:`LingBotMap` with checks (MODEL_SPEC §3).
+"""Reading official checkpoints and putting them into a :class:`LingBotMap` with checks (docs/model.md §3).
 
 The official demo loads with ``strict=False`` and never looks at the result, so a prefixed or
 truncated file silently runs on random weights (§16 #15). Here every ``aggregator.*`` and
@@ -235,7 +235,7 @@ def build_model(
     """Model in eval mode with checkpoint weights (validated) or seeded random weights.
 
     ``dtype`` applies to the aggregator; the camera and depth heads stay fp32 (they run in fp32 with
-    autocast off, MODEL_SPEC §14). Built on the meta device first, so no throw-away random init is
+    autocast off, docs/model.md §14). Built on the meta device first, so no throw-away random init is
     allocated when a checkpoint is given.
     """
     device = torch.device(device)

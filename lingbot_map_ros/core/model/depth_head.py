@@ -1,4 +1,4 @@
-"""DPT depth head (MODEL_SPEC §13): four aggregated token maps -> per-pixel depth and confidence.
+"""DPT depth head (docs/model.md §13): four aggregated token maps -> per-pixel depth and confidence.
 
 Optional for the node (poses do not need it) but required for depth output and windowed alignment.
 Runs in fp32 with autocast off on chunks of 8 frames (memory only; no numerical effect).

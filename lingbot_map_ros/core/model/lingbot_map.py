@@ -1,6 +1,6 @@
 """LingBot-Map streaming model: aggregator + camera head (+ optional DPT depth head).
 
-Submodule names make ``state_dict()`` keys identical to the official checkpoint (MODEL_SPEC §3.2).
+Submodule names make ``state_dict()`` keys identical to the official checkpoint (docs/model.md §3.2).
 The model holds no streaming state: frame indices, token variants and the two attention seams come
 from the caller (the streaming session, or a test reference).
 """

@@ -1,4 +1,4 @@
-"""Patch embedding: DINOv2 ViT-L/14 with 4 registers, as LingBot-Map builds it (MODEL_SPEC §5).
+"""Patch embedding: DINOv2 ViT-L/14 with 4 registers, as LingBot-Map builds it (docs/model.md §5).
 
 It turns each normalised frame into one token per 14×14 patch. Registered under the aggregator as
 ``patch_embed`` so its keys are ``aggregator.patch_embed.*`` (the inner conv is itself called

@@ -1,4 +1,4 @@
-"""Rotary position embeddings of LingBot-Map (MODEL_SPEC §7).
+"""Rotary position embeddings of LingBot-Map (docs/model.md §7).
 
 Two different RoPEs are used and they must not be confused:
 
