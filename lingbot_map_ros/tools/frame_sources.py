@@ -18,7 +18,10 @@ and raise ``SourceError`` - one sentence naming the file and what to do.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
@@ -267,20 +270,38 @@ def video_frames(path: str | Path, fps: float = 0.0, preprocessor: Optional[Fram
         cap.release()
 
 
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 for a moment: FFmpeg prints its own complaints ("moov atom not
+    found") from C, which would turn the tool's one-line error into several."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def open_video(path: str | Path, fps: float = 0.0, preprocessor: Optional[FramePreprocessor] = None) -> FrameSource:
     import cv2
 
     p = Path(path)
     if not p.is_file():
         raise SourceError(f"--video {path}: no such file")
-    cap = cv2.VideoCapture(str(p))
-    try:
-        if not cap.isOpened() or not cap.read()[0]:
-            raise SourceError(f"--video {path}: cannot decode a frame (not a video, or a codec OpenCV lacks)")
-        count = int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
-        src_fps = cap.get(cv2.CAP_PROP_FPS) or 30.0
-    finally:
-        cap.release()
+    with _quiet_stderr():
+        cap = cv2.VideoCapture(str(p))
+        try:
+            ok = cap.isOpened() and cap.read()[0]
+            count = int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
+            src_fps = cap.get(cv2.CAP_PROP_FPS) or 30.0
+        finally:
+            cap.release()
+    if not ok:
+        raise SourceError(f"--video {path}: cannot decode a frame (not a video, or a codec OpenCV lacks)")
     stride = max(1, round(src_fps / fps)) if fps > 0 else 1
     total = -(-count // stride) if count > 0 else None
     return FrameSource(f"{path}: video at {src_fps:g} fps" + (f", every {stride}-th frame" if stride > 1 else ""),

@@ -164,7 +164,6 @@ def _run(args: argparse.Namespace, source) -> int:
 
     quiet = args.quiet
     say: Callable[[str], None] = (lambda m: None) if quiet else (lambda m: print(f"[{PROG}] {m}", file=sys.stderr))
-    say(f"{source.description}; stamps from {source.stamps_from}")
     try:
         stream = stream_from_args(args)
         if args.ply or args.colmap:  # the exports need the depth head
@@ -173,6 +172,7 @@ def _run(args: argparse.Namespace, source) -> int:
     except (ValueError, OSError, RuntimeError) as exc:  # a bad checkpoint (keys, shapes, unsafe pickle)
         msg = str(exc).replace("set allow_unsafe_checkpoint:=true", "pass --allow-unsafe-checkpoint")
         return fail(PROG, f"--checkpoint {args.checkpoint}: {msg}" if args.checkpoint else msg)
+    say(f"{source.description}; stamps from {source.stamps_from}")
     results: list[FrameResult] = []
     dropped = 0
     start = time.perf_counter()
