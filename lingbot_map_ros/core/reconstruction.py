@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -78,6 +79,13 @@ class PointBatch:
         return self.xyz.cpu().numpy(), self.rgb.cpu().numpy(), self.confidence.cpu().numpy()
 
     @staticmethod
+    def from_records(records: np.ndarray) -> "PointBatch":
+        """CPU PointBatch from ``point_records`` output [N, 5] (what the node already copied to the host)."""
+        rec = np.asarray(records, dtype=np.float32).reshape(-1, 5)
+        return PointBatch(torch.from_numpy(np.ascontiguousarray(rec[:, :3])), torch.from_numpy(unpack_rgb(rec[:, 3])),
+                          torch.from_numpy(np.ascontiguousarray(rec[:, 4])), None)
+
+    @staticmethod
     def empty(device: Union[str, torch.device] = "cpu") -> "PointBatch":
         return PointBatch(torch.zeros(0, 3, device=device), torch.zeros(0, 3, dtype=torch.uint8, device=device),
                           torch.zeros(0, device=device), torch.zeros(0, 2, dtype=torch.int64, device=device))
@@ -92,6 +100,64 @@ def is_finite_camera(intrinsics: TensorLike, c2w: TensorLike) -> bool:
     k = np.asarray(intrinsics.cpu() if isinstance(intrinsics, torch.Tensor) else intrinsics, dtype=np.float64)
     m = np.asarray(c2w.cpu() if isinstance(c2w, torch.Tensor) else c2w, dtype=np.float64)
     return bool(np.all(np.isfinite(k)) and np.all(np.isfinite(m)) and k[0, 0] > 0 and k[1, 1] > 0)
+
+
+class _Staging:
+    """A reusable pinned host buffer per CUDA device: every frame's host inputs go to the GPU in ONE
+    asynchronous copy (and its records come back in one), instead of one pageable copy per array -
+    on a virtualised GPU host each such copy costs a fraction of a millisecond."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._buffers: dict = {}  # (device, direction) -> (pinned float32 tensor, event of its last copy)
+
+    def buffer(self, device: torch.device, direction: str, numel: int) -> torch.Tensor:
+        key = (device, direction)
+        buf, event = self._buffers.get(key, (None, None))
+        if event is not None:
+            event.synchronize()  # the previous copy out of / into it is finished
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(max(numel, 1 << 16), dtype=torch.float32, pin_memory=True)
+        self._buffers[key] = (buf, None)
+        return buf[:numel]
+
+    def copied(self, device: torch.device, direction: str) -> None:
+        """Record that a copy using the buffer was queued (the next user waits for it)."""
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        buf, _ = self._buffers[(device, direction)]
+        self._buffers[(device, direction)] = (buf, event)
+
+    def upload(self, parts: dict, device: torch.device) -> dict:
+        """{name: host float32 array} -> {name: tensor on ``device``} (same shapes), one copy."""
+        if device.type != "cuda":
+            return {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in parts.items()}
+        total = sum(int(v.size) for v in parts.values())
+        with self._lock:
+            host = self.buffer(device, "h2d", total)
+            flat = host.numpy()
+            offsets, off = {}, 0
+            for k, v in parts.items():
+                flat[off:off + v.size].reshape(v.shape)[...] = v  # strided source -> packed, one pass
+                offsets[k] = (off, v.shape)
+                off += v.size
+            dev = host.to(device, non_blocking=True)  # [total]
+            self.copied(device, "h2d")
+        return {k: dev[o:o + int(np.prod(shape))].view(shape) for k, (o, shape) in offsets.items()}
+
+    def download(self, t: torch.Tensor) -> np.ndarray:
+        """A float32 device tensor -> a fresh host array (through the pinned buffer on CUDA)."""
+        if t.device.type != "cuda":
+            return t.detach().contiguous().numpy()  # callers pass fresh tensors: no copy needed
+        with self._lock:
+            host = self.buffer(t.device, "d2h", t.numel())
+            host.copy_(t.reshape(-1), non_blocking=True)
+            self.copied(t.device, "d2h")
+            self._buffers[(t.device, "d2h")][1].synchronize()
+            return host.numpy().reshape(t.shape).copy()
+
+
+_STAGING = _Staging()
 
 
 def unproject_depth(
@@ -112,50 +178,64 @@ def unproject_depth(
     size, ``c2w`` [4, 4] (or [3, 4]); ``image`` [3, H, W] float in [0, 1] (the model input, RGB) gives
     the colours. Runs in float32 on ``device`` (default: the depth tensor's device; numpy -> CPU).
 
-    Kept: depth finite and > 0, confidence finite-or-+inf and >= ``min_confidence`` (+inf, an
-    overflow of the head's ``1 + exp``, is kept and stored as the largest float32), and a finite
-    world point. Striding happens before any copy to ``device``, so only ``H*W/stride**2`` values
-    move. ``max_points`` bounds the result by keeping evenly spaced points of the valid ones
-    (deterministic, keeps the spatial spread), never more than ``max_points``.
+    Kept: depth finite and > 0, confidence not NaN and >= ``min_confidence`` (+inf, an overflow of
+    the head's ``1 + exp``, is kept and stored as the largest float32), and a finite world point.
+    Striding happens on the host, and the strided host inputs plus the pose travel to a CUDA device
+    in one copy, so only ``H*W/stride**2`` values per map move. ``max_points`` bounds the result by
+    keeping evenly spaced points of the valid ones (deterministic, keeps the spatial spread).
     """
     if stride < 1:
         raise ValueError(f"stride must be >= 1, got {stride}")
     if device is None:
         device = depth.device if isinstance(depth, torch.Tensor) else torch.device("cpu")
     device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     h_full, w_full = int(depth.shape[-2]), int(depth.shape[-1])
-    d = _as_tensor(depth[..., ::stride, ::stride], device, torch.float32).reshape(-1)  # [h*w]
-    cols = torch.arange(0, w_full, stride, device=device, dtype=torch.float32)  # [w] u
-    rows = torch.arange(0, h_full, stride, device=device, dtype=torch.float32)  # [h] v
-    w, h = cols.shape[0], rows.shape[0]
-
     k = np.asarray(intrinsics.cpu() if isinstance(intrinsics, torch.Tensor) else intrinsics, dtype=np.float64)
     m = np.asarray(c2w.cpu() if isinstance(c2w, torch.Tensor) else c2w, dtype=np.float64)
     fx, fy, cx, cy = float(k[0, 0]), float(k[1, 1]), float(k[0, 2]), float(k[1, 2])
+
+    host: dict = {"pose": np.concatenate([m[:3, :3].reshape(-1), m[:3, 3]]).astype(np.float32)}  # [12]
+    on_device: dict = {}
+    for name, x in (("depth", depth), ("conf", confidence), ("image", image)):
+        if x is None:
+            continue
+        xs = x[..., ::stride, ::stride]  # a view: nothing is copied yet
+        if isinstance(xs, torch.Tensor) and xs.device == device:
+            on_device[name] = xs.to(torch.float32)
+        else:
+            host[name] = xs.detach().cpu().numpy() if isinstance(xs, torch.Tensor) else np.asarray(xs)
+    on_device.update(_STAGING.upload(host, device))
+    d = on_device["depth"].reshape(-1)  # [h*w]
+    h, w = on_device["depth"].shape[-2:]
+    rot = on_device["pose"][:9].view(3, 3)  # [3, 3]
+    trans = on_device["pose"][9:]  # [3]
+
+    cols = torch.arange(0, w_full, stride, device=device, dtype=torch.float32)  # [w] u
+    rows = torch.arange(0, h_full, stride, device=device, dtype=torch.float32)  # [h] v
     x_n = (cols - cx) / fx  # [w] normalised image x of each column
     y_n = (rows - cy) / fy  # [h]
     ray = torch.stack(  # [h, w, 3] (x/z, y/z, 1) per pixel
         [x_n.expand(h, w), y_n[:, None].expand(h, w), torch.ones(h, w, device=device)], dim=-1
     ).reshape(-1, 3)  # [h*w, 3]
     cam = ray * d[:, None]  # [h*w, 3] camera-frame points, z = depth
-    rot = torch.as_tensor(m[:3, :3], dtype=torch.float32, device=device)  # [3, 3]
-    trans = torch.as_tensor(m[:3, 3], dtype=torch.float32, device=device)  # [3]
     world = torch.addmm(trans, cam, rot.T)  # [h*w, 3] = R X_cam + t
 
     valid = torch.isfinite(d) & (d > 0) & torch.isfinite(world).all(dim=-1)  # [h*w]
-    if confidence is not None:
-        conf = _as_tensor(confidence[..., ::stride, ::stride], device, torch.float32).reshape(-1)  # [h*w]
+    if "conf" in on_device:
+        conf = on_device["conf"].reshape(-1)  # [h*w]
         conf = torch.nan_to_num(conf, nan=float("-inf"), posinf=float(torch.finfo(torch.float32).max))
         valid &= conf >= float(min_confidence)
     else:
         conf = torch.ones_like(d)  # [h*w]
-    idx = torch.nonzero(valid, as_tuple=False).reshape(-1)  # [N] flat indices into the strided grid
+    idx = torch.nonzero(valid, as_tuple=False).reshape(-1)  # [N] flat indices into the strided grid (syncs)
     if max_points is not None and idx.numel() > max_points:
         pick = torch.linspace(0, idx.numel() - 1, int(max_points), device=device).round().long()  # [max_points]
         idx = idx[pick]
 
-    if image is not None:
-        img = _as_tensor(image[..., ::stride, ::stride], device, torch.float32)  # [3, h, w]
+    if "image" in on_device:
+        img = on_device["image"]  # [3, h, w]
         if img.shape != (3, h, w):
             raise ValueError(f"image must be [3, {h_full}, {w_full}] like the depth map, got {tuple(image.shape)}")
         rgb = (img.reshape(3, -1)[:, idx].T.clamp(0.0, 1.0) * 255.0).round().to(torch.uint8)  # [N, 3]
@@ -189,7 +269,7 @@ def point_records(points: PointBatch) -> np.ndarray:
     Assembled on the points' device, so a GPU batch crosses to the host once (20 bytes per point).
     """
     rec = torch.cat([points.xyz, pack_rgb(points.rgb)[:, None], points.confidence[:, None]], dim=1)  # [N, 5]
-    return rec.cpu().numpy()
+    return _STAGING.download(rec)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from std_msgs.msg import Header
 from std_srvs.srv import Trigger
 
 from ..core.geometry import intrinsics_for_camera
-from ..core.reconstruction import VoxelMap, is_finite_camera, point_records, unproject_depth, write_ply
+from ..core.reconstruction import PointBatch, VoxelMap, is_finite_camera, point_records, unproject_depth, write_ply
 from ..core.results import FrameResult
 
 # x, y, z, rgb (packed 0x00RRGGBB in a float32), confidence: five little-endian float32 = 20 bytes
@@ -213,10 +213,11 @@ class ReconstructionPublisher:
             stride=int(values["points_stride"]), min_confidence=float(values["points_min_confidence"]),
             max_points=MAX_POINTS_PER_FRAME, device=device,
         )
+        records = point_records(points)  # [N, 5] on the host: the one copy off the device
         if send_points:
-            self._points_pub.publish(point_cloud2(point_records(points), stamp, world_frame))
-        if want_map:
-            self._enqueue(("points", int(result.session_id), points.to(self.map_device), stamp), len(points),
+            self._points_pub.publish(point_cloud2(records, stamp, world_frame))
+        if want_map:  # the map is fed from the host copy (no second transfer)
+            self._enqueue(("points", int(result.session_id), PointBatch.from_records(records), stamp), len(records),
                           int(values["map_max_points"]))
 
     def reset(self) -> None:

@@ -8,7 +8,7 @@ the CPU, float64 pose and intrinsics):
 * ``records``    - x y z rgb conf assembled on the device and copied to the host (``point_records``);
 * ``message``    - the ``sensor_msgs/PointCloud2`` built from them (``point_cloud2``);
 * ``points total`` - the three together = what ``publish_points`` adds to a frame (before DDS);
-* ``map add``    - queueing the frame for the voxel map (on the inference thread);
+* ``map add``    - queueing the frame for the voxel map from the host records (inference thread);
 * ``map merge``  - one merge of ``--merge-every`` queued frames into a full map (map timer thread),
   reported per merge.
 
@@ -34,7 +34,7 @@ def _pct(xs: list[float], q: float) -> float:
 
 def run(device: str, height: int, width: int, strides: list[int], frames: int, map_max_points: int,
         voxel: float, merge_every: int, with_message: bool = True) -> list[tuple]:
-    from ..core.reconstruction import VoxelMap, point_records, unproject_depth
+    from ..core.reconstruction import PointBatch, VoxelMap, point_records, unproject_depth
 
     if with_message:
         from builtin_interfaces.msg import Time
@@ -67,7 +67,7 @@ def run(device: str, height: int, width: int, strides: list[int], frames: int, m
             if with_message:
                 point_cloud2(rec, Time(sec=i), "lingbot_world")
             t3 = time.perf_counter()
-            vmap.add(pts.to("cpu"))
+            vmap.add(PointBatch.from_records(rec))  # as the node: the map is fed from the host records
             t4 = time.perf_counter()
             merge_ms = None
             if (i + 1) % merge_every == 0:
@@ -104,8 +104,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     strides = [int(s) for s in args.strides.split(",") if s]
+    try:  # the message step needs the ROS Python messages (absent on a bare GPU box: then skipped)
+        import sensor_msgs.msg  # noqa: F401
+
+        with_message = True
+    except ImportError:
+        with_message = False
+        print("# sensor_msgs not importable: the PointCloud2 step is skipped (message = 0)")
     rows = run(args.device, args.height, args.width, strides, args.frames, args.map_max_points,
-               args.map_voxel_size, args.merge_every)
+               args.map_voxel_size, args.merge_every, with_message=with_message)
     dev = torch.cuda.get_device_name(torch.device(args.device)) if args.device.startswith("cuda") else "cpu"
     print(f"# reconstruction cost per frame, {args.width}x{args.height}, device {args.device} ({dev}), "
           f"torch threads {torch.get_num_threads()}, map {args.map_max_points} voxels of {args.map_voxel_size}")
