@@ -405,3 +405,11 @@ def test_offline_takes_both_bag_formats_and_refuses_depth(tmp_path, storage):
         proc = run("lingbot_map_replay", str(bag), "--wait-subscriber", "0")
         assert_one_line_error(proc, bag.name, "a depth image (16UC1), not a camera image")
     assert not (tmp_path / "d.npz").exists()
+
+
+def test_test_script_says_loudly_when_nothing_was_collected():
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(["bash", str(root / "scripts" / "test.sh"), "-k", "zz_no_such_test_typo_zz"], env=ENV,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr  # CI's exit code is kept
+    assert "NO TESTS RAN" in proc.stderr and "NOTHING WAS TESTED" in proc.stderr, proc.stderr

@@ -146,8 +146,11 @@ def save_results(results: list[FrameResult], out: str, tum: str = "", with_depth
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    check_session_args(parser, args)  # settings and the checkpoint file: one line, exit 2
+    try:
+        args = parser.parse_args(argv)
+        check_session_args(parser, args)  # settings and the checkpoint file: one line, exit 2
+    except SystemExit as exc:  # --help, or a usage error already printed: a return code for in-process callers
+        return int(exc.code or 0)
     try:
         check_outputs(args)
         source = frame_source(args)

@@ -1,0 +1,93 @@
+"""The ROS side of the tools: ROS 1 recordings replayed into the real node, the demo's plot, and the
+demo's failure path (the node's own reason at once, a non-zero exit, no C++ abort).
+
+The node is the installed console script in a child process on loopback DDS, as in test_replay.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("rclpy")
+pytest.importorskip("lingbot_map_ros.msg")
+pytestmark = pytest.mark.ros
+
+from lingbot_map_ros.core.geometry import read_tum  # noqa: E402
+from lingbot_map_ros.tools.bag_io import write_image_bag  # noqa: E402
+
+from test_replay import NodeProcess, RosClient, _node_params, _ros_env, frames, replay, stamps  # noqa: E402
+
+
+@pytest.mark.parametrize("transport", ["raw", "compressed"])
+def test_ros1_bags_replay_through_the_node(tmp_path, ros_domain_id, transport):
+    """Issue 12: a ROS 1 .bag (raw bgr8 / JPEG and PNG CompressedImage) replays into the node with
+    every frame accounted for, and the node's trajectory carries the recorded stamps."""
+    env = _ros_env(tmp_path, ros_domain_id)
+    if transport == "raw":
+        bags = [(write_image_bag(tmp_path / "raw.bag", frames(8, 1), stamps(8, 500.0), storage="ros1",
+                                 encoding="bgr8", topic="/usb_cam/image_raw"), stamps(8, 500.0))]
+    else:
+        bags = [(write_image_bag(tmp_path / f"{codec}.bag", frames(8, i), stamps(8, 600.0 + 100 * i), storage="ros1",
+                                 compressed=codec, topic="/usb_cam/image_raw/compressed"), stamps(8, 600.0 + 100 * i))
+                for i, codec in enumerate(("jpeg", "png"))]
+    params = _node_params(tmp_path, image_transport=transport)
+    node = NodeProcess(env, tmp_path / "node.log", params, {"image": "/cam/image_raw"})
+    client = None
+    try:
+        node.wait_ready()
+        client = RosClient(ros_domain_id)
+        out_topic = "/cam/image_raw" + ("/compressed" if transport == "compressed" else "")
+        for bag, st in bags:
+            out = replay(env, bag, "--topic-out", out_topic)
+            assert out.returncode == 0, f"{bag.name}: {out.stdout}\n{out.stderr}\n{node.log()}"
+            assert "published 8 frames" in out.stdout and "8 processed" in out.stdout, out.stdout
+            assert client.trigger("/lingbot_map/save_trajectory").success
+            tum_stamps, pos, _ = read_tum(tmp_path / "traj.tum")
+            np.testing.assert_allclose(tum_stamps, st, atol=1e-6)
+            assert np.isfinite(pos).all()
+            assert client.trigger("/lingbot_map/reset").success
+    finally:
+        if client is not None:
+            client.close()
+        node.stop()
+    assert node.proc.returncode == 0, node.log()
+
+
+def _demo(tmp_path, domain: int, *extra: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess, float]:
+    cmd = [sys.executable, "-P", "-m", "lingbot_map_ros.tools.demo", "--domain-id", str(domain), *extra]
+    env = {k: v for k, v in os.environ.items() if k != "ROS_DOMAIN_ID"}
+    env.update(OMP_NUM_THREADS="1", ROS_LOG_DIR=str(tmp_path / "ros_log"))
+    start = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    return proc, time.monotonic() - start
+
+
+def test_demo_failure_prints_the_nodes_reason_at_once(tmp_path, ros_domain_id):
+    """A checkpoint that exists but is not one: the node's configure fails (the managed node stays
+    alive); the demo must quote the reason, stop the node, exit 1, not abort and not wait 30 s."""
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"this is not a checkpoint" * 8)
+    proc, seconds = _demo(tmp_path, ros_domain_id, "--checkpoint", str(bad), "--frames", "4", "--quiet-node")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out  # not 134 (abort), not 0
+    failed = [line for line in out.splitlines() if line.startswith("[demo] FAILED")]
+    assert len(failed) == 1 and "configure failed" in failed[0] and "bad.pt" in failed[0], out
+    assert "loopback" not in failed[0] and "Traceback" not in out
+    assert seconds < 60, seconds  # it stopped at the node's line, not after a 30 s + 30 s wait
+    assert "node exited with code" in out
+
+
+def test_demo_writes_its_plot(tmp_path, ros_domain_id):
+    plot = tmp_path / "demo.png"
+    proc, _ = _demo(tmp_path, ros_domain_id, "--frames", "8", "--scale-frames", "2", "--sliding-window", "3",
+                    "--width", "160", "--height", "120", "--camera-iterations", "1", "--quiet-node",
+                    "--plot", str(plot), "--timeout", "240")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "[demo] figure (8 frames)" in out
+    assert plot.is_file() and plot.stat().st_size > 10_000 and plot.read_bytes()[:4] == b"\x89PNG"
