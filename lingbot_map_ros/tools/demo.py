@@ -132,6 +132,7 @@ class NodeProcess:
             if reason and self.failure is None:
                 self.failure = reason
                 self.ready.set()  # stop waiting at once: the node told us why it will never be ready
+            if self._echo:
                 print(self._prefix + line, flush=True)
         self.ready.set()  # process ended: do not wait forever
 

@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 
+from .cli import OneLineParser
+
 TARGET_MS = 5.0
 
 
@@ -33,18 +35,18 @@ def _pct(values, q):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="node_overhead", description=__doc__.split("\n\n")[0])
-    p.add_argument("--frames", type=int, default=40)
-    p.add_argument("--width", type=int, default=640)
-    p.add_argument("--height", type=int, default=480)
-    p.add_argument("--scale-frames", type=int, default=2)
-    p.add_argument("--sliding-window", type=int, default=8)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--model-preset", default="tiny")
-    p.add_argument("--checkpoint", default="")
+    p = OneLineParser(prog="node_overhead", description=__doc__.split("\n\n")[0])
+    p.add_argument("--frames", type=int, default=40, help="frames to send, one at a time")
+    p.add_argument("--width", type=int, default=640, help="image width (rgb8)")
+    p.add_argument("--height", type=int, default=480, help="image height")
+    p.add_argument("--scale-frames", type=int, default=2, help="node parameter scale_frames")
+    p.add_argument("--sliding-window", type=int, default=8, help="node parameter sliding_window")
+    p.add_argument("--device", default="cpu", help="node parameter device")
+    p.add_argument("--model-preset", default="tiny", help="node parameter model_preset")
+    p.add_argument("--checkpoint", default="", help="node parameter checkpoint (empty: random weights)")
     p.add_argument("--fast-resize", action="store_true", help="node parameter fast_resize (OpenCV, not bit-exact)")
-    p.add_argument("--timeout", type=float, default=600.0)
-    p.add_argument("--domain-id", type=int, default=None)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
+    p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (default: env or derived)")
     args = p.parse_args(argv)
 
     from .demo import (DEMO_CAMERA_FRAME, DEMO_TOPIC, Listener, NodeProcess, SyntheticCamera, image_message,
