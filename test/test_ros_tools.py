@@ -117,10 +117,14 @@ def test_launch_node_publishes_poses_and_tf(launched):
 
 
 def test_param_describe_prints_range_and_description(launched):
-    out = launched.shell.ros2(f"ros2 param describe {NODE} sliding_window {FLAGS}", timeout=30).ok().output
-    assert "Parameter name: sliding_window" in out and "Type: integer" in out, out
-    assert re.search(r"Description: .*stored frames", out), out
-    assert "Min value: 1" in out and "Max value: 4096" in out, out
+    out = launched.shell.ros2(f"ros2 param describe {NODE} sliding_window diagnostics_period {FLAGS}",
+                              timeout=30).ok().output
+    window, period = out.split("Parameter name: diagnostics_period")
+    assert "Parameter name: sliding_window" in window and "Type: integer" in window, out
+    assert re.search(r"Description: .*stored frames", window), out
+    assert "Min value: 1" in window and "Max value: 4096" in window, out
+    assert "Type: double" in period and re.search(r"Description: .*diagnostics", period, re.I), out
+    assert "Min value: 0.05" in period and "Max value: 60.0" in period, out
 
 
 def test_param_set_valid_is_applied_invalid_prints_the_reason(launched):
@@ -314,4 +318,22 @@ def test_ros2_run_autostart_false_lifecycle_by_hand_with_a_bad_checkpoint(tmp_pa
         if streamer is not None:
             streamer.close()
         run.close()
+        shell.stop_daemon()
+
+
+def test_launch_autostart_false_waits_unconfigured(tmp_path, ros_domain_id):
+    """The launch argument: the managed node stays unconfigured (no model) until told otherwise."""
+    shell = RosShell(ros_domain_id, tmp_path)
+    params = tiny_params(tmp_path / "params.yaml")
+    launch = shell.start(f"ros2 launch lingbot_map_ros lingbot_map.launch.py autostart:=false params_file:={params}",
+                         "ros2_launch_manual")
+    try:
+        assert wait_until(lambda: NODE in shell.run(f"ros2 node list {FLAGS}", timeout=30).output.split(), 90), \
+            launch.output()[-3000:]
+        assert "unconfigured [1]" in shell.ros2(f"ros2 lifecycle get {NODE} {FLAGS}", timeout=30).ok().output
+        assert "configuring" not in launch.output() and "ready:" not in launch.output()
+        rc = launch.interrupt(group=False)
+        assert rc == 0 and "[lingbot_map] stopped cleanly" in launch.output(), launch.output()[-3000:]
+    finally:
+        launch.close()
         shell.stop_daemon()
