@@ -179,3 +179,22 @@ def test_tables_cached_per_size_and_dtype() -> None:
     assert r3.spatial_tables(2, 3, "cpu", torch.float32)[0] is s[0]
     t = r3.time_table(1024, "cpu", torch.float32)
     assert r3.time_table(1024, "cpu", torch.float32)[0] is t[0]
+
+
+def test_size_tables_are_bounded_and_keep_the_size_in_use():
+    """Tables of many frame sizes never pile up (hostile or changing sizes across sessions), and the
+    size used most recently (a running session's, read by its CUDA graph) is never the one dropped."""
+    from lingbot_map_ros.core.model.rope import SIZES_KEPT, Rope2D
+    from lingbot_map_ros.core.model.table_cache import TableCache
+
+    cache = TableCache(3)
+    built = []
+    for key in ["a", "b", "c", "a", "d", "e"]:
+        cache.get_or_build(key, lambda k=key: built.append(k) or k)
+    assert built == ["a", "b", "c", "d", "e"] and cache.keys() == ["a", "d", "e"]
+    rope = Rope2D()
+    in_use = rope.tables(4, 5, "cpu", torch.float32)
+    for ph in range(6, 6 + 3 * SIZES_KEPT):
+        rope.tables(ph, 5, "cpu", torch.float32)
+        assert rope.tables(4, 5, "cpu", torch.float32) is in_use  # touched every "frame": never evicted
+    assert len(rope._cache) == SIZES_KEPT

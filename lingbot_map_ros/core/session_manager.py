@@ -23,6 +23,7 @@ Not thread-safe by design: one thread (the node's inference thread) owns the man
 from __future__ import annotations
 
 import enum
+import traceback
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
@@ -42,6 +43,10 @@ class InferenceFailed(RuntimeError):
 
     def __init__(self, cause: BaseException, discarded: list[Any]) -> None:
         super().__init__(f"{type(cause).__name__}: {cause}")
+        # The traceback's frames hold the failed step's tensors (for an out-of-memory, gigabytes of
+        # activations): keep it as text and let the frames go now, not whenever the caller drops us.
+        self.detail = "".join(traceback.format_exception(cause))
+        cause.__traceback__ = None
         self.cause = cause
         self.discarded = discarded
 
@@ -145,10 +150,11 @@ class SessionManager:
         except SessionError:
             raise
         except Exception as exc:  # noqa: BLE001 - any model fault: only a new session is known to be consistent
-            if isinstance(exc, torch.cuda.OutOfMemoryError):
-                torch.cuda.empty_cache()
             discarded = [s for s in self.reset() if s is not stamp]
-            raise InferenceFailed(exc, discarded) from exc
+            failure = InferenceFailed(exc, discarded)  # drops the failed step's frames and tensors
+            if isinstance(exc, torch.cuda.OutOfMemoryError):
+                torch.cuda.empty_cache()  # give the freed blocks back, for the next frame and others
+        raise failure from None  # outside the except block: the cause's frames are already released
 
     def reset(self) -> list[Any]:
         """New session (new world frame, caches emptied); returns the discarded buffered frames' stamps."""

@@ -496,12 +496,12 @@ class LingBotMapNode(LifecycleNode):
                     self._finish(frame.header, FrameStatus.FAILED_INFERENCE, "failed",
                                  f"inference error: {type(exc).__name__}: {exc}")
 
-    def _record_error(self, text: str, exc: Optional[BaseException] = None) -> None:
+    def _record_error(self, text: str, exc: Optional[BaseException] = None, detail: str = "") -> None:
         with self._lock:
             self._c.errors += 1
             self._c.last_error = text
             self._c.last_error_time = time.monotonic()
-        detail = "".join(traceback.format_exception(exc)) if exc is not None else ""
+        detail = detail or ("".join(traceback.format_exception(exc)) if exc is not None else "")
         self.get_logger().error(text + ("\n" + detail if detail else ""), throttle_duration_sec=5.0)
 
     def _process(self, frame: _Frame) -> None:
@@ -530,7 +530,7 @@ class LingBotMapNode(LifecycleNode):
             return
         except self._inference_failed as exc:  # the manager already started a new session
             reason = f"inference failed: {exc}"
-            self._record_error(reason + "; a new session was started", exc.cause)
+            self._record_error(reason + "; a new session was started", detail=exc.detail)
             self._finish(frame.header, FrameStatus.FAILED_INFERENCE, "failed", reason)
             self._drop_discarded(exc.discarded, reason)
             self._after_new_session(reason, "failure_sessions")

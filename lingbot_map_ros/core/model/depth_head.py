@@ -12,6 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .rope import SIZES_KEPT
+from .table_cache import TableCache
+
 FRAME_CHUNK = 8
 OUTPUT_HIDDEN = 32  # channels between the two output convolutions (fixed in the official head)
 
@@ -126,7 +129,8 @@ class DPTDepthHead(nn.Module):
             ]
         )
         self.scratch = Scratch(out_channels, features)
-        self._pe_cache: dict[tuple, tuple[Tensor, Tensor]] = {}
+        # 4 token maps per frame size; a few sizes' worth (least recently used dropped first)
+        self._pe_cache: TableCache[tuple[Tensor, Tensor]] = TableCache(4 * SIZES_KEPT)
 
     def forward(self, token_list: list[Tensor], image_hw: tuple[int, int]) -> tuple[Tensor, Tensor]:
         """token_list: 4 × ``[S, P, dim_in]`` -> depth ``[S, H, W]``, confidence ``[S, H, W]`` (fp32)."""
@@ -145,13 +149,11 @@ class DPTDepthHead(nn.Module):
     def _add_pe(self, x: Tensor, image_hw: tuple[int, int]) -> Tensor:
         """``x + 0.1·PE`` without materialising PE: codes cached per (shape, image, dtype, device)."""
         C, h, w = x.shape[1], x.shape[2], x.shape[3]
-        key = (C, h, w, image_hw, x.dtype, str(x.device))
-        codes = self._pe_cache.get(key)
-        if codes is None:
+        def build() -> tuple[Tensor, Tensor]:
             cu, cv = sincos_position_codes(C, h, w, image_hw[0], image_hw[1], x.dtype)
-            codes = (cu.to(x.device) * 0.1, cv.to(x.device) * 0.1)  # scaled once, same fp32 products
-            self._pe_cache[key] = codes
-        cu, cv = codes
+            return cu.to(x.device) * 0.1, cv.to(x.device) * 0.1  # scaled once, same fp32 products
+
+        cu, cv = self._pe_cache.get_or_build((C, h, w, image_hw, x.dtype, str(x.device)), build)
         half = C // 2
         return torch.cat([x[:, :half] + cu[None, :, None, :], x[:, half:] + cv[None, :, :, None]], dim=1)
 

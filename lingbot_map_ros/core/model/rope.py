@@ -20,6 +20,10 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from .table_cache import TableCache
+
+SIZES_KEPT = 4  # frame sizes whose tables stay cached (least recently used dropped first)
+
 DEFAULT_MAX_POSITIONS = 1024  # rows of the official 3D-RoPE table (max_frame_num)
 
 TableKey = tuple[int, int, str, torch.dtype]
@@ -90,7 +94,7 @@ class Rope2D:
         self.head_dim = head_dim
         self.base = float(base)
         self.num_special = num_special
-        self._cache: dict[TableKey, tuple[Tensor, Tensor]] = {}
+        self._cache: TableCache[tuple[Tensor, Tensor]] = TableCache(SIZES_KEPT)
 
     def frequencies(self) -> Tensor:
         """``ω_i = 1 / base^(2i/half)`` in fp32, evaluated exactly as the official table does."""
@@ -101,10 +105,9 @@ class Rope2D:
     def tables(self, ph: int, pw: int, device: torch.device | str, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos and sin ``[P, 1, D]`` laid out ``[c_row, c_row, c_col, c_col]`` (16 values each for D=64)."""
         device = torch.device(device)
-        key = (ph, pw, str(device), dtype)
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit
+        return self._cache.get_or_build((ph, pw, str(device), dtype), lambda: self._build(ph, pw, device, dtype))
+
+    def _build(self, ph: int, pw: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         pos = positions_2d(ph, pw, self.num_special).to(torch.float32)  # [P, 2]
         omega = self.frequencies()  # [D/4]
         ang_y = pos[:, 0:1] * omega[None, :]  # [P, D/4] one fp32 multiply
@@ -115,7 +118,6 @@ class Rope2D:
             cos[:, None, :].to(device=device, dtype=dtype),  # [P, 1, D]
             sin[:, None, :].to(device=device, dtype=dtype),  # [P, 1, D]
         )
-        self._cache[key] = out
         return out
 
     def applier(self, ph: int, pw: int, device: torch.device | str) -> "RopeApplier":
@@ -135,8 +137,8 @@ class Rope3D:
         self.base = float(base)
         self.bands = bands
         self.num_special = num_special
-        self._spatial_cache: dict[TableKey, tuple[Tensor, Tensor]] = {}
-        self._time_cache: dict[tuple[int, str, torch.dtype], tuple[Tensor, Tensor]] = {}
+        self._spatial_cache: TableCache[tuple[Tensor, Tensor]] = TableCache(SIZES_KEPT)
+        self._time_cache: TableCache[tuple[Tensor, Tensor]] = TableCache(SIZES_KEPT)
 
     def band_frequencies(self, d: int) -> Tensor:
         """``ω_k = 1 / base^(2k/d)`` in float64 (k = 0..d/2-1)."""
@@ -163,10 +165,10 @@ class Rope3D:
     def spatial_tables(self, ph: int, pw: int, device: torch.device | str, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos/sin of the height and width bands, ``[P, (dh + dw)/2]``, cached per size/device/dtype."""
         device = torch.device(device)
-        key = (ph, pw, str(device), dtype)
-        hit = self._spatial_cache.get(key)
-        if hit is not None:
-            return hit
+        return self._spatial_cache.get_or_build(
+            (ph, pw, str(device), dtype), lambda: self._build_spatial(ph, pw, device, dtype))
+
+    def _build_spatial(self, ph: int, pw: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         pos = positions_3d(torch.zeros(1, dtype=torch.long), ph, pw, self.num_special)[0]  # [P, 3]
         ch, sh = self._band(self.bands[1], pos[:, 1])  # [P, dh/2]
         cw, sw = self._band(self.bands[2], pos[:, 2])  # [P, dw/2]
@@ -174,20 +176,17 @@ class Rope3D:
             torch.cat([ch, cw], dim=1).to(dtype).to(device),  # [P, (dh+dw)/2], rounded from float64
             torch.cat([sh, sw], dim=1).to(dtype).to(device),
         )
-        self._spatial_cache[key] = out
         return out
 
     def time_table(self, max_positions: int, device: torch.device | str, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos/sin of the time band for every frame index ``0..max_positions-1``, ``[max_positions, dt/2]``."""
         device = torch.device(device)
-        key = (max_positions, str(device), dtype)
-        hit = self._time_cache.get(key)
-        if hit is not None:
-            return hit
-        c, s = self._band(self.bands[0], torch.arange(max_positions))  # [M, dt/2] float64
-        out = (c.to(dtype).to(device), s.to(dtype).to(device))
-        self._time_cache[key] = out
-        return out
+
+        def build() -> tuple[Tensor, Tensor]:
+            c, s = self._band(self.bands[0], torch.arange(max_positions))  # [M, dt/2] float64
+            return c.to(dtype).to(device), s.to(dtype).to(device)
+
+        return self._time_cache.get_or_build((max_positions, str(device), dtype), build)
 
     def tables(
         self,
