@@ -22,7 +22,7 @@ from ..core.model.fusion import fused_blocks
 from ..core.runtime import resolve_backend, resolve_device, resolve_dtype, resolve_for
 from ..core.long_run import session_class
 from ..core.stream import StreamingSession, _cast_for_inference
-from .common import add_session_options, stream_from_args
+from .common import add_session_options, check_session_args, runtime_from_args, stream_from_args
 
 
 @dataclass
@@ -128,8 +128,12 @@ def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, variant: str, f
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    steady = np.array(per_frame[max(0, steady_start - stream_cfg.scale_frames):] or per_frame)
-    median = float(np.median(steady))
+    # Steady state = the window is full: a shorter run has none (its frames still grow the cache),
+    # so it reports no steady figures rather than numbers from the filling phase.
+    steady = np.array(per_frame[max(0, steady_start - stream_cfg.scale_frames):])
+    nan = float("nan")
+    median = float(np.median(steady)) if steady.size else nan
+    growth_ok = frames - 1 > mark and mark >= steady_start
     return BenchRow(
         variant=variant,
         backend=backend,
@@ -137,11 +141,11 @@ def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, variant: str, f
         frames=frames,
         phase1_ms=phase1_ms,
         steady_median_ms=median,
-        steady_p90_ms=float(np.percentile(steady, 90)),
-        fps=1e3 / median,
+        steady_p90_ms=float(np.percentile(steady, 90)) if steady.size else nan,
+        fps=1e3 / median if steady.size else nan,
         peak_mem_gb=_peak_bytes(device) / 1e9,
-        growth_gb=(mem_last - mem_mark) / 1e9,
-        growth_span=f"{mark}->{frames - 1}",
+        growth_gb=(mem_last - mem_mark) / 1e9 if growth_ok else nan,
+        growth_span=f"{mark}->{frames - 1}" if growth_ok else "run too short",
         first_frame_ms=first_frame_ms,
         finite=pose_check,
     ), np.stack(poses)
@@ -197,11 +201,16 @@ def format_table(rows: list[BenchRow], header: str) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
-            f"| {r.variant} | {r.heads} | {r.frames} | {r.steady_median_ms:.2f} | {r.steady_p90_ms:.2f} | "
-            f"{r.fps:.1f} | {r.phase1_ms:.1f} | {r.first_frame_ms:.0f} | {r.peak_mem_gb:.2f} | "
-            f"{r.growth_gb:+.3f} ({r.growth_span}){'' if r.finite else ' NON-FINITE POSES'} |"
+            f"| {r.variant} | {r.heads} | {r.frames} | {_num(r.steady_median_ms, '.2f')} | {_num(r.steady_p90_ms, '.2f')} | "
+            f"{_num(r.fps, '.1f')} | {r.phase1_ms:.1f} | {r.first_frame_ms:.0f} | {r.peak_mem_gb:.2f} | "
+            f"{_num(r.growth_gb, '+.3f')} ({r.growth_span}){'' if r.finite else ' NON-FINITE POSES'} |"
         )
     return "\n".join(lines)
+
+
+def _num(value: float, spec: str) -> str:
+    """A table cell: ``-`` where the run was too short for the figure."""
+    return "-" if value != value else format(value, spec)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,13 +225,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="print GPU kernel time by category (first head setting)")
     p.add_argument("--profile-variant", default="", help="the variant to profile (default: the first)")
     args = p.parse_args(argv)
-    # Random weights always: a checkpoint changes no timing.
-    preset = args.model_preset or "tiny"
-    device = resolve_device(args.device)
+    check_session_args(p, args)
+    runtime_cfg = runtime_from_args(args)
+    if runtime_cfg.checkpoint and not os.path.isfile(os.path.expanduser(runtime_cfg.checkpoint)):
+        p.error(f"--checkpoint {runtime_cfg.checkpoint}: no such file")
+    try:
+        device = resolve_device(args.device)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.profile and device.type != "cuda":
+        p.error("--profile measures GPU kernel time: it needs --device cuda (refused before the run)")
+    preset = runtime_cfg.resolved_preset()
     dtype = resolve_dtype(args.dtype, device)
     cfg = model_config(preset)
     stream_cfg = stream_from_args(args)
-    model, _ = build_model(cfg, seed=args.seed, device=device, dtype=dtype, enable_depth=True)  # one copy, in the compute dtype
+    steady_start = stream_cfg.scale_frames + stream_cfg.sliding_window * stream_cfg.keyframe_interval
+    if args.frames <= steady_start + 1:
+        print(f"note: {args.frames} frames do not reach the steady state (the window is full after "
+              f"{steady_start} frames): steady-state and memory-growth figures are not reported", file=sys.stderr)
+    # random weights unless --checkpoint (weights change no timing, but a user may want to check theirs)
+    model, report = build_model(cfg, checkpoint=runtime_cfg.checkpoint, seed=args.seed, device=device, dtype=dtype,
+                                enable_depth=True, allow_unsafe=runtime_cfg.allow_unsafe_checkpoint)
+    print(f"weights: {report.source}", file=sys.stderr)
     _cast_for_inference(model, dtype)
     default_variant = resolve_backend(args.attention_backend, device, dtype)[0] + ("+graph" if device.type == "cuda" else "")
     variants = [v for v in args.variants.split(",") if v] or [default_variant]

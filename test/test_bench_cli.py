@@ -1,0 +1,49 @@
+"""``lingbot_map_bench`` as a user meets it (CPU, tiny preset): refusals before any work in one line,
+``--checkpoint`` really used, no steady-state figures from a run shorter than the window, the variant
+syntax in ``--help``."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import torch
+
+from lingbot_map_ros.core.config import model_config
+from lingbot_map_ros.core.model import build_model
+
+BENCH = [sys.executable, "-m", "lingbot_map_ros.tools.bench"]
+SMALL = ["--device", "cpu", "--height", "42", "--width", "56", "--scale-frames", "2", "--sliding-window", "3",
+         "--camera-iterations", "1", "--heads", "camera"]
+
+
+def _run(*args: str, timeout: float = 300):
+    return subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_profile_without_cuda_and_a_missing_checkpoint_are_refused_before_the_run():
+    for args, needle in ((["--profile", "--device", "cpu"], "--profile"), (["--checkpoint", "/no/such.pt"], "/no/such.pt")):
+        out = _run(*args)
+        lines = [l for l in out.stderr.splitlines() if l.strip()]
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        assert needle in lines[-1] and lines[-1].startswith("lingbot_map_bench: error:"), out.stderr
+        assert "| variant |" not in out.stdout  # no model was built, nothing ran
+
+
+def test_checkpoint_is_used_and_short_runs_report_no_steady_state(tmp_path):
+    model, _ = build_model(model_config("tiny"), seed=4)
+    ckpt = tmp_path / "tiny.pt"
+    torch.save({"model": model.state_dict()}, ckpt)
+    out = _run(*SMALL, "--checkpoint", str(ckpt), "--model-preset", "tiny", "--frames", "5")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"weights: {ckpt}" in out.stderr
+    assert "do not reach the steady state" in out.stderr
+    row = [l for l in out.stdout.splitlines() if l.startswith("| sdpa")][0].split("|")
+    assert row[4].strip() == "-" and row[6].strip() == "-" and "run too short" in row[10], row
+    long_run = _run(*SMALL, "--frames", "12")
+    row = [l for l in long_run.stdout.splitlines() if l.startswith("| sdpa")][0].split("|")
+    assert float(row[4]) > 0 and "->" in row[10], row
+
+
+def test_help_documents_the_variant_syntax():
+    out = _run("--help")
+    assert out.returncode == 0 and "+graph" in out.stdout and "fa3" in out.stdout and "+compile" in out.stdout
