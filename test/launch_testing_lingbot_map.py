@@ -71,7 +71,7 @@ class TestLaunchedNode(unittest.TestCase):
         import rclpy
         from rclpy.context import Context
 
-        from lingbot_map_ros.tools.demo import Listener
+        from lingbot_map_ros.tools.node_client import Listener
 
         cls.rclpy = rclpy
         cls.ctx = Context()
@@ -90,7 +90,7 @@ class TestLaunchedNode(unittest.TestCase):
         self.assertIn(("lingbot_map", f"/{NAMESPACE}"), graph)
 
     def test_2_frames_give_poses_tf_and_diagnostics(self) -> None:
-        from lingbot_map_ros.tools.demo import SyntheticCamera, image_message
+        from lingbot_map_ros.tools.node_client import SyntheticCamera, image_message
 
         lst, rx = self.listener, self.listener.rx
         camera = SyntheticCamera(64, 48, seed=9)

@@ -279,7 +279,7 @@ class FrameStreamer:
         import rclpy
         from rclpy.context import Context
 
-        from lingbot_map_ros.tools.demo import Listener, SyntheticCamera
+        from lingbot_map_ros.tools.node_client import Listener, SyntheticCamera
 
         self._rclpy = rclpy
         self.ctx = Context()
@@ -297,7 +297,7 @@ class FrameStreamer:
         self._thread.start()
 
     def _loop(self) -> None:
-        from lingbot_map_ros.tools.demo import image_message
+        from lingbot_map_ros.tools.node_client import image_message
 
         while not self._closing.is_set():
             if self.streaming.wait(0.1) and not self._closing.is_set():

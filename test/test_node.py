@@ -29,7 +29,7 @@ from std_srvs.srv import Trigger  # noqa: E402
 
 from lingbot_map_ros.core.geometry import read_tum  # noqa: E402
 from lingbot_map_ros.ros.node import PARAMETER_NAMES  # noqa: E402
-from lingbot_map_ros.tools.demo import Listener, NodeProcess, SyntheticCamera, image_message, stamp_ns  # noqa: E402
+from lingbot_map_ros.tools.node_client import Listener, NodeProcess, SyntheticCamera, image_message, stamp_ns  # noqa: E402
 
 PROCESSED, DROPPED_QUEUE, REJECTED_INPUT, REFUSED_POLICY, BUFFERED = 0, 1, 2, 3, 4
 W, H = 64, 48

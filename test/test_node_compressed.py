@@ -17,7 +17,7 @@ pytestmark = pytest.mark.ros
 from rclpy.context import Context  # noqa: E402
 from rclpy.qos import QoSReliabilityPolicy  # noqa: E402
 
-from lingbot_map_ros.tools.demo import (  # noqa: E402
+from lingbot_map_ros.tools.node_client import (  # noqa: E402
     Listener, NodeProcess, SyntheticCamera, compressed_message, node_command, stamp_ns,
 )
 

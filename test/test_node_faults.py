@@ -39,7 +39,7 @@ from std_srvs.srv import Trigger  # noqa: E402
 from lingbot_map_ros.core.config import model_config  # noqa: E402
 from lingbot_map_ros.core.model import build_model  # noqa: E402
 from lingbot_map_ros.msg import FrameStatus  # noqa: E402
-from lingbot_map_ros.tools.demo import Listener, NodeProcess, SyntheticCamera, image_message, node_command  # noqa: E402
+from lingbot_map_ros.tools.node_client import Listener, NodeProcess, SyntheticCamera, image_message, node_command  # noqa: E402
 
 W, H = 64, 48
 NS = "/lingbot_map"

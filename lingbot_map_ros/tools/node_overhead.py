@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (default: env or derived)")
     args = p.parse_args(argv)
 
-    from .demo import (DEMO_CAMERA_FRAME, DEMO_TOPIC, Listener, NodeProcess, SyntheticCamera, image_message,
+    from .node_client import (DEMO_CAMERA_FRAME, DEMO_TOPIC, Listener, NodeProcess, SyntheticCamera, image_message,
                        prepare_ros_env, write_params_file)
 
     prepare_ros_env(args.domain_id)  # before rclpy
