@@ -327,20 +327,13 @@ class StreamingSession:
         """The captured one-frame step for the current size and head settings (built on first use)."""
         key = (self._kv_hw, self.stream_cfg.camera_iterations, self._with_depth)
         if self._graph_step is None or self._graph_key != key:
-            kv, camera_kv = self._kv, self._camera_kv
+            kv = self._kv
             ones = torch.ones(1, dtype=torch.long, device=self.device)
-            iterations, with_depth, max_positions = self.stream_cfg.camera_iterations, self._with_depth, self.stream_cfg.max_frame_num
 
             fusion = self._fusion  # compiled block bodies (None: eager blocks), compiled in the warm-up run
 
             def run(images: torch.Tensor, rope_frames: torch.Tensor):
-                with torch.inference_mode(), _autocast(self.device, self.dtype if self.autocast else torch.float32), \
-                        fused_blocks(fusion):
-                    return self.model(
-                        images, rope_frames=rope_frames, camera_variant=ones, scale_variant=ones,
-                        global_attention=kv, camera_attention=camera_kv, num_iterations=iterations,
-                        with_depth=with_depth, max_positions=max_positions, validate=False,
-                    )
+                return self._call_model(images, rope_frames, ones, ones, fusion=fusion, validate=False)
 
             backend = kv.single_frame_backend
             self._graph_step = GraphedFrameStep(
@@ -459,7 +452,7 @@ class StreamingSession:
             if self.use_cuda_graphs and s == 1:
                 out = self._graphed_step()(images, int(rope_frames[0]))
             else:
-                out = self._eager_step(images, rope_frames, camera_variant, scale_variant)
+                out = self._call_model(images, rope_frames, camera_variant, scale_variant)
             pose_enc = out.pose_enc.float().cpu().numpy()  # [S, 9]; synchronises with the GPU
             depth = None if out.depth is None else out.depth.float().cpu().numpy()
             conf = None if out.depth_conf is None else out.depth_conf.float().cpu().numpy()
@@ -469,8 +462,12 @@ class StreamingSession:
         elapsed_ms = (time.perf_counter() - start) * 1e3
         return (pose_enc, depth, conf), elapsed_ms
 
-    def _eager_step(self, images, rope_frames, camera_variant, scale_variant):
-        with torch.inference_mode(), _autocast(self.device, self.dtype if self.autocast else torch.float32):
+    def _call_model(self, images, rope_frames, camera_variant, scale_variant, *, fusion=None, validate: bool = True):
+        """The one model call of a step, eager or captured into the one-frame CUDA graph (``fusion``:
+        the compiled block bodies, graph step only; ``validate=False`` there: no host checks in a graph).
+        The caches are the session's current ones; rebuilding them drops the captured graph."""
+        with torch.inference_mode(), _autocast(self.device, self.dtype if self.autocast else torch.float32), \
+                fused_blocks(fusion):
             return self.model(
                 images.to(self.device, non_blocking=True),
                 rope_frames=rope_frames.to(self.device),
@@ -481,6 +478,7 @@ class StreamingSession:
                 num_iterations=self.stream_cfg.camera_iterations,
                 with_depth=self._with_depth,
                 max_positions=self.stream_cfg.max_frame_num,
+                validate=validate,
             )
 
     def _make_result(
