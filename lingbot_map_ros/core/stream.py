@@ -222,7 +222,11 @@ class StreamingSession:
             return self._process_phase2(image, stamp)
         self._pending.append(_PendingFrame(image, stamp))
         if len(self._pending) >= self.stream_cfg.scale_frames:
-            return self._process_scale_frames()
+            try:
+                return self._process_scale_frames()
+            except SessionError:  # refused: this frame is not taken, the earlier ones stay buffered
+                self._pending.pop()
+                raise
         return []
 
     def flush(self) -> list[FrameResult]:
@@ -351,18 +355,16 @@ class StreamingSession:
 
     def _process_scale_frames(self) -> list[FrameResult]:
         frames = self._pending
-        self._pending = []
         images = torch.stack([f.image for f in frames])  # [S, 3, H, W]
         s = images.shape[0]
-        self._ensure_caches(self._image_hw)  # type: ignore[arg-type]
         rope_frames = torch.arange(s)  # f = 0..S-1
         camera_variant = (torch.arange(s) > 0).long()  # frame 0 of the session is the reference
         scale_variant = torch.zeros(s, dtype=torch.long)  # jointly processed scale frames
-        try:
-            out, elapsed_ms = self._run_model(images, rope_frames, camera_variant, scale_variant, store=True)
-        except BaseException:
-            self._pending = frames  # still buffered: whoever resets the session accounts for them
-            raise
+        # The frames stay in ``_pending`` until the call succeeds: if allocating the caches or the
+        # model raises (out of memory, a fault), whoever resets the session accounts for them.
+        self._ensure_caches(self._image_hw)  # type: ignore[arg-type]
+        out, elapsed_ms = self._run_model(images, rope_frames, camera_variant, scale_variant, store=True)
+        self._pending = []
         self._stored = s
         self._scale_count = s
         self._phase1_done = True
