@@ -413,3 +413,25 @@ def test_test_script_says_loudly_when_nothing_was_collected():
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr  # CI's exit code is kept
     assert "NO TESTS RAN" in proc.stderr and "NOTHING WAS TESTED" in proc.stderr, proc.stderr
+
+
+def test_eval_into_a_pipe_that_closes_early_ends_quietly(tmp_path):
+    """`lingbot_map_eval est gt | head`: a reader that leaves early; no traceback, exit 0."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from lingbot_map_ros.core.geometry import write_tum
+
+    stamps = np.arange(200, dtype=np.float64) * 0.1
+    poses = np.tile(np.eye(4), (200, 1, 1))
+    poses[:, 0, 3] = np.sin(stamps)
+    poses[:, 2, 3] = stamps
+    write_tum(str(tmp_path / "gt.tum"), stamps, poses)
+    write_tum(str(tmp_path / "est.tum"), stamps, poses * 1.0)
+    cmd = (f"{sys.executable} -m lingbot_map_ros.tools.evaluate --no-evo {tmp_path / 'est.tum'} "
+           f"{tmp_path / 'gt.tum'} | true")  # the reader is gone before the first line
+    out = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr
+    assert out.returncode == 0, (out.returncode, out.stderr)

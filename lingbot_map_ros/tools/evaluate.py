@@ -12,6 +12,7 @@ results can be quoted either way; evo is not a dependency.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass
 from typing import Optional
@@ -143,6 +144,16 @@ def report(ev: Evaluation, max_dt: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``lingbot_map_eval``; a reader that leaves early (``| head``) ends it quietly, not with a traceback."""
+    try:
+        return _run(argv)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail again
+        return 0
+
+
+def _run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         need_file(args.est, "estimated trajectory", "write it with lingbot_map_offline --tum")
