@@ -244,6 +244,25 @@ def _start_run(shell: RosShell, args: str, name: str):
     return shell.start(f"ros2 run lingbot_map_ros lingbot_map_node --ros-args {args}", name)
 
 
+
+def _stream_until_poses(shell, run, count: int) -> "FrameStreamer":
+    """Stream frames into the node started by ``run`` until ``count`` poses came back; the streamer
+    (stopped, still connected) is returned for the caller's checks and cleanup."""
+    streamer = FrameStreamer(shell.domain_id, RUN_TOPIC)
+    assert streamer.listener.wait_connected(30)
+    streamer.streaming.set()
+    assert streamer.wait_for(lambda rx: len(rx.poses) >= count, 90), run.output()[-3000:]
+    streamer.streaming.clear()
+    return streamer
+
+
+def _interrupt_cleanly(run) -> None:
+    """Ctrl-C as a terminal sends it (the whole foreground group): exit 0, "stopped cleanly"."""
+    rc = run.interrupt(group=True)
+    assert rc == 0, run.output()[-3000:]
+    assert "[lingbot_map] stopped cleanly" in run.output()
+
+
 def test_ros2_run_from_venv_publishes_and_stops_on_sigint(tmp_path, ros_domain_id):
     shell = RosShell(ros_domain_id, tmp_path)
     params = tiny_params(tmp_path / "run_params.yaml")
@@ -252,16 +271,10 @@ def test_ros2_run_from_venv_publishes_and_stops_on_sigint(tmp_path, ros_domain_i
     try:
         run.wait_for(r"\[lingbot_map\]: ready: active", 150)
         assert wait_until(lambda: NODE in shell.run(f"ros2 node list {FLAGS}", timeout=30).ok().output.split(), 30)
-        streamer = FrameStreamer(shell.domain_id, RUN_TOPIC)
-        assert streamer.listener.wait_connected(30)
-        streamer.streaming.set()
-        assert streamer.wait_for(lambda rx: len(rx.poses) >= 3, 90), run.output()[-3000:]
-        streamer.streaming.clear()
+        streamer = _stream_until_poses(shell, run, 3)
         with streamer.listener.lock:
             assert {p.header.frame_id for p in streamer.rx.poses.values()} == {"run_world"}
-        rc = run.interrupt(group=True)  # Ctrl-C: the terminal signals the whole foreground group
-        assert rc == 0, run.output()[-3000:]
-        assert "[lingbot_map] stopped cleanly" in run.output()
+        _interrupt_cleanly(run)
     finally:
         if streamer is not None:
             streamer.close()
@@ -302,18 +315,12 @@ def test_ros2_run_autostart_false_lifecycle_by_hand_with_a_bad_checkpoint(tmp_pa
         assert "Set parameter successful" in out, out
         assert "Transitioning successful" in lifecycle(f"set {NODE} configure")
         assert "Transitioning successful" in lifecycle(f"set {NODE} activate")  # poses below show it is active
-        streamer = FrameStreamer(shell.domain_id, RUN_TOPIC)
-        assert streamer.listener.wait_connected(30)
-        streamer.streaming.set()
-        assert streamer.wait_for(lambda rx: len(rx.poses) >= 2, 90), run.output()[-3000:]
-        streamer.streaming.clear()
+        streamer = _stream_until_poses(shell, run, 2)
         assert "Transitioning successful" in lifecycle(f"set {NODE} deactivate")
         assert "Transitioning successful" in lifecycle(f"set {NODE} cleanup")
         assert "unconfigured [1]" in lifecycle(f"get {NODE}")
         run.wait_for(r"cleaned up", 20)
-        rc = run.interrupt(group=True)
-        assert rc == 0, run.output()[-3000:]
-        assert "[lingbot_map] stopped cleanly" in run.output()
+        _interrupt_cleanly(run)
     finally:
         if streamer is not None:
             streamer.close()
