@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run of record (device machine, nvidia-h200): GPU correctness tests, then the benchmark
 # table of issue 4. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
-#   bash scripts/device_run.sh [final|record|perf|quick|full|long]
+#   bash scripts/device_run.sh [final|split|record|perf|quick|full|long]
 # Everything it prints also lands in $OUT (gpu_tests.log, bench.txt, long.txt) and the JIT-compiled
 # FlashInfer kernels are copied to $OUT/*.so so a later call can skip compiling (put each one at
 # .fi_aot/<name>/<name>.so and carry .fi_aot).
@@ -23,6 +23,17 @@ if [ "$MODE" = final ]; then
   timeout 150 "${BENCH[@]}" --frames 1000 --heads depth+camera --variants flashinfer:fa3+graph+compile 2>&1 | tee "$OUT/bench_final.txt"
   timeout 60 "${BENCH[@]}" --frames 208 --heads camera --variants flashinfer:fa3+graph+compile 2>&1 | tee "$OUT/bench_final_camera.txt"
   timeout 60 python3 -m lingbot_map_ros.tools.bench_points --device cuda --height 378 --width 518 --strides 2,4,8 --frames 50 2>&1 | tee "$OUT/bench_points.txt"
+elif [ "$MODE" = split ]; then
+  # issue 10, the split lever: GPU tests (float64 comparisons incl. the split backend, out-of-memory
+  # containment), the attention options per layer, then split vs fa3 end to end in one process
+  timeout 300 python3 -m pytest test/test_gpu.py test/test_gpu_faults.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
+  timeout 120 python3 scripts/attention_bench.py 2>&1 | tee "$OUT/attention.txt"
+  timeout 240 "${BENCH[@]}" --frames 208 --heads depth+camera \
+      --variants sdpa:split+graph+compile,flashinfer:fa3+graph+compile,sdpa:split+graph \
+      --profile 2>&1 | tee "$OUT/bench.txt"
+  timeout 100 "${BENCH[@]}" --frames 208 --heads camera --variants sdpa:split+graph+compile,flashinfer:fa3+graph+compile \
+      2>&1 | tee "$OUT/bench_camera.txt"
+  timeout 100 "${BENCH[@]}" --frames 1000 --heads depth+camera --variants sdpa:split+graph+compile 2>&1 | tee "$OUT/bench_1000.txt"
 elif [ "$MODE" = perf ] || [ "$MODE" = record ]; then
   # issue 10: GPU tests, attention options per layer, then the variants per lever (one process, same card)
   if [ "$MODE" = record ]; then
@@ -37,7 +48,7 @@ elif [ "$MODE" = perf ] || [ "$MODE" = record ]; then
 elif [ "$MODE" != long ] && [ "$MODE" != final ]; then
   timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
-if [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ]; then
+if [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ]; then
   :  # done above
 elif [ "$MODE" = quick ]; then
   "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"

@@ -88,6 +88,6 @@ def test_factory_builds_from_the_resolved_runtime_only() -> None:
     masked_rt = resolve_for(torch.device("cpu"), torch.float32, backend="sdpa")
     object.__setattr__(masked_rt, "cuda_graphs", True)
     object.__setattr__(masked_rt, "sdpa_kernel", "cudnn")
-    assert factory.pool_sizes(masked_rt, stream, 12) == (2 + 3 + 1, -(-6 * 41 // 12))
+    assert factory.pool_layout(masked_rt, stream, 12) == factory.PoolLayout(2 + 3 + 1, -(-6 * 41 // 12), "lifo")
     camera = factory.build_camera_cache(rt, cfg, stream)
     assert camera.capacity == 41 and not camera.static

@@ -66,6 +66,16 @@ def make_caches(page_size, dtype, scale, window, kinds):
                 page_size=page_size, num_pages=cache.table.num_pages, num_heads=H, head_dim=D, dtype=dtype,
                 device="cuda", kernel="cudnn")
             caches[kind] = cache
+        elif kind.startswith("sdpa-split"):  # contiguous prefix + masked tail, the factory's pools and allocation
+            from lingbot_map_ros.core.cache.split_backend import SplitPrefixBackend
+
+            pools = dict(num_patch_pages=scale + window + 1, special_pages=-(-SPECIALS * 40 // page_size))
+            cache = PagedKVCache(**common, backend="sdpa", allocation="lowest", **pools)
+            cache.single_frame_backend = SplitPrefixBackend(
+                page_size=page_size, num_patch_pages=cache.table.num_patch_pages, num_pages=cache.table.num_pages,
+                num_heads=H, head_dim=D, dtype=dtype, device="cuda", kernel="cudnn",
+                fuse_merge=kind.endswith("fused"))
+            caches[kind] = cache
         elif kind == "sdpa-static":
             static = StaticSdpaBackend(page_size=page_size, num_heads=H, head_dim=D,
                                        max_keys=(scale + window + 1) * page_size + SPECIALS * 40,
@@ -89,6 +99,7 @@ def run_stream(page_size, dtype, kinds, steps=12, scale=2, window=3, seed=0):
     caches = make_caches(page_size, dtype, scale, window, kinds)
     frames, stored = [], []
     worst = {kind: 0.0 for kind in kinds}
+    modes: dict[str, list[str]] = {kind: [] for kind in kinds}
     plan = [(scale, True)] + [(1, rng.random() < 0.6) for _ in range(steps)]
     for num_frames, store in plan:
         t = num_frames * (SPECIALS + page_size)
@@ -106,6 +117,8 @@ def run_stream(page_size, dtype, kinds, steps=12, scale=2, window=3, seed=0):
         ref = torch.cat(refs)  # [T, H, D] float64
         for kind, cache in caches.items():
             cache.begin_step(num_frames, store=store)
+            if num_frames == 1:
+                modes[kind].append(getattr(cache.single_frame_backend, "mode", ""))
             for block in range(2):
                 out = cache(block, q.to(dtype), k.to(dtype), v.to(dtype))
                 assert out.shape == ref.shape and torch.isfinite(out).all(), kind
@@ -115,23 +128,26 @@ def run_stream(page_size, dtype, kinds, steps=12, scale=2, window=3, seed=0):
         if not store:
             frames.pop()
             stored.pop()
-    return worst
+    return worst, modes
 
 
 @pytest.mark.parametrize("page_size", [777, 999, 1036])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_sdpa_backends_match_float64(page_size, dtype):
-    worst = run_stream(page_size, dtype, ["sdpa", "sdpa-static", "sdpa-cudnn"])
+    worst, modes = run_stream(page_size, dtype, ["sdpa", "sdpa-static", "sdpa-cudnn", "sdpa-split", "sdpa-split-fused"],
+                              steps=16)
     limit = 1e-2 if dtype == torch.bfloat16 else 2e-3
     print(f"page {page_size} {dtype}: {worst}")
     assert all(err < limit for err in worst.values()), worst
+    # the split backend read the prefix both masked (window filling) and unmasked (full window)
+    assert {"masked", "full"} <= set(modes["sdpa-split"]), modes["sdpa-split"]
 
 
 @pytest.mark.skipif(not HAS_FLASHINFER, reason="flashinfer not installed")
 @pytest.mark.parametrize("page_size", [777, 999, 1036])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_flashinfer_fa2_matches_float64(page_size, dtype):
-    worst = run_stream(page_size, dtype, ["fi-fa2", "fi-fa2-graph", "sdpa"])
+    worst, _ = run_stream(page_size, dtype, ["fi-fa2", "fi-fa2-graph", "sdpa"])
     limit = 1e-2 if dtype == torch.bfloat16 else 2e-3
     print(f"page {page_size} {dtype}: {worst}")
     assert all(err < limit for err in worst.values()), worst
@@ -140,13 +156,13 @@ def test_flashinfer_fa2_matches_float64(page_size, dtype):
 @pytest.mark.skipif(not HAS_FLASHINFER, reason="flashinfer not installed")
 @pytest.mark.parametrize("page_size", [777, 999, 1036])
 def test_flashinfer_fa3_token_pages_match_float64(page_size):
-    worst = run_stream(page_size, torch.bfloat16, ["fi-fa3", "fi-fa3-graph"])
+    worst, _ = run_stream(page_size, torch.bfloat16, ["fi-fa3", "fi-fa3-graph"])
     print(f"page {page_size} bf16 fa3: {worst}")
     assert all(err < 1e-2 for err in worst.values()), worst
 
 
-def test_graphed_session_matches_eager_session():
-    """A tiny-preset bf16 stream: CUDA-graph replay gives the eager poses (same kernels per step)."""
+def _tiny_session_poses(**session_kwargs) -> tuple[torch.Tensor, object]:
+    """pose_enc of a 16-frame tiny-preset bf16 stream (scale 2, window 3, keyframe every 2nd frame)."""
     from lingbot_map_ros.core.config import StreamConfig, model_config
     from lingbot_map_ros.core.model import build_model
     from lingbot_map_ros.core.stream import StreamingSession, _cast_for_inference
@@ -156,16 +172,31 @@ def test_graphed_session_matches_eager_session():
     _cast_for_inference(model, torch.bfloat16)
     scfg = StreamConfig(scale_frames=2, sliding_window=3, keyframe_interval=2, max_frame_num=64, max_stored_frames=60,
                         with_depth=True)
-    frames = torch.rand(16, 3, 56, 84)
-    poses = {}
-    for graphs in (False, True):
-        session = StreamingSession(model, cfg, scfg, device=torch.device("cuda"), dtype=torch.bfloat16,
-                                   backend="sdpa", log=lambda m: None, cuda_graphs=graphs)
-        out = [r for f in frames for r in session.push(f)]
-        poses[graphs] = torch.stack([torch.from_numpy(r.pose_enc) for r in out]).double()
-    rel = ((poses[True] - poses[False]).norm() / poses[False].norm()).item()
-    print(f"graph vs eager pose rel diff {rel:.2e}")
-    assert rel < 2e-2
+    frames = torch.rand(16, 3, 56, 84, generator=torch.Generator().manual_seed(2))
+    session = StreamingSession(model, cfg, scfg, device=torch.device("cuda"), dtype=torch.bfloat16,
+                               backend="sdpa", log=lambda m: None, **session_kwargs)
+    out = [r for f in frames for r in session.push(f)]
+    return torch.stack([torch.from_numpy(r.pose_enc) for r in out]).double(), session
+
+
+@pytest.mark.parametrize("graphs,compile_blocks,sdpa_kernel", [
+    (True, "off", "flash"),  # CUDA-graph replay of the static varlen-flash path
+    (True, "on", "cudnn"),  # + fused blocks, masked cuDNN
+    (True, "off", "split"),  # contiguous prefix + masked tail, merged by log-sum-exp
+    (True, "on", "split"),  # the same with fused blocks and the compiled merge
+])
+def test_graphed_session_matches_eager_session(graphs, compile_blocks, sdpa_kernel):
+    """A tiny-preset bf16 stream: each one-frame path vs the eager session (gathered SDPA)."""
+    eager, _ = _tiny_session_poses(cuda_graphs=False, compile_blocks="off")
+    poses, session = _tiny_session_poses(cuda_graphs=graphs, compile_blocks=compile_blocks, sdpa_kernel=sdpa_kernel)
+    if compile_blocks == "on":
+        assert session._fusion is not None and session._fusion.calls > 0
+    if sdpa_kernel == "split":
+        backend = session._kv.single_frame_backend
+        assert type(backend).__name__ == "SplitPrefixBackend" and backend.mode == "full"
+    rel = ((poses - eager).norm() / eager.norm()).item()
+    print(f"{sdpa_kernel}+graph{'+compile' if compile_blocks == 'on' else ''} vs eager pose rel diff {rel:.2e}")
+    assert torch.isfinite(poses).all() and rel < 2e-2
 
 
 def _block_reference_error(block_kind: str):
@@ -214,29 +245,3 @@ def test_fused_block_matches_float64(block_kind):
     assert torch.isfinite(out).all()
     assert fused_err < max(1.5 * eager_err, 5e-3), (eager_err, fused_err)
     assert diff < 2e-2
-
-
-def test_fused_graphed_session_matches_eager_session():
-    """Tiny preset, bf16: CUDA graphs + fused blocks + masked cuDNN attention vs the eager session."""
-    from lingbot_map_ros.core.config import StreamConfig, model_config
-    from lingbot_map_ros.core.model import build_model
-    from lingbot_map_ros.core.stream import StreamingSession, _cast_for_inference
-
-    cfg = model_config("tiny")
-    model, _ = build_model(cfg, seed=5, device="cuda", dtype=torch.float32)
-    _cast_for_inference(model, torch.bfloat16)
-    scfg = StreamConfig(scale_frames=2, sliding_window=3, keyframe_interval=2, max_frame_num=64, max_stored_frames=60,
-                        with_depth=True)
-    frames = torch.rand(16, 3, 56, 84)
-    poses = {}
-    for mode in ("eager", "fused"):
-        session = StreamingSession(model, cfg, scfg, device=torch.device("cuda"), dtype=torch.bfloat16,
-                                   backend="sdpa", log=lambda m: None, cuda_graphs=mode == "fused",
-                                   compile_blocks="on" if mode == "fused" else "off", sdpa_kernel="cudnn")
-        out = [r for f in frames for r in session.push(f)]
-        poses[mode] = torch.stack([torch.from_numpy(r.pose_enc) for r in out]).double()
-        if mode == "fused":
-            assert session._fusion is not None and session._fusion.calls > 0
-    rel = ((poses["fused"] - poses["eager"]).norm() / poses["eager"].norm()).item()
-    print(f"fused+graph vs eager pose rel diff {rel:.2e}")
-    assert torch.isfinite(poses["fused"]).all() and rel < 2e-2

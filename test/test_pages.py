@@ -299,3 +299,100 @@ def test_table_matches_list_model(geo: dict, ops: list[tuple[str, int]]) -> None
             table.reset()
             model = copy.deepcopy(fresh)
         _check_against_model(table, model)
+
+
+# ------------------------------------------------------------------ allocation "lowest" (split backend)
+
+
+def test_lowest_allocation_exact_pages() -> None:
+    """scale 2, window 3, pool 6 = scale + window + 1: evict before taking, lowest free id first."""
+    t = PageTable(scale_frames=2, sliding_window=3, page_size=7, num_patch_pages=6, special_pages=10, allocation="lowest")
+    assert t.append(2).patch_pages == (0, 1)
+    assert [t.append(1).patch_pages for _ in range(3)] == [(2,), (3,), (4,)]
+    assert (t.window_pages, t.free_list) == ([2, 3, 4], [5])
+    # a non-keyframe in the full window takes the spare page 5 and gives it back
+    assert t.append(1, defer_eviction=True).patch_pages == (5,)
+    assert t.visible_pages()[:6] == [0, 1, 2, 3, 4, 5]
+    t.rollback()
+    assert t.free_list == [5]
+    # keyframes now reuse the page they evict (oldest window page first): no hole, no copy
+    plans = [t.append(1) for _ in range(4)]
+    assert [(p.patch_pages, p.evicted) for p in plans] == [((2,), (2,)), ((3,), (3,)), ((4,), (4,)), ((2,), (2,))]
+    assert (t.scale_pages, t.window_pages, t.free_list) == ([0, 1], [3, 4, 2], [5])
+    # a non-keyframe while filling takes the lowest free page, and the rollback restores the order
+    u = PageTable(scale_frames=1, sliding_window=4, page_size=3, num_patch_pages=6, special_pages=10, allocation="lowest")
+    u.append(1)
+    assert u.append(1, defer_eviction=True).patch_pages == (1,)
+    u.rollback()
+    assert u.free_list == [1, 2, 3, 4, 5]
+    with pytest.raises(ValueError, match="allocation"):
+        PageTable(scale_frames=1, sliding_window=1, page_size=3, special_pages=2, allocation="fifo")
+
+
+@settings(max_examples=200, deadline=None)
+@given(geometry, st.lists(operation, max_size=40))
+def test_lowest_allocation_keeps_a_prefix_and_the_same_visible_frames(geo: dict, ops: list[tuple[str, int]]) -> None:
+    """Against the official (LIFO) table driven identically: the same frames and specials are visible
+    at every step, and the pages in use are always exactly ``0 .. n-1``."""
+    kwargs = dict(scale_frames=geo["scale_frames"], sliding_window=geo["sliding_window"], page_size=geo["page_size"],
+                  num_patch_pages=geo["scale_frames"] + geo["sliding_window"] + geo["extra_pages"],
+                  special_pages=geo["special_pages"])
+    tables = {name: PageTable(**kwargs, allocation=name) for name in ("lifo", "lowest")}
+    frame_of: dict[str, dict[int, int]] = {name: {} for name in tables}
+    next_frame = 0
+    self_evicted = False
+
+    def visible_frames(name: str) -> tuple[list[int], list[int], int]:
+        t = tables[name]
+        pages = t.visible_pages()
+        patch = sorted(frame_of[name][p] for p in pages if p < t.num_patch_pages)
+        return patch, [p for p in pages if p >= t.num_patch_pages], t.last_page_len
+
+    def check() -> None:
+        assert visible_frames("lifo") == visible_frames("lowest")
+        low = tables["lowest"]
+        used = low.scale_pages + low.window_pages
+        if not self_evicted:
+            assert sorted(used) == list(range(len(used)))
+        assert low.free_list == sorted(low.free_list)
+
+    for op, n in ops:
+        if op in ("append", "non_keyframe"):
+            defer = op == "non_keyframe"
+            results = {}
+            for name, t in tables.items():
+                try:
+                    results[name] = t.append(n, defer_eviction=defer)
+                except PoolExhausted:
+                    results[name] = None
+            lifo, low = results["lifo"], results["lowest"]
+            if lifo is None or low is None:
+                # the pools cannot take this append in at least one order (lowest evicts before it
+                # takes, so it can fit where lifo cannot): start both afresh, still in step
+                for t in tables.values():
+                    t.reset()
+                frame_of = {name: {} for name in tables}
+                self_evicted = False
+                continue
+            # an append of more new window frames than the window evicts some of its own frames:
+            # the cache never does that (PagedKVCache.begin_step refuses it), and it breaks the prefix
+            self_evicted |= bool(set(lifo.evicted) & set(lifo.patch_pages))
+            assert lifo.special_slots == low.special_slots and len(lifo.evicted) == len(low.evicted)
+            for name in tables:
+                for i, page in enumerate(results[name].patch_pages):
+                    frame_of[name][page] = next_frame + i
+            next_frame += n
+            check()
+            if defer:
+                for t in tables.values():
+                    t.rollback()
+        elif op == "bad_rollback":
+            for t in tables.values():
+                with pytest.raises(RuntimeError):
+                    t.rollback()
+        else:
+            for t in tables.values():
+                t.reset()
+            frame_of = {name: {} for name in tables}
+            self_evicted = False
+        check()

@@ -106,6 +106,11 @@ class StreamConfig:
     overlap_frames: int = 16  # frames carried into the next window (policy "window")
 
 
+# Choices of the runtime settings (validated here, resolved in runtime.py, declared in settings.py).
+FLASHINFER_KERNELS = ("auto", "fa2", "fa3")
+SDPA_KERNELS = ("auto", "split", "cudnn", "flash")
+SWITCHES = ("auto", "on", "off")
+
 @dataclass(frozen=True)
 class RuntimeConfig:
     """Where and how the model runs."""
@@ -120,7 +125,7 @@ class RuntimeConfig:
     cuda_graphs: bool = True  # replay phase-2 frame steps as CUDA graphs (CUDA only)
     # The attention kernel and the block fusion (resolved, with reasons, by runtime.resolve_runtime):
     flashinfer_kernel: str = "auto"  # auto | fa2 | fa3 (attention_backend flashinfer)
-    sdpa_kernel: str = "auto"  # auto | cudnn | flash: one-frame steps of attention_backend sdpa on CUDA
+    sdpa_kernel: str = "auto"  # auto | split | cudnn | flash: one-frame steps of attention_backend sdpa on CUDA
     compile_blocks: str = "auto"  # auto | on | off: torch.compile-fused block bodies in the CUDA-graph step
     autocast: bool = True  # the official mixed-precision recipe; False = pure dtype (opt-in, moves poses)
 
@@ -170,8 +175,8 @@ def validate_runtime(cfg: RuntimeConfig) -> list[str]:
         problems.append(f"attention_backend must be auto, flashinfer or sdpa (got {cfg.attention_backend!r})")
     if cfg.model_preset and cfg.model_preset not in MODEL_PRESETS:
         problems.append(f"model_preset must be one of {sorted(MODEL_PRESETS)} (got {cfg.model_preset!r})")
-    for name, allowed in (("flashinfer_kernel", ("auto", "fa2", "fa3")), ("sdpa_kernel", ("auto", "cudnn", "flash")),
-                          ("compile_blocks", ("auto", "on", "off"))):
+    for name, allowed in (("flashinfer_kernel", FLASHINFER_KERNELS), ("sdpa_kernel", SDPA_KERNELS),
+                          ("compile_blocks", SWITCHES)):
         if getattr(cfg, name) not in allowed:
             problems.append(f"{name} must be one of {list(allowed)} (got {getattr(cfg, name)!r})")
     return problems

@@ -9,7 +9,9 @@ Which attention kernel runs (docs/benchmarks.md has the measurements behind thes
 
 * multi-frame steps (phase 1, eager): SDPA over gathered visible slots (``SdpaBackend``) or
   FlashInfer's paged prefill (``fa2``/``fa3``);
-* one-frame steps (phase 2, captured in a CUDA graph): ``sdpa`` + ``cudnn`` = cuDNN fused attention
+* one-frame steps (phase 2, captured in a CUDA graph): ``sdpa`` + ``split`` = cuDNN fused attention
+  over the contiguous, fixed-length patch prefix unmasked plus a short masked tail (the spare page
+  and the specials), merged by log-sum-exp (``SplitPrefixBackend``); ``sdpa`` + ``cudnn`` = cuDNN
   over the whole fixed-size page storage with a visibility mask (``MaskedDenseBackend``);
   ``sdpa`` + ``flash`` = gather into fixed buffers + varlen flash (``StaticSdpaBackend``);
   ``flashinfer`` = FlashInfer's CUDA-graph wrapper (fa3 over exact token pages on Hopper).
@@ -21,12 +23,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import RuntimeConfig
+from .config import FLASHINFER_KERNELS, SDPA_KERNELS, SWITCHES, RuntimeConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-FLASHINFER_KERNELS = ("auto", "fa2", "fa3")
-SDPA_KERNELS = ("auto", "cudnn", "flash")
-SWITCHES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,7 @@ class ResolvedRuntime:
     backend: str  # flashinfer | sdpa
     backend_reason: str
     flashinfer_kernel: str = "fa2"  # fa2 | fa3; used when backend == flashinfer
-    sdpa_kernel: str = "flash"  # cudnn | flash; one-frame CUDA-graph steps when backend == sdpa
+    sdpa_kernel: str = "flash"  # split | cudnn | flash; one-frame CUDA-graph steps when backend == sdpa
     cuda_graphs: bool = False  # one-frame steps replayed as CUDA graphs
     compile_blocks: bool = False  # torch.compile-fused block bodies inside the graph step
     autocast: bool = True  # official mixed precision (False: pure dtype, opt-in)
@@ -117,9 +116,10 @@ def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> tupl
     return "flashinfer", "auto: CUDA with a half-precision dtype and flashinfer importable"
 
 
-# Set by measurement (docs/benchmarks.md): whether ``auto`` picks sdpa:cudnn over FlashInfer. The
-# masked cuDNN call pays ~40 % for its bias (1176 vs 830 us/layer unmasked), so FlashInfer stays first.
+# Set by measurement (docs/benchmarks.md): whether ``auto`` picks sdpa (cuDNN, AUTO_SDPA_KERNEL) over
+# FlashInfer, and which one-frame SDPA kernel ``auto`` means where cuDNN runs.
 AUTO_PREFERS_CUDNN = False
+AUTO_SDPA_KERNEL = "split"
 
 
 def resolve_flashinfer_kernel(name: str, device: torch.device) -> str:
@@ -173,7 +173,9 @@ def resolve_for(
     cudnn_reason = cudnn_attention_unusable_reason(device, dtype)
     if sdpa_kernel == "cudnn" and cudnn_reason:
         raise ValueError(f"sdpa_kernel 'cudnn' cannot run: {cudnn_reason}")
-    sk = sdpa_kernel if sdpa_kernel != "auto" else ("flash" if cudnn_reason else "cudnn")
+    if sdpa_kernel == "split" and cudnn_reason:
+        raise ValueError(f"sdpa_kernel 'split' cannot run: {cudnn_reason}")
+    sk = sdpa_kernel if sdpa_kernel != "auto" else ("flash" if cudnn_reason else AUTO_SDPA_KERNEL)
     if chosen == "sdpa" and graphs:
         reasons.append(f"one-frame SDPA kernel {sk} ({'requested' if sdpa_kernel != 'auto' else cudnn_reason or 'auto'})")
     switch = _switch(compile_blocks, "compile_blocks")

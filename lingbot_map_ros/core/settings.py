@@ -17,7 +17,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .config import LONG_RUN_POLICIES, MODEL_PRESETS, RuntimeConfig, StreamConfig, validate_runtime, validate_stream
+from .config import (FLASHINFER_KERNELS, LONG_RUN_POLICIES, MODEL_PRESETS, SDPA_KERNELS, RuntimeConfig, StreamConfig,
+                     validate_runtime, validate_stream)
 
 APPLIES = {
     "model": "a change loads a new model and starts a new session",
@@ -68,9 +69,10 @@ SETTINGS: tuple[Setting, ...] = (
               choices=("auto", "flashinfer", "sdpa")),
     Setting("flashinfer_kernel", _R.flashinfer_kernel, "FlashInfer kernel (attention_backend flashinfer): auto "
             "(fa3 over exact token pages on Hopper, fa2 elsewhere), fa2 or fa3.", "model",
-            choices=("auto", "fa2", "fa3")),
-    Setting("sdpa_kernel", _R.sdpa_kernel, "One-frame kernel of attention_backend sdpa on CUDA: auto, cudnn "
-            "(fixed-shape masked call) or flash (gather + varlen flash).", "model", choices=("auto", "cudnn", "flash")),
+            choices=FLASHINFER_KERNELS),
+    Setting("sdpa_kernel", _R.sdpa_kernel, "One-frame kernel of attention_backend sdpa on CUDA: auto (split "
+            "where cuDNN runs), split (cuDNN over the contiguous patch prefix + a masked tail, merged), cudnn "
+            "(one masked call over all pages) or flash (gather + varlen flash).", "model", choices=SDPA_KERNELS),
     Setting("cuda_graphs", _R.cuda_graphs, "Replay each one-frame step as a CUDA graph (CUDA, half precision "
             "only): removes thousands of kernel launches per frame.", "model"),
     Setting("compile_blocks", _R.compile_blocks, "torch.compile the block bodies around the attention call "

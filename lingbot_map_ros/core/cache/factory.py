@@ -6,15 +6,17 @@ which one serves the one-frame CUDA-graph steps, how large the page pools are �
 and nowhere else.
 
 Pool sizes: the default pools are the official ones (``scale + window + 16`` patch pages and
-``ceil((max_frame_num + 100)·6 / page) + 16`` special pages). The masked dense backend reads the
-whole storage of a block, so with it the pools are exactly what can ever be visible:
-``scale + window + 1`` patch pages (the +1 holds a non-keyframe until its rollback) and enough
-special pages for the specials of ``max_stored + 1`` frames; the session never stores more
-(its long-run policy acts before ``max_stored_frames``).
+``ceil((max_frame_num + 100)·6 / page) + 16`` special pages). The dense one-frame backends (split,
+masked) read the whole storage of a block, so with them the pools are exactly what can ever be
+visible: ``scale + window + 1`` patch pages (the +1 holds a non-keyframe until its rollback) and
+enough special pages for the specials of ``max_stored + 1`` frames; the session never stores more
+(its long-run policy acts before ``max_stored_frames``). The split backend also needs the page
+table's ``lowest`` allocation, which keeps the stored patch pages a contiguous prefix.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -32,18 +34,28 @@ def max_stored_frames(stream: StreamConfig) -> int:
     return min(stream.max_stored_frames, stream.max_frame_num - 1) + 1
 
 
-def uses_masked_dense(rt: ResolvedRuntime) -> bool:
-    """True when one-frame steps run ``MaskedDenseBackend`` (pools then sized tightly)."""
-    return rt.backend == "sdpa" and rt.cuda_graphs and rt.sdpa_kernel == "cudnn"
+@dataclass(frozen=True)
+class PoolLayout:
+    """Page pools and allocation order of a global cache; None = the official default size."""
+
+    num_patch_pages: Optional[int] = None
+    special_pages: Optional[int] = None
+    allocation: str = "lifo"
 
 
-def pool_sizes(rt: ResolvedRuntime, stream: StreamConfig, page_size: int) -> tuple[Optional[int], Optional[int]]:
-    """``(num_patch_pages, special_pages)`` for ``PagedKVCache``; None = the official default."""
-    if not uses_masked_dense(rt):
-        return None, None
+def reads_whole_storage(rt: ResolvedRuntime) -> bool:
+    """True when one-frame steps read every slot of a block (``split`` or ``cudnn``): pools sized tightly."""
+    return rt.backend == "sdpa" and rt.cuda_graphs and rt.sdpa_kernel in ("split", "cudnn")
+
+
+def pool_layout(rt: ResolvedRuntime, stream: StreamConfig, page_size: int) -> PoolLayout:
+    """The pools ``PagedKVCache`` gets. The dense one-frame backends read whole pools, so theirs hold
+    exactly what can be visible; the split backend also needs the stored pages kept as a prefix."""
+    if not reads_whole_storage(rt):
+        return PoolLayout()
     patch = stream.scale_frames + stream.sliding_window + 1
     special = max(1, math.ceil(SPECIAL_TOKENS_PER_FRAME * max_stored_frames(stream) / page_size))
-    return patch, special
+    return PoolLayout(patch, special, "lowest" if rt.sdpa_kernel == "split" else "lifo")
 
 
 def make_eager_backend(rt: ResolvedRuntime, model: ModelConfig, page_size: int) -> AttentionBackend:
@@ -73,6 +85,12 @@ def make_single_frame_backend(
             page_size=page_size, use_cuda_graph=True, kernel=rt.flashinfer_kernel,
             max_visible_pages=patch_pages + -(-max_specials // page_size) + 1, max_query_tokens=tokens, **common,
         )
+    if rt.sdpa_kernel == "split":
+        from .split_backend import SplitPrefixBackend
+
+        kernel = "cudnn" if rt.device.type == "cuda" else "cpu"  # cpu: only reached in tests
+        return SplitPrefixBackend(page_size=page_size, num_patch_pages=patch_pages, num_pages=num_pages,
+                                  kernel=kernel, fuse_merge=rt.compile_blocks, **common)
     if rt.sdpa_kernel == "cudnn":
         from .dense_backend import MaskedDenseBackend
 
@@ -83,12 +101,12 @@ def make_single_frame_backend(
 
 def build_global_cache(rt: ResolvedRuntime, model: ModelConfig, stream: StreamConfig, page_size: int) -> PagedKVCache:
     """The paged global-attention cache of every aggregator block, with both backends attached."""
-    num_patch_pages, special_pages = pool_sizes(rt, stream, page_size)
+    layout = pool_layout(rt, stream, page_size)
     cache = PagedKVCache(
         num_blocks=model.depth, num_heads=model.num_heads, head_dim=model.head_dim, page_size=page_size,
         scale_frames=stream.scale_frames, sliding_window=stream.sliding_window, max_frame_num=stream.max_frame_num,
         dtype=rt.dtype, device=rt.device, backend=make_eager_backend(rt, model, page_size),
-        num_patch_pages=num_patch_pages, special_pages=special_pages,
+        num_patch_pages=layout.num_patch_pages, special_pages=layout.special_pages, allocation=layout.allocation,
     )
     cache.single_frame_backend = make_single_frame_backend(rt, model, stream, page_size, cache.table.num_pages)
     return cache
@@ -108,5 +126,5 @@ def build_camera_cache(rt: ResolvedRuntime, model: ModelConfig, stream: StreamCo
 
 __all__ = [
     "build_camera_cache", "build_global_cache", "make_eager_backend", "make_single_frame_backend",
-    "max_stored_frames", "pool_sizes", "uses_masked_dense",
+    "max_stored_frames", "pool_layout", "PoolLayout", "reads_whole_storage",
 ]

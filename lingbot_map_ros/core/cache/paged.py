@@ -58,12 +58,14 @@ class PagedKVCache:
         num_patch_pages: int | None = None,
         single_frame_backend: AttentionBackend | None = None,
         special_pages: int | None = None,
+        allocation: str = "lifo",
     ) -> None:
         """``backend``: ``"sdpa"`` or an ``AttentionBackend`` (``cache/factory.py`` builds them from
         the runtime). ``single_frame_backend``: an optional second backend for one-frame steps
         (phase 2), e.g. a CUDA-graph-capable one whose buffers have fixed addresses; multi-frame
         steps (phase 1) keep using ``backend``. ``num_patch_pages`` / ``special_pages``: pool sizes
-        (None = the official ones)."""
+        (None = the official ones). ``allocation``: the page table's allocation order (``pages.py``;
+        ``lowest`` keeps the stored patch pages a contiguous prefix for ``split_backend.py``)."""
         if num_blocks < 1 or num_heads < 1 or head_dim < 1:
             raise ValueError(
                 f"num_blocks, num_heads, head_dim must be >= 1 (got {num_blocks}, {num_heads}, {head_dim})"
@@ -76,6 +78,7 @@ class PagedKVCache:
             page_size=page_size,
             num_patch_pages=num_patch_pages,
             special_pages=special_pages if special_pages is not None else special_pages_capacity(max_frame_num, page_size),
+            allocation=allocation,
         )
         self.num_blocks = num_blocks
         self.num_heads = num_heads

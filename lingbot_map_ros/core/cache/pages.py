@@ -17,6 +17,17 @@ Layout (docs/model.md §9.3, the official FlashInfer two-stream layout):
   specials may straddle two pages). Special pages are never freed: the specials of evicted
   frames stay visible (``kv_cache_cross_frame_special``).
 
+Allocation order (``allocation``), the one physical choice that is not the official layout's:
+
+* ``"lifo"`` (default, the official pool): pops from the LIFO free list above, then evicts.
+* ``"lowest"``: a stored append first evicts what it will push out of the window, then takes the
+  lowest free page ids. The visible set is the same (an evicted frame is invisible to the step
+  that evicts it either way), but the stored patch pages are then always pages ``0 .. n-1``: once
+  the window is full a keyframe step sees exactly pages ``0 .. scale+window-1``, one contiguous
+  fixed-length region that a dense kernel reads without a mask or an index
+  (``split_backend.py``); a non-keyframe's temporary page is then always page
+  ``scale + window``, the pool's one spare page.
+
 A non-keyframe attends to the cache plus itself and is then forgotten (§9.5). That is an append
 with eviction deferred (``append(..., defer_eviction=True)``) followed by ``rollback()``; because
 nothing was evicted in between, the rollback restores the state exactly, free-list order included.
@@ -28,11 +39,14 @@ session) can decide what to do (reset, start a new window) with the table still 
 """
 from __future__ import annotations
 
+import bisect
+import operator
 from collections import deque
 from dataclasses import dataclass
 
 from ..config import SPECIAL_TOKENS_PER_FRAME  # camera, 4 registers, scale (docs/model.md §6)
 EXTRA_PATCH_PAGES = 16  # the official pool: n_sc + W + 16 patch pages
+ALLOCATIONS = ("lifo", "lowest")
 
 
 class CacheFull(RuntimeError):
@@ -106,7 +120,10 @@ class PageTable:
         num_patch_pages: int | None = None,
         special_pages: int,
         specials_per_frame: int = SPECIAL_TOKENS_PER_FRAME,
+        allocation: str = "lifo",
     ) -> None:
+        if allocation not in ALLOCATIONS:
+            raise ValueError(f"allocation must be one of {ALLOCATIONS} (got {allocation!r})")
         if scale_frames < 1:
             raise ValueError(f"scale_frames must be >= 1 (got {scale_frames})")
         if sliding_window < 1:
@@ -131,13 +148,15 @@ class PageTable:
         self.num_patch_pages = num_patch_pages
         self.special_pages = special_pages
         self.specials_per_frame = specials_per_frame
+        self.allocation = allocation
         self.reset()
 
     # ------------------------------------------------------------------ state
 
     def reset(self) -> None:
         """Empty the table: every patch page free again, in the initial pop order 0, 1, 2, ..."""
-        self._free: list[int] = list(range(self.num_patch_pages - 1, -1, -1))  # pop() from the end
+        # pop() from the end: LIFO order, or (``lowest``) kept sorted descending so the end is the lowest id
+        self._free: list[int] = list(range(self.num_patch_pages - 1, -1, -1))
         self._scale: list[int] = []
         self._window: deque[int] = deque()
         self._special_tokens = 0
@@ -209,14 +228,20 @@ class PageTable:
                 f"slots used, {num_frames} frame(s) need {specials_needed} more "
                 f"({self._frames_stored} frames stored); start a new session"
             )
-        if num_frames > len(self._free):
+        joined_scale = min(num_frames, self.scale_frames - len(self._scale))
+        # ``lowest`` frees the pages this append pushes out of the window before taking any
+        evict_first = 0 if defer_eviction or self.allocation == "lifo" else max(
+            0, min(len(self._window), len(self._window) + num_frames - joined_scale - self.sliding_window))
+        if num_frames > len(self._free) + evict_first:
             raise PoolExhausted(
                 f"patch pool exhausted: {num_frames} page(s) needed, {len(self._free)} free of "
                 f"{self.num_patch_pages}"
             )
 
+        evicted: list[int] = []
+        for _ in range(evict_first):
+            evicted.append(self._evict_oldest())
         taken = tuple(self._free.pop() for _ in range(num_frames))
-        joined_scale = min(num_frames, self.scale_frames - len(self._scale))
         self._scale.extend(taken[:joined_scale])
         self._window.extend(taken[joined_scale:])
 
@@ -226,15 +251,24 @@ class PageTable:
         self._special_tokens += specials_needed
         self._frames_stored += num_frames
 
-        evicted: list[int] = []
         if defer_eviction:
             self._undo = undo
         else:
             while len(self._window) > self.sliding_window:
-                page = self._window.popleft()
-                self._free.append(page)
-                evicted.append(page)
+                evicted.append(self._evict_oldest())
         return AppendPlan(patch_pages=taken, special_slots=specials, evicted=tuple(evicted), deferred=defer_eviction)
+
+    def _evict_oldest(self) -> int:
+        """Move the oldest window page to the free list (``lowest``: at its sorted place)."""
+        page = self._window.popleft()
+        self._release(page)
+        return page
+
+    def _release(self, page: int) -> None:
+        if self.allocation == "lifo":
+            self._free.append(page)
+        else:  # kept descending: the lowest id sits at the end, where pop() takes it
+            bisect.insort(self._free, page, key=operator.neg)
 
     def rollback(self) -> None:
         """Undo the last deferred append exactly (free-list order, special tail, counters)."""
@@ -246,7 +280,11 @@ class PageTable:
             self._window.pop()
         for _ in range(undo.joined_scale):
             self._scale.pop()
-        self._free.extend(reversed(undo.taken))  # the first page taken is popped first again
+        if self.allocation == "lifo":
+            self._free.extend(reversed(undo.taken))  # the first page taken is popped first again
+        else:
+            for page in undo.taken:
+                self._release(page)
         self._special_tokens = undo.special_tokens_before
         self._frames_stored = undo.frames_stored_before
         self._undo = None
@@ -303,4 +341,5 @@ __all__ = [
     "AppendPlan",
     "PageStats",
     "PageTable",
+    "ALLOCATIONS",
 ]

@@ -1,0 +1,135 @@
+"""SplitPrefixBackend (contiguous patch prefix + masked tail, merged by log-sum-exp) on the CPU.
+
+Driven through a ``PagedKVCache`` with the pools and the ``lowest`` allocation the factory pairs it
+with, over a random stream (phase 1, keyframes, non-keyframes, eviction, specials spanning pages);
+every one-frame step is compared with float64 attention over the visible set rebuilt from the
+spec's rules alone, and the backend's mode is checked: masked while the window fills, unmasked
+prefix once it is full.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from test_paged_attention import SPECIALS, SpecModel, _dense_reference
+
+from lingbot_map_ros.core.cache import PagedKVCache, factory
+from lingbot_map_ros.core.cache.split_backend import SplitPrefixBackend, attend_with_lse, merge_partials
+from lingbot_map_ros.core.config import StreamConfig, model_config
+from lingbot_map_ros.core.runtime import resolve_for
+
+H, D, BLOCKS = 2, 8, 2
+
+
+def _stream(page_size: int, dtype: torch.dtype, allocation: str, seed: int, steps: int = 18,
+            scale: int = 2, window: int = 3) -> tuple[list[str], SplitPrefixBackend, PagedKVCache]:
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    tokens = SPECIALS + page_size
+    special_pages = -(-SPECIALS * (scale + steps + 1) // page_size)
+    cache = PagedKVCache(BLOCKS, H, D, page_size, scale, window, max_frame_num=64, dtype=dtype, device="cpu",
+                         num_patch_pages=scale + window + 1, special_pages=special_pages, allocation=allocation)
+    split = SplitPrefixBackend(page_size=page_size, num_patch_pages=cache.table.num_patch_pages,
+                               num_pages=cache.table.num_pages, num_heads=H, head_dim=D, dtype=dtype, device="cpu",
+                               kernel="cpu")
+    cache.single_frame_backend = split
+    cache.storage.fill_(1e4)  # stale slots hold huge values: any leak through a mask shows
+    spec = SpecModel(scale, window)
+    raw: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in range(BLOCKS)]
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    schedule = [(list(range(scale)), True)] + [([scale + i], i == 0 or rng.random() < 0.6) for i in range(steps)]
+    modes = []
+    for frames, store in schedule:
+        cache.begin_step(len(frames), store=store)
+        full, specials_only = spec.visible(frames, store)
+        for block in range(BLOCKS):
+            q, k, v = (torch.randn(len(frames) * tokens, H, D, generator=gen).to(dtype) for _ in range(3))
+            for j, f in enumerate(frames):
+                raw[block][f] = (k[j * tokens:(j + 1) * tokens], v[j * tokens:(j + 1) * tokens])
+            keys = [raw[block][f][0] for f in full] + [raw[block][f][0][:SPECIALS] for f in specials_only]
+            values = [raw[block][f][1] for f in full] + [raw[block][f][1][:SPECIALS] for f in specials_only]
+            out = cache(block, q, k, v)
+            assert out.shape == q.shape and out.dtype == dtype and torch.isfinite(out).all()
+            torch.testing.assert_close(out.double(), _dense_reference(q, keys, values), **tol)
+        if len(frames) == 1:
+            assert split.num_keys == cache.visible_key_count
+            modes.append(split.mode)
+        cache.end_step()
+        if store:
+            spec.stored += frames
+        else:
+            for block in range(BLOCKS):
+                del raw[block][frames[0]]
+    assert cache.stats().frames_evicted > 0 and cache.stats().special_pages > 1
+    return modes, split, cache
+
+
+@pytest.mark.parametrize("page_size", [5, 7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_split_backend_matches_float64_and_reads_the_full_prefix_unmasked(page_size: int, dtype: torch.dtype) -> None:
+    modes, split, cache = _stream(page_size, dtype, "lowest", seed=page_size)
+    # the window (3) fills after the first 3 keyframes; from then on every step reads the prefix unmasked
+    first_full = modes.index("full")
+    assert "masked" in modes[:first_full] and set(modes[first_full:]) == {"full"}
+    assert split.plan_signature == (SPECIALS + page_size, "full")
+
+
+def test_split_backend_is_exact_with_holes_in_the_prefix() -> None:
+    """Under the official LIFO allocation the visible pages have holes: the masked prefix keeps it exact."""
+    modes, _, _ = _stream(5, torch.float32, "lifo", seed=3, steps=24)
+    assert "masked" in modes[4:]  # no contiguous prefix: the backend falls back to the mask, still exact
+
+
+def test_tail_only_and_bad_plans() -> None:
+    be = SplitPrefixBackend(page_size=4, num_patch_pages=3, num_pages=5, num_heads=H, head_dim=D,
+                            dtype=torch.float32, device="cpu", kernel="cpu")
+    # scale_frames 1 with an empty cache: page 0 is not in the prefix view until stored... here only
+    # the spare page (2) and one special page are visible: no prefix key at all
+    be.plan([2, 3], 3, 7)
+    assert be.mode == "tail" and be.num_keys == 7
+    k = torch.randn(5, 4, H, D)
+    v = torch.randn(5, 4, H, D)
+    q = torch.randn(7, H, D)
+    flat_k, flat_v = k.view(-1, H, D), v.view(-1, H, D)
+    out = be.run((k, v), q)
+    torch.testing.assert_close(out.double(), _dense_reference(q, [flat_k[8:15]], [flat_v[8:15]]), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="after the prefix"):
+        be.plan([0, 1], 4, 7)  # nothing after the prefix
+    with pytest.raises(ValueError):
+        be.plan([0, 5], 4, 7)  # page 5 does not exist
+    with pytest.raises(ValueError):
+        be.plan([], 4, 7)
+    with pytest.raises(ValueError, match="kernel"):
+        SplitPrefixBackend(page_size=4, num_patch_pages=3, num_pages=5, num_heads=H, head_dim=D,
+                           dtype=torch.float32, device="cpu", kernel="fa9")
+
+
+def test_merge_of_two_parts_equals_attention_over_their_union() -> None:
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(1, H, 9, D, generator=gen)
+    k = torch.randn(1, H, 30, D, generator=gen)
+    v = torch.randn(1, H, 30, D, generator=gen)
+    out_a, lse_a = attend_with_lse("cpu", q, k[:, :, :21], v[:, :, :21], None)
+    out_b, lse_b = attend_with_lse("cpu", q, k[:, :, 21:], v[:, :, 21:], None)
+    # the log-sum-exp is of the scaled scores, natural log
+    ref_lse = torch.logsumexp(q.double() @ k[:, :, :21].double().transpose(-1, -2) / math.sqrt(D), dim=-1)
+    torch.testing.assert_close(lse_a.double(), ref_lse, atol=1e-5, rtol=1e-5)
+    merged = merge_partials(out_a, lse_a, out_b, lse_b)  # [T, H, D]
+    ref = _dense_reference(q[0].transpose(0, 1), [k[0].transpose(0, 1)], [v[0].transpose(0, 1)])
+    torch.testing.assert_close(merged.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_factory_pairs_the_split_backend_with_its_pools_and_allocation() -> None:
+    cfg, stream = model_config("tiny"), StreamConfig(scale_frames=2, sliding_window=3, max_frame_num=64, max_stored_frames=40)
+    rt = resolve_for(torch.device("cpu"), torch.float32, backend="sdpa")
+    object.__setattr__(rt, "cuda_graphs", True)
+    object.__setattr__(rt, "sdpa_kernel", "split")
+    layout = factory.pool_layout(rt, stream, 12)
+    assert (layout.num_patch_pages, layout.special_pages, layout.allocation) == (2 + 3 + 1, -(-6 * 41 // 12), "lowest")
+    cache = factory.build_global_cache(rt, cfg, stream, page_size=12)
+    assert isinstance(cache.single_frame_backend, SplitPrefixBackend)
+    assert cache.table.allocation == "lowest" and cache.single_frame_backend.prefix_pages == 5
+    official = resolve_for(torch.device("cpu"), torch.float32, backend="sdpa")
+    assert factory.pool_layout(official, stream, 12).allocation == "lifo"
