@@ -1,0 +1,284 @@
+"""The inference thread: the only user of the session manager.
+
+It waits on one condition for two kinds of work: session commands (``~/reset``, parameter changes)
+and the newest frame. Commands run first, between two frames, so a session change never races a
+frame inside the model. Per frame it preprocesses, pushes into the session and hands every result to
+``ResultPublisher``; every way a frame can fail (refused by the policy, the model raising, non-finite
+output) is decided here and recorded through the ledger. New sessions (reset, parameter change,
+failure recovery) are started here too, with everything that goes with them: buffered frames end
+DROPPED_RESET, a fresh input size, an empty path, trajectory and map.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+from lingbot_map_ros.msg import FrameStatus
+
+from ..core.results import CacheSnapshot
+from .frames import Frame, FrameLedger, LatestFrame, stamp_sec
+from .input_size import InputSize
+from .outputs import ResultPublisher
+from .parameters import configs_from_values
+
+REPLACED_BEFORE_INFERENCE = "replaced by a newer frame before inference"
+
+
+@dataclass
+class SessionView:
+    """What the executor thread reads of the session (diagnostics), refreshed by the inference thread."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    snapshot: CacheSnapshot = field(default_factory=CacheSnapshot)
+    warnings: list = field(default_factory=list)
+
+    def update(self, manager) -> None:
+        warnings, snapshot = manager.warnings(), manager.snapshot()
+        with self.lock:
+            self.warnings, self.snapshot = warnings, snapshot
+
+    def read(self) -> tuple[CacheSnapshot, list]:
+        with self.lock:
+            return self.snapshot, list(self.warnings)
+
+
+class WorkQueue:
+    """Commands and the newest frame for the inference thread, on one condition."""
+
+    def __init__(self, ledger: FrameLedger):
+        self._cond = threading.Condition()
+        self.frames = LatestFrame(ledger, REPLACED_BEFORE_INFERENCE, cond=self._cond)
+        self._commands: list = []
+        self._stop = False
+
+    def submit(self, command: tuple, wait: float = 0.0) -> Optional[str]:
+        """Queue ``(kind, arg)``; with ``wait`` > 0 wait that long for its result (None: not yet)."""
+        done = threading.Event()
+        box: dict = {}
+        with self._cond:
+            self._commands.append((command, done, box))
+            self._cond.notify_all()
+        if wait > 0 and done.wait(wait):
+            return box.get("result")
+        return None
+
+    def next(self) -> Optional[tuple[list, Optional[Frame]]]:
+        """Block until there is work: (commands, None) or ([], frame); None once stopped."""
+        with self._cond:
+            while not self._stop and not self.frames.waiting and not self._commands:
+                self._cond.wait(0.5)
+            if self._stop:
+                return None
+            commands, self._commands = self._commands, []
+            return (commands, None) if commands else ([], self.frames.take())
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+
+
+class InferenceWorker:
+    """The inference thread over one ``SessionManager`` (from configure to cleanup).
+
+    ``revert_parameters(runtime)`` puts the model parameters back when a new model could not be
+    built; ``context_ok()`` says whether ROS is still up (a frame failing during shutdown is not an
+    error).
+    """
+
+    def __init__(self, node, manager, values: Mapping, ledger: FrameLedger, input_size: InputSize,
+                 outputs: ResultPublisher, session_view: SessionView,
+                 revert_parameters: Callable[[Any], None], context_ok: Callable[[], bool]):
+        from ..core import stream as streammod
+        from ..core.preprocess import ResolutionChanged
+        from ..core.session_manager import Change, InferenceFailed
+
+        self._log = node.get_logger()
+        self.manager = manager
+        self._values = values
+        self._ledger = ledger
+        self._input_size = input_size
+        self._outputs = outputs
+        self._view = session_view
+        self._revert_parameters = revert_parameters
+        self._context_ok = context_ok
+        self._session_error = streammod.SessionError
+        self._change = Change
+        self._inference_failed = InferenceFailed
+        self._resolution_changed = ResolutionChanged
+        self.queue = WorkQueue(ledger)
+        self._consecutive_non_finite = 0
+        self._thread: Optional[threading.Thread] = None
+
+    # ------------------------------------------------------------------ thread
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="lingbot_map_inference", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the thread; the frame in progress finishes first."""
+        self.queue.stop()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def offer(self, frame: Frame) -> None:
+        self.queue.frames.put(frame)
+
+    def submit(self, command: tuple, wait: float = 0.0) -> Optional[str]:
+        return self.queue.submit(command, wait)
+
+    def _loop(self) -> None:
+        while True:
+            work = self.queue.next()
+            if work is None:
+                return
+            commands, frame = work
+            for command in commands:
+                self._run_command(command)
+            if frame is not None:
+                try:
+                    self._process(frame)
+                except Exception as exc:  # never let one frame kill the node
+                    if not self._context_ok():
+                        return  # shutting down: publishers are gone
+                    self._ledger.record_error(f"inference failed: {type(exc).__name__}: {exc}", exc)
+                    self._ledger.finish(frame.header, FrameStatus.FAILED_INFERENCE, "failed",
+                                        f"inference error: {type(exc).__name__}: {exc}")
+
+    # ------------------------------------------------------------------ one frame
+    def _process(self, frame: Frame) -> None:
+        manager = self.manager
+        t0 = time.perf_counter()
+        frame.handoff_ms = (t0 - frame.received) * 1e3 - frame.convert_ms
+        preproc = self._input_size.preprocessor
+        preproc.fast_resize = bool(self._values["fast_resize"])  # the resize method applies from the next frame
+        try:
+            tensor = preproc(frame.rgb)
+        except self._resolution_changed as exc:
+            self._ledger.reject(frame.header, "resolution_changed", str(exc))
+            return
+        except ValueError as exc:
+            self._ledger.reject(frame.header, "unsupported", f"preprocessing failed: {exc}")
+            return
+        frame.preprocess_ms = (time.perf_counter() - t0) * 1e3
+        frame.model_image = tensor  # colours of ~/points and the map
+        t_push = time.perf_counter()
+        try:
+            results = manager.push(tensor, stamp=frame)
+        except self._session_error as exc:  # SessionStopped included: the policy refuses it
+            self._log.warning(f"frame refused by the session: {exc}", throttle_duration_sec=5.0)
+            self._ledger.finish(frame.header, FrameStatus.REFUSED_POLICY, "refused", str(exc))
+            self._view.update(manager)
+            return
+        except self._inference_failed as exc:  # the manager already started a new session
+            reason = f"inference failed: {exc}"
+            self._ledger.record_error(reason + "; a new session was started", detail=exc.detail)
+            self._ledger.finish(frame.header, FrameStatus.FAILED_INFERENCE, "failed", reason)
+            self._drop_discarded(exc.discarded, reason)
+            self.started_session(reason, "failure_sessions")
+            return
+        if len(results) == 1:
+            frame.session_extra_ms = max(0.0, (time.perf_counter() - t_push) * 1e3 - float(results[0].latency_ms))
+        self._view.update(manager)  # before publishing: diagnostics never lag the topics
+        if not results:
+            self._ledger.interim(
+                frame.header, FrameStatus.BUFFERED,
+                f"buffered for the joint scale-frame call ({manager.buffered} of {manager.stream_cfg.scale_frames})",
+            )
+        for result in results:
+            self._publish(result)
+
+    def _publish(self, r) -> None:
+        bad = r.non_finite_fields()
+        if bad:
+            self._on_non_finite(r.stamp, bad)
+            return
+        self._consecutive_non_finite = 0
+        self._outputs.publish(r, self.manager)
+
+    def _on_non_finite(self, frame: Frame, bad: list[str]) -> None:
+        """Publish nothing of the frame; after ``max_non_finite_frames`` in a row, a new session
+        (non-finite values in the KV cache would poison every later frame)."""
+        self._consecutive_non_finite += 1
+        reason = f"non-finite model output ({', '.join(bad)}): nothing published"
+        self._ledger.note_non_finite(reason)
+        self._log.error(f"frame {stamp_sec(frame.header.stamp):.3f}: {reason}", throttle_duration_sec=5.0)
+        self._ledger.finish(frame.header, FrameStatus.NON_FINITE_OUTPUT, "non_finite", reason)
+        limit = int(self._values["max_non_finite_frames"])
+        if self._consecutive_non_finite >= limit:
+            self._consecutive_non_finite = 0
+            self._new_session(f"{limit} consecutive frames with non-finite output", counter="non_finite_sessions")
+
+    # ------------------------------------------------------------------ commands
+    def _run_command(self, item) -> None:
+        (kind, arg), done, box = item
+        try:
+            if kind == "reset":
+                self._new_session(arg, counter="resets")
+                box["result"] = f"session {self.manager.session_id} started (new world frame)"
+            elif kind == "apply":
+                box["result"] = self._apply_parameters(arg)
+        except Exception as exc:
+            self._ledger.record_error(f"{kind} failed: {type(exc).__name__}: {exc}", exc)
+            box["result"] = f"error: {exc}"
+        finally:
+            done.set()
+
+    def _apply_parameters(self, changed: list[str]) -> str:
+        """Hand the new settings to the session manager; it decides what they need."""
+        manager = self.manager
+        runtime, stream = configs_from_values(self._values)
+        if runtime != manager.runtime:
+            self._log.info(f"parameters {changed} need a new model: building it")
+        try:
+            result = manager.apply(runtime, stream)
+        except Exception as exc:  # noqa: BLE001 - a failed model build keeps the previous model
+            self._ledger.record_error(f"could not build the model for {changed}: {exc}; keeping the previous one "
+                                      "and reverting the parameters to the values it runs with", exc)
+            self._revert_parameters(manager.runtime)
+            return f"error: {exc}"
+        Change = self._change
+        if result.change in (Change.NEW_MODEL, Change.NEW_SESSION):
+            reason = f"parameters {list(result.fields)} changed" + (
+                " (new model)" if result.change is Change.NEW_MODEL else "")
+            self._drop_discarded(result.discarded, reason)
+            self.started_session(reason, "parameter_sessions")
+        return result.change.value
+
+    # ------------------------------------------------------------------ sessions
+    def _new_session(self, reason: str, counter: str) -> None:
+        """A new session (new world frame) on the same model: ~/reset, or non-finite recovery."""
+        self._drop_discarded(self.manager.reset(), reason)
+        self.started_session(reason, counter)
+
+    def _drop_discarded(self, stamps: list, reason: str) -> None:
+        for frame in stamps:
+            self._ledger.finish(frame.header, FrameStatus.DROPPED_RESET, "dropped_reset",
+                                f"buffered for the scale frames, then discarded: {reason}")
+
+    def started_session(self, reason: str, counter: Optional[str]) -> None:
+        """Everything that follows a new session: a fresh input size, empty path, trajectory and map,
+        the counters, the diagnostics view. Also called once at configure (before the thread starts)."""
+        self._input_size.renew()
+        self._outputs.clear()
+        self._ledger.note_new_session(reason, counter)
+        recon = self._outputs.recon
+        if recon is not None:
+            recon.reset()  # a new world frame: the map starts empty
+        self._view.update(self.manager)
+        self._log.info(f"new session {self.manager.session_id}: {reason}")
+
+    # ------------------------------------------------------------------ teardown
+    def close(self, why: str) -> None:
+        """After ``stop``: the waiting frame ends DROPPED_INACTIVE, frames buffered in the session
+        DROPPED_RESET, and the model is freed."""
+        frame = self.queue.frames.take()
+        if frame is not None:
+            self._ledger.finish(frame.header, FrameStatus.DROPPED_INACTIVE, "dropped_inactive", why)
+        for stamp in self.manager.session.pending_stamps():
+            self._ledger.finish(stamp.header, FrameStatus.DROPPED_RESET, "dropped_reset",
+                                "buffered for the scale frames when the model was freed")
+        self.manager.release()

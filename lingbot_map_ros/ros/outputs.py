@@ -1,0 +1,137 @@
+"""What the node publishes for a frame that produced a pose, and the session's trajectory.
+
+Runs on the inference thread, after the session returned a finite ``FrameResult``: ``~/pose``,
+``~/odom``, ``~/path`` (throttled once it is long), ``/tf``, ``~/depth``, the reconstruction outputs,
+then the frame's PROCESSED status (through the ledger) and its ``~/cache_stats``. The trajectory it
+keeps is what ``~/save_trajectory`` writes; both it and the path restart with every session.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import TYPE_CHECKING, Mapping, Optional
+
+import numpy as np
+from geometry_msgs.msg import PoseStamped
+from lingbot_map_ros.msg import CacheStats
+from nav_msgs.msg import Odometry, Path
+from rclpy.qos import QoSProfile, QoSReliabilityPolicy
+from sensor_msgs.msg import Image
+from std_msgs.msg import Header
+from tf2_msgs.msg import TFMessage
+
+from . import messages as rosmsg
+from .frames import Frame, FrameLedger, stamp_sec
+
+if TYPE_CHECKING:
+    from ..core.results import FrameResult
+
+FALLBACK_CAMERA_FRAME = "lingbot_camera"
+PATH_EVERY_FRAME = 1000  # ~/path is sent with every pose while it holds at most this many poses,
+PATH_MIN_PERIOD = 0.5  # then at most every this many seconds
+
+
+class ResultPublisher:
+    """The per-frame output topics, the bounded path and trajectory of the current session.
+
+    ``recon`` (a ``ReconstructionPublisher``, set by the node between configure and cleanup)
+    publishes depth confidence, camera info, points and the map after the pose.
+    """
+
+    def __init__(self, node, values: Mapping, ledger: FrameLedger):
+        self._node = node
+        self._values = values
+        self._ledger = ledger
+        self.recon = None
+        reliable10 = QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE)
+        self._pose_pub = node.create_publisher(PoseStamped, "~/pose", reliable10)
+        self._odom_pub = node.create_publisher(Odometry, "~/odom", reliable10)
+        self._path_pub = node.create_publisher(Path, "~/path", reliable10)
+        self._stats_pub = node.create_publisher(CacheStats, "~/cache_stats", reliable10)
+        self._depth_pub = node.create_publisher(Image, "~/depth", reliable10)
+        self._tf_pub = node.create_publisher(
+            TFMessage, "/tf", QoSProfile(depth=100, reliability=QoSReliabilityPolicy.RELIABLE))
+        self._lock = threading.Lock()  # path and trajectory (inference thread <-> ~/save_trajectory)
+        self._path: collections.deque = collections.deque(maxlen=int(values["path_max_length"]))
+        # (stamp seconds, c2w) of the current session, bounded: a window-policy session never ends
+        self._trajectory: collections.deque = collections.deque(maxlen=int(values["trajectory_max_length"]))
+        self._path_last_pub = -1e9
+        self._published_session: Optional[int] = None
+        self._warned_no_frame_id = False
+
+    def clear(self) -> None:
+        """A new session (new world frame): the path and the trajectory start empty."""
+        with self._lock:
+            self._path.clear()
+            self._trajectory.clear()
+
+    def trajectory(self) -> tuple[list, Optional[int]]:
+        """A copy of the current session's (stamp seconds, c2w) list and that session's id."""
+        with self._lock:
+            return list(self._trajectory), self._published_session
+
+    def camera_frame(self, header: Header) -> str:
+        if self._values["camera_frame"]:
+            return self._values["camera_frame"]
+        if header.frame_id:
+            return header.frame_id
+        if not self._warned_no_frame_id:
+            self._warned_no_frame_id = True
+            self._node.get_logger().warning(
+                f"image header has no frame_id and camera_frame is empty: using '{FALLBACK_CAMERA_FRAME}'")
+        return FALLBACK_CAMERA_FRAME
+
+    def publish(self, r: FrameResult, manager) -> None:
+        """Every output of the finite result ``r`` (its stamp is the ``Frame``), then PROCESSED."""
+        t0 = time.perf_counter()
+        frame: Frame = r.stamp
+        header = frame.header
+        note = (r.frame_extra or {}).get("window_switch")
+        if note:
+            self._node.get_logger().info(f"long-run window {r.window_index}: {note}")
+        values = self._values
+        session_id = manager.session_id
+        if session_id != self._published_session:
+            self.clear()
+            self._published_session = session_id
+        world = values["world_frame"]
+        child = self.camera_frame(header)
+        c2w = np.asarray(r.c2w, dtype=np.float64)
+
+        pose = rosmsg.pose_stamped(c2w, header.stamp, world)
+        self._pose_pub.publish(pose)
+        self._odom_pub.publish(rosmsg.odometry(pose, child))
+
+        with self._lock:
+            if self._path.maxlen != int(values["path_max_length"]):
+                self._path = collections.deque(self._path, maxlen=int(values["path_max_length"]))
+            self._path.append(pose)
+            if self._trajectory.maxlen != int(values["trajectory_max_length"]):
+                self._trajectory = collections.deque(self._trajectory, maxlen=int(values["trajectory_max_length"]))
+            self._trajectory.append((stamp_sec(header.stamp), c2w.copy()))
+            path_poses = None
+            now = time.monotonic()
+            # A long Path costs ~4 ms per 1000 poses to send: every frame up to PATH_EVERY_FRAME poses,
+            # then at most every PATH_MIN_PERIOD seconds (and only when someone listens).
+            if self._path_pub.get_subscription_count() > 0 and (
+                    len(self._path) <= PATH_EVERY_FRAME or now - self._path_last_pub >= PATH_MIN_PERIOD):
+                path_poses = list(self._path)
+                self._path_last_pub = now
+        if path_poses is not None:
+            self._path_pub.publish(rosmsg.path_message(pose.header, path_poses))
+
+        if values["publish_tf"]:
+            self._tf_pub.publish(rosmsg.tf_message(pose, child))
+
+        if values["publish_depth"] and r.depth is not None:
+            self._depth_pub.publish(rosmsg.depth_image(r.depth, header.stamp, child))
+        recon = self.recon
+        if recon is not None:  # depth confidence, camera info, points, map (after the pose)
+            recon.publish(r, frame.model_image, header, child, world)
+        frame.model_image = None
+
+        publish_ms = (time.perf_counter() - t0) * 1e3
+        counts, overhead_ms = self._ledger.processed(r, frame, session_id, publish_ms)
+        self._stats_pub.publish(rosmsg.cache_stats(r, header.stamp, world, session_id, counts, overhead_ms,
+                                                   manager.info))

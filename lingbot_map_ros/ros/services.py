@@ -1,0 +1,69 @@
+"""``~/reset`` and ``~/save_trajectory`` (executor thread).
+
+``~/reset`` never touches the session itself: it queues a command for the inference thread and
+waits for it (up to 30 s), so the reset lands between two frames. ``~/save_trajectory`` copies the
+trajectory under its lock and writes a TUM file through a temporary file and a rename, so a crash
+or a SIGTERM never leaves half a file behind.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, Mapping, Optional
+
+import numpy as np
+from std_srvs.srv import Trigger
+
+from ..core.geometry import write_tum
+
+RESET_WAIT_S = 30.0
+
+
+class NodeServices:
+    """The node's two Trigger services.
+
+    ``configured()`` says whether a model is loaded; ``submit_reset(reason, wait)`` queues a reset
+    and returns its result (None when it has not run within ``wait``); ``state_label()`` names the
+    lifecycle state for a refusal; ``trajectory()`` returns the current session's (stamp, c2w) list
+    and its id.
+    """
+
+    def __init__(self, node, values: Mapping, configured: Callable[[], bool],
+                 submit_reset: Callable[[str, float], Optional[str]],
+                 state_label: Callable[[], str], trajectory: Callable[[], tuple[list, Optional[int]]]):
+        self._node = node
+        self._values = values
+        self._configured = configured
+        self._submit_reset = submit_reset
+        self._state_label = state_label
+        self._trajectory = trajectory
+        node.create_service(Trigger, "~/reset", self.on_reset)
+        node.create_service(Trigger, "~/save_trajectory", self.on_save_trajectory)
+
+    def on_reset(self, request, response):
+        if not self._configured():
+            response.success = False
+            response.message = f"the node is {self._state_label()}: configure it first"
+            return response
+        result = self._submit_reset("~/reset called", RESET_WAIT_S)
+        response.success = True
+        response.message = result or "reset queued: applies before the next frame"
+        return response
+
+    def on_save_trajectory(self, request, response):
+        path = os.path.expanduser(self._values["trajectory_path"])
+        trajectory, session_id = self._trajectory()
+        try:
+            parent = os.path.dirname(os.path.abspath(path))
+            os.makedirs(parent, exist_ok=True)
+            tmp = f"{path}.tmp{os.getpid()}"
+            write_tum(tmp, np.array([s for s, _ in trajectory], np.float64),
+                      np.array([m for _, m in trajectory], np.float64).reshape(-1, 4, 4))
+            os.replace(tmp, path)  # atomic: a crash never leaves half a file at `path`
+        except OSError as exc:
+            response.success = False
+            response.message = f"cannot write {path}: {exc}"
+            return response
+        response.success = True
+        response.message = f"wrote {len(trajectory)} poses of session {session_id} to {os.path.abspath(path)}"
+        self._node.get_logger().info(response.message)
+        return response
