@@ -96,3 +96,22 @@ def test_resolve_for_one_owner_of_every_runtime_decision():
     cfg = RuntimeConfig(device="cpu", attention_backend="sdpa", compile_blocks="off", autocast=False)
     assert runtime.resolve_runtime(cfg) == runtime.resolve_for(cpu, torch.float32, backend="sdpa",
                                                                compile_blocks="off", autocast=False)
+
+
+@pytest.mark.parametrize("capability,flashinfer,expected", [
+    ((9, 0), True, ("sdpa", "split")),  # Hopper: the split kernel was measured fastest (docs/benchmarks.md)
+    ((8, 0), True, ("flashinfer", "split")),  # elsewhere FlashInfer first where it is installed
+    ((8, 0), False, ("sdpa", "split")),  # no FlashInfer: SDPA, still the split kernel where cuDNN runs
+    ((7, 5), False, ("sdpa", "flash")),  # no cuDNN fused attention below compute capability 8
+])
+def test_auto_backend_and_one_frame_kernel_by_capability(monkeypatch, capability, flashinfer, expected) -> None:
+    """The ``auto`` rules of ``runtime.py`` for a CUDA device, with the device facts stubbed (no GPU here)."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    monkeypatch.setattr(runtime, "flashinfer_unusable_reason",
+                        lambda device, dtype: "" if flashinfer else "flashinfer is not installed")
+    rt = runtime.resolve_for(torch.device("cuda"), torch.bfloat16)
+    assert (rt.backend, rt.sdpa_kernel) == expected
+    assert rt.cuda_graphs and any(r.startswith("backend ") for r in rt.reasons)
+    with pytest.raises(ValueError, match="sdpa_kernel 'split' cannot run"):
+        runtime.resolve_for(torch.device("cuda"), torch.float32, backend="sdpa", sdpa_kernel="split")

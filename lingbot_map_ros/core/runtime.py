@@ -98,8 +98,9 @@ def cudnn_attention_unusable_reason(device: torch.device, dtype: torch.dtype) ->
 
 
 def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
-    """``auto``: FlashInfer where it runs (fa3 over exact token pages was the fastest exact kernel
-    measured on an H200: 958 us/layer against 1176 for the masked cuDNN path), else SDPA."""
+    """``auto``: on Hopper (where it was measured) SDPA with the ``split`` one-frame kernel — cuDNN over
+    the contiguous patch prefix + a masked tail, 766 us/layer on an H200 against 949 for FlashInfer
+    fa3 over token pages; elsewhere FlashInfer where it runs, else SDPA."""
     if name == "sdpa":
         return "sdpa", "requested"
     reason = flashinfer_unusable_reason(device, dtype)
@@ -109,16 +110,17 @@ def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> tupl
         return "flashinfer", "requested"
     if name != "auto":
         raise ValueError(f"attention_backend must be auto, flashinfer or sdpa (got {name!r})")
-    if AUTO_PREFERS_CUDNN and not cudnn_attention_unusable_reason(device, dtype):
-        return "sdpa", "auto: cuDNN fused attention over the masked page storage (fastest measured on Hopper)"
+    if not cudnn_attention_unusable_reason(device, dtype) and torch.cuda.get_device_capability(device)[0] in AUTO_SPLIT_ON_CAPABILITY:
+        return "sdpa", "auto: cuDNN over the contiguous patch prefix + masked tail (fastest measured on Hopper)"
     if reason:
         return "sdpa", f"auto: {reason}"
     return "flashinfer", "auto: CUDA with a half-precision dtype and flashinfer importable"
 
 
-# Set by measurement (docs/benchmarks.md): whether ``auto`` picks sdpa (cuDNN, AUTO_SDPA_KERNEL) over
-# FlashInfer, and which one-frame SDPA kernel ``auto`` means where cuDNN runs.
-AUTO_PREFERS_CUDNN = False
+# Set by measurement (docs/benchmarks.md, issue 10): the compute capabilities (major) on which ``auto``
+# picks SDPA's split kernel over FlashInfer (measured on an H200 only), and which one-frame SDPA
+# kernel ``auto`` means where cuDNN runs.
+AUTO_SPLIT_ON_CAPABILITY = (9,)
 AUTO_SDPA_KERNEL = "split"
 
 
