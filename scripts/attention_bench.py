@@ -66,7 +66,7 @@ def main() -> int:
     ref = reference(sets[0])
     results = []
 
-    def bench(name, plan, run, graph=False, ref_out=ref):
+    def bench(name, plan, run, graph=False, ref_out=ref, keys=None):
         try:
             plan()
             out = torch.full_like(q, float("nan"))
@@ -101,7 +101,7 @@ def main() -> int:
                 b.synchronize()
                 times.append(a.elapsed_time(b) * 1e3 / per)
             us = statistics.median(times)
-            results.append((name, us, flop / us / 1e6, err, finite))
+            results.append((name, us, 4 * T * (keys or N) * H * D / us / 1e6, err, finite))
             print(f"{name}: {us:.0f} us, err {err:.2e}", flush=True)
         except Exception as exc:  # report and go on
             print(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
@@ -152,12 +152,18 @@ def main() -> int:
                   ref_out=None)
             bench("  part: tail alone, cuDNN masked + lse (graph)", lambda: None, lambda kv: part(kv, "tail"), graph=True,
                   ref_out=None)
-    # the filling-window mode: same prefix read with a mask (one page hidden)
-    spm = SplitPrefixBackend(page_size=PAGE, num_patch_pages=patch_pages, num_pages=num_pages, num_heads=H, head_dim=D,
-                             dtype=dt, device=dev, kernel="cudnn", fuse_merge=True)
-    visible_fill = [pg for pg in visible_split if pg != 5]
-    bench("split, window filling (prefix masked, compiled merge, graph)", lambda: spm.plan(visible_fill, last, T),
-          lambda kv: spm.run(kv, q), graph=True, ref_out=reference(sets[0], visible_token_slots(visible_fill, last, torch.arange(PAGE, device=dev))))
+    # the filling window (40 of 72 prefix pages stored: head 36 unmasked + one masked bucket) and a
+    # prefix with a hole (one masked call over the whole prefix)
+    specials_pages = visible_split[R:]
+    for label, vis in (("window filling, 40 of 72 pages", list(range(40)) + specials_pages),
+                       ("prefix with a hole (masked)", [pg for pg in visible_split if pg != 5])):
+        spm = SplitPrefixBackend(page_size=PAGE, num_patch_pages=patch_pages, num_pages=num_pages, num_heads=H, head_dim=D,
+                                 dtype=dt, device=dev, kernel="cudnn", fuse_merge=True)
+        spm.plan(vis, last, T)
+        print(f"{label}: mode {spm.mode}, head {spm.head_pages} pages, keys {spm.num_keys}", flush=True)
+        bench(f"split, {label} (compiled merge, graph)", lambda: spm.plan(vis, last, T), lambda kv: spm.run(kv, q),
+              graph=True, ref_out=reference(sets[0], visible_token_slots(vis, last, torch.arange(PAGE, device=dev))),
+              keys=spm.num_keys)
 
     st = StaticSdpaBackend(page_size=PAGE, num_heads=H, head_dim=D, max_keys=patch_pages * PAGE + SPECIALS * args.max_stored,
                            num_query_tokens=T, dtype=dt, device=dev)

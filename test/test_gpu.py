@@ -139,8 +139,8 @@ def test_sdpa_backends_match_float64(page_size, dtype):
     limit = 1e-2 if dtype == torch.bfloat16 else 2e-3
     print(f"page {page_size} {dtype}: {worst}")
     assert all(err < limit for err in worst.values()), worst
-    # the split backend read the prefix both masked (window filling) and unmasked (full window)
-    assert {"masked", "full"} <= set(modes["sdpa-split"]), modes["sdpa-split"]
+    # the split backend read the prefix cut at a bucket (window filling) and whole (full window)
+    assert {"filling", "full"} <= set(modes["sdpa-split"]), modes["sdpa-split"]
 
 
 @pytest.mark.skipif(not HAS_FLASHINFER, reason="flashinfer not installed")
@@ -245,3 +245,32 @@ def test_fused_block_matches_float64(block_kind):
     assert torch.isfinite(out).all()
     assert fused_err < max(1.5 * eager_err, 5e-3), (eager_err, fused_err)
     assert diff < 2e-2
+
+
+def test_graphs_are_captured_once_per_plan_signature():
+    """Split backend: each filling bucket (scale 2 + window 3 = 5 prefix pages: buckets of one page) and
+    the full window get one capture, and a reset (a new session, or a long-run window) replays them
+    again instead of capturing anew."""
+    from lingbot_map_ros.core.config import StreamConfig, model_config
+    from lingbot_map_ros.core.model import build_model
+    from lingbot_map_ros.core.stream import StreamingSession, _cast_for_inference
+
+    cfg = model_config("tiny")
+    model, _ = build_model(cfg, seed=5, device="cuda", dtype=torch.float32)
+    _cast_for_inference(model, torch.bfloat16)
+    scfg = StreamConfig(scale_frames=2, sliding_window=3, keyframe_interval=1, max_frame_num=64, max_stored_frames=60)
+    session = StreamingSession(model, cfg, scfg, device=torch.device("cuda"), dtype=torch.bfloat16, backend="sdpa",
+                               log=lambda m: None, cuda_graphs=True, compile_blocks="off", sdpa_kernel="split")
+    frames = torch.rand(10, 3, 56, 84, generator=torch.Generator().manual_seed(4))
+    first = [r.pose_enc for f in frames for r in session.push(f)]
+    step = session._graph_step
+    assert step.stats.captures == 3
+    assert sorted(sig[1:] for sig in step.signatures) == [("filling", 2), ("filling", 3), ("full", 5)]
+    session.reset()
+    second = [r.pose_enc for f in frames for r in session.push(f)]
+    assert session._graph_step is step and step.stats.captures == 3 and step.stats.replays == 2 * 8
+    # the same frames in a new session give the same poses: the kept graphs replay the same step
+    import numpy as np
+
+    assert len(first) == len(second) == 10
+    assert all(np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(first, second))

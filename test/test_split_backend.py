@@ -72,8 +72,34 @@ def test_split_backend_matches_float64_and_reads_the_full_prefix_unmasked(page_s
     modes, split, cache = _stream(page_size, dtype, "lowest", seed=page_size)
     # the window (3) fills after the first 3 keyframes; from then on every step reads the prefix unmasked
     first_full = modes.index("full")
-    assert "masked" in modes[:first_full] and set(modes[first_full:]) == {"full"}
-    assert split.plan_signature == (SPECIALS + page_size, "full")
+    assert "filling" in modes[:first_full] and set(modes[first_full:]) == {"full"}
+    assert split.plan_signature == (SPECIALS + page_size, "full", 5)
+
+
+@pytest.mark.parametrize("bucket_pages", [1, 2, 3])
+def test_filling_window_is_cut_at_bucket_boundaries(bucket_pages: int) -> None:
+    """A longer window (scale 2 + window 7 = 9 prefix pages): while it fills, the head read unmasked
+    is the last bucket boundary below the visible pages, leaving 1..bucket_pages of them masked."""
+    gen = torch.Generator().manual_seed(bucket_pages)
+    page, R = 4, 9
+    be = SplitPrefixBackend(page_size=page, num_patch_pages=R + 1, num_pages=R + 1 + 3, num_heads=H, head_dim=D,
+                            dtype=torch.float64, device="cpu", kernel="cpu", bucket_pages=bucket_pages)
+    k = torch.randn(R + 4, page, H, D, generator=gen, dtype=torch.float64)
+    v = torch.randn(R + 4, page, H, D, generator=gen, dtype=torch.float64)
+    q = torch.randn(SPECIALS + page, H, D, generator=gen, dtype=torch.float64)
+    seen = set()
+    for m in range(1, R + 1):
+        visible = list(range(m)) + [R + 1, R + 2]  # prefix 0..m-1, then two special pages (the last one partial)
+        be.plan(visible, 3, q.shape[0])
+        slots = torch.cat([torch.arange(p * page, (p + 1) * page) for p in visible])[: -(page - 3)]
+        ref = _dense_reference(q, [k.view(-1, H, D)[slots]], [v.view(-1, H, D)[slots]])
+        torch.testing.assert_close(be.run((k, v), q), ref, atol=1e-10, rtol=1e-10)
+        if m == R:
+            assert (be.mode, be.head_pages) == ("full", R)
+        else:
+            assert be.mode == "filling" and be.head_pages % bucket_pages == 0 and 1 <= m - be.head_pages <= bucket_pages
+            seen.add(be.head_pages)
+    assert seen == set(range(0, R - 1, bucket_pages))  # one graph signature per bucket
 
 
 def test_split_backend_is_exact_with_holes_in_the_prefix() -> None:
@@ -116,7 +142,7 @@ def test_merge_of_two_parts_equals_attention_over_their_union() -> None:
     # the log-sum-exp is of the scaled scores, natural log
     ref_lse = torch.logsumexp(q.double() @ k[:, :, :21].double().transpose(-1, -2) / math.sqrt(D), dim=-1)
     torch.testing.assert_close(lse_a.double(), ref_lse, atol=1e-5, rtol=1e-5)
-    merged = merge_partials(out_a, lse_a, out_b, lse_b)  # [T, H, D]
+    merged = merge_partials([out_a, out_b], [lse_a, lse_b])  # [T, H, D]
     ref = _dense_reference(q[0].transpose(0, 1), [k[0].transpose(0, 1)], [v[0].transpose(0, 1)])
     torch.testing.assert_close(merged.double(), ref, atol=1e-5, rtol=1e-5)
 

@@ -11,18 +11,28 @@ addresses, all written *outside* the graph before the replay:
   buffers, or ``StaticSdpaBackend``'s slot list and device-held key count);
 * the camera head's cache slot and visible length: ``CameraKVCache(static=True)`` buffers.
 
-A FlashInfer plan also fixes some host-side launch parameters (its split-KV schedule); the graph is
-re-captured whenever those change (``plan_signature``), which happens a few times while the window
-fills and rarely after.
+Some plans also fix host-side launch parameters: FlashInfer's split-KV schedule, or the split
+backend's mode (prefix masked while the window fills, unmasked once it is full). A graph is captured
+per such ``plan_signature`` and kept (at most ``MAX_GRAPHS``, least recently used dropped), so the
+switch back and forth at every new session or long-run window costs a capture only the first time.
+
+All graphs of a step share one memory pool. That is safe here because every replay's outputs are
+read (copied to the host) before the next replay: a later capture may reuse blocks that an earlier
+graph only needs *during* its replay, and outputs of one graph may sit in another's scratch memory,
+which only matters to outputs that are still needed when the other graph replays.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
 from .model import LingBotMap, ModelOutput
+
+
+MAX_GRAPHS = 12  # signatures kept: the split backend's 8 filling buckets + full; FlashInfer's few schedules
 
 
 @dataclass
@@ -32,7 +42,7 @@ class GraphStats:
 
 
 class GraphedFrameStep:
-    """Captures ``model(one frame)`` with the caches' static buffers; replays it per frame."""
+    """Captures ``model(one frame)`` with the caches' static buffers per plan signature; replays it per frame."""
 
     def __init__(
         self,
@@ -49,28 +59,36 @@ class GraphedFrameStep:
         h, w = image_hw
         self.static_image = torch.zeros(1, 3, h, w, device=device)  # [1, 3, H, W]
         self.static_rope = torch.zeros(1, dtype=torch.long, device=device)  # [1]
-        self._graph: Optional[torch.cuda.CUDAGraph] = None
-        self._signature: Optional[tuple] = None
-        self._output: Optional[ModelOutput] = None
+        # signature -> (graph, its static outputs), most recently used last
+        self._graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, ModelOutput]] = OrderedDict()
         self._pool = None
         self.stats = GraphStats()
+
+    @property
+    def signatures(self) -> list[tuple]:
+        """Signatures with a captured graph, least recently used first."""
+        return list(self._graphs)
 
     def __call__(self, image: torch.Tensor, rope_frame: int) -> ModelOutput:
         """Run one frame. The returned tensors are the graph's static outputs: copy before the next call."""
         self.static_image.copy_(image.view_as(self.static_image), non_blocking=True)
         self.static_rope.fill_(rope_frame)
         signature = self._plan_signature()
-        if self._graph is None or signature != self._signature:
-            self._capture()
-            self._signature = signature
-        self._graph.replay()  # type: ignore[union-attr]
+        if signature in self._graphs:
+            self._graphs.move_to_end(signature)
+        else:
+            self._graphs[signature] = self._capture()
+            while len(self._graphs) > MAX_GRAPHS:
+                self._graphs.popitem(last=False)
+        graph, output = self._graphs[signature]
+        graph.replay()
         self.stats.replays += 1
-        return self._output  # type: ignore[return-value]
+        return output
 
-    def _capture(self) -> None:
+    def _capture(self) -> tuple[torch.cuda.CUDAGraph, ModelOutput]:
         # Warm up on a side stream first (allocator pools, cuBLAS/cuDNN handles, lazily built RoPE
-        # tables): capture must see no first-time work. The warm-up really runs this frame's step,
-        # which is harmless: the replay recomputes the same values into the same slots.
+        # tables, compiled kernels): capture must see no first-time work. The warm-up really runs this
+        # frame's step, which is harmless: the replay recomputes the same values into the same slots.
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -80,6 +98,6 @@ class GraphedFrameStep:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self._pool):
-            self._output = self._run_model(self.static_image, self.static_rope)
-        self._graph = graph
+            output = self._run_model(self.static_image, self.static_rope)
         self.stats.captures += 1
+        return graph, output

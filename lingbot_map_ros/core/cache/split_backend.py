@@ -17,13 +17,18 @@ the order of the keys:
   stored frame, growing). It is short (one page + the special pool), read with a ``[1, 1, 1, N]``
   visibility mask, so its length is fixed too.
 
-The two partial results combine exactly: with ``lse = log Σ exp(s)`` of each part,
-``softmax over (prefix ∪ tail) · V = σ·out_prefix + (1-σ)·out_tail`` where
-``σ = sigmoid(lse_prefix - lse_tail)``. While the window fills (the prefix not yet all visible) the
-prefix call takes a mask as well; the mode is part of ``plan_signature``, so the CUDA graph is
-captured once for the filling window and once for the full one. Masked slots always hold finite
-values (storage starts zeroed and is only overwritten with K/V), so ``exp(-inf) = 0`` removes them
-exactly.
+The partial results combine exactly: with ``lse_i = log Σ exp(s)`` over part ``i``,
+``softmax over (∪ parts) · V = Σ_i w_i · out_i`` where ``w = softmax_i(lse_i)``.
+
+While the window fills, the visible prefix is pages ``0 .. m-1`` with ``m < R``. Reading all ``R``
+pages with a mask costs as much as the masked whole-storage path (the bias is paid per key tile),
+so the filling prefix is cut at a bucket boundary ``h`` (a multiple of ``bucket_pages``, at most
+``R/8`` apart): a **head** ``0 .. h-1`` read unmasked and a **remainder** of one bucket read with a
+mask. ``h`` is part of ``plan_signature``, so there is one CUDA graph per bucket (``cuda_graph.py``
+keeps them, so later windows replay them). A prefix with holes (another allocation order) falls
+back to one masked call over all ``R`` pages; it stays exact, only slower. Masked slots always hold
+finite values (storage starts zeroed and is only overwritten with K/V), so ``exp(-inf) = 0`` removes
+them exactly.
 
 The merge is a handful of elementwise ops on ``[T, H, D]``; with ``fuse_merge`` it is one
 ``torch.compile``-d kernel (compiled in the warm-up before the graph capture).
@@ -31,6 +36,7 @@ The merge is a handful of elementwise ops on ``[T, H, D]``; with ``fuse_merge`` 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -39,7 +45,7 @@ from torch import Tensor
 from .backend import visible_token_slots
 
 KERNELS = ("cudnn", "efficient", "cpu")
-MODES = ("full", "masked", "tail")  # prefix unmasked / prefix masked / no visible prefix key
+MODES = ("full", "filling", "masked", "tail")  # prefix unmasked / head + remainder / all masked / no prefix key
 
 
 def attend_with_lse(kernel: str, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor]) -> tuple[Tensor, Tensor]:
@@ -47,7 +53,7 @@ def attend_with_lse(kernel: str, q: Tensor, k: Tensor, v: Tensor, bias: Optional
 
     q ``[1, H, T, D]``, k/v ``[1, H, N, D]`` (strided views are fine), bias ``[1, 1, 1, N]`` or None.
     Returns out ``[1, H, T, D]`` in q's dtype and lse ``[1, H, T]`` in float32 (natural log, the
-    scores already scaled by 1/√D). Both parts of a merge must come from the same kernel.
+    scores already scaled by 1/√D). All parts of a merge must come from the same kernel.
     """
     B, H, T, _ = q.shape
     if kernel == "cudnn":
@@ -58,24 +64,37 @@ def attend_with_lse(kernel: str, q: Tensor, k: Tensor, v: Tensor, bias: Optional
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias)  # lse [B, H, T]
     else:
         raise ValueError(f"kernel must be one of {KERNELS} (got {kernel!r})")
-    return out, lse.reshape(B, H, -1)[..., :T].float()  # [B, H, T, D], [B, H, T]
+    return out, lse.reshape(B, H, -1)[..., :T].to(_at_least_fp32(q.dtype))  # [B, H, T, D], [B, H, T]
 
 
-def merge_partials(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tensor:
-    """Attention over the union of two disjoint key sets from the parts: ``[1, H, T, D]`` x 2 -> ``[T, H, D]`` fp32."""
-    share_a = torch.sigmoid(lse_a - lse_b).unsqueeze(-1)  # [1, H, T, 1]: exp(lse_a) / (exp(lse_a) + exp(lse_b))
-    b = out_b.float()
-    merged = b + (out_a.float() - b) * share_a  # [1, H, T, D]
+def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def merge_partials(outs: list[Tensor], lses: list[Tensor]) -> Tensor:
+    """Attention over the union of disjoint key sets from the parts: k x ``[1, H, T, D]`` -> ``[T, H, D]``
+    in at least fp32."""
+    weights = torch.softmax(torch.stack(lses), dim=0).unsqueeze(-1)  # [k, 1, H, T, 1]: exp(lse_i) / Σ exp(lse_j)
+    merged = (torch.stack([o.to(weights.dtype) for o in outs]) * weights).sum(0)  # [1, H, T, D]
     return merged[0].transpose(0, 1)  # [T, H, D]
 
 
 @functools.lru_cache(maxsize=1)
-def _fused_merge() -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
+def _fused_merge() -> Callable[[list[Tensor], list[Tensor]], Tensor]:
     return torch.compile(merge_partials, fullgraph=True, dynamic=False)
 
 
+@dataclass(frozen=True)
+class _Region:
+    """Key slots ``[start, end)`` of a block's flat storage read by one kernel call; ``mask`` None = unmasked."""
+
+    start: int
+    end: int
+    mask: Optional[Tensor]
+
+
 class SplitPrefixBackend:
-    """Prefix (pages ``0 .. R-1``) and tail (page ``R`` + special pages) attended apart, merged exactly."""
+    """The patch prefix (pages ``0 .. R-1``) and the tail (page ``R`` + special pages) attended apart, merged exactly."""
 
     name = "sdpa"
 
@@ -91,10 +110,12 @@ class SplitPrefixBackend:
         device: torch.device | str,
         kernel: str = "cudnn",
         fuse_merge: bool = False,
+        bucket_pages: int = 0,
     ) -> None:
         """``num_patch_pages``: the patch pool (``scale + window + 1``; the prefix is all but its last
         page); ``num_pages``: patch + special pages of a block. ``kernel``: ``cudnn`` on the GPU,
-        ``efficient`` (CUDA, any dtype) or ``cpu`` for tests."""
+        ``efficient`` (CUDA, any dtype) or ``cpu`` for tests. ``bucket_pages``: the filling prefix's
+        cut points (0: ``ceil(R / 8)``, so at most 8 filling graphs)."""
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS} (got {kernel!r})")
         if page_size < 1 or num_patch_pages < 2 or num_pages <= num_patch_pages:
@@ -111,20 +132,32 @@ class SplitPrefixBackend:
         self.kernel = kernel
         self.prefix_pages = num_patch_pages - 1  # R = scale + window
         self.prefix_slots = self.prefix_pages * page_size
-        self.tail_slots = (num_pages - self.prefix_pages) * page_size
+        self.num_slots = num_pages * page_size
+        self.bucket_pages = bucket_pages or -(-self.prefix_pages // 8)
         self._merge = _fused_merge() if fuse_merge else merge_partials
         self._offsets = torch.arange(page_size, dtype=torch.long, device=self.device)  # [page]
-        # additive biases in the compute dtype (cuDNN reads the bias in q's dtype): 0 visible, -inf not
-        self._prefix_mask = torch.full((1, 1, 1, self.prefix_slots), float("-inf"), dtype=dtype, device=self.device)
-        self._tail_mask = torch.full((1, 1, 1, self.tail_slots), float("-inf"), dtype=dtype, device=self.device)
+        # additive biases in the compute dtype (cuDNN reads the bias in q's dtype): 0 visible, -inf not.
+        # Each masked region has a buffer of its own (a bias must start on an aligned address).
+        mask = lambda n: torch.full((1, 1, 1, n), float("-inf"), dtype=dtype, device=self.device)  # noqa: E731
+        self._prefix_mask = mask(self.prefix_slots)  # the whole prefix (mode masked)
+        self._bucket_mask = mask(self.bucket_pages * page_size)  # one bucket (mode filling)
+        self._tail_mask = mask(self.num_slots - self.prefix_slots)
         self._mode = "masked"
+        self._head_pages = 0
+        self._regions: list[_Region] = []
         self._num_queries = 0
         self._num_keys = 0
 
     @property
     def mode(self) -> str:
-        """``full`` (prefix read unmasked), ``masked`` (window still filling) or ``tail`` (no prefix key)."""
+        """``full`` (prefix unmasked), ``filling`` (head unmasked + one masked bucket), ``masked``
+        (prefix with holes, one masked call) or ``tail`` (no visible prefix key)."""
         return self._mode
+
+    @property
+    def head_pages(self) -> int:
+        """Prefix pages read unmasked in the planned step (``R`` when full)."""
+        return self._head_pages
 
     @property
     def num_keys(self) -> int:
@@ -132,18 +165,17 @@ class SplitPrefixBackend:
 
     @property
     def plan_signature(self) -> tuple:
-        """A captured graph holds one mode's calls: re-capture when the mode changes."""
-        return (self._num_queries, self._mode)
+        """A captured graph holds one set of calls: one graph per mode and head length."""
+        return (self._num_queries, self._mode, self._head_pages)
 
     def plan(self, visible_pages: Sequence[int], last_page_len: int, num_query_tokens: int) -> None:
         if not visible_pages:
             raise ValueError("cannot plan attention over an empty visible set")
-        ps = self.page_size
+        ps, R = self.page_size, self.prefix_pages
         if not 1 <= last_page_len <= ps:
             raise ValueError(f"last_page_len must be in 1..{ps} (got {last_page_len})")
         if max(visible_pages) >= self.num_pages or min(visible_pages) < 0:
             raise ValueError(f"visible pages must lie in 0..{self.num_pages - 1} (got {min(visible_pages)}..{max(visible_pages)})")
-        R = self.prefix_pages
         prefix = [p for p in visible_pages if p < R]
         tail = [p - R for p in visible_pages if p >= R]  # page ids within the tail region
         last_in_prefix = visible_pages[-1] < R
@@ -151,38 +183,54 @@ class SplitPrefixBackend:
             raise ValueError("the split backend needs a visible key after the prefix (every step has its own specials)")
         prefix_keys = len(prefix) * ps - (ps - last_page_len if last_in_prefix else 0)
         tail_keys = len(tail) * ps - (0 if last_in_prefix else ps - last_page_len)
+        tail_region = _Region(self.prefix_slots, self.num_slots, self._tail_mask)
+        self._fill_mask(self._tail_mask, tail, ps if last_in_prefix else last_page_len)
+        m = len(prefix)
+        whole_pages_from_zero = not last_in_prefix and sorted(prefix) == list(range(m))
         if prefix_keys == self.prefix_slots:
-            mode = "full"
+            mode, head, regions = "full", R, [_Region(0, self.prefix_slots, None)]
         elif prefix_keys == 0:
-            mode = "tail"
-        else:
-            mode = "masked"
-            flat = self._prefix_mask.view(-1)  # [prefix_slots]
-            flat.fill_(float("-inf"))
-            flat.index_fill_(0, visible_token_slots(prefix, last_page_len if last_in_prefix else ps, self._offsets), 0.0)
-        flat = self._tail_mask.view(-1)  # [tail_slots]
-        flat.fill_(float("-inf"))
-        flat.index_fill_(0, visible_token_slots(tail, ps if last_in_prefix else last_page_len, self._offsets), 0.0)
-        self._mode = mode
+            mode, head, regions = "tail", 0, []
+        elif whole_pages_from_zero:  # the filling window: 0 .. m-1, cut at a bucket boundary
+            b = self.bucket_pages
+            head = b * ((m - 1) // b)  # leaves 1..b visible pages in the bucket
+            end = min(head + b, R)
+            self._fill_mask(self._bucket_mask, [p - head for p in prefix if p >= head], ps)
+            bucket = _Region(head * ps, end * ps, self._bucket_mask[..., : (end - head) * ps])
+            mode, regions = "filling", ([_Region(0, head * ps, None)] if head else []) + [bucket]
+        else:  # holes: one masked call over the whole prefix
+            self._fill_mask(self._prefix_mask, prefix, last_page_len if last_in_prefix else ps)
+            mode, head, regions = "masked", 0, [_Region(0, self.prefix_slots, self._prefix_mask)]
+        self._mode, self._head_pages = mode, head
+        self._regions = regions + [tail_region]
         self._num_queries = num_query_tokens
         self._num_keys = prefix_keys + tail_keys
+
+    def _fill_mask(self, mask: Tensor, pages: list[int], last_page_len: int) -> None:
+        """0 on the slots of ``pages`` (ids relative to the mask's region), -inf elsewhere."""
+        flat = mask.view(-1)  # [n]
+        flat.fill_(float("-inf"))
+        if pages:
+            flat.index_fill_(0, visible_token_slots(pages, last_page_len, self._offsets), 0.0)
 
     def run(self, kv_pages: tuple[Tensor, Tensor], q: Tensor) -> Tensor:
         """``q [T, H, D]`` over the planned keys of one block's ``(K, V)``, each ``[pages, page, H, D]``."""
         k_pages, v_pages = kv_pages
         num_slots = k_pages.shape[0] * k_pages.shape[1]
-        if num_slots != self.prefix_slots + self.tail_slots:
-            raise ValueError(f"backend built for {self.prefix_slots + self.tail_slots} slots, pages hold {num_slots}")
-        H, D, n = self.num_heads, self.head_dim, self.prefix_slots
+        if num_slots != self.num_slots:
+            raise ValueError(f"backend built for {self.num_slots} slots, pages hold {num_slots}")
+        H, D = self.num_heads, self.head_dim
         k = k_pages.view(1, num_slots, H, D).transpose(1, 2)  # [1, H, N, D] strided view, no copy
         v = v_pages.view(1, num_slots, H, D).transpose(1, 2)  # [1, H, N, D]
         qh = q.to(k.dtype).transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
-        out_t, lse_t = attend_with_lse(self.kernel, qh, k[:, :, n:], v[:, :, n:], self._tail_mask)  # [1, H, T, D], [1, H, T]
-        if self._mode == "tail":
-            return out_t[0].transpose(0, 1).to(q.dtype)  # [T, H, D]
-        bias = None if self._mode == "full" else self._prefix_mask
-        out_p, lse_p = attend_with_lse(self.kernel, qh, k[:, :, :n], v[:, :, :n], bias)  # [1, H, T, D], [1, H, T]
-        return self._merge(out_p, lse_p, out_t, lse_t).to(q.dtype)  # [T, H, D]
+        outs, lses = [], []
+        for r in self._regions:
+            out, lse = attend_with_lse(self.kernel, qh, k[:, :, r.start:r.end], v[:, :, r.start:r.end], r.mask)
+            outs.append(out)  # [1, H, T, D]
+            lses.append(lse)  # [1, H, T]
+        if len(outs) == 1:
+            return outs[0][0].transpose(0, 1).to(q.dtype)  # [T, H, D]
+        return self._merge(outs, lses).to(q.dtype)  # [T, H, D]
 
 
 __all__ = ["SplitPrefixBackend", "attend_with_lse", "merge_partials", "KERNELS", "MODES"]
