@@ -22,9 +22,9 @@ import torch
 from lingbot_map_ros.core import long_run
 from lingbot_map_ros.core.config import RuntimeConfig, StreamConfig, model_config
 from lingbot_map_ros.core.geometry import quaternion_xyzw_from_matrix, se3, se3_inverse, umeyama_sim3
-from lingbot_map_ros.core.long_run import Sim3, WindowedSession, make_session, validate_window
+from lingbot_map_ros.core.long_run import Sim3, WindowPolicy, validate_window
 from lingbot_map_ros.core.model import ModelOutput
-from lingbot_map_ros.core.stream import SessionStopped, StreamingSession
+from lingbot_map_ros.core.stream import SessionStopped, StreamingSession, make_session
 
 H, W = 28, 42  # 2 x 3 patches: the smallest sensible frame
 SMALL = dict(scale_frames=2, sliding_window=3, max_stored_frames=12, overlap_frames=4)
@@ -116,10 +116,10 @@ def run_trajectory(n: int, *, with_depth=False, kf=1, still=(0, 0), disable_alig
     model = TrajectoryModel(gt, with_depth)
     cfg = StreamConfig(**{**dict(SMALL, max_stored_frames=10, overlap_frames=4), "keyframe_interval": kf,
                           "with_depth": with_depth, **stream})
-    session = WindowedSession(model, model_config("tiny"), cfg, device=torch.device("cpu"), dtype=torch.float32,
-                              log=lambda m: None)
+    session = StreamingSession(model, model_config("tiny"), cfg, device=torch.device("cpu"), dtype=torch.float32,
+                               log=lambda m: None)
     if disable_alignment:  # the new window's raw frame is published as if it were the world frame
-        session._fit_alignment = lambda overlap, raw, previous, start: long_run.WindowAlignment(  # type: ignore
+        session.long_run._fit_alignment = lambda overlap, raw, previous, start: long_run.WindowAlignment(  # type: ignore
             session.window_index, Sim3(), "disabled", 1.0, 0, 0, len(overlap), 0.0)
     results = []
     for i in range(n):
@@ -207,13 +207,13 @@ def test_standing_still_over_the_overlap_keeps_the_scale_and_does_not_jump():
 def test_failed_window_switch_starts_a_new_world_frame():
     gt = true_trajectory(40)
     cfg = StreamConfig(**{**SMALL, "max_stored_frames": 10})
-    session = WindowedSession(TrajectoryModel(gt, False), model_config("tiny"), cfg, device=torch.device("cpu"),
-                              dtype=torch.float32, log=lambda m: None)
+    session = StreamingSession(TrajectoryModel(gt, False), model_config("tiny"), cfg, device=torch.device("cpu"),
+                               dtype=torch.float32, log=lambda m: None)
 
     def broken(*args):
         raise RuntimeError("boom")
 
-    session._fit_alignment = broken  # type: ignore[assignment]
+    session.long_run._fit_alignment = broken  # type: ignore[assignment]
     got, errors = [], []
     for i in range(14):
         try:
@@ -251,7 +251,7 @@ def test_validation_messages():
 
 def test_window_switch_bookkeeping_and_user_reset():
     session = tiny_session(keyframe_interval=2)
-    assert isinstance(session, WindowedSession)
+    assert isinstance(session.long_run, WindowPolicy)
     results = []
     for i, frame in enumerate(random_frames(70)):
         results += session.push(frame, float(i))

@@ -1,22 +1,29 @@
-"""Long-run policies around the streaming session (docs/model.md §15; issue 5).
+"""Long-run policies: what a streaming session does at its stored-frame limit (docs/model.md §15; issues 5, 8).
 
 A camera never stops, but one streaming session cannot run forever: the RoPE table has
 ``max_frame_num`` rows, the camera-head cache never evicts and is preallocated for
 ``max_frame_num`` frames, the special-token pool is sized from ``max_frame_num``, and quality
-degrades past the ~320 stored views the model was trained on. The base session stops at
+degrades past the ~320 stored views the model was trained on. The session acts before
 ``max_stored_frames`` (<= ``max_frame_num - 1``, checked in ``config.validate_stream``), which keeps
 all three caches inside their preallocated capacity by construction; ``long_run_policy`` says what
-happens there:
+it does there.
 
-* ``reset`` / ``stop`` — handled by ``StreamingSession`` itself (new world frame / refuse frames);
-* ``window`` — ``WindowedSession`` below: the official windowed mode of §15 made online. The same
-  caches are emptied and refilled with the last ``overlap_frames`` frames, the new window is mapped
-  onto the chained world frame by a similarity transform, and every later pose is published in
-  the first window's world frame, so the trajectory continues without a jump and memory stays flat
-  (the caches are reused, the overlap buffer is a bounded deque, no per-frame history is kept).
+Each policy is a small object that the session owns (``StreamingSession.long_run``) and calls at
+fixed hook points (``LongRunPolicy``): before a phase-2 frame, at the stored-frame limit, on every
+result it hands out, on reset and for its warnings. The session has no branch on the policy's name.
+Composition instead of session subclasses because the policy is a setting that changes at runtime:
+swapping one small object keeps the session's model, caches and resolved runtime, and each policy
+can be read and tested on its own.
 
-``make_session`` is the one factory the node and the tools use, so the policy in force is chosen in
-one place.
+* ``StopPolicy`` — refuses frames from the limit on until reset (``SessionStopped``);
+* ``ResetPolicy`` — starts a new session (new world frame) whose first frame is the one at the limit;
+* ``WindowPolicy`` — the official windowed mode of §15 made online. The same caches are emptied and
+  refilled with the last ``overlap_frames`` frames, the new window is mapped onto the chained world
+  frame by a similarity transform, and every later pose is published in the first window's world
+  frame, so the trajectory continues without a jump and memory stays flat (the caches are reused,
+  the overlap buffer is a bounded deque, no per-frame history is kept).
+
+``policy_class`` is the one place that maps a policy name to its class; ``make_policy`` builds one.
 """
 from __future__ import annotations
 
@@ -24,15 +31,18 @@ import dataclasses
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 import numpy as np
 import torch
 
-from .config import RuntimeConfig, StreamConfig, validate_stream
+from .config import StreamConfig
 from .geometry import alignment_scale, sim3_apply_to_poses, umeyama_sim3, window_alignment
 from .results import FrameResult
-from .stream import SessionError, StreamingSession
+from .stream import SessionError, SessionStopped, make_session  # make_session: kept importable from here (README)
+
+if TYPE_CHECKING:
+    from .stream import StreamingSession
 
 # Camera-centre spread (RMS distance from the mean, in the model's normalised units: the model
 # scales each window so that scene depths are of order 1) below which the overlap's motion cannot
@@ -107,11 +117,114 @@ def validate_window(stream: StreamConfig) -> list[str]:
     return problems
 
 
-class WindowedSession(StreamingSession):
-    """A streaming session that chains windows inside one world frame instead of stopping.
+class LongRunPolicy:
+    """The hooks a ``StreamingSession`` calls. Every policy defines ``at_limit``; the other defaults
+    leave frames, results and warnings as they are, so a policy overrides only what it changes.
 
-    At the stored-frame limit (the base class calls ``_on_stored_frame_limit`` for the keyframe that
-    would pass ``max_stored_frames``):
+    A policy is built from the ``StreamConfig`` (``problems`` lists settings it cannot run with, so
+    they are refused before a model is built) and is handed the session in each hook instead of
+    keeping a reference to it: no reference cycle, so dropping a session frees its caches and model
+    at once, not at the next garbage collection.
+
+    The window chain attributes below are what the node's diagnostics and the tests read through the
+    session; a policy without windows publishes in the session's own frame (window 0, identity).
+    """
+
+    name: ClassVar[str] = ""
+    window_index: int = 0  # windows chained in the current world frame so far (0 = the first window)
+    window_switches: int = 0  # since the policy was built (across resets): diagnostics
+    last_alignment: Optional[WindowAlignment] = None
+
+    def __init__(self, stream: StreamConfig) -> None:
+        problems = self.problems(stream)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @staticmethod
+    def problems(stream: StreamConfig) -> list[str]:
+        """Reasons why this policy cannot run with ``stream``; empty when it can."""
+        return []
+
+    @property
+    def transform(self) -> Sim3:
+        """Current window -> world frame."""
+        return Sim3()
+
+    @property
+    def overlap_buffered(self) -> int:
+        """Frames held for the next window."""
+        return 0
+
+    # ------------------------------------------------------------------ hooks
+    def admit(self) -> None:
+        """Before each phase-2 frame: raise a ``SessionError`` to refuse it."""
+
+    def at_limit(self, session: StreamingSession, image: torch.Tensor, stamp: Any) -> list[FrameResult]:
+        """The keyframe ``image`` [3, H, W] would pass ``max_stored_frames``: return its results or raise."""
+        raise NotImplementedError
+
+    def publish(self, session: StreamingSession, result: FrameResult, image: torch.Tensor) -> FrameResult:
+        """Every result before the session hands it out; ``image`` [3, H, W] is the frame it came from."""
+        return result
+
+    def reset(self, session: StreamingSession) -> None:
+        """The session is about to start a new world frame (user reset, reconfigure, reset policy)."""
+
+    def warnings(self, out: list[str]) -> list[str]:
+        """The session's warnings as this policy sees them."""
+        return out
+
+
+class StopPolicy(LongRunPolicy):
+    """At the limit the session refuses frames (``SessionStopped``, the node's ``REFUSED_POLICY``)
+    until reset: for a user who wants one world frame and no silent change of it."""
+
+    name = "stop"
+
+    def __init__(self, stream: StreamConfig) -> None:
+        super().__init__(stream)
+        self.stopped = False
+
+    def admit(self) -> None:
+        if self.stopped:
+            raise SessionStopped("long-run policy 'stop' reached; reset the session to continue")
+
+    def at_limit(self, session: StreamingSession, image: torch.Tensor, stamp: Any) -> list[FrameResult]:
+        self.stopped = True
+        raise SessionStopped(
+            f"{session.frames_stored} stored frames reached the limit (max_stored_frames="
+            f"{session.stream_cfg.max_stored_frames}); long_run_policy '{self.name}' refuses further frames "
+            "until reset"
+        )
+
+    def reset(self, session: StreamingSession) -> None:
+        self.stopped = False
+
+    def warnings(self, out: list[str]) -> list[str]:
+        if self.stopped:
+            return out + ["long-run policy 'stop' reached: frames are refused until reset"]
+        return out
+
+
+class ResetPolicy(LongRunPolicy):
+    """At the limit a new session starts (new world frame, ``session_id + 1``) and the frame that hit
+    the limit becomes its first scale frame: the stream goes on, the trajectory jumps."""
+
+    name = "reset"
+
+    def at_limit(self, session: StreamingSession, image: torch.Tensor, stamp: Any) -> list[FrameResult]:
+        session.log(
+            f"stored-frame limit {session.stream_cfg.max_stored_frames} reached: "
+            f"long_run_policy '{self.name}' starts session {session.session_id + 1} (new world frame)"
+        )
+        session.reset()
+        return session.push(image, stamp)
+
+
+class WindowPolicy(LongRunPolicy):
+    """Chains windows inside one world frame instead of stopping.
+
+    At the stored-frame limit (``at_limit``, for the keyframe that would pass ``max_stored_frames``):
 
     1. the KV and camera caches are emptied (``session_id`` kept: same world frame) and
        ``window_index`` increments;
@@ -125,154 +238,119 @@ class WindowedSession(StreamingSession):
        (the model's own output in the window's frame).
 
     ``FrameResult.c2w`` therefore always lives in the first window's world frame and
-    ``frame_index`` keeps counting within the session. A user ``reset()`` starts a new world frame
-    and clears the chain.
+    ``frame_index`` keeps counting within the session. A session ``reset()`` starts a new world
+    frame and clears the chain.
     """
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        problems = validate_window(self.stream_cfg) if self.stream_cfg.long_run_policy == "window" else []
-        if problems:
-            raise ValueError("; ".join(problems))
-        self.window_switches = 0  # since construction (across resets): diagnostics
-        self._reset_chain()
+    name = "window"
 
-    # ------------------------------------------------------------------ public API
-    @property
-    def window_index(self) -> int:
-        """Windows chained in the current world frame so far (0 = the first window)."""
-        return self._window_index
+    def __init__(self, stream: StreamConfig) -> None:
+        super().__init__(stream)
+        self.window_switches = 0
+        self._reset_chain(stream.overlap_frames)
+
+    @staticmethod
+    def problems(stream: StreamConfig) -> list[str]:
+        return validate_window(stream)
 
     @property
     def transform(self) -> Sim3:
-        """Current window -> world frame."""
         return self._sim3
-
-    @property
-    def last_alignment(self) -> Optional[WindowAlignment]:
-        return self._last_alignment
 
     @property
     def overlap_buffered(self) -> int:
         """Frames held for the next window (never more than ``overlap_frames``)."""
         return len(self._overlap)
 
-    def reset(self) -> None:
-        """User reset: new world frame, new session id, window chain cleared."""
-        self._reset_chain()
-        super().reset()
+    # ------------------------------------------------------------------ hooks
+    def reset(self, session: StreamingSession) -> None:
+        self._reset_chain(session.stream_cfg.overlap_frames)
 
-    def reconfigure(self, stream: StreamConfig) -> None:
-        problems = validate_stream(stream)
-        if not problems and stream.long_run_policy == "window":
-            problems = validate_window(stream)
-        if problems:
-            raise ValueError("; ".join(problems))
-        super().reconfigure(stream)  # calls self.reset(): the chain is cleared too
+    def warnings(self, out: list[str]) -> list[str]:
+        """The session's warnings minus the approach to ``max_stored_frames``, plus alignment trouble.
 
-    def warnings(self) -> list[str]:
-        """The base warnings, minus the approach to ``max_stored_frames``, plus alignment trouble.
-
-        Under the window policy reaching ``max_stored_frames`` is routine (a window switch), not a
-        limit about to be hit, so that line would keep the diagnostics at WARN forever.
+        Here reaching ``max_stored_frames`` is routine (a window switch), not a limit about to be
+        hit, so that line would keep the diagnostics at WARN forever.
         """
-        out = super().warnings()
-        if self.stream_cfg.long_run_policy == "window":
-            out = [w for w in out if not w.startswith("stored frames ")]
-            a = self._last_alignment
-            if a is not None and a.method == "pose-fallback":
-                out.append(
-                    f"window {a.window_index} (switch {self.window_switches}): the overlap's motion could not "
-                    f"fix the scale ({a.note}); kept the previous window's scale"
-                )
+        out = [w for w in out if not w.startswith("stored frames ")]
+        a = self.last_alignment
+        if a is not None and a.method == "pose-fallback":
+            out.append(
+                f"window {a.window_index} (switch {self.window_switches}): the overlap's motion could not "
+                f"fix the scale ({a.note}); kept the previous window's scale"
+            )
         return out
 
-    # ------------------------------------------------------------------ hooks into the base session
-    def _process_scale_frames(self) -> list[FrameResult]:
-        self._call_images = [p.image for p in self._pending]
-        return super()._process_scale_frames()
-
-    def _process_phase2(self, image: torch.Tensor, stamp: Any) -> list[FrameResult]:
-        self._call_images = [image]
-        return super()._process_phase2(image, stamp)
-
-    def _make_result(self, out, j: int, **kwargs) -> FrameResult:
-        raw = super()._make_result(out, j, **kwargs)
+    def publish(self, session: StreamingSession, raw: FrameResult, image: torch.Tensor) -> FrameResult:
         if self._refeeding:
             return raw  # window-local; only the alignment sees it
         result = self._to_world(raw)
         if self._switch_note is not None:  # the first frame published by a new window says so
             result = dataclasses.replace(result, frame_extra={**result.frame_extra, "window_switch": self._switch_note})
             self._switch_note = None
-        if self.stream_cfg.long_run_policy == "window":
-            self._overlap.append(
-                _OverlapFrame(self._call_images[j], raw.stamp, result.c2w, result.depth, raw.is_keyframe)
-            )
+        self._overlap.append(_OverlapFrame(image, raw.stamp, result.c2w, result.depth, raw.is_keyframe))
         self._published += 1
         return result
 
-    def _on_stored_frame_limit(self, image: torch.Tensor, stamp: Any) -> list[FrameResult]:
-        if self.stream_cfg.long_run_policy != "window":
-            return super()._on_stored_frame_limit(image, stamp)
+    def at_limit(self, session: StreamingSession, image: torch.Tensor, stamp: Any) -> list[FrameResult]:
         if self._refeeding or self._switching:
             # Cannot happen with validated settings (overlap < max_stored_frames); never loop.
             raise SessionError(
-                f"stored-frame limit reached while starting window {self._window_index}: "
-                f"overlap_frames={self.stream_cfg.overlap_frames} leaves no room below "
-                f"max_stored_frames={self.stream_cfg.max_stored_frames}"
+                f"stored-frame limit reached while starting window {self.window_index}: "
+                f"overlap_frames={session.stream_cfg.overlap_frames} leaves no room below "
+                f"max_stored_frames={session.stream_cfg.max_stored_frames}"
             )
         self._switching = True
         try:
             try:
-                self._start_next_window()
+                self._start_next_window(session)
             except Exception as exc:
                 # A half-built window would publish poses in an unaligned frame. Start over honestly:
                 # a new world frame (session_id + 1), like the reset policy, and refuse this frame.
-                self.log(f"window {self._window_index} could not start ({exc}); starting a new session")
-                self.reset()
-                raise SessionError(f"window switch failed, new session {self.session_id} started: {exc}") from exc
-            return self._process_phase2(image, stamp)
+                session.log(f"window {self.window_index} could not start ({exc}); starting a new session")
+                session.reset()
+                raise SessionError(f"window switch failed, new session {session.session_id} started: {exc}") from exc
+            # the re-fed overlap (>= scale_frames frames) finished phase 1: this is a phase-2 frame
+            return session.push(image, stamp)
         finally:
             self._switching = False
 
     # ------------------------------------------------------------------ window switch
-    def _reset_chain(self) -> None:
-        maxlen = max(1, self.stream_cfg.overlap_frames)
-        self._overlap: deque[_OverlapFrame] = deque(maxlen=maxlen)
-        self._window_index = 0
+    def _reset_chain(self, overlap_frames: int) -> None:
+        self._overlap: deque[_OverlapFrame] = deque(maxlen=max(1, overlap_frames))
+        self.window_index = 0
         self._sim3 = Sim3()
-        self._last_alignment: Optional[WindowAlignment] = None
-        self._published = 0  # frames published in this session: the continuing frame_index
+        self.last_alignment = None
+        self._published = 0  # frames published in this world frame: the continuing frame_index
         self._refeeding = False
         self._switching = False
-        self._call_images: list[torch.Tensor] = []
         self._switch_note: Optional[dict] = None
 
-    def _start_next_window(self) -> None:
+    def _start_next_window(self, session: StreamingSession) -> None:
         start = time.perf_counter()
         overlap = list(self._overlap)
-        if len(overlap) < self.stream_cfg.scale_frames:
+        scale_frames = session.stream_cfg.scale_frames
+        if len(overlap) < scale_frames:
             raise SessionError(
-                f"only {len(overlap)} frames buffered for the next window, scale_frames="
-                f"{self.stream_cfg.scale_frames} needed"
+                f"only {len(overlap)} frames buffered for the next window, scale_frames={scale_frames} needed"
             )
         previous = self._sim3
-        self._new_session_state()  # empties both caches and the counters; session_id unchanged
-        self._window_index += 1
+        session.begin_window()  # empties both caches and the counters; session_id unchanged
+        self.window_index += 1
         self.window_switches += 1
         raw: list[FrameResult] = []
         self._refeeding = True
         try:
             for frame in overlap:
-                raw += self.push(frame.image, frame.stamp)
-            raw += self.flush()
+                raw += session.push(frame.image, frame.stamp)
+            raw += session.flush()
         finally:
             self._refeeding = False
         if len(raw) != len(overlap):  # every re-fed frame yields exactly one result
             raise SessionError(f"re-feeding {len(overlap)} overlap frames gave {len(raw)} results")
         alignment = self._fit_alignment(overlap, raw, previous, start)
         self._sim3 = alignment.transform
-        self._last_alignment = alignment
+        self.last_alignment = alignment
         # The next window's overlap must be seen by the window that is current then (§15 chains
         # window w-1's own aligned poses), so the re-fed frames are re-recorded from this window.
         self._overlap.clear()
@@ -280,14 +358,14 @@ class WindowedSession(StreamingSession):
             world = self._to_world(r)
             self._overlap.append(_OverlapFrame(frame.image, frame.stamp, world.c2w, world.depth, r.is_keyframe))
         self._switch_note = {
-            "window_index": self._window_index,
+            "window_index": self.window_index,
             "method": alignment.method,
             "scale": alignment.transform.scale,
             "relative_scale": alignment.relative_scale,
             "switch_ms": alignment.switch_ms,
         }
-        self.log(
-            f"window {self._window_index} started on {len(overlap)} overlap frames: {alignment.method} "
+        session.log(
+            f"window {self.window_index} started on {len(overlap)} overlap frames: {alignment.method} "
             f"scale {alignment.transform.scale:.4g} (x{alignment.relative_scale:.4g}), anchor offset "
             f"{alignment.anchor_offset}, {alignment.switch_ms:.0f} ms"
         )
@@ -332,7 +410,7 @@ class WindowedSession(StreamingSession):
                 scale, method = fitted, "pose-fit"
         s, rot, trans = window_alignment(overlap[anchor].c2w, raw[anchor].c2w, scale)
         return WindowAlignment(
-            window_index=self._window_index,
+            window_index=self.window_index,
             transform=Sim3(s, rot, trans),
             method=method,
             relative_scale=s / previous.scale,
@@ -346,7 +424,7 @@ class WindowedSession(StreamingSession):
     def _to_world(self, raw: FrameResult) -> FrameResult:
         """Window-local result -> published result: c2w (and depth) in the chained world frame."""
         sim = self._sim3
-        changes: dict[str, Any] = {"window_index": self._window_index, "frame_index": self._published}
+        changes: dict[str, Any] = {"window_index": self.window_index, "frame_index": self._published}
         if not sim.is_identity:
             changes["c2w"] = sim.apply_c2w(raw.c2w)
             if raw.depth is not None and sim.scale != 1.0:
@@ -382,24 +460,24 @@ def _centre_scale(src: np.ndarray, dst: np.ndarray, previous_scale: float) -> tu
     return scale, ""
 
 
-def session_class(policy: str) -> type[StreamingSession]:
-    """The one place that maps a long-run policy to the session class that implements it:
-    ``window`` chains windows (``WindowedSession``); ``reset`` and ``stop`` are handled by the base
-    session at its stored-frame limit."""
-    return WindowedSession if policy == "window" else StreamingSession
+_POLICIES: dict[str, type[LongRunPolicy]] = {cls.name: cls for cls in (WindowPolicy, ResetPolicy, StopPolicy)}
 
 
-def make_session(runtime: RuntimeConfig, stream: StreamConfig, log: Callable[[str], None] = print) -> StreamingSession:
-    """Build the model and the session for ``stream.long_run_policy``.
-
-    Window settings are validated here too, so a bad ``overlap_frames`` is rejected with a reason
-    before the model is built.
-    """
-    if stream.long_run_policy == "window":
-        problems = validate_window(stream)
-        if problems:
-            raise ValueError("; ".join(problems))
-    return session_class(stream.long_run_policy).from_config(runtime, stream, log=log)
+def policy_class(name: str) -> type[LongRunPolicy]:
+    """The one place that maps a ``long_run_policy`` name to the class that implements it."""
+    try:
+        return _POLICIES[name]
+    except KeyError:
+        raise ValueError(f"long_run_policy must be one of {tuple(_POLICIES)} (got {name!r})") from None
 
 
-__all__ = ["Sim3", "WindowAlignment", "WindowedSession", "make_session", "session_class", "validate_window"]
+def make_policy(stream: StreamConfig) -> LongRunPolicy:
+    """A fresh policy for ``stream.long_run_policy``; ``ValueError`` with the reasons when the name is
+    unknown or the policy cannot run with ``stream`` (window: ``overlap_frames``)."""
+    return policy_class(stream.long_run_policy)(stream)
+
+
+__all__ = [
+    "LongRunPolicy", "ResetPolicy", "Sim3", "StopPolicy", "WindowAlignment", "WindowPolicy", "make_policy",
+    "make_session", "policy_class", "validate_window",
+]

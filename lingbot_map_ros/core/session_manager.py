@@ -6,8 +6,9 @@ the new ``(RuntimeConfig, StreamConfig)`` to ``apply`` and gets back what happen
 * a runtime field changed (checkpoint, preset, device, dtype, backend, ...): a **new model** is
   built first and only then swapped in, so a failure leaves the running model untouched;
 * a cache/stream geometry field changed (``applies == "session"`` in ``settings.py``): a **new
-  session** (new world frame) on the same model; when the long-run policy changes the session
-  class (``long_run.session_class``), a new session object shares the model;
+  session** (new world frame) on the same model, by ``StreamingSession.reconfigure``; a changed
+  ``long_run_policy`` is one of these: the session swaps its policy object (``long_run.py``), so
+  model, caches and resolved runtime stay and one session class serves every policy;
 * ``keyframe_interval`` or the depth head: applied **from the next frame**, same session.
 
 Frames buffered for the joint scale-frame call are discarded by a reset or a new session; their
@@ -31,10 +32,9 @@ import numpy as np
 import torch
 
 from .config import RuntimeConfig, StreamConfig, model_config, replace
-from .long_run import make_session, session_class
 from .results import CacheSnapshot, FrameResult
 from .settings import applies_of_field
-from .stream import SessionError, SessionInfo, StreamingSession
+from .stream import SessionError, SessionInfo, StreamingSession, make_session
 
 
 class InferenceFailed(RuntimeError):
@@ -177,13 +177,7 @@ class SessionManager:
         session_changes = tuple(f for f in stream_changes if applies_of_field(f) == "session")
         if session_changes:
             discarded = self._session.pending_stamps()
-            cls = session_class(stream.long_run_policy)
-            if type(self._session) is cls:
-                self._session.reconfigure(stream)
-            else:  # another long-run policy class: a new session object on the same model
-                s = self._session
-                self._swap(cls(s.model, s.model_cfg, stream, device=s.device, dtype=s.dtype, backend=s.backend,
-                               info=s.info, log=self._log))
+            self._session.reconfigure(stream)  # may raise (bad window settings): then nothing changed
             return ApplyResult(Change.NEW_SESSION, session_changes, discarded)
         if not stream_changes:
             return ApplyResult(Change.NONE)

@@ -8,15 +8,23 @@ The session owns the model's caches and the streaming state machine:
   KV cache, non-keyframes attend to the cache plus themselves and are forgotten (the FlashInfer
   semantics of §9.5, in every backend);
 * limits — the RoPE frame index never reaches ``max_frame_num``; before ``max_stored_frames``
-  stored frames the long-run policy acts (``long_run.py``).
+  stored frames the long-run policy acts.
+
+The long-run policy (stop, reset or window) is an object the session owns (``long_run``, built by
+``long_run.make_policy`` from ``long_run_policy``) and calls at fixed hook points: before a phase-2
+frame (``admit``), at the stored-frame limit (``at_limit``), on every result it hands out
+(``publish``: the window policy's world-frame transform and overlap buffer), on reset and for the
+warnings. So the session has no branch on the policy's name, one session class serves every policy,
+and a runtime change of the policy swaps that object on the same model and caches (``reconfigure``).
 
 It imports no rclpy: the node hands in preprocessed tensors and publishes what comes back.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -41,6 +49,9 @@ from .cache.factory import build_camera_cache, build_global_cache
 from .model.fusion import BlockFusion, fused_blocks
 from .runtime import ResolvedRuntime, resolve_for, resolve_runtime
 
+if TYPE_CHECKING:
+    from .long_run import LongRunPolicy, Sim3, WindowAlignment
+
 TRAINING_RANGE_STORED_FRAMES = 320  # README of the official model: quality degrades beyond this
 
 
@@ -49,7 +60,8 @@ class SessionError(RuntimeError):
 
 
 class SessionStopped(SessionError):
-    """The long-run policy ``stop`` was reached: the session refuses further frames until reset."""
+    """The long-run policy ``stop`` was reached: the session refuses further frames until reset
+    (raised by ``long_run.StopPolicy``; defined here with the other refusals its callers catch)."""
 
 
 class FrameSizeChanged(SessionError):
@@ -103,6 +115,9 @@ class StreamingSession:
         problems = validate_stream(stream_cfg)
         if problems:
             raise ValueError("; ".join(problems))
+        from .long_run import make_policy  # late: long_run imports this module
+
+        self.long_run: LongRunPolicy = make_policy(stream_cfg)  # raises for settings the policy cannot run with
         self.model = model
         self.model_cfg = model_cfg
         self.stream_cfg = stream_cfg
@@ -143,8 +158,14 @@ class StreamingSession:
     def from_config(
         cls, runtime: RuntimeConfig, stream: StreamConfig, log: Callable[[str], None] = print
     ) -> "StreamingSession":
-        """Build model and session from the settings users give (node parameters, CLI options)."""
+        """Build model and session from the settings users give (node parameters, CLI options).
+
+        Every setting is checked before the model is built, the long-run policy's own ones too."""
+        from .long_run import policy_class  # late: long_run imports this module
+
         problems = validate_runtime(runtime) + validate_stream(stream)
+        if not problems:  # the policy name is known now
+            problems = policy_class(stream.long_run_policy).problems(stream)
         if problems:
             raise ValueError("; ".join(problems))
         resolved = resolve_runtime(runtime)
@@ -194,9 +215,32 @@ class StreamingSession:
         reset or a new session discards (the caller gives each its final status)."""
         return [f.stamp for f in self._pending]
 
-    # Long-run windows chained inside one world frame; ``WindowedSession`` counts them.
-    window_index: int = 0
-    window_switches: int = 0
+    # The long-run window chain, read by the node's diagnostics and the tests; delegated to the policy
+    # (a policy without windows: window 0, no switches, identity transform, nothing buffered).
+    @property
+    def window_index(self) -> int:
+        """Windows chained in the current world frame so far (0 = the first window)."""
+        return self.long_run.window_index
+
+    @property
+    def window_switches(self) -> int:
+        """Window switches since the policy was built (across resets)."""
+        return self.long_run.window_switches
+
+    @property
+    def transform(self) -> Sim3:
+        """Current window -> world frame."""
+        return self.long_run.transform
+
+    @property
+    def last_alignment(self) -> Optional[WindowAlignment]:
+        """How the latest window was attached to the chain (``None`` before the first switch)."""
+        return self.long_run.last_alignment
+
+    @property
+    def overlap_buffered(self) -> int:
+        """Frames held for the next window (never more than ``overlap_frames``)."""
+        return self.long_run.overlap_buffered
 
     @property
     def frames_stored(self) -> int:
@@ -236,15 +280,31 @@ class StreamingSession:
         return self._process_scale_frames()
 
     def reset(self) -> None:
-        """Start a new session: caches emptied, counters zeroed, a new world frame."""
+        """Start a new session: caches emptied, counters zeroed, a new world frame (the policy's
+        state too: the window chain, a reached 'stop')."""
+        self.long_run.reset(self)
         self.session_id += 1
         self._new_session_state()
 
+    def begin_window(self) -> None:
+        """Empty the caches and counters but keep ``session_id``: the window policy's next window
+        continues the same world frame."""
+        self._new_session_state()
+
     def reconfigure(self, stream: StreamConfig) -> None:
-        """Apply new stream settings by starting a new session (cache geometry may change)."""
+        """Apply new stream settings by starting a new session (cache geometry may change).
+
+        A changed ``long_run_policy`` swaps the policy object; the same policy keeps its object,
+        reset like on any new session (its ``window_switches`` keep counting). Nothing changes when
+        the settings are refused."""
+        from .long_run import make_policy  # late: long_run imports this module
+
         problems = validate_stream(stream)
         if problems:
             raise ValueError("; ".join(problems))
+        policy = make_policy(stream)  # raises for settings the policy cannot run with: nothing changed yet
+        if type(policy) is not type(self.long_run):
+            self.long_run = policy
         geometry_changed = (
             stream.scale_frames != self.stream_cfg.scale_frames
             or stream.sliding_window != self.stream_cfg.sliding_window
@@ -282,9 +342,7 @@ class StreamingSession:
             st = self._kv.stats()
             if st.special_pages_capacity and st.special_pages >= 0.9 * st.special_pages_capacity:
                 out.append(f"special pages {st.special_pages} of {st.special_pages_capacity}")
-        if self._stopped:
-            out.append("long-run policy 'stop' reached: frames are refused until reset")
-        return out
+        return self.long_run.warnings(out)
 
     # ------------------------------------------------------------------ internals
     def _new_session_state(self) -> None:
@@ -295,7 +353,6 @@ class StreamingSession:
         self._stored = 0  # F
         self._scale_count = 0  # frames processed in phase 1 (== scale_frames unless flushed early)
         self._kf_origin = 0  # session frame index of the first phase-2 frame (kf phase origin)
-        self._stopped = False
         self._last_visible_keys = 0
         if self._kv is not None:
             self._kv.reset()
@@ -371,25 +428,22 @@ class StreamingSession:
         self._kf_origin = s
         results = []
         for j, frame in enumerate(frames):
-            results.append(
-                self._make_result(
-                    out, j, stamp=frame.stamp, is_keyframe=True, is_scale=True, rope_index=j,
-                    latency_ms=elapsed_ms / s,
-                )
+            raw = self._make_result(
+                out, j, stamp=frame.stamp, is_keyframe=True, is_scale=True, rope_index=j, latency_ms=elapsed_ms / s
             )
+            results.append(self.long_run.publish(self, raw, frame.image))  # frame.image: [3, H, W]
             self._frame_index += 1
         return results
 
     def _process_phase2(self, image: torch.Tensor, stamp: Any) -> list[FrameResult]:
-        if self._stopped:
-            raise SessionStopped("long-run policy 'stop' reached; reset the session to continue")
+        self.long_run.admit()  # a policy that refuses frames (stop, once reached) raises here
         cfg = self.stream_cfg
         is_kf = self._is_keyframe(self._frame_index)
         f = self._stored
-        # Never feed f >= max_frame_num (the official model crashes there, docs/model.md §16 #3); act
-        # before the configured stored-frame limit is passed.
+        # Never feed f >= max_frame_num (the official model crashes there, docs/model.md §16 #3); the
+        # long-run policy acts before the configured stored-frame limit is passed.
         if is_kf and (f + 1 > cfg.max_stored_frames or f + 1 >= cfg.max_frame_num):
-            return self._on_stored_frame_limit(image, stamp)
+            return self.long_run.at_limit(self, image, stamp)
         out, elapsed_ms = self._run_model(
             image[None],
             torch.tensor([f]),
@@ -399,33 +453,12 @@ class StreamingSession:
         )
         if is_kf:
             self._stored += 1
-        result = self._make_result(
+        raw = self._make_result(
             out, 0, stamp=stamp, is_keyframe=is_kf, is_scale=False, rope_index=f, latency_ms=elapsed_ms
         )
+        result = self.long_run.publish(self, raw, image)  # image: [3, H, W]
         self._frame_index += 1
         return [result]
-
-    def _on_stored_frame_limit(self, image: torch.Tensor, stamp: Any) -> list[FrameResult]:
-        """The next keyframe would pass ``max_stored_frames``: apply the long-run policy.
-
-        ``reset`` starts a new session (new world frame) with this frame as its first; ``stop``
-        refuses frames until reset. ``window`` is handled by ``WindowedSession`` (long_run.py),
-        which never lets this base session reach the limit.
-        """
-        policy = self.stream_cfg.long_run_policy
-        if policy == "reset":
-            self.log(
-                f"stored-frame limit {self.stream_cfg.max_stored_frames} reached: "
-                f"long_run_policy 'reset' starts session {self.session_id + 1} (new world frame)"
-            )
-            self.reset()
-            return self.push(image, stamp)
-        self._stopped = True
-        raise SessionStopped(
-            f"{self._stored} stored frames reached the limit (max_stored_frames="
-            f"{self.stream_cfg.max_stored_frames}); long_run_policy '{policy}' refuses further frames "
-            "until reset"
-        )
 
     def _run_model(
         self,
@@ -468,8 +501,9 @@ class StreamingSession:
         """The one model call of a step, eager or captured into the one-frame CUDA graph (``fusion``:
         the compiled block bodies, graph step only; ``validate=False`` there: no host checks in a graph).
         The caches are the session's current ones; rebuilding them drops the captured graph."""
-        with torch.inference_mode(), _autocast(self.device, self.dtype if self.autocast else torch.float32), \
-                fused_blocks(fusion):
+        # fusion None keeps what the caller set (the benchmark's kernel profile runs eager steps fused)
+        fused = fused_blocks(fusion) if fusion is not None else contextlib.nullcontext()
+        with torch.inference_mode(), _autocast(self.device, self.dtype if self.autocast else torch.float32), fused:
             return self.model(
                 images.to(self.device, non_blocking=True),
                 rope_frames=rope_frames.to(self.device),
@@ -529,6 +563,12 @@ class StreamingSession:
             max_frame_num=self.stream_cfg.max_frame_num,
             kv_bytes=self._kv.nbytes + self._camera_kv.nbytes,
         )
+
+
+def make_session(runtime: RuntimeConfig, stream: StreamConfig, log: Callable[[str], None] = print) -> StreamingSession:
+    """Model and session from the settings users give: the one builder of the node (through
+    ``SessionManager``) and the tools; the long-run policy comes with the session."""
+    return StreamingSession.from_config(runtime, stream, log=log)
 
 
 def _autocast(device: torch.device, dtype: torch.dtype):

@@ -20,7 +20,6 @@ from ..core.config import StreamConfig, model_config
 from ..core.model import build_model
 from ..core.model.fusion import fused_blocks
 from ..core.runtime import resolve_backend, resolve_device, resolve_dtype, resolve_for
-from ..core.long_run import session_class
 from ..core.stream import StreamingSession, _cast_for_inference
 from .common import add_session_options, check_session_args, runtime_from_args, stream_from_args
 
@@ -86,8 +85,7 @@ def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, variant: str, f
     runtime = variant_runtime(variant, device, dtype)
     backend = runtime.backend
     stream_cfg = dataclasses.replace(stream_cfg, with_depth=(heads == "depth+camera"))
-    session_cls = session_class(stream_cfg.long_run_policy)
-    session = session_cls(model, cfg, stream_cfg, device=device, dtype=dtype, log=lambda m: None, runtime=runtime)
+    session = StreamingSession(model, cfg, stream_cfg, device=device, dtype=dtype, log=lambda m: None, runtime=runtime)
     gen = torch.Generator().manual_seed(0)
     pool = [torch.rand(3, height, width, generator=gen) for _ in range(8)]  # frames cycle through a pool
     if device.type == "cuda":

@@ -160,8 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, source) -> int:
-    from ..core.long_run import make_session
-    from ..core.stream import SessionError
+    from ..core.stream import SessionError, make_session
     from .frame_sources import SourceError, stamp_problems
     from .progress import Progress
 
