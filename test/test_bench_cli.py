@@ -37,10 +37,10 @@ def test_checkpoint_is_used_and_short_runs_report_no_steady_state(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"weights: {ckpt}" in out.stderr
     assert "do not reach the steady state" in out.stderr
-    row = [l for l in out.stdout.splitlines() if l.startswith("| sdpa")][0].split("|")
+    row = [l for l in out.stdout.splitlines() if l.startswith("| auto = sdpa")][0].split("|")
     assert row[4].strip() == "-" and row[6].strip() == "-" and "run too short" in row[10], row
     long_run = _run(*SMALL, "--frames", "12")
-    row = [l for l in long_run.stdout.splitlines() if l.startswith("| sdpa")][0].split("|")
+    row = [l for l in long_run.stdout.splitlines() if l.startswith("| auto = sdpa")][0].split("|")
     assert float(row[4]) > 0 and "->" in row[10], row
 
 

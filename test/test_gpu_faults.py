@@ -37,6 +37,17 @@ def _grown(before: Counter, after: Counter) -> str:
     return ", ".join(f"{n}x {shape} {dtype}" for (shape, dtype), n in new.most_common(12)) or "none held by Python"
 
 
+def _allocated_by_pool() -> dict:
+    """Allocated bytes per memory pool (``(0, 0)``: the general pool; others: CUDA-graph pools)."""
+    pools: dict = {}
+    for segment in torch.cuda.memory_snapshot():
+        used = sum(b["size"] for b in segment["blocks"] if b["state"] == "active_allocated")
+        if used:
+            key = tuple(segment.get("segment_pool_id", (0, 0)))
+            pools[key] = pools.get(key, 0) + used
+    return {k: round(v / 2**20, 1) for k, v in sorted(pools.items())}
+
+
 def test_out_of_memory_fails_one_frame_and_frees_its_memory():
     from lingbot_map_ros.core.config import RuntimeConfig, StreamConfig
     from lingbot_map_ros.core.session_manager import InferenceFailed, SessionManager
@@ -58,6 +69,8 @@ def test_out_of_memory_fails_one_frame_and_frees_its_memory():
         finally:
             torch.cuda.set_per_process_memory_fraction(1.0)
         assert isinstance(info.value.cause, torch.cuda.OutOfMemoryError), repr(info.value.cause)
+        where = [line.strip() for line in info.value.detail.splitlines() if line.strip().startswith("File ")][-4:]
+        print("out of memory at:", " <- ".join(reversed(where)))
         results = [r for _ in range(3) for r in manager.push(small)]
         assert len(results) == 3 and all(r.non_finite_fields() == [] for r in results)
         torch.cuda.synchronize()
@@ -70,8 +83,10 @@ def test_out_of_memory_fails_one_frame_and_frees_its_memory():
     # One cap for every attempt: each huge frame then gets exactly as far before it fails, so what
     # the model caches per frame size (RoPE and position tables, a bounded LRU) is the same each time.
     cap = before + 64 * 2**20
+    pools_before = _allocated_by_pool()
     first = fault_and_recover()  # the caches and the CUDA graph are rebuilt once for the small size
     tensors_first = _live_cuda_tensors()
+    pools_first = _allocated_by_pool()
     second = fault_and_recover()
     third = fault_and_recover()
     tensors_third = _live_cuda_tensors()
@@ -79,7 +94,8 @@ def test_out_of_memory_fails_one_frame_and_frees_its_memory():
     collected = torch.cuda.memory_allocated()
     print(f"allocated MiB: before {before / 2**20:.1f}, after faults {first / 2**20:.1f}, "
           f"{second / 2**20:.1f}, {third / 2**20:.1f}; after gc.collect() {collected / 2**20:.1f}; "
-          f"new tensors after fault 3 vs 1: {_grown(tensors_first, tensors_third)}")
+          f"new tensors after fault 3 vs 1: {_grown(tensors_first, tensors_third)}; MiB by pool before "
+          f"{pools_before}, after fault 1 {pools_first}, after fault 3 {_allocated_by_pool()}")
     assert first - before <= 64 * 2**20, "the first recovery kept more than the cap allows"
     assert second == first and third == first, (
         f"each out-of-memory fault leaves memory behind: {(third - first) / 2**20:.1f} MiB over two faults, "

@@ -97,7 +97,17 @@ class GraphedFrameStep:
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool):
-            output = self._run_model(self.static_image, self.static_rope)
+        try:
+            with torch.cuda.graph(graph, pool=self._pool):
+                output = self._run_model(self.static_image, self.static_rope)
+        except BaseException:
+            # An aborted capture (e.g. out of memory: the capture allocates in its own pool, so it needs
+            # more memory than the eager warm-up) leaves blocks in the pool; they are only given back
+            # when no graph uses the pool any more, so drop every graph of this step with it.
+            graph.reset()
+            self._graphs.clear()
+            self._pool = None
+            torch.cuda.empty_cache()
+            raise
         self.stats.captures += 1
         return graph, output

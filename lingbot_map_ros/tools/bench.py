@@ -19,7 +19,7 @@ import torch
 from ..core.config import StreamConfig, model_config
 from ..core.model import build_model
 from ..core.model.fusion import fused_blocks
-from ..core.runtime import resolve_backend, resolve_device, resolve_dtype, resolve_for
+from ..core.runtime import resolve_device, resolve_dtype, resolve_for
 from ..core.stream import StreamingSession, _cast_for_inference
 from .common import add_session_options, check_session_args, runtime_from_args, stream_from_args
 
@@ -43,13 +43,18 @@ class BenchRow:
 
 VARIANT_HELP = (
     "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+bf16]: BACKEND sdpa|flashinfer, KERNEL "
-    "cudnn|flash (sdpa) or fa2|fa3 (flashinfer); +compile = torch.compile-fused blocks in the graph step; "
-    "+bf16 = no autocast (opt-in numerics). e.g. sdpa:cudnn+graph+compile,flashinfer:fa3+graph"
+    "split|cudnn|flash (sdpa) or fa2|fa3 (flashinfer); +compile = torch.compile-fused blocks in the graph step; "
+    "+bf16 = no autocast (opt-in numerics). e.g. sdpa:split+graph+compile,flashinfer:fa3+graph; "
+    "auto = the node's default parameters on this device"
 )
 
 
 def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
-    """Parse a variant name into the ``ResolvedRuntime`` it stands for (same resolver as the node)."""
+    """Parse a variant name into the ``ResolvedRuntime`` it stands for (same resolver as the node).
+
+    ``auto`` is what the node runs with its default parameters on this device."""
+    if variant == "auto":
+        return resolve_for(device, dtype)
     head, *flags = variant.replace("-bf16", "+bf16").split("+")
     backend, _, kernel = head.partition(":")
     unknown = set(flags) - {"graph", "eager", "compile", "bf16"}
@@ -133,7 +138,7 @@ def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, variant: str, f
     median = float(np.median(steady)) if steady.size else nan
     growth_ok = frames - 1 > mark and mark >= steady_start
     return BenchRow(
-        variant=variant,
+        variant=variant if variant != "auto" else f"auto = {runtime.attention}",
         backend=backend,
         heads=heads,
         frames=frames,
@@ -246,8 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                                 enable_depth=True, allow_unsafe=runtime_cfg.allow_unsafe_checkpoint)
     print(f"weights: {report.source}", file=sys.stderr)
     _cast_for_inference(model, dtype)
-    default_variant = resolve_backend(args.attention_backend, device, dtype)[0] + ("+graph" if device.type == "cuda" else "")
-    variants = [v for v in args.variants.split(",") if v] or [default_variant]
+    variants = [v for v in args.variants.split(",") if v] or ["auto"]
     rows = []
     pose_diffs: list[str] = []
     failures: list[str] = []

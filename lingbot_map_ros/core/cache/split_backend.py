@@ -81,6 +81,9 @@ def merge_partials(outs: list[Tensor], lses: list[Tensor]) -> Tensor:
 
 @functools.lru_cache(maxsize=1)
 def _fused_merge() -> Callable[[list[Tensor], list[Tensor]], Tensor]:
+    from ..model.fusion import allow_recompiles
+
+    allow_recompiles(64)  # one specialisation per (frame size, dtype, number of parts)
     return torch.compile(merge_partials, fullgraph=True, dynamic=False)
 
 

@@ -88,14 +88,25 @@ def _post(
     return x + h * g2
 
 
+def allow_recompiles(count: int) -> None:
+    """Let each compiled function hold ``count`` shape specialisations (one per frame size, dtype, part count).
+
+    Dynamo's default (8) is below what a node sees over its life (sizes, heads, batch of phase 1), and
+    with ``fullgraph=True`` hitting it is an error, not a slow path."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):  # the setting's current and former name
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), count))
+
+
 class BlockFusion:
     """Compiled ``pre``/``post`` regions shared by every block; ``block`` runs one block through them."""
 
     def __init__(self, *, compile_options: Optional[dict] = None) -> None:
-        import torch._dynamo
-
         # 3 block kinds x a few shapes, plus head room: never fall back to eager silently.
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        allow_recompiles(64)
         options = {"emulate_precision_casts": True}
         options.update(compile_options or {})
         self._pre = torch.compile(_pre, fullgraph=True, dynamic=False, options=options)
@@ -134,4 +145,4 @@ def _qk_dtype(x: Tensor, blk: "Block", qk_norm: bool) -> torch.dtype:
         torch.promote_types(x.dtype, blk.attn.qkv.weight.dtype), blk.attn.q_norm.weight.dtype)
 
 
-__all__ = ["BlockFusion", "active_fusion", "fused_blocks"]
+__all__ = ["BlockFusion", "active_fusion", "allow_recompiles", "fused_blocks"]
