@@ -32,6 +32,21 @@ import torch
 from .model import LingBotMap, ModelOutput
 
 
+def warmup_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one side stream of this process for capture warm-ups on ``device``.
+
+    Why one: cuBLAS keeps a workspace (~33 MiB on Hopper) for every stream it has run on and never
+    gives it back, so a fresh stream per capture leaked that much at every new session size (seen
+    as memory growth after out-of-memory faults)."""
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    stream = _WARMUP_STREAMS.get(index)
+    if stream is None:
+        stream = _WARMUP_STREAMS[index] = torch.cuda.Stream(index)
+    return stream
+
+
+_WARMUP_STREAMS: dict[int, torch.cuda.Stream] = {}
 MAX_GRAPHS = 12  # signatures kept: the split backend's 8 filling buckets + full; FlashInfer's few schedules
 
 
@@ -89,7 +104,7 @@ class GraphedFrameStep:
         # Warm up on a side stream first (allocator pools, cuBLAS/cuDNN handles, lazily built RoPE
         # tables, compiled kernels): capture must see no first-time work. The warm-up really runs this
         # frame's step, which is harmless: the replay recomputes the same values into the same slots.
-        side = torch.cuda.Stream(self.device)
+        side = warmup_stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             self._run_model(self.static_image, self.static_rope)
