@@ -6,11 +6,9 @@ compared with float64 attention over the visible set rebuilt from the spec's rul
 """
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
-from test_paged_attention import SPECIALS, SpecModel, _dense_reference
+from test_paged_attention import SPECIALS, drive_one_frame_backend
 
 from lingbot_map_ros.core.cache import PagedKVCache
 from lingbot_map_ros.core.cache.dense_backend import MaskedDenseBackend
@@ -25,44 +23,14 @@ H, D, BLOCKS = 2, 8, 2
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_masked_dense_backend_matches_float64(page_size: int, dtype: torch.dtype) -> None:
     scale, window, steps = 2, 3, 16
-    gen = torch.Generator().manual_seed(page_size)
-    rng = random.Random(page_size)
-    tokens = SPECIALS + page_size
     special_pages = -(-SPECIALS * (scale + steps + 1) // page_size)
     cache = PagedKVCache(BLOCKS, H, D, page_size, scale, window, max_frame_num=64, dtype=dtype, device="cpu",
                          num_patch_pages=scale + window + 1, special_pages=special_pages)
     masked = MaskedDenseBackend(page_size=page_size, num_pages=cache.table.num_pages, num_heads=H, head_dim=D,
                                 dtype=dtype, device="cpu", kernel="math")
-    cache.single_frame_backend = masked
-    cache.storage.fill_(1e4)  # stale slots hold huge values: any leak through the mask shows
-    spec = SpecModel(scale, window)
-    raw: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in range(BLOCKS)]
-    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
-    schedule = [(list(range(scale)), True)] + [([scale + i], i == 0 or rng.random() < 0.55) for i in range(steps)]
-    one_frame_steps = 0
-    for frames, store in schedule:
-        cache.begin_step(len(frames), store=store)
-        full, specials_only = spec.visible(frames, store)
-        for block in range(BLOCKS):
-            q, k, v = (torch.randn(len(frames) * tokens, H, D, generator=gen).to(dtype) for _ in range(3))
-            for j, f in enumerate(frames):
-                raw[block][f] = (k[j * tokens:(j + 1) * tokens], v[j * tokens:(j + 1) * tokens])
-            keys = [raw[block][f][0] for f in full] + [raw[block][f][0][:SPECIALS] for f in specials_only]
-            values = [raw[block][f][1] for f in full] + [raw[block][f][1][:SPECIALS] for f in specials_only]
-            out = cache(block, q, k, v)
-            assert out.shape == q.shape and out.dtype == dtype and torch.isfinite(out).all()
-            torch.testing.assert_close(out.double(), _dense_reference(q, keys, values), **tol)
-        if len(frames) == 1:
-            one_frame_steps += 1
-            assert masked.num_keys == cache.visible_key_count
-            assert int((masked.mask == 0).sum()) == cache.visible_key_count
-        cache.end_step()
-        if store:
-            spec.stored += frames
-        else:
-            for block in range(BLOCKS):
-                del raw[block][frames[0]]
-    assert one_frame_steps == steps and cache.stats().frames_evicted > 0 and cache.stats().special_pages > 1
+    drive_one_frame_backend(cache, masked, page_size=page_size, dtype=dtype, scale=scale, window=window, steps=steps,
+                            seed=page_size, keyframe_share=0.55, heads=H, head_dim=D)
+    assert int((masked.mask == 0).sum()) == masked.num_keys  # the last step's mask: exactly its visible keys
 
 
 def test_masked_dense_backend_rejects_bad_plans() -> None:

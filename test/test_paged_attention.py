@@ -45,6 +45,49 @@ class SpecModel:
         return sorted(full), sorted(set(everyone) - full)
 
 
+def drive_one_frame_backend(cache, backend, *, page_size: int, dtype: torch.dtype, scale: int, window: int,
+                            steps: int, seed: int, keyframe_share: float, heads: int, head_dim: int) -> list:
+    """Phase 1, then ``steps`` one-frame steps (random keyframes) through ``cache`` with ``backend`` as its
+    one-frame backend; every output is compared with float64 attention over the spec's visible set.
+
+    Stale slots are poisoned with huge values first, so any leak through a mask or an index shows.
+    Returns ``(num_keys, mode)`` of the backend per one-frame step (``mode`` None where it has none)."""
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    tokens = SPECIALS + page_size
+    cache.single_frame_backend = backend
+    cache.storage.fill_(1e4)
+    spec = SpecModel(scale, window)
+    blocks = cache.num_blocks
+    raw: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in range(blocks)]
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    schedule = [(list(range(scale)), True)] + [([scale + i], i == 0 or rng.random() < keyframe_share) for i in range(steps)]
+    seen = []
+    for frames, store in schedule:
+        cache.begin_step(len(frames), store=store)
+        full, specials_only = spec.visible(frames, store)
+        for block in range(blocks):
+            q, k, v = (torch.randn(len(frames) * tokens, heads, head_dim, generator=gen).to(dtype) for _ in range(3))
+            for j, f in enumerate(frames):
+                raw[block][f] = (k[j * tokens:(j + 1) * tokens], v[j * tokens:(j + 1) * tokens])
+            keys = [raw[block][f][0] for f in full] + [raw[block][f][0][:SPECIALS] for f in specials_only]
+            values = [raw[block][f][1] for f in full] + [raw[block][f][1][:SPECIALS] for f in specials_only]
+            out = cache(block, q, k, v)
+            assert out.shape == q.shape and out.dtype == dtype and torch.isfinite(out).all()
+            torch.testing.assert_close(out.double(), _dense_reference(q, keys, values), **tol)
+        if len(frames) == 1:
+            assert backend.num_keys == cache.visible_key_count
+            seen.append((backend.num_keys, getattr(backend, "mode", None)))
+        cache.end_step()
+        if store:
+            spec.stored += frames
+        else:
+            for block in range(blocks):
+                del raw[block][frames[0]]
+    assert len(seen) == steps and cache.stats().frames_evicted > 0 and cache.stats().special_pages > 1
+    return seen
+
+
 def _drive(page_size: int, dtype: torch.dtype, seed: int, *, scale_frames: int, window: int,
            phase1: int, steps: int, backend: str | AttentionBackend = "sdpa") -> PagedKVCache:
     """Phase 1 of ``phase1`` frames, then ``steps`` single frames (random keyframe flags)."""

@@ -9,11 +9,10 @@ prefix once it is full.
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 import torch
-from test_paged_attention import SPECIALS, SpecModel, _dense_reference
+from test_paged_attention import SPECIALS, _dense_reference, drive_one_frame_backend
 
 from lingbot_map_ros.core.cache import PagedKVCache, factory
 from lingbot_map_ros.core.cache.split_backend import SplitPrefixBackend, attend_with_lse, merge_partials
@@ -25,45 +24,15 @@ H, D, BLOCKS = 2, 8, 2
 
 def _stream(page_size: int, dtype: torch.dtype, allocation: str, seed: int, steps: int = 18,
             scale: int = 2, window: int = 3) -> tuple[list[str], SplitPrefixBackend, PagedKVCache]:
-    gen = torch.Generator().manual_seed(seed)
-    rng = random.Random(seed)
-    tokens = SPECIALS + page_size
     special_pages = -(-SPECIALS * (scale + steps + 1) // page_size)
     cache = PagedKVCache(BLOCKS, H, D, page_size, scale, window, max_frame_num=64, dtype=dtype, device="cpu",
                          num_patch_pages=scale + window + 1, special_pages=special_pages, allocation=allocation)
     split = SplitPrefixBackend(page_size=page_size, num_patch_pages=cache.table.num_patch_pages,
                                num_pages=cache.table.num_pages, num_heads=H, head_dim=D, dtype=dtype, device="cpu",
                                kernel="cpu")
-    cache.single_frame_backend = split
-    cache.storage.fill_(1e4)  # stale slots hold huge values: any leak through a mask shows
-    spec = SpecModel(scale, window)
-    raw: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in range(BLOCKS)]
-    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
-    schedule = [(list(range(scale)), True)] + [([scale + i], i == 0 or rng.random() < 0.6) for i in range(steps)]
-    modes = []
-    for frames, store in schedule:
-        cache.begin_step(len(frames), store=store)
-        full, specials_only = spec.visible(frames, store)
-        for block in range(BLOCKS):
-            q, k, v = (torch.randn(len(frames) * tokens, H, D, generator=gen).to(dtype) for _ in range(3))
-            for j, f in enumerate(frames):
-                raw[block][f] = (k[j * tokens:(j + 1) * tokens], v[j * tokens:(j + 1) * tokens])
-            keys = [raw[block][f][0] for f in full] + [raw[block][f][0][:SPECIALS] for f in specials_only]
-            values = [raw[block][f][1] for f in full] + [raw[block][f][1][:SPECIALS] for f in specials_only]
-            out = cache(block, q, k, v)
-            assert out.shape == q.shape and out.dtype == dtype and torch.isfinite(out).all()
-            torch.testing.assert_close(out.double(), _dense_reference(q, keys, values), **tol)
-        if len(frames) == 1:
-            assert split.num_keys == cache.visible_key_count
-            modes.append(split.mode)
-        cache.end_step()
-        if store:
-            spec.stored += frames
-        else:
-            for block in range(BLOCKS):
-                del raw[block][frames[0]]
-    assert cache.stats().frames_evicted > 0 and cache.stats().special_pages > 1
-    return modes, split, cache
+    seen = drive_one_frame_backend(cache, split, page_size=page_size, dtype=dtype, scale=scale, window=window,
+                                   steps=steps, seed=seed, keyframe_share=0.6, heads=H, head_dim=D)
+    return [mode for _, mode in seen], split, cache
 
 
 @pytest.mark.parametrize("page_size", [5, 7])

@@ -41,6 +41,46 @@ class AttentionBackend(Protocol):
         ...
 
 
+class DenseStorageBackend:
+    """What the backends that read a block's whole storage as dense key ranges (``dense_backend``,
+    ``split_backend``) share: the storage geometry, and the page offsets their masks are built from."""
+
+    name = "sdpa"
+
+    def __init__(self, *, page_size: int, num_pages: int, num_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device | str) -> None:
+        if page_size < 1 or num_pages < 1:
+            raise ValueError(f"page_size and num_pages must be >= 1 (got {page_size}, {num_pages})")
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.num_slots = num_pages * page_size
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self._offsets = torch.arange(page_size, dtype=torch.long, device=self.device)  # [page]
+
+    def _key_views(self, kv_pages: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(k, v)`` of one block as ``[1, H, N, D]`` strided views of its pages (no copy)."""
+        k_pages, v_pages = kv_pages
+        if k_pages.shape[0] * k_pages.shape[1] != self.num_slots:
+            raise ValueError(f"backend built for {self.num_slots} slots, pages hold {k_pages.shape[0] * k_pages.shape[1]}")
+        H, D = self.num_heads, self.head_dim
+        k = k_pages.view(1, self.num_slots, H, D).transpose(1, 2)  # [1, H, N, D]
+        v = v_pages.view(1, self.num_slots, H, D).transpose(1, 2)  # [1, H, N, D]
+        return k, v
+
+
+def check_plan(visible_pages: Sequence[int], last_page_len: int, page_size: int, num_pages: int | None = None) -> None:
+    """The one check of a plan request every backend makes (``num_pages``: also check the page ids)."""
+    if not visible_pages:
+        raise ValueError("cannot plan attention over an empty visible set")
+    if not 1 <= last_page_len <= page_size:
+        raise ValueError(f"last_page_len must be in 1..{page_size} (got {last_page_len})")
+    if num_pages is not None and (max(visible_pages) >= num_pages or min(visible_pages) < 0):
+        raise ValueError(f"visible pages must lie in 0..{num_pages - 1} (got {min(visible_pages)}..{max(visible_pages)})")
+
+
 def visible_key_count(num_pages: int, last_page_len: int, page_size: int) -> int:
     """Keys of a visible table: every slot of each page but the last, ``last_page_len`` of the last."""
     return (num_pages - 1) * page_size + last_page_len
@@ -60,4 +100,4 @@ def visible_token_slots(
     return (pages[:, None] * page_size + offsets).reshape(-1)[:num_keys]  # [N]
 
 
-__all__ = ["AttentionBackend", "visible_key_count", "visible_token_slots"]
+__all__ = ["AttentionBackend", "DenseStorageBackend", "check_plan", "visible_key_count", "visible_token_slots"]

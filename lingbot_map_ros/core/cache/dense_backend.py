@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .backend import visible_token_slots
+from .backend import DenseStorageBackend, check_plan, visible_token_slots
 
 KERNELS = {
     "cudnn": (SDPBackend.CUDNN_ATTENTION,),
@@ -36,10 +36,8 @@ KERNELS = {
 }
 
 
-class MaskedDenseBackend:
+class MaskedDenseBackend(DenseStorageBackend):
     """SDPA over all ``num_pages * page_size`` slots of a block with a device-held visibility mask."""
-
-    name = "sdpa"
 
     def __init__(
         self,
@@ -55,18 +53,10 @@ class MaskedDenseBackend:
         """``kernel``: the SDPA kernel to force (``cudnn``; ``efficient``/``math`` for tests and CPU)."""
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {sorted(KERNELS)} (got {kernel!r})")
-        if page_size < 1 or num_pages < 1:
-            raise ValueError(f"page_size and num_pages must be >= 1 (got {page_size}, {num_pages})")
-        self.page_size = page_size
-        self.num_pages = num_pages
-        self.num_heads = num_heads
-        self.head_dim = head_dim
-        self.dtype = dtype
-        self.device = torch.device(device)
+        super().__init__(page_size=page_size, num_pages=num_pages, num_heads=num_heads, head_dim=head_dim,
+                         dtype=dtype, device=device)
         self.kernel = kernel
         self._kernels = list(KERNELS[kernel])
-        self.num_slots = num_pages * page_size
-        self._offsets = torch.arange(page_size, dtype=torch.long, device=self.device)  # [page]
         # [1, 1, 1, N] additive bias in the compute dtype (cuDNN reads the bias in q's dtype)
         self._mask = torch.full((1, 1, 1, self.num_slots), float("-inf"), dtype=dtype, device=self.device)
         self._num_keys = 0
@@ -88,12 +78,7 @@ class MaskedDenseBackend:
         return self._mask
 
     def plan(self, visible_pages: Sequence[int], last_page_len: int, num_query_tokens: int) -> None:
-        if not visible_pages:
-            raise ValueError("cannot plan attention over an empty visible set")
-        if not 1 <= last_page_len <= self.page_size:
-            raise ValueError(f"last_page_len must be in 1..{self.page_size} (got {last_page_len})")
-        if max(visible_pages) >= self.num_pages or min(visible_pages) < 0:
-            raise ValueError(f"visible pages must lie in 0..{self.num_pages - 1} (got {min(visible_pages)}..{max(visible_pages)})")
+        check_plan(visible_pages, last_page_len, self.page_size, self.num_pages)
         slots = visible_token_slots(visible_pages, last_page_len, self._offsets)  # [N_visible]
         flat = self._mask.view(-1)  # [N]
         flat.fill_(float("-inf"))
@@ -103,12 +88,7 @@ class MaskedDenseBackend:
 
     def run(self, kv_pages: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor) -> torch.Tensor:
         """``q [T, H, D]`` over every slot of ``(k_pages, v_pages)`` (each ``[pages, page, H, D]``), masked."""
-        k_pages, v_pages = kv_pages
-        if k_pages.shape[0] * k_pages.shape[1] != self.num_slots:
-            raise ValueError(f"backend built for {self.num_slots} slots, pages hold {k_pages.shape[0] * k_pages.shape[1]}")
-        H, D = self.num_heads, self.head_dim
-        k = k_pages.view(1, self.num_slots, H, D).transpose(1, 2)  # [1, H, N, D] strided view, no copy
-        v = v_pages.view(1, self.num_slots, H, D).transpose(1, 2)  # [1, H, N, D]
+        k, v = self._key_views(kv_pages)  # [1, H, N, D] each
         qh = q.to(k.dtype).transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
         with sdpa_kernel(self._kernels):
             out = F.scaled_dot_product_attention(qh, k, v, attn_mask=self._mask.to(k.dtype))  # [1, H, T, D]

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from .backend import visible_key_count, visible_token_slots
+from .backend import check_plan, visible_key_count, visible_token_slots
 
 _WORKSPACE_BYTES = 256 * 1024 * 1024
 
@@ -88,8 +88,7 @@ class FlashInferBackend:
         return (self._num_queries, tuple(int(x) for x in info) if info is not None else None)
 
     def plan(self, visible_pages: Sequence[int], last_page_len: int, num_query_tokens: int) -> None:
-        if not visible_pages:
-            raise ValueError("cannot plan attention over an empty visible set")
+        check_plan(visible_pages, last_page_len, self.page_size)
         ps = self.page_size
         num_keys = visible_key_count(len(visible_pages), last_page_len, ps)
         if self._token_pages:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .backend import visible_key_count, visible_token_slots
+from .backend import check_plan, visible_key_count, visible_token_slots
 
 
 def default_sdpa_kernels(device: torch.device) -> tuple[SDPBackend, ...] | None:
@@ -68,10 +68,7 @@ class SdpaBackend:
 
         Slot ``o`` of page ``p`` is row ``p·page + o`` of ``k_pages.view(-1, H, D)`` (and of V's).
         """
-        if not visible_pages:
-            raise ValueError("cannot plan attention over an empty visible set")
-        if not 1 <= last_page_len <= self.page_size:
-            raise ValueError(f"last_page_len must be in 1..{self.page_size} (got {last_page_len})")
+        check_plan(visible_pages, last_page_len, self.page_size)
         if num_query_tokens < 1:
             raise ValueError(f"num_query_tokens must be >= 1 (got {num_query_tokens})")
         self._slots = visible_token_slots(visible_pages, last_page_len, self._offsets)  # [N]
@@ -131,6 +128,7 @@ class StaticSdpaBackend:
         return self._num_keys
 
     def plan(self, visible_pages: Sequence[int], last_page_len: int, num_query_tokens: int) -> None:
+        check_plan(visible_pages, last_page_len, self.page_size)
         if num_query_tokens != self.num_query_tokens:
             raise ValueError(f"planned for {self.num_query_tokens} query tokens (got {num_query_tokens})")
         num_keys = visible_key_count(len(visible_pages), last_page_len, self.page_size)

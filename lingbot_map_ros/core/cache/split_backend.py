@@ -42,7 +42,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from .backend import visible_token_slots
+from .backend import DenseStorageBackend, check_plan, visible_token_slots
 
 KERNELS = ("cudnn", "efficient", "cpu")
 MODES = ("full", "filling", "masked", "tail")  # prefix unmasked / head + remainder / all masked / no prefix key
@@ -96,10 +96,8 @@ class _Region:
     mask: Optional[Tensor]
 
 
-class SplitPrefixBackend:
+class SplitPrefixBackend(DenseStorageBackend):
     """The patch prefix (pages ``0 .. R-1``) and the tail (page ``R`` + special pages) attended apart, merged exactly."""
-
-    name = "sdpa"
 
     def __init__(
         self,
@@ -121,24 +119,15 @@ class SplitPrefixBackend:
         cut points (0: ``ceil(R / 8)``, so at most 8 filling graphs)."""
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS} (got {kernel!r})")
-        if page_size < 1 or num_patch_pages < 2 or num_pages <= num_patch_pages:
-            raise ValueError(
-                f"need page_size >= 1, num_patch_pages >= 2 and special pages after them "
-                f"(got {page_size}, {num_patch_pages}, {num_pages})"
-            )
-        self.page_size = page_size
-        self.num_pages = num_pages
-        self.num_heads = num_heads
-        self.head_dim = head_dim
-        self.dtype = dtype
-        self.device = torch.device(device)
+        if num_patch_pages < 2 or num_pages <= num_patch_pages:
+            raise ValueError(f"need num_patch_pages >= 2 and special pages after them (got {num_patch_pages}, {num_pages})")
+        super().__init__(page_size=page_size, num_pages=num_pages, num_heads=num_heads, head_dim=head_dim,
+                         dtype=dtype, device=device)
         self.kernel = kernel
         self.prefix_pages = num_patch_pages - 1  # R = scale + window
         self.prefix_slots = self.prefix_pages * page_size
-        self.num_slots = num_pages * page_size
         self.bucket_pages = bucket_pages or -(-self.prefix_pages // 8)
         self._merge = _fused_merge() if fuse_merge else merge_partials
-        self._offsets = torch.arange(page_size, dtype=torch.long, device=self.device)  # [page]
         # additive biases in the compute dtype (cuDNN reads the bias in q's dtype): 0 visible, -inf not.
         # Each masked region has a buffer of its own (a bias must start on an aligned address).
         mask = lambda n: torch.full((1, 1, 1, n), float("-inf"), dtype=dtype, device=self.device)  # noqa: E731
@@ -172,13 +161,8 @@ class SplitPrefixBackend:
         return (self._num_queries, self._mode, self._head_pages)
 
     def plan(self, visible_pages: Sequence[int], last_page_len: int, num_query_tokens: int) -> None:
-        if not visible_pages:
-            raise ValueError("cannot plan attention over an empty visible set")
+        check_plan(visible_pages, last_page_len, self.page_size, self.num_pages)
         ps, R = self.page_size, self.prefix_pages
-        if not 1 <= last_page_len <= ps:
-            raise ValueError(f"last_page_len must be in 1..{ps} (got {last_page_len})")
-        if max(visible_pages) >= self.num_pages or min(visible_pages) < 0:
-            raise ValueError(f"visible pages must lie in 0..{self.num_pages - 1} (got {min(visible_pages)}..{max(visible_pages)})")
         prefix = [p for p in visible_pages if p < R]
         tail = [p - R for p in visible_pages if p >= R]  # page ids within the tail region
         last_in_prefix = visible_pages[-1] < R
@@ -218,13 +202,7 @@ class SplitPrefixBackend:
 
     def run(self, kv_pages: tuple[Tensor, Tensor], q: Tensor) -> Tensor:
         """``q [T, H, D]`` over the planned keys of one block's ``(K, V)``, each ``[pages, page, H, D]``."""
-        k_pages, v_pages = kv_pages
-        num_slots = k_pages.shape[0] * k_pages.shape[1]
-        if num_slots != self.num_slots:
-            raise ValueError(f"backend built for {self.num_slots} slots, pages hold {num_slots}")
-        H, D = self.num_heads, self.head_dim
-        k = k_pages.view(1, num_slots, H, D).transpose(1, 2)  # [1, H, N, D] strided view, no copy
-        v = v_pages.view(1, num_slots, H, D).transpose(1, 2)  # [1, H, N, D]
+        k, v = self._key_views(kv_pages)  # [1, H, N, D] each
         qh = q.to(k.dtype).transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
         outs, lses = [], []
         for r in self._regions:
