@@ -51,3 +51,14 @@ def package_dir() -> Path:
 def new_domain_id():
     """For module-scoped fixtures: call it to get a fresh ROS_DOMAIN_ID."""
     return next_domain_id
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny matrices: torch's threads only add contention on the 2-core CI machine (10x slower with 2)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

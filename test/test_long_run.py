@@ -30,13 +30,7 @@ H, W = 28, 42  # 2 x 3 patches: the smallest sensible frame
 SMALL = dict(scale_frames=2, sliding_window=3, max_stored_frames=12, overlap_frames=4)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny matrices: threads only add contention on the 2-core CI machine (10x slower with 2)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny_session(**stream) -> StreamingSession:

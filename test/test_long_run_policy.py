@@ -33,13 +33,7 @@ SMALL = dict(scale_frames=2, sliding_window=3, max_stored_frames=8, overlap_fram
 RUNTIME = RuntimeConfig(device="cpu", model_preset="tiny", seed=1)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny matrices: threads only add contention on the 2-core CI machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def frames(n: int, seed: int = 0) -> list[torch.Tensor]:
