@@ -65,7 +65,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("dtype", _R.dtype, "Compute dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16.",
               "model", choices=("auto", "float32", "bfloat16", "float16")),
     Setting("attention_backend", _R.attention_backend, "Global attention over the paged KV cache: auto "
-              "(FlashInfer when usable, else SDPA), flashinfer or sdpa.", "model",
+              "(SDPA's split kernel on Hopper, else FlashInfer when usable, else SDPA), flashinfer or sdpa.", "model",
               choices=("auto", "flashinfer", "sdpa")),
     Setting("flashinfer_kernel", _R.flashinfer_kernel, "FlashInfer kernel (attention_backend flashinfer): auto "
             "(fa3 over exact token pages on Hopper, fa2 elsewhere), fa2 or fa3.", "model",
