@@ -207,6 +207,8 @@ def test_model_exception_fails_one_frame_and_the_node_carries_on(tmp_path, ros_d
         # frame 5 buffered, call 4 (frames 5+6) raises -> 6 failed, 5 dropped; call 5: frames 7+8
         assert final == [P, P, P, F, R, F, P, P], final
         assert "injected fault on model call 3" in listener.final_status(stamps[3]).reason
+        # a frame's ~/cache_stats goes out just after its PROCESSED status: wait for it, not race it
+        listener.wait_for(lambda rx: all(stamps[i] in rx.stats for i in (0, 1, 2, 6, 7)), 10)
         with listener.lock:
             poses = set(listener.rx.poses)
             sessions = {t: listener.rx.stats[t].session_id for t in listener.rx.stats}

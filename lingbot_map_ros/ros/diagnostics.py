@@ -26,7 +26,11 @@ DIAG_PREFIX = "lingbot_map: "
 RATE_WINDOW_S = 5.0  # input rate over the last seconds; also how long silence or a rejection warns
 ERROR_HOLD_S = 10.0  # the inference status stays ERROR this long after an error
 # The per-frame node timing parts, in the order the node records them.
-OVERHEAD_PARTS = ("convert", "handoff", "preprocess", "publish", "session_bookkeeping", "in_node_minus_model")
+# handoff: callback -> preprocessing thread; ready_wait: preprocessed -> the inference thread takes it;
+# inference_thread_minus_model: what the inference thread spends per frame besides the model (its
+# throughput limit); in_node_minus_model: callback entry -> all outputs published, minus the model.
+OVERHEAD_PARTS = ("convert", "handoff", "preprocess", "ready_wait", "publish", "session_bookkeeping",
+                  "inference_thread_minus_model", "in_node_minus_model")
 REJECT_KINDS = ("unsupported", "data_length", "zero_size", "resolution_changed")
 # The counters of frames that ended without a pose, one per final FrameStatus other than PROCESSED.
 DROP_COUNTERS = ("dropped_queue", "rejected", "refused", "failed", "dropped_reset", "dropped_inactive", "non_finite")
@@ -77,6 +81,9 @@ class DiagnosticsSnapshot:
     checkpoint: str
     lifecycle_state: str = "active"  # unconfigured | inactive | active
     configure_error: str = ""  # why the last configure failed ("" when it did not)
+    # last pushed frames: (stamp ns, preprocess start, preprocess end, push start, push end), ms
+    timeline: Sequence[tuple] = ()
+    overlapped: int = 0  # frames preprocessed while the previous frame was inside the model
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -147,6 +154,9 @@ def _inference_status(d: DiagnosticsSnapshot) -> DiagnosticStatus:
         *[(f"{name}_median_ms", f"{statistics.median(col):.2f}" if col else "nan")
           for name, col in zip(OVERHEAD_PARTS, columns)],
         ("fps_max", f"{1000.0 / med:.2f}" if lat and med > 0 else "-"),
+        ("preprocess_overlapped_frames", d.overlapped),
+        ("frame_timeline_ms", " ".join(f"{t[0]}:{t[1]:.2f}:{t[2]:.2f}:{t[3]:.2f}:{t[4]:.2f}" for t in d.timeline)
+         or "-"),
         ("frames_received", c["received"]), ("frames_processed", c["processed"]),
         ("frames_dropped", d.dropped), ("frames_pending", d.pending),
         *[(f"frames_{name}", c[name]) for name in DROP_COUNTERS if name != "rejected"],

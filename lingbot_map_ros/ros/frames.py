@@ -46,20 +46,26 @@ def stamp_sec(stamp: TimeMsg) -> float:
 @dataclass
 class Frame:
     """A received, converted image on its way through the node; also the session's opaque stamp
-    (``SessionManager.push(..., stamp=frame)`` hands it back with the frame's result)."""
+    (``SessionManager.push(..., stamp=frame)`` hands it back with the frame's result).
+
+    Times are ``time.perf_counter()`` values; the ``*_ms`` fields are the parts /diagnostics reports
+    (``diagnostics.OVERHEAD_PARTS``)."""
 
     header: Header
-    rgb: Any  # RGB uint8 [H0, W0, 3] (numpy)
-    received: float  # perf_counter at the start of the callback
+    rgb: Any  # RGB uint8 [H0, W0, 3] (numpy); None once preprocessed
+    wh: tuple[int, int]  # camera image size (W0, H0)
+    received: float  # start of the image callback
     convert_ms: float
+    handoff_ms: float = 0.0  # callback done -> preprocessing starts (queue wait + thread wake-up)
     preprocess_ms: float = 0.0
+    ready_wait_ms: float = 0.0  # preprocessed -> the inference thread takes it (waits for the model)
     session_extra_ms: float = 0.0  # push() wall time beyond the model time (phase 2 only)
-    handoff_ms: float = 0.0  # callback done -> inference thread starts on it (queue wait + thread wake-up)
+    pre_start: float = 0.0  # preprocessing began
+    pre_end: float = 0.0  # preprocessing done
+    taken: float = 0.0  # the inference thread took it
+    push_start: float = 0.0  # SessionManager.push called
+    push_end: float = 0.0  # SessionManager.push returned
     model_image: Optional[object] = None  # the preprocessed [3, H, W] tensor, until its result is published
-
-    @property
-    def wh(self) -> tuple[int, int]:
-        return int(self.rgb.shape[1]), int(self.rgb.shape[0])
 
 
 @dataclass
@@ -183,10 +189,14 @@ class FrameLedger:
             self.c.processed += 1
             self.latencies.append(float(r.latency_ms))
             self.overheads.append(overhead_ms)
-            # in node, minus the model: callback entry -> all outputs published (phase 2 only)
-            in_node = (time.perf_counter() - frame.received) * 1e3 - float(r.latency_ms)
-            self.parts.append((frame.convert_ms, frame.handoff_ms, frame.preprocess_ms, publish_ms,
-                               frame.session_extra_ms, in_node if not r.is_scale_frame else float("nan")))
+            now = time.perf_counter()
+            nan = float("nan")  # scale frames share one joint call: no per-frame model time
+            # what the inference thread spends per frame besides the model: its throughput limit
+            in_thread = (now - frame.taken) * 1e3 - float(r.latency_ms) if not r.is_scale_frame else nan
+            # callback entry -> all outputs published, minus the model: the node's part of the latency
+            in_node = (now - frame.received) * 1e3 - float(r.latency_ms) if not r.is_scale_frame else nan
+            self.parts.append((frame.convert_ms, frame.handoff_ms, frame.preprocess_ms, frame.ready_wait_ms,
+                               publish_ms, frame.session_extra_ms, in_thread, in_node))
             counts = self._counts()
             self.last_result_info = {"frame_index": int(r.frame_index), "rope_frame_index": int(r.rope_frame_index),
                                      "is_keyframe": bool(r.is_keyframe), "stamp": stamp_sec(frame.header.stamp)}

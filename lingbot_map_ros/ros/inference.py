@@ -1,10 +1,12 @@
 """The inference thread: the only user of the session manager.
 
 It waits on one condition for two kinds of work: session commands (``~/reset``, parameter changes)
-and the newest frame. Commands run first, between two frames, so a session change never races a
-frame inside the model. Per frame it preprocesses, pushes into the session and hands every result to
-``ResultPublisher``; every way a frame can fail (refused by the policy, the model raising, non-finite
-output) is decided here and recorded through the ledger. New sessions (reset, parameter change,
+and the newest preprocessed frame (from ``pipeline.PreprocessStage``). Commands run first, between
+two frames, so a session change never races a frame inside the model. Per frame it checks the
+frame's size against the current session once more (a new session may have started while the frame
+was preprocessed), pushes it into the session and hands every result to ``ResultPublisher``; every
+way a frame can fail (refused by the policy, the model raising, non-finite output) is decided here
+and recorded through the ledger. New sessions (reset, parameter change,
 failure recovery) are started here too, with everything that goes with them: buffered frames end
 DROPPED_RESET, a fresh input size, an empty path, trajectory and map.
 """
@@ -18,10 +20,11 @@ from typing import Any, Callable, Mapping, Optional
 from lingbot_map_ros.msg import FrameStatus
 
 from ..core.results import CacheSnapshot
-from .frames import Frame, FrameLedger, LatestFrame, stamp_sec
+from .frames import Frame, FrameLedger, InputRejected, LatestFrame, stamp_sec
 from .input_size import InputSize
 from .outputs import ResultPublisher
 from .parameters import configs_from_values
+from .pipeline import PipelineTimeline
 
 REPLACED_BEFORE_INFERENCE = "replaced by a newer frame before inference"
 
@@ -89,10 +92,9 @@ class InferenceWorker:
     """
 
     def __init__(self, node, manager, values: Mapping, ledger: FrameLedger, input_size: InputSize,
-                 outputs: ResultPublisher, session_view: SessionView,
+                 outputs: ResultPublisher, session_view: SessionView, timeline: PipelineTimeline,
                  revert_parameters: Callable[[Any], None], context_ok: Callable[[], bool]):
         from ..core import stream as streammod
-        from ..core.preprocess import ResolutionChanged
         from ..core.session_manager import Change, InferenceFailed
 
         self._log = node.get_logger()
@@ -102,12 +104,12 @@ class InferenceWorker:
         self._input_size = input_size
         self._outputs = outputs
         self._view = session_view
+        self._timeline = timeline
         self._revert_parameters = revert_parameters
         self._context_ok = context_ok
         self._session_error = streammod.SessionError
         self._change = Change
         self._inference_failed = InferenceFailed
-        self._resolution_changed = ResolutionChanged
         self.queue = WorkQueue(ledger)
         self._consecutive_non_finite = 0
         self._thread: Optional[threading.Thread] = None
@@ -151,37 +153,34 @@ class InferenceWorker:
     # ------------------------------------------------------------------ one frame
     def _process(self, frame: Frame) -> None:
         manager = self.manager
-        t0 = time.perf_counter()
-        frame.handoff_ms = (t0 - frame.received) * 1e3 - frame.convert_ms
-        preproc = self._input_size.preprocessor
-        preproc.fast_resize = bool(self._values["fast_resize"])  # the resize method applies from the next frame
+        frame.taken = time.perf_counter()
+        frame.ready_wait_ms = (frame.taken - frame.pre_end) * 1e3
+        try:  # preprocessed for the session current then; the session may be a new one by now
+            self._input_size.check(*frame.wh)
+        except InputRejected as exc:
+            self._ledger.reject(frame.header, exc.kind, str(exc))
+            return
+        frame.push_start = time.perf_counter()
         try:
-            tensor = preproc(frame.rgb)
-        except self._resolution_changed as exc:
-            self._ledger.reject(frame.header, "resolution_changed", str(exc))
-            return
-        except ValueError as exc:
-            self._ledger.reject(frame.header, "unsupported", f"preprocessing failed: {exc}")
-            return
-        frame.preprocess_ms = (time.perf_counter() - t0) * 1e3
-        frame.model_image = tensor  # colours of ~/points and the map
-        t_push = time.perf_counter()
-        try:
-            results = manager.push(tensor, stamp=frame)
-        except self._session_error as exc:  # SessionStopped included: the policy refuses it
-            self._log.warning(f"frame refused by the session: {exc}", throttle_duration_sec=5.0)
-            self._ledger.finish(frame.header, FrameStatus.REFUSED_POLICY, "refused", str(exc))
-            self._view.update(manager)
-            return
-        except self._inference_failed as exc:  # the manager already started a new session
-            reason = f"inference failed: {exc}"
-            self._ledger.record_error(reason + "; a new session was started", detail=exc.detail)
+            results, failure = manager.push(frame.model_image, stamp=frame), None
+        except (self._session_error, self._inference_failed) as exc:
+            results, failure = [], exc
+        frame.push_end = time.perf_counter()
+        self._timeline.record(frame)
+        if isinstance(failure, self._inference_failed):  # the manager already started a new session
+            reason = f"inference failed: {failure}"
+            self._ledger.record_error(reason + "; a new session was started", detail=failure.detail)
             self._ledger.finish(frame.header, FrameStatus.FAILED_INFERENCE, "failed", reason)
-            self._drop_discarded(exc.discarded, reason)
+            self._drop_discarded(failure.discarded, reason)
             self.started_session(reason, "failure_sessions")
             return
+        if failure is not None:  # a SessionError (SessionStopped included): the policy refuses it
+            self._log.warning(f"frame refused by the session: {failure}", throttle_duration_sec=5.0)
+            self._ledger.finish(frame.header, FrameStatus.REFUSED_POLICY, "refused", str(failure))
+            self._view.update(manager)
+            return
         if len(results) == 1:
-            frame.session_extra_ms = max(0.0, (time.perf_counter() - t_push) * 1e3 - float(results[0].latency_ms))
+            frame.session_extra_ms = max(0.0, (frame.push_end - frame.push_start) * 1e3 - float(results[0].latency_ms))
         self._view.update(manager)  # before publishing: diagnostics never lag the topics
         if not results:
             self._ledger.interim(

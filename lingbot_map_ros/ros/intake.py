@@ -29,7 +29,6 @@ class ImageIntake:
 
     def __init__(self, node, values: Mapping, ledger: FrameLedger, input_size: InputSize,
                  sink: Callable[[Frame], None], is_active: Callable[[], bool], state_label: Callable[[], str]):
-        from ..core.preprocess import ResolutionChanged
         from .image_io import UnsupportedImage, message_to_rgb
 
         self._node = node
@@ -41,7 +40,6 @@ class ImageIntake:
         self._state_label = state_label
         self._message_to_rgb = message_to_rgb
         self._unsupported_image = UnsupportedImage
-        self._resolution_changed = ResolutionChanged
         self._sub = None
         self.topic = self.resolve_topic()
 
@@ -111,7 +109,8 @@ class ImageIntake:
         except InputRejected as exc:
             self._ledger.reject(msg.header, exc.kind, str(exc))
             return
-        self._sink(Frame(header=msg.header, rgb=rgb, received=t0, convert_ms=(time.perf_counter() - t0) * 1e3))
+        self._sink(Frame(header=msg.header, rgb=rgb, wh=(int(rgb.shape[1]), int(rgb.shape[0])), received=t0,
+                         convert_ms=(time.perf_counter() - t0) * 1e3))
 
     def _convert(self, msg):
         """The message as RGB uint8 [H0, W0, 3] of the session's size, or ``InputRejected``."""
@@ -121,11 +120,6 @@ class ImageIntake:
             raise InputRejected(exc.kind, str(exc)) from exc
         except (ValueError, TypeError) as exc:  # a decoder that fails in its own words
             raise InputRejected("unsupported", f"cannot convert: {exc}") from exc
-        try:  # checked here, before any queue: a frame of the wrong size never waits for the model
-            self._input_size.check(int(rgb.shape[1]), int(rgb.shape[0]))
-        except self._resolution_changed as exc:
-            raise InputRejected("resolution_changed", f"resolution changed mid-session: {exc}; call "
-                                "~/reset to start a session at the new size") from exc
-        except ValueError as exc:
-            raise InputRejected("unsupported", f"cannot preprocess this size: {exc}") from exc
+        # checked here, before any queue: a frame of the wrong size never waits for the model
+        self._input_size.check(int(rgb.shape[1]), int(rgb.shape[0]))
         return rgb

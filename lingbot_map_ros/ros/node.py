@@ -4,6 +4,7 @@ This module is the lifecycle shell: it declares the parameters, wires the pieces
 starts, stops and frees them on each transition. Each piece has one job and a module of its own:
 
 * ``intake``: the image subscription and its callback (conversion, checks, the hand-off);
+* ``pipeline``: the preprocessing thread (frame n+1 is preprocessed while the model runs frame n);
 * ``input_size``: the session's input size (its ``FramePreprocessor`` owns the size check);
 * ``inference``: the inference thread, the only user of the session manager (frames, commands,
   new sessions, failures);
@@ -28,9 +29,12 @@ Threads
 -------
 * the executor thread runs the image callback (conversion + validation, cheap), services, the
   diagnostics timer, parameter callbacks and the transitions;
-* the inference thread takes the newest queued frame, preprocesses it, pushes it into the session
-  and publishes the results. A frame that arrives while another one is still queued replaces it
-  (the replaced one is counted as dropped), so the node never falls behind the camera.
+* the preprocessing thread (while active) takes the newest converted frame and turns it into the
+  model's input tensor;
+* the inference thread (configure to cleanup) takes the newest preprocessed frame, pushes it into
+  the session and publishes the results; between frames it applies session commands.
+Each hand-off holds one waiting frame; a newer frame replaces it (the replaced one ends
+DROPPED_QUEUE), so the node never falls behind the camera.
 """
 from __future__ import annotations
 
@@ -81,11 +85,13 @@ class LingBotMapNode(LifecycleNode):
         from ..core.preprocess import FramePreprocessor
         from ..core.session_manager import SessionManager
         from .inference import SessionView
+        from .pipeline import PipelineTimeline
 
         self._session_manager_cls = SessionManager
         # Set in configure, cleared in cleanup.
         self._manager = None
         self._worker = None  # inference.InferenceWorker
+        self._stage = None  # pipeline.PreprocessStage (its thread runs while active)
         self._active = False
         self._state_label = "unconfigured"
         self._configure_error = ""
@@ -94,6 +100,7 @@ class LingBotMapNode(LifecycleNode):
         self._ledger = FrameLedger(self, session_id=self._current_session_id)
         self._input_size = InputSize(lambda: FramePreprocessor(fast_resize=bool(self._values["fast_resize"])))
         self._session_view = SessionView()
+        self._timeline = PipelineTimeline(origin=time.perf_counter())
         self._outputs = ResultPublisher(self, self._values, self._ledger)
         self._intake = ImageIntake(self, self._values, self._ledger, self._input_size, sink=self._offer,
                                    is_active=lambda: self._active, state_label=lambda: self._state_label)
@@ -118,6 +125,7 @@ class LingBotMapNode(LifecycleNode):
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         """Validate the parameters, build the model and its caches, start the inference thread."""
         from .inference import InferenceWorker
+        from .pipeline import PreprocessStage
         from .reconstruction import ReconstructionPublisher
 
         problems = validate_values(self._values)
@@ -139,8 +147,11 @@ class LingBotMapNode(LifecycleNode):
                 self, lambda: self._values,
                 device=lambda: self._manager.session.device if self._manager is not None else None)
         self._worker = InferenceWorker(self, manager, self._values, self._ledger, self._input_size, self._outputs,
-                                       self._session_view, revert_parameters=self._params.revert_model_parameters,
+                                       self._session_view, self._timeline,
+                                       revert_parameters=self._params.revert_model_parameters,
                                        context_ok=self.context.ok)
+        self._stage = PreprocessStage(self._values, self._ledger, self._input_size, sink=self._worker.offer,
+                                      context_ok=self.context.ok)
         self._worker.started_session("configured", counter=None)
         self._worker.start()
         self._intake.subscribe()
@@ -157,15 +168,21 @@ class LingBotMapNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stage.start()  # before frames are let in
         self._active = True
         self._state_label = "active"
         self.get_logger().info(f"ready: active, {self._intake.topic} -> {self.resolve_topic_name('~/pose')}")
         return super().on_activate(state)
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        """Stop taking frames (each one still gets a final status); the model stays loaded."""
+        """Stop taking frames (each one still gets a final status); the model stays loaded.
+
+        The preprocessing thread is joined first, so nothing reaches the inference thread's queue
+        after it was emptied here; the frame inside the model finishes."""
         self._active = False
         self._state_label = "inactive"
+        if self._stage is not None:
+            self._stage.stop("the node was deactivated")
         frame = self._worker.queue.frames.take() if self._worker is not None else None
         if frame is not None:
             self._ledger.finish(frame.header, FrameStatus.DROPPED_INACTIVE, "dropped_inactive",
@@ -193,10 +210,10 @@ class LingBotMapNode(LifecycleNode):
         return TransitionCallbackReturn.FAILURE
 
     def _teardown(self) -> None:
-        """Stop the inference thread (the frame in progress finishes), drop the subscription and model."""
+        """Stop both threads (the frame in the model finishes), drop the subscription and the model."""
         self._active = False
         worker = self._worker
-        self.shutdown()
+        self.shutdown(reason="the node was cleaned up")
         self._intake.unsubscribe()
         if worker is not None:
             worker.close("the node was cleaned up")
@@ -206,18 +223,27 @@ class LingBotMapNode(LifecycleNode):
             recon.destroy()
         self._state_label = "unconfigured"
 
-    def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop the inference thread (finishes the frame in progress) and wait for it."""
+    def shutdown(self, timeout: float = 30.0, reason: str = "the node was shut down") -> None:
+        """Stop and join the preprocessing thread, then the inference thread; each finishes the frame
+        in hand. The preprocessing thread's frames end DROPPED_INACTIVE with ``reason`` while ROS is
+        still up (after a signal it is not: nothing can be published); ``_teardown`` then ends the
+        inference thread's waiting frame."""
+        stage, self._stage = self._stage, None
+        if stage is not None and stage.running:
+            stage.stop(reason, timeout)
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.stop(timeout)
 
     # ------------------------------------------------------------------ wiring
     def _offer(self, frame: Frame) -> None:
-        """The image callback's hand-off: into the inference thread's one-slot queue."""
-        worker = self._worker
-        if worker is not None:
-            worker.offer(frame)
+        """The image callback's hand-off: into the preprocessing thread's one-slot queue."""
+        stage = self._stage
+        if stage is not None and stage.running:
+            stage.offer(frame)
+        else:  # cannot happen while active (activate starts the stage first); never lose a frame
+            self._ledger.finish(frame.header, FrameStatus.DROPPED_INACTIVE, "dropped_inactive",
+                                "no preprocessing thread is running")
 
     def _submit(self, command: tuple, wait: float = 0.0) -> Optional[str]:
         worker = self._worker
@@ -243,6 +269,7 @@ class LingBotMapNode(LifecycleNode):
         _, stream = configs_from_values(self._values)
         manager = self._manager
         cache, cache_warnings = self._session_view.read()
+        timeline, overlapped = self._timeline.read()
         ledger = self._ledger
         with ledger.lock:
             c = ledger.c
@@ -268,6 +295,7 @@ class LingBotMapNode(LifecycleNode):
                 info=manager.info if manager is not None else None,
                 checkpoint=manager.runtime.checkpoint if manager is not None else self._values["checkpoint"],
                 lifecycle_state=self._state_label, configure_error=self._configure_error,
+                timeline=timeline, overlapped=overlapped,
             )
             c.dropped_since_diag = c.rejected_since_diag = 0
         self._diag_pub.publish(diagnostic_array(snapshot, self.get_clock().now().to_msg()))
@@ -301,9 +329,9 @@ def main(args=None) -> int:
         pass
     finally:
         if node.context.ok():
-            node.get_logger().info("shutting down: waiting for the inference thread")
+            node.get_logger().info("shutting down: waiting for the preprocessing and inference threads")
         else:  # the context is gone (signal): rosout cannot take log messages any more
-            print("[lingbot_map] shutting down: waiting for the inference thread", flush=True)
+            print("[lingbot_map] shutting down: waiting for the preprocessing and inference threads", flush=True)
         node.shutdown()
         executor.shutdown(timeout_sec=1.0)
         node.destroy_node()

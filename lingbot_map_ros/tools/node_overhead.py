@@ -1,23 +1,28 @@
 """Node overhead: what the ROS layer adds to the model, per frame (message in -> pose out).
 
-    python -m lingbot_map_ros.tools.node_overhead [--frames 40] [--width 640 --height 480]
+    python -m lingbot_map_ros.tools.node_overhead [--frames 40] [--width 640 --height 480] [--rate 0]
 
-Starts ``lingbot_map_node`` (tiny preset, CPU, reliable QoS) in a child process on loopback, sends
-synthetic frames one at a time (the next when the previous pose is back, so no queueing) and, per
-frame after the scale frames, measures:
+Starts ``lingbot_map_node`` (tiny preset, CPU, reliable QoS) in a child process on loopback and
+sends synthetic frames: by default one at a time (the next when the previous pose is back, so
+nothing queues), with ``--rate HZ`` at a fixed rate like a camera (the node then drops what it
+cannot take, and preprocessing overlaps the model). Per processed frame after the scale frames it
+measures:
 
 * end to end: ``publish()`` of the image in this process -> arrival of its ``~/pose`` here;
 * session: the model time the node reports for that frame (``~/cache_stats`` ``latency_ms``);
 * end to end minus session: everything that is not the model - DDS transport of the image and the
-  pose both ways, conversion, preprocessing, session bookkeeping, publishing, executor wake-ups;
+  pose both ways, conversion, preprocessing, hand-offs, session bookkeeping, publishing, wake-ups;
 * node (self-measured): conversion + preprocessing + publishing as the node times them
   (``node_overhead_ms``).
+
+From the node's /diagnostics it adds the medians of its parts, among them the inference thread's
+own time per frame besides the model (what limits the node's rate together with the model: the
+preprocessing runs on a thread of its own, overlapped with the model).
 
 Prints a table (median / p90 / max in ms) and whether the target (<= 5 ms) is met.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -27,6 +32,8 @@ import time
 from .cli import OneLineParser
 
 TARGET_MS = 5.0
+PART_KEYS = ("convert", "handoff", "preprocess", "ready_wait", "publish", "session_bookkeeping",
+             "inference_thread_minus_model", "in_node_minus_model")
 
 
 def _pct(values, q):
@@ -34,11 +41,44 @@ def _pct(values, q):
     return s[min(len(s) - 1, max(0, int(round(q * len(s) + 0.5)) - 1))]
 
 
+def _send(args, listener, images, image_message, camera_frame) -> list[tuple[int, float]]:
+    """Publish ``args.frames`` frames; (stamp, perf_counter at publish) of each."""
+    base = time.time_ns()
+    deadline = time.monotonic() + args.timeout
+    sent = []
+    period = 1.0 / args.rate if args.rate > 0 else 0.0
+    t_next = time.perf_counter()
+    for i in range(args.frames):
+        stamp = base + i * 33_000_000
+        msg = image_message(images[i % len(images)], stamp, camera_frame)
+        if period:
+            time.sleep(max(0.0, t_next - time.perf_counter()))
+            t_next += period
+        t_send = time.perf_counter()
+        listener.pub.publish(msg)
+        sent.append((stamp, t_send))
+        if not period:  # one at a time: wait for this frame's outcome before the next
+            if i >= args.scale_frames - 1:
+                listener.wait_for(lambda rx, s=stamp: s in rx.poses and s in rx.stats,
+                                  max(1.0, deadline - time.monotonic()))
+            else:
+                listener.wait_for(lambda rx, s=stamp: s in rx.status, max(1.0, deadline - time.monotonic()))
+        if time.monotonic() > deadline:
+            break
+    if period:  # the newest frame is never the one replaced: once it is out, everything is
+        last = sent[-1][0]
+        listener.wait_for(lambda rx: listener.final_status(last) is not None and last in rx.stats,
+                          max(1.0, deadline - time.monotonic()))
+    return sent
+
+
 def main(argv=None) -> int:
     p = OneLineParser(prog="node_overhead", description=__doc__.split("\n\n")[0])
-    p.add_argument("--frames", type=int, default=40, help="frames to send, one at a time")
+    p.add_argument("--frames", type=int, default=40, help="frames to send")
     p.add_argument("--width", type=int, default=640, help="image width (rgb8)")
     p.add_argument("--height", type=int, default=480, help="image height")
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="send at this many Hz like a camera (0: one at a time, each after the previous pose)")
     p.add_argument("--scale-frames", type=int, default=2, help="node parameter scale_frames")
     p.add_argument("--sliding-window", type=int, default=8, help="node parameter sliding_window")
     p.add_argument("--device", default="cpu", help="node parameter device")
@@ -48,9 +88,13 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
     p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (default: env or derived)")
     args = p.parse_args(argv)
+    if args.frames < args.scale_frames + 1:
+        p.error(f"--frames must exceed --scale-frames ({args.scale_frames}): scale frames are not measured")
+    if args.rate < 0:
+        p.error("--rate must be >= 0")
 
     from .node_client import (DEMO_CAMERA_FRAME, DEMO_TOPIC, Listener, NodeProcess, SyntheticCamera, image_message,
-                       prepare_ros_env, write_params_file)
+                              prepare_ros_env, write_params_file)
 
     prepare_ros_env(args.domain_id)  # before rclpy
     import rclpy
@@ -66,35 +110,27 @@ def main(argv=None) -> int:
     listener = Listener(name="lingbot_overhead_probe")
     rows = []
     breakdown = {}
+    outcomes: dict[int, int] = {}
+    pose_times: list[float] = []  # arrival of the measured frames' poses
     try:
         if not node.wait_ready(180) or not listener.wait_connected(30):
             print("node did not start:\n" + node.output(), file=sys.stderr)
             return 1
         camera = SyntheticCamera(args.width, args.height)
         images = [camera.render(i) for i in range(min(args.frames, 16))]  # rendering is not measured
-        base = time.time_ns()
-        deadline = time.monotonic() + args.timeout
-        sent = []
-        for i in range(args.frames):
-            stamp = base + i * 33_000_000
-            msg = image_message(images[i % len(images)], stamp, DEMO_CAMERA_FRAME)
-            t_send = time.perf_counter()
-            listener.pub.publish(msg)
-            sent.append((stamp, t_send))
-            if i >= args.scale_frames - 1:
-                listener.wait_for(lambda rx, s=stamp: s in rx.poses and s in rx.stats,
-                                  max(1.0, deadline - time.monotonic()))
-            else:
-                listener.wait_for(lambda rx, s=stamp: s in rx.status, max(1.0, deadline - time.monotonic()))
-            if time.monotonic() > deadline:
-                break
-        for stamp, t_send in sent:
-            st = listener.rx.stats.get(stamp)
-            t_pose = listener.rx.arrival.get(("poses", stamp))
-            if st is None or t_pose is None or st.is_scale_frame:
-                continue  # scale frames share one joint call: no per-frame session time
-            e2e = (t_pose - t_send) * 1e3
-            rows.append((e2e, st.latency_ms, e2e - st.latency_ms, st.node_overhead_ms))
+        sent = _send(args, listener, images, image_message, DEMO_CAMERA_FRAME)
+        with listener.lock:
+            for stamp, t_send in sent:
+                final = listener.final_status(stamp)
+                if final is not None:
+                    outcomes[final.status] = outcomes.get(final.status, 0) + 1
+                st = listener.rx.stats.get(stamp)
+                t_pose = listener.rx.arrival.get(("poses", stamp))
+                if st is None or t_pose is None or st.is_scale_frame:
+                    continue  # scale frames share one joint call: no per-frame session time
+                e2e = (t_pose - t_send) * 1e3
+                rows.append((e2e, st.latency_ms, e2e - st.latency_ms, st.node_overhead_ms))
+                pose_times.append(t_pose)
         listener.wait_for(lambda rx: len(rx.diagnostics) > 0, 3.0)
         time.sleep(1.2)  # one more diagnostics period: the breakdown covers every frame
         if listener.rx.diagnostics:
@@ -108,25 +144,44 @@ def main(argv=None) -> int:
     if not rows:
         print("no frames measured", file=sys.stderr)
         return 1
+    span = max(pose_times) - min(pose_times)
+    _report(args, rows, breakdown, outcomes, (len(pose_times) - 1) / span if span > 0 else float("nan"))
+    return 0
+
+
+def _report(args, rows, breakdown: dict, outcomes: dict, rate: float) -> None:
     cols = list(zip(*rows))
     names = ["message in -> pose out (end to end)", "session (model) time", "end to end minus session",
              "node self-measured (convert+preprocess+publish)"]
+    mode = f"at {args.rate:g} Hz" if args.rate > 0 else "one at a time"
     print(f"\nnode overhead, {args.width}x{args.height} rgb8, preset {args.model_preset} on {args.device}, "
-          f"{len(rows)} frames after {args.scale_frames} scale frames, reliable QoS, loopback")
+          f"{len(rows)} frames after {args.scale_frames} scale frames, sent {mode}, reliable QoS, loopback")
     print(f"| {'ms per frame':48s} | median |    p90 |    max |")
     print(f"|{'-' * 50}|-------:|-------:|-------:|")
     for name, col in zip(names, cols):
         print(f"| {name:48s} | {statistics.median(col):6.2f} | {_pct(col, 0.9):6.2f} | {max(col):6.2f} |")
-    parts = [(k[:-len("_median_ms")], breakdown[k]) for k in breakdown if k.endswith("_median_ms")
-             and k.split("_")[0] in ("convert", "handoff", "preprocess", "publish", "session", "in")]
+    parts = {k: breakdown.get(f"{k}_median_ms") for k in PART_KEYS if f"{k}_median_ms" in breakdown}
     if parts:
-        print("node-side medians (ms): " + ", ".join(f"{k} {v}" for k, v in parts))
+        print("node-side medians (ms, /diagnostics): " + ", ".join(f"{k} {v}" for k, v in parts.items()))
+    model = statistics.median(cols[1])
+    own = parts.get("inference_thread_minus_model")
+    if own not in (None, "nan"):
+        own_ms = float(own)
+        print(f"inference thread per frame: model {model:.2f} ms + node {own_ms:.2f} ms -> at most "
+              f"{1000.0 / (model + own_ms):.1f} frames/s; preprocessing ({parts.get('preprocess', '?')} ms) runs on "
+              f"its own thread ({breakdown.get('preprocess_overlapped_frames', '?')} frames preprocessed while the "
+              "model ran the previous one)")
+    if args.rate > 0:
+        names_by_status = {0: "processed", 1: "dropped (queue)", 2: "rejected", 5: "dropped (reset)"}
+        summary = ", ".join(f"{names_by_status.get(k, f'status {k}')} {v}" for k, v in sorted(outcomes.items()))
+        print(f"sent at {args.rate:g} Hz: {summary}; poses out at {rate:.2f} per second after the scale frames")
     med = statistics.median(cols[2])
     verdict = "meets" if med <= TARGET_MS else "MISSES"
     print(f"\nend to end minus session, median {med:.2f} ms: {verdict} the <= {TARGET_MS:.0f} ms target "
           f"(node's own part {statistics.median(cols[3]):.2f} ms; the rest is DDS transport of the "
-          f"{args.width * args.height * 3 / 1e6:.1f} MB image and the pose, plus executor wake-ups)")
-    return 0
+          f"{args.width * args.height * 3 / 1e6:.1f} MB image and the pose, plus executor wake-ups"
+          + ("; at a fixed rate it includes the wait for the model to finish the previous frame)" if args.rate > 0
+             else ")"))
 
 
 if __name__ == "__main__":
