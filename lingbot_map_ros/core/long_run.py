@@ -39,7 +39,7 @@ import torch
 from .config import StreamConfig
 from .geometry import alignment_scale, sim3_apply_to_poses, umeyama_sim3, window_alignment
 from .results import FrameResult
-from .stream import SessionError, SessionStopped, make_session  # make_session: kept importable from here (README)
+from .session_errors import SessionError, SessionStopped
 
 if TYPE_CHECKING:
     from .stream import StreamingSession
@@ -479,5 +479,5 @@ def make_policy(stream: StreamConfig) -> LongRunPolicy:
 
 __all__ = [
     "LongRunPolicy", "ResetPolicy", "Sim3", "StopPolicy", "WindowAlignment", "WindowPolicy", "make_policy",
-    "make_session", "policy_class", "validate_window",
+    "policy_class", "validate_window",
 ]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -48,24 +48,10 @@ from .results import CacheSnapshot, FrameResult
 from .cache.factory import build_camera_cache, build_global_cache
 from .model.fusion import BlockFusion, fused_blocks
 from .runtime import ResolvedRuntime, resolve_for, resolve_runtime
-
-if TYPE_CHECKING:
-    from .long_run import LongRunPolicy, Sim3, WindowAlignment
+from .session_errors import FrameSizeChanged, SessionError, SessionStopped  # re-exported: callers catch them from here
+from .long_run import LongRunPolicy, Sim3, WindowAlignment, make_policy, policy_class
 
 TRAINING_RANGE_STORED_FRAMES = 320  # README of the official model: quality degrades beyond this
-
-
-class SessionError(RuntimeError):
-    """A frame the session cannot take; the caller counts it as dropped and carries on."""
-
-
-class SessionStopped(SessionError):
-    """The long-run policy ``stop`` was reached: the session refuses further frames until reset
-    (raised by ``long_run.StopPolicy``; defined here with the other refusals its callers catch)."""
-
-
-class FrameSizeChanged(SessionError):
-    """A frame of another model input size than the session's first frame."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +101,6 @@ class StreamingSession:
         problems = validate_stream(stream_cfg)
         if problems:
             raise ValueError("; ".join(problems))
-        from .long_run import make_policy  # late: long_run imports this module
 
         self.long_run: LongRunPolicy = make_policy(stream_cfg)  # raises for settings the policy cannot run with
         self.model = model
@@ -161,7 +146,6 @@ class StreamingSession:
         """Build model and session from the settings users give (node parameters, CLI options).
 
         Every setting is checked before the model is built, the long-run policy's own ones too."""
-        from .long_run import policy_class  # late: long_run imports this module
 
         problems = validate_runtime(runtime) + validate_stream(stream)
         if not problems:  # the policy name is known now
@@ -297,7 +281,6 @@ class StreamingSession:
         A changed ``long_run_policy`` swaps the policy object; the same policy keeps its object,
         reset like on any new session (its ``window_switches`` keep counting). Nothing changes when
         the settings are refused."""
-        from .long_run import make_policy  # late: long_run imports this module
 
         problems = validate_stream(stream)
         if problems:
