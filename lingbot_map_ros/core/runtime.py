@@ -130,10 +130,10 @@ def resolve_flashinfer_kernel(name: str, device: torch.device) -> str:
     fa3 is used over exact one-token pages, so it attends exactly the visible keys (unlike the
     official fa3 mode, which pads pages with zero slots).
     """
-    if name in ("fa2", "fa3"):
-        return name
-    if name != "auto":
+    if name not in FLASHINFER_KERNELS:
         raise ValueError(f"flashinfer kernel must be auto, fa2 or fa3 (got {name!r})")
+    if name != "auto":
+        return name
     if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9:
         return "fa3"
     return "fa2"

@@ -48,7 +48,7 @@ from .results import CacheSnapshot, FrameResult
 from .cache.factory import build_camera_cache, build_global_cache
 from .model.fusion import BlockFusion, fused_blocks
 from .runtime import ResolvedRuntime, resolve_for, resolve_runtime
-from .session_errors import FrameSizeChanged, SessionError, SessionStopped  # re-exported: callers catch them from here
+from .session_errors import FrameSizeChanged, SessionError, SessionStopped  # noqa: F401 - re-exported: callers catch them from here
 from .long_run import LongRunPolicy, Sim3, WindowAlignment, make_policy, policy_class
 
 TRAINING_RANGE_STORED_FRAMES = 320  # README of the official model: quality degrades beyond this
