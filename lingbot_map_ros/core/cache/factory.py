@@ -26,6 +26,7 @@ from ..runtime import ResolvedRuntime
 from .backend import AttentionBackend
 from .camera_cache import CameraKVCache
 from .paged import PagedKVCache
+from .pages import PageTable
 from .sdpa_backend import SdpaBackend, StaticSdpaBackend
 
 
@@ -69,9 +70,10 @@ def make_eager_backend(rt: ResolvedRuntime, model: ModelConfig, page_size: int) 
 
 
 def make_single_frame_backend(
-    rt: ResolvedRuntime, model: ModelConfig, stream: StreamConfig, page_size: int, num_pages: int
+    rt: ResolvedRuntime, model: ModelConfig, stream: StreamConfig, page_size: int, table: PageTable
 ) -> Optional[AttentionBackend]:
-    """Backend of one-frame steps inside the CUDA graph (fixed buffer addresses); None without graphs."""
+    """Backend of one-frame steps inside the CUDA graph (fixed buffer addresses); None without graphs.
+    ``table``: the cache's page table, whose pools the dense backends read whole."""
     if not rt.cuda_graphs:
         return None
     patch_pages = stream.scale_frames + stream.sliding_window + 1  # +1: a non-keyframe's own page
@@ -89,12 +91,12 @@ def make_single_frame_backend(
         from .split_backend import SplitPrefixBackend
 
         kernel = "cudnn" if rt.device.type == "cuda" else "cpu"  # cpu: only reached in tests
-        return SplitPrefixBackend(page_size=page_size, num_patch_pages=patch_pages, num_pages=num_pages,
+        return SplitPrefixBackend(page_size=page_size, num_patch_pages=table.num_patch_pages, num_pages=table.num_pages,
                                   kernel=kernel, fuse_merge=rt.compile_blocks, **common)
     if rt.sdpa_kernel == "cudnn":
         from .dense_backend import MaskedDenseBackend
 
-        return MaskedDenseBackend(page_size=page_size, num_pages=num_pages, kernel="cudnn", **common)
+        return MaskedDenseBackend(page_size=page_size, num_pages=table.num_pages, kernel="cudnn", **common)
     return StaticSdpaBackend(page_size=page_size, max_keys=patch_pages * page_size + max_specials,
                              num_query_tokens=tokens, **common)
 
@@ -108,7 +110,7 @@ def build_global_cache(rt: ResolvedRuntime, model: ModelConfig, stream: StreamCo
         dtype=rt.dtype, device=rt.device, backend=make_eager_backend(rt, model, page_size),
         num_patch_pages=layout.num_patch_pages, special_pages=layout.special_pages, allocation=layout.allocation,
     )
-    cache.single_frame_backend = make_single_frame_backend(rt, model, stream, page_size, cache.table.num_pages)
+    cache.single_frame_backend = make_single_frame_backend(rt, model, stream, page_size, cache.table)
     return cache
 
 
