@@ -227,12 +227,8 @@ def test_help_documents_every_option():
 # ----------------------------------------------------------------------------------- progress, Ctrl-C
 
 
-def _run_on_pty(argv: list[str], until=None, timeout: float = 240) -> tuple[subprocess.Popen, str, int]:
-    """Run with stdout/stderr on a pseudo-terminal; return (process, everything it printed, fd).
-    With ``until`` (a function of the text so far), return as soon as it is true (the process still runs)."""
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(argv, env=ENV, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, close_fds=True)
-    os.close(slave)
+def _read_pty(master: int, proc: subprocess.Popen, timeout: float, until=None) -> str:
+    """What the child prints on the terminal until it closes it or exits, or until ``until(text)``."""
     text = b""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -246,30 +242,26 @@ def _run_on_pty(argv: list[str], until=None, timeout: float = 240) -> tuple[subp
                 break
             text += chunk
             if until is not None and until(text.decode(errors="replace")):
-                return proc, text.decode(errors="replace"), master
+                break
         elif proc.poll() is not None:
             break
-    return proc, text.decode(errors="replace"), master
+    return text.decode(errors="replace")
+
+
+def _run_on_pty(argv: list[str], until=None, timeout: float = 240) -> tuple[subprocess.Popen, str, int]:
+    """Run with stdout/stderr on a pseudo-terminal; return (process, everything it printed, fd).
+    With ``until`` (a function of the text so far), return as soon as it is true (the process still runs)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, env=ENV, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    return proc, _read_pty(master, proc, timeout, until), master
 
 
 def _drain(master: int, proc: subprocess.Popen, timeout: float = 120) -> str:
-    text = b""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        ready, _, _ = select.select([master], [], [], 0.2)
-        if ready:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            text += chunk
-        elif proc.poll() is not None:
-            break
+    text = _read_pty(master, proc, timeout)
     proc.wait(timeout=30)
     os.close(master)
-    return text.decode(errors="replace")
+    return text
 
 
 def test_progress_on_a_terminal_quiet_in_a_pipe_and_ctrl_c_writes_what_was_done(tmp_path):
