@@ -147,7 +147,8 @@ def test_topic_echo_once_cache_stats(launched):
     s = launched.streamer
     s.streaming.set()
     try:
-        msg = echo_once(launched.shell, f"{NODE}/cache_stats")
+        # with the type given, echo waits for a message instead of needing the topic discovered first
+        msg = echo_once(launched.shell, f"{NODE}/cache_stats", "lingbot_map_ros/msg/CacheStats")
     finally:
         s.streaming.clear()
     assert msg["header"]["frame_id"] == "tools_world"
