@@ -72,10 +72,7 @@ def launched(tmp_path_factory, new_domain_id):
         assert streamer.listener.wait_connected(30), "the test node does not see the launched node"
         yield SimpleNamespace(shell=shell, launch=launch, streamer=streamer, params=params, startup=startup)
     finally:
-        if streamer is not None:
-            streamer.close()
-        launch.close()
-        shell.stop_daemon()
+        _stop_all(shell, launch, streamer)
 
 
 def test_launch_show_args_lists_the_arguments(launched):
@@ -257,6 +254,14 @@ def _stream_until_poses(shell, run, count: int) -> "FrameStreamer":
     return streamer
 
 
+def _stop_all(shell: RosShell, proc, streamer) -> None:
+    """End of a test: the streaming probe (if it was started), the node process (by its PID), the daemon."""
+    if streamer is not None:
+        streamer.close()
+    proc.close()
+    shell.stop_daemon()
+
+
 def _interrupt_cleanly(run) -> None:
     """Ctrl-C as a terminal sends it (the whole foreground group): exit 0, "stopped cleanly"."""
     rc = run.interrupt(group=True)
@@ -277,10 +282,7 @@ def test_ros2_run_from_venv_publishes_and_stops_on_sigint(tmp_path, ros_domain_i
             assert {p.header.frame_id for p in streamer.rx.poses.values()} == {"run_world"}
         _interrupt_cleanly(run)
     finally:
-        if streamer is not None:
-            streamer.close()
-        run.close()
-        shell.stop_daemon()
+        _stop_all(shell, run, streamer)
 
 
 def test_ros2_run_autostart_false_lifecycle_by_hand_with_a_bad_checkpoint(tmp_path, ros_domain_id):
@@ -323,10 +325,7 @@ def test_ros2_run_autostart_false_lifecycle_by_hand_with_a_bad_checkpoint(tmp_pa
         run.wait_for(r"cleaned up", 20)
         _interrupt_cleanly(run)
     finally:
-        if streamer is not None:
-            streamer.close()
-        run.close()
-        shell.stop_daemon()
+        _stop_all(shell, run, streamer)
 
 
 def test_launch_autostart_false_waits_unconfigured(tmp_path, ros_domain_id):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import NamedTuple, Optional, Sequence, Union
+from typing import Iterator, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
@@ -340,26 +340,31 @@ def write_tum(path: Union[str, os.PathLike], stamps_sec: ArrayLike, c2w_list: Ar
             f.write(f"{stamp:.9f} {vals}\n")
 
 
+def data_lines(path: Union[str, os.PathLike]) -> Iterator[tuple[int, list[str]]]:
+    """``(line number, values)`` of a text table's data lines: '#' lines and blanks skipped; values
+    split on spaces, tabs or commas (the TUM trajectory and image-list formats)."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            text = line.strip()
+            if text and not text.startswith("#"):
+                yield lineno, text.replace(",", " ").split()
+
+
 def read_tum(path: Union[str, os.PathLike]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """TUM file -> (stamps [N], positions [N, 3], quats_xyzw [N, 4]); '#' lines and blanks skipped.
 
     Accepts spaces, tabs or commas between values; any other line shape raises with its line number.
     """
     rows: list[list[float]] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            text = line.strip()
-            if not text or text.startswith("#"):
-                continue
-            parts = text.replace(",", " ").split()
-            if len(parts) != 8:
-                raise ValueError(
-                    f"{path}:{lineno}: expected 8 values (timestamp tx ty tz qx qy qz qw), got {len(parts)}"
-                )
-            try:
-                rows.append([float(p) for p in parts])
-            except ValueError as exc:
-                raise ValueError(f"{path}:{lineno}: {exc}") from None
+    for lineno, parts in data_lines(path):
+        if len(parts) != 8:
+            raise ValueError(
+                f"{path}:{lineno}: expected 8 values (timestamp tx ty tz qx qy qz qw), got {len(parts)}"
+            )
+        try:
+            rows.append([float(p) for p in parts])
+        except ValueError as exc:
+            raise ValueError(f"{path}:{lineno}: {exc}") from None
     data = np.array(rows, dtype=np.float64).reshape(-1, 8)
     return data[:, 0].copy(), data[:, 1:4].copy(), data[:, 4:8].copy()
 
@@ -481,6 +486,7 @@ def rpe(est: ArrayLike, gt: ArrayLike, delta: int = 1, align_scale: bool = True)
 
 
 __all__ = [
+    "data_lines",
     "PUBLISHED_FOV_RANGE_DEG",
     "R_OPTICAL_BODY",
     "RelativePoseError",

@@ -29,6 +29,7 @@ from typing import Callable, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
+from ..core.geometry import data_lines
 from ..core.preprocess import FramePreprocessor
 from .cli import UsageError
 
@@ -127,17 +128,12 @@ def read_stamps_file(path: str | Path) -> list[tuple[float, Optional[str]]]:
     both work; ``#`` lines and blank lines are skipped; a bad line is refused with its number.
     """
     rows: list[tuple[float, Optional[str]]] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            text = line.strip()
-            if not text or text.startswith("#"):
-                continue
-            parts = text.replace(",", " ").split()
-            try:
-                stamp = float(parts[0])
-            except ValueError:
-                raise SourceError(f"--stamps {path}:{lineno}: {parts[0]!r} is not a stamp in seconds") from None
-            rows.append((stamp, parts[1] if len(parts) > 1 else None))
+    for lineno, parts in data_lines(path):
+        try:
+            stamp = float(parts[0])
+        except ValueError:
+            raise SourceError(f"--stamps {path}:{lineno}: {parts[0]!r} is not a stamp in seconds") from None
+        rows.append((stamp, parts[1] if len(parts) > 1 else None))
     if not rows:
         raise SourceError(f"--stamps {path}: no stamps in the file")
     return rows
