@@ -10,7 +10,6 @@
 Arguments left empty leave the value of the parameter file alone (so a checkpoint or transport set
 in your own params_file is not overridden by the launch defaults).
 """
-from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, LogInfo, OpaqueFunction
 from launch.condition import Condition
 from launch.conditions import IfCondition
@@ -18,6 +17,8 @@ from launch.launch_context import LaunchContext
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
+
+from launch import LaunchDescription
 
 PACKAGE = "lingbot_map_ros"
 EXECUTABLE = "lingbot_map_node"

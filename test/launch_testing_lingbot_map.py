@@ -18,7 +18,6 @@ import tempfile
 import time
 import unittest
 
-import launch
 import launch_testing
 import launch_testing.actions
 import launch_testing.asserts
@@ -27,6 +26,8 @@ import yaml
 from ament_index_python.packages import PackageNotFoundError, get_package_prefix, get_package_share_directory
 from launch.actions import IncludeLaunchDescription
 from launch.launch_description_sources import PythonLaunchDescriptionSource
+
+import launch
 
 NAMESPACE = "lt"
 NODE = f"/{NAMESPACE}/lingbot_map"

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from rostools import REPO, VENV, FrameStreamer, RosShell, copy_tracked_tree, python_of, require_ros_tools, tiny_params
 
 require_ros_tools()

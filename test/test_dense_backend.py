@@ -10,9 +10,8 @@ import pytest
 import torch
 from test_paged_attention import SPECIALS, drive_one_frame_backend
 
-from lingbot_map_ros.core.cache import PagedKVCache
+from lingbot_map_ros.core.cache import PagedKVCache, factory
 from lingbot_map_ros.core.cache.dense_backend import MaskedDenseBackend
-from lingbot_map_ros.core.cache import factory
 from lingbot_map_ros.core.config import StreamConfig, model_config
 from lingbot_map_ros.core.runtime import resolve_for
 

@@ -17,7 +17,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from diagnostic_analyzers import GENERIC, check_jazzy_types, load_analyzers, route
 
 PKG = Path(__file__).resolve().parents[1]

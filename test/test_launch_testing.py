@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from rostools import REPO, RosShell, require_ros_tools
 
 require_ros_tools()

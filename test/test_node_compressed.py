@@ -18,7 +18,12 @@ from rclpy.context import Context  # noqa: E402
 from rclpy.qos import QoSReliabilityPolicy  # noqa: E402
 
 from lingbot_map_ros.tools.node_client import (  # noqa: E402
-    Listener, NodeProcess, SyntheticCamera, compressed_message, node_command, stamp_ns,
+    Listener,
+    NodeProcess,
+    SyntheticCamera,
+    compressed_message,
+    node_command,
+    stamp_ns,
 )
 
 PROCESSED, BUFFERED = 0, 4

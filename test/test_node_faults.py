@@ -24,6 +24,7 @@ import pytest
 
 rclpy = pytest.importorskip("rclpy")
 import rclpy.parameter  # noqa: E402
+
 pytest.importorskip("lingbot_map_ros.msg")
 pytest.importorskip("tf2_msgs.msg")
 pytestmark = pytest.mark.ros

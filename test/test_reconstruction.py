@@ -18,8 +18,16 @@ import numpy as np
 import pytest
 import torch
 
-from lingbot_map_ros.core.reconstruction import (PointBatch, VoxelMap, pack_rgb, point_records, unpack_rgb,
-                                                 unproject_depth, write_colmap_text, write_ply)
+from lingbot_map_ros.core.reconstruction import (
+    PointBatch,
+    VoxelMap,
+    pack_rgb,
+    point_records,
+    unpack_rgb,
+    unproject_depth,
+    write_colmap_text,
+    write_ply,
+)
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -377,8 +385,9 @@ def read_point_cloud2(msg) -> dict:
 
 def test_point_cloud2_layout_read_back():
     pytest.importorskip("sensor_msgs.msg")  # the ROS builders need the message packages
-    from lingbot_map_ros.ros.reconstruction import point_cloud2
     from builtin_interfaces.msg import Time
+
+    from lingbot_map_ros.ros.reconstruction import point_cloud2
 
     rng = np.random.default_rng()
     n = int(rng.integers(1, 300))
@@ -403,8 +412,9 @@ def test_point_cloud2_layout_read_back():
 
 def test_camera_info_and_confidence_image():
     pytest.importorskip("sensor_msgs.msg")  # the ROS builders need the message packages
-    from lingbot_map_ros.ros.reconstruction import camera_info, confidence_image
     from builtin_interfaces.msg import Time
+
+    from lingbot_map_ros.ros.reconstruction import camera_info, confidence_image
 
     rng = np.random.default_rng()
     h, w = 40, 60
@@ -473,9 +483,10 @@ def test_launch_rviz_argument(tmp_path, monkeypatch):
     pytest.importorskip("launch_ros")
     import importlib.util
 
-    from launch import LaunchContext
     from launch.actions import DeclareLaunchArgument, LogInfo
     from launch_ros.actions import Node
+
+    from launch import LaunchContext
 
     path = Path(__file__).resolve().parents[1] / "launch" / "lingbot_map.launch.py"
     spec = importlib.util.spec_from_file_location("lingbot_launch_under_test", path)

@@ -25,11 +25,10 @@ from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from rclpy.qos import QoSDurabilityPolicy, QoSProfile, QoSReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import CameraInfo, Image, PointCloud2  # noqa: E402
 from std_srvs.srv import Trigger  # noqa: E402
-from lingbot_map_ros.msg import FrameStatus  # noqa: E402
-
-from lingbot_map_ros.tools.node_client import NodeProcess, SyntheticCamera, image_message, stamp_ns  # noqa: E402
-
 from test_reconstruction import read_ply  # noqa: E402
+
+from lingbot_map_ros.msg import FrameStatus  # noqa: E402
+from lingbot_map_ros.tools.node_client import NodeProcess, SyntheticCamera, image_message, stamp_ns  # noqa: E402
 
 W, H = 64, 48
 CAMERA = "recon_cam_optical"

@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from test_reconstruction import quat_wxyz_to_matrix, read_colmap, read_ply
 
 from lingbot_map_ros.tools import offline
-
-from test_reconstruction import quat_wxyz_to_matrix, read_colmap, read_ply
 
 
 def test_offline_depth_ply_and_colmap(tmp_path):

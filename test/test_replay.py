@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lingbot_map_ros.tools.bag_io import BagError, image_topics, iter_bag_images, pick_image_topic, write_image_bag
 from lingbot_map_ros.core.geometry import quaternion_to_matrix, read_tum, se3, write_tum
+from lingbot_map_ros.tools.bag_io import BagError, image_topics, iter_bag_images, pick_image_topic, write_image_bag
 
 BIN = Path(sys.executable).parent  # the venv's console scripts
 IMG_W, IMG_H = 148, 4
@@ -189,8 +189,9 @@ class RosClient:
         self.stats = None
 
     def watch_stats(self, topic: str = "/lingbot_map/cache_stats") -> None:
-        from lingbot_map_ros.msg import CacheStats
         from rclpy.qos import QoSProfile, QoSReliabilityPolicy
+
+        from lingbot_map_ros.msg import CacheStats
 
         def keep(msg):
             self.stats = msg

@@ -26,7 +26,6 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-
 from rostools import REPO, VENV, FrameStreamer, RosShell, require_ros_tools, tiny_params, wait_until
 
 require_ros_tools()

@@ -10,8 +10,8 @@ Images are 148x4 pixels (a 14x518 model input, the cheapest the real pipeline ac
 from __future__ import annotations
 
 import os
-import re
 import pty
+import re
 import select
 import signal
 import subprocess

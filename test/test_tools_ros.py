@@ -17,10 +17,10 @@ pytest.importorskip("rclpy")
 pytest.importorskip("lingbot_map_ros.msg")
 pytestmark = pytest.mark.ros
 
+from test_replay import NodeProcess, RosClient, _node_params, _ros_env, frames, replay, stamps  # noqa: E402
+
 from lingbot_map_ros.core.geometry import read_tum  # noqa: E402
 from lingbot_map_ros.tools.bag_io import write_image_bag  # noqa: E402
-
-from test_replay import NodeProcess, RosClient, _node_params, _ros_env, frames, replay, stamps  # noqa: E402
 
 
 @pytest.mark.parametrize("transport", ["raw", "compressed"])

@@ -17,8 +17,16 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .config import (FLASHINFER_KERNELS, LONG_RUN_POLICIES, MODEL_PRESETS, SDPA_KERNELS, RuntimeConfig, StreamConfig,
-                     validate_runtime, validate_stream)
+from .config import (
+    FLASHINFER_KERNELS,
+    LONG_RUN_POLICIES,
+    MODEL_PRESETS,
+    SDPA_KERNELS,
+    RuntimeConfig,
+    StreamConfig,
+    validate_runtime,
+    validate_stream,
+)
 
 APPLIES = {
     "model": "a change loads a new model and starts a new session",

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from .cache import CacheFull, CameraKVCache, PagedKVCache
+from .cache.factory import build_camera_cache, build_global_cache
 from .config import (
     PATCH_SIZE,
     SPECIAL_TOKENS_PER_FRAME,
@@ -41,15 +42,14 @@ from .config import (
     validate_runtime,
     validate_stream,
 )
-from .geometry import decode_pose_encoding
-from .model import LingBotMap, build_model
 from .cuda_graph import GraphedFrameStep
-from .results import CacheSnapshot, FrameResult
-from .cache.factory import build_camera_cache, build_global_cache
+from .geometry import decode_pose_encoding
+from .long_run import LongRunPolicy, Sim3, WindowAlignment, make_policy, policy_class
+from .model import LingBotMap, build_model
 from .model.fusion import BlockFusion, fused_blocks
+from .results import CacheSnapshot, FrameResult
 from .runtime import ResolvedRuntime, resolve_for, resolve_runtime
 from .session_errors import FrameSizeChanged, SessionError, SessionStopped  # noqa: F401 - re-exported: callers catch them from here
-from .long_run import LongRunPolicy, Sim3, WindowAlignment, make_policy, policy_class
 
 TRAINING_RANGE_STORED_FRAMES = 320  # README of the official model: quality degrades beyond this
 

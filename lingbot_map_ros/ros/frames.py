@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from builtin_interfaces.msg import Time as TimeMsg
-from lingbot_map_ros.msg import FrameStatus
 from rclpy.qos import QoSProfile
 from std_msgs.msg import Header
+
+from lingbot_map_ros.msg import FrameStatus
 
 from . import messages as rosmsg
 from .diagnostics import DROP_COUNTERS

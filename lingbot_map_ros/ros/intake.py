@@ -11,10 +11,11 @@ import time
 from typing import Callable, Mapping
 
 import rclpy.qos
-from lingbot_map_ros.msg import FrameStatus
 from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.qos import QoSDurabilityPolicy, QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
+
+from lingbot_map_ros.msg import FrameStatus
 
 from .frames import Frame, FrameLedger, InputRejected
 from .input_size import InputSize

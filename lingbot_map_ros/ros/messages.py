@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 import numpy as np
 from builtin_interfaces.msg import Time as TimeMsg
 from geometry_msgs.msg import PoseStamped, TransformStamped
-from lingbot_map_ros.msg import CacheStats, FrameStatus
 from nav_msgs.msg import Odometry, Path
 from sensor_msgs.msg import Image
 from std_msgs.msg import Header
 from tf2_msgs.msg import TFMessage
+
+from lingbot_map_ros.msg import CacheStats, FrameStatus
 
 from ..core.geometry import quaternion_xyzw_from_matrix
 from ..core.results import FrameResult

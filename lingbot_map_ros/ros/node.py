@@ -44,10 +44,11 @@ from typing import Optional
 import rclpy
 import rclpy.exceptions
 from diagnostic_msgs.msg import DiagnosticArray
-from lingbot_map_ros.msg import FrameStatus
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.qos import QoSProfile, QoSReliabilityPolicy
+
+from lingbot_map_ros.msg import FrameStatus
 
 from .diagnostics import COUNTER_NAMES, DIAG_PREFIX, DiagnosticsSnapshot, diagnostic_array
 from .frames import Frame, FrameLedger, InputRejected

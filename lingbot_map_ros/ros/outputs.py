@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Mapping, Optional
 
 import numpy as np
 from geometry_msgs.msg import PoseStamped
-from lingbot_map_ros.msg import CacheStats
 from nav_msgs.msg import Odometry, Path
 from rclpy.qos import QoSProfile, QoSReliabilityPolicy
 from sensor_msgs.msg import Image
 from std_msgs.msg import Header
 from tf2_msgs.msg import TFMessage
+
+from lingbot_map_ros.msg import CacheStats
 
 from . import messages as rosmsg
 from .frames import Frame, FrameLedger, stamp_sec

@@ -9,8 +9,17 @@ from __future__ import annotations
 
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
 
-from ..core.settings import (APPLIES, RUNTIME_FIELDS, SETTING_NAMES, SETTINGS, SETTINGS_BY_NAME, STREAM_FIELDS,
-                             Setting, configs_from_values, validate_values)
+from ..core.settings import (
+    APPLIES,
+    RUNTIME_FIELDS,
+    SETTING_NAMES,
+    SETTINGS,
+    SETTINGS_BY_NAME,
+    STREAM_FIELDS,
+    Setting,
+    configs_from_values,
+    validate_values,
+)
 
 # The names the node and the tests use for the table (a parameter is a setting seen from ROS).
 ParamSpec = Setting

@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.cuda.get_device_name(torch.device(args.device)) if args.device.startswith("cuda") else "cpu"
     print(f"# reconstruction cost per frame, {args.width}x{args.height}, device {args.device} ({dev}), "
           f"torch threads {torch.get_num_threads()}, map {args.map_max_points} voxels of {args.map_voxel_size}")
-    print(f"| stride | points/frame | step | median ms | p90 ms | samples |")
-    print(f"| --- | --- | --- | --- | --- | --- |")
+    print("| stride | points/frame | step | median ms | p90 ms | samples |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for stride, n, key, med, p90, cnt in rows:
         if key.startswith("map size"):
             print(f"| {stride} | {n} | {key} | {int(med)} voxels | | |")

@@ -10,7 +10,14 @@ import argparse
 from typing import Any, Iterable, Optional
 
 from ..core.config import RuntimeConfig, StreamConfig
-from ..core.settings import RUNTIME_FIELDS, SETTINGS_BY_NAME, STREAM_FIELDS, configs_from_values, defaults, validate_values
+from ..core.settings import (
+    RUNTIME_FIELDS,
+    SETTINGS_BY_NAME,
+    STREAM_FIELDS,
+    configs_from_values,
+    defaults,
+    validate_values,
+)
 
 SESSION_OPTIONS: tuple[str, ...] = RUNTIME_FIELDS + STREAM_FIELDS
 

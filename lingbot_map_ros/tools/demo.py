@@ -24,9 +24,20 @@ import numpy as np
 
 from .cli import OneLineParser, UsageError, one_line, output_path
 from .common import add_session_options, check_session_args
-from .node_client import (DEMO_CAMERA_FRAME, DEMO_TOPIC, NODE_NAME, Listener, NodeProcess, SyntheticCamera,
-                          compressed_message, format_diagnostics, image_message, prepare_ros_env,
-                          stamp_ns, write_params_file)
+from .node_client import (
+    DEMO_CAMERA_FRAME,
+    DEMO_TOPIC,
+    NODE_NAME,
+    Listener,
+    NodeProcess,
+    SyntheticCamera,
+    compressed_message,
+    format_diagnostics,
+    image_message,
+    prepare_ros_env,
+    stamp_ns,
+    write_params_file,
+)
 
 DEMO_SESSION_OPTIONS = ("checkpoint", "model_preset", "device", "dtype", "attention_backend", "seed", "scale_frames",
                         "sliding_window", "keyframe_interval", "camera_iterations")

@@ -301,12 +301,13 @@ class Listener:
         import rclpy
         from diagnostic_msgs.msg import DiagnosticArray
         from geometry_msgs.msg import PoseStamped
-        from lingbot_map_ros.msg import CacheStats, FrameStatus
         from nav_msgs.msg import Odometry, Path
         from rclpy.executors import SingleThreadedExecutor
         from rclpy.qos import QoSProfile, QoSReliabilityPolicy
         from sensor_msgs.msg import CompressedImage, Image
         from tf2_msgs.msg import TFMessage
+
+        from lingbot_map_ros.msg import CacheStats, FrameStatus
 
         self.ns = node_ns.rstrip("/")
         self.node = rclpy.create_node(name, context=context)

@@ -93,8 +93,16 @@ def main(argv=None) -> int:
     if args.rate < 0:
         p.error("--rate must be >= 0")
 
-    from .node_client import (DEMO_CAMERA_FRAME, DEMO_TOPIC, Listener, NodeProcess, SyntheticCamera, image_message,
-                              prepare_ros_env, write_params_file)
+    from .node_client import (
+        DEMO_CAMERA_FRAME,
+        DEMO_TOPIC,
+        Listener,
+        NodeProcess,
+        SyntheticCamera,
+        image_message,
+        prepare_ros_env,
+        write_params_file,
+    )
 
     prepare_ros_env(args.domain_id)  # before rclpy
     import rclpy

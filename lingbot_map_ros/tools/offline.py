@@ -24,8 +24,16 @@ import numpy as np
 
 from ..core.geometry import write_tum
 from ..core.results import FrameResult
-from .cli import INTERRUPTED_EXIT, OneLineParser, UsageError, atomic_write, distinct_outputs, fail, output_dir, \
-    output_path
+from .cli import (
+    INTERRUPTED_EXIT,
+    OneLineParser,
+    UsageError,
+    atomic_write,
+    distinct_outputs,
+    fail,
+    output_dir,
+    output_path,
+)
 from .common import add_session_options, check_session_args, runtime_from_args, stream_from_args
 
 PROG = "lingbot_map_offline"
@@ -282,9 +290,8 @@ class _Reconstruction:
     def add(self, r: FrameResult) -> None:
         import torch
 
-        from ..core.reconstruction import is_finite_camera, unproject_depth
-
         from ..core.geometry import intrinsics_for_camera
+        from ..core.reconstruction import is_finite_camera, unproject_depth
 
         index = getattr(r.stamp, "index", None)
         frame = self.waiting.pop(index, None) if index is not None else None

@@ -70,9 +70,10 @@ class _Replayer:
     """Publisher of raw image bytes plus a FrameStatus listener, on one rclpy node."""
 
     def __init__(self, rclpy, topic: str, msgtype: str, qos_name: str, status_topic: str, say) -> None:
-        from lingbot_map_ros.msg import FrameStatus
         from rclpy.qos import QoSProfile, QoSReliabilityPolicy, qos_profile_sensor_data
         from sensor_msgs.msg import CompressedImage, Image
+
+        from lingbot_map_ros.msg import FrameStatus
 
         self.rclpy = rclpy
         self.say = say

@@ -45,6 +45,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..config import SPECIAL_TOKENS_PER_FRAME  # camera, 4 registers, scale (docs/model.md §6)
+
 EXTRA_PATCH_PAGES = 16  # the official pool: n_sc + W + 16 patch pages
 ALLOCATIONS = ("lifo", "lowest")
 

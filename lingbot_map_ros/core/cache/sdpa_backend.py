@@ -17,7 +17,6 @@ from typing import ContextManager, Sequence
 
 import torch
 import torch.nn.functional as F
-
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .backend import check_plan, visible_key_count, visible_token_slots

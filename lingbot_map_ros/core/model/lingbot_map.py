@@ -6,9 +6,8 @@ from the caller (the streaming session, or a test reference).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
