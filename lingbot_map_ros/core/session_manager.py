@@ -156,6 +156,11 @@ class SessionManager:
                 torch.cuda.empty_cache()  # give the freed blocks back, for the next frame and others
         raise failure from None  # outside the except block: the cause's frames are already released
 
+    def flush(self) -> list[FrameResult]:
+        """The frames still buffered for the joint scale-frame call, processed now (a stream that ended
+        before ``scale_frames`` frames)."""
+        return self._session.flush()
+
     def reset(self) -> list[Any]:
         """New session (new world frame, caches emptied); returns the discarded buffered frames' stamps."""
         discarded = self._session.pending_stamps()
