@@ -14,6 +14,8 @@ import random
 import pytest
 import torch
 
+from lingbot_map_ros.core.config import StreamConfig
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
@@ -163,20 +165,26 @@ def test_flashinfer_fa3_token_pages_match_float64(page_size):
 
 def _tiny_session_poses(**session_kwargs) -> tuple[torch.Tensor, object]:
     """pose_enc of a 16-frame tiny-preset bf16 stream (scale 2, window 3, keyframe every 2nd frame)."""
-    from lingbot_map_ros.core.config import StreamConfig, model_config
+    manager = _tiny_bf16_manager(StreamConfig(scale_frames=2, sliding_window=3, keyframe_interval=2,
+                                              max_frame_num=64, max_stored_frames=60, with_depth=True),
+                                 **session_kwargs)
+    frames = torch.rand(16, 3, 56, 84, generator=torch.Generator().manual_seed(2))
+    out = [r for f in frames for r in manager.push(f)]
+    return torch.stack([torch.from_numpy(r.pose_enc) for r in out]).double(), manager.session
+
+
+def _tiny_bf16_manager(scfg, **runtime_kwargs):
+    """A session manager over the tiny preset in bf16 on the GPU, attention ``sdpa`` + ``runtime_kwargs``."""
+    from lingbot_map_ros.core.config import model_config
     from lingbot_map_ros.core.model import build_model
-    from lingbot_map_ros.core.stream import StreamingSession, _cast_for_inference
+    from lingbot_map_ros.core.runtime import resolve_for
+    from lingbot_map_ros.core.session_manager import SessionManager, cast_for_inference
 
     cfg = model_config("tiny")
     model, _ = build_model(cfg, seed=5, device="cuda", dtype=torch.float32)
-    _cast_for_inference(model, torch.bfloat16)
-    scfg = StreamConfig(scale_frames=2, sliding_window=3, keyframe_interval=2, max_frame_num=64, max_stored_frames=60,
-                        with_depth=True)
-    frames = torch.rand(16, 3, 56, 84, generator=torch.Generator().manual_seed(2))
-    session = StreamingSession(model, cfg, scfg, device=torch.device("cuda"), dtype=torch.bfloat16,
-                               backend="sdpa", log=lambda m: None, **session_kwargs)
-    out = [r for f in frames for r in session.push(f)]
-    return torch.stack([torch.from_numpy(r.pose_enc) for r in out]).double(), session
+    cast_for_inference(model, torch.bfloat16)
+    runtime = resolve_for(torch.device("cuda"), torch.bfloat16, backend="sdpa", **runtime_kwargs)
+    return SessionManager.around(model, cfg, scfg, runtime, log=lambda m: None)
 
 
 @pytest.mark.parametrize("graphs,compile_blocks,sdpa_kernel", [
@@ -251,23 +259,16 @@ def test_graphs_are_captured_once_per_plan_signature():
     """Split backend: each filling bucket (scale 2 + window 3 = 5 prefix pages: buckets of one page) and
     the full window get one capture, and a reset (a new session, or a long-run window) replays them
     again instead of capturing anew."""
-    from lingbot_map_ros.core.config import StreamConfig, model_config
-    from lingbot_map_ros.core.model import build_model
-    from lingbot_map_ros.core.stream import StreamingSession, _cast_for_inference
-
-    cfg = model_config("tiny")
-    model, _ = build_model(cfg, seed=5, device="cuda", dtype=torch.float32)
-    _cast_for_inference(model, torch.bfloat16)
     scfg = StreamConfig(scale_frames=2, sliding_window=3, keyframe_interval=1, max_frame_num=64, max_stored_frames=60)
-    session = StreamingSession(model, cfg, scfg, device=torch.device("cuda"), dtype=torch.bfloat16, backend="sdpa",
-                               log=lambda m: None, cuda_graphs=True, compile_blocks="off", sdpa_kernel="split")
+    manager = _tiny_bf16_manager(scfg, cuda_graphs=True, compile_blocks="off", sdpa_kernel="split")
+    session = manager.session
     frames = torch.rand(10, 3, 56, 84, generator=torch.Generator().manual_seed(4))
-    first = [r.pose_enc for f in frames for r in session.push(f)]
+    first = [r.pose_enc for f in frames for r in manager.push(f)]
     step = session._graph_step
     assert step.stats.captures == 3
     assert sorted(sig[1:] for sig in step.signatures) == [("filling", 2), ("filling", 3), ("full", 5)]
-    session.reset()
-    second = [r.pose_enc for f in frames for r in session.push(f)]
+    manager.reset()
+    second = [r.pose_enc for f in frames for r in manager.push(f)]
     assert session._graph_step is step and step.stats.captures == 3 and step.stats.replays == 2 * 8
     # the same frames in a new session give the same poses: the kept graphs replay the same step
     import numpy as np

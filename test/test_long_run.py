@@ -1,4 +1,5 @@
-"""Long runs (issue 5): window chaining, policies, limits, bounded memory.
+"""Long runs: window chaining, policies, limits, bounded memory - through the session manager, which
+drives the long-run policy from outside the session.
 
 Two kinds of model stand behind the session here:
 
@@ -24,7 +25,9 @@ from lingbot_map_ros.core.config import RuntimeConfig, StreamConfig, model_confi
 from lingbot_map_ros.core.geometry import quaternion_xyzw_from_matrix, se3, se3_inverse, umeyama_sim3
 from lingbot_map_ros.core.long_run import Sim3, WindowPolicy, validate_window
 from lingbot_map_ros.core.model import ModelOutput
-from lingbot_map_ros.core.stream import SessionStopped, StreamingSession, make_session
+from lingbot_map_ros.core.runtime import resolve_for
+from lingbot_map_ros.core.session_errors import SessionStopped
+from lingbot_map_ros.core.session_manager import InferenceFailed, SessionCause, SessionManager
 
 H, W = 28, 42  # 2 x 3 patches: the smallest sensible frame
 SMALL = dict(scale_frames=2, sliding_window=3, max_stored_frames=12, overlap_frames=4)
@@ -33,9 +36,13 @@ SMALL = dict(scale_frames=2, sliding_window=3, max_stored_frames=12, overlap_fra
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def tiny_session(**stream) -> StreamingSession:
+TINY = RuntimeConfig(device="cpu", model_preset="tiny", seed=1)
+CPU = resolve_for(torch.device("cpu"), torch.float32)
+
+
+def tiny_session(**stream) -> SessionManager:
     cfg = StreamConfig(**{**SMALL, **stream})
-    return make_session(RuntimeConfig(device="cpu", model_preset="tiny", seed=1), cfg, log=lambda m: None)
+    return SessionManager(TINY, cfg, log=lambda m: None)
 
 
 def random_frames(n: int, seed: int = 0) -> list[torch.Tensor]:
@@ -110,10 +117,9 @@ def run_trajectory(n: int, *, with_depth=False, kf=1, still=(0, 0), disable_alig
     model = TrajectoryModel(gt, with_depth)
     cfg = StreamConfig(**{**dict(SMALL, max_stored_frames=10, overlap_frames=4), "keyframe_interval": kf,
                           "with_depth": with_depth, **stream})
-    session = StreamingSession(model, model_config("tiny"), cfg, device=torch.device("cpu"), dtype=torch.float32,
-                               log=lambda m: None)
+    session = SessionManager.around(model, model_config("tiny"), cfg, CPU, log=lambda m: None)
     if disable_alignment:  # the new window's raw frame is published as if it were the world frame
-        session.long_run._fit_alignment = lambda overlap, raw, previous, start: long_run.WindowAlignment(  # type: ignore
+        session.policy._fit_alignment = lambda overlap, raw, previous, start: long_run.WindowAlignment(  # type: ignore
             session.window_index, Sim3(), "disabled", 1.0, 0, 0, len(overlap), 0.0)
     results = []
     for i in range(n):
@@ -198,26 +204,32 @@ def test_standing_still_over_the_overlap_keeps_the_scale_and_does_not_jump():
     assert warned == (session.last_alignment.method == "pose-fallback")
 
 
-def test_failed_window_switch_starts_a_new_world_frame():
+def test_failed_window_switch_takes_the_failure_path_and_starts_a_new_world_frame():
+    """A fault inside the window switch is a fault, not a refusal: InferenceFailed (the manager's one
+    failure path: a new session, its cause recorded, the cause's traceback released), never a
+    SessionError that a caller would file as refused by the policy."""
     gt = true_trajectory(40)
     cfg = StreamConfig(**{**SMALL, "max_stored_frames": 10})
-    session = StreamingSession(TrajectoryModel(gt, False), model_config("tiny"), cfg, device=torch.device("cpu"),
-                               dtype=torch.float32, log=lambda m: None)
+    session = SessionManager.around(TrajectoryModel(gt, False), model_config("tiny"), cfg, CPU, log=lambda m: None)
+    starts = []
+    session.on_new_session = starts.append
 
     def broken(*args):
         raise RuntimeError("boom")
 
-    session.long_run._fit_alignment = broken  # type: ignore[assignment]
-    got, errors = [], []
+    session.policy._fit_alignment = broken  # type: ignore[assignment]
+    got, failures = [], []
     for i in range(14):
         try:
             got += session.push(encode_index(i), float(i))
-        except long_run.SessionError as exc:
-            errors.append((i, str(exc)))
-    assert [i for i, _ in errors] == [10] and "boom" in errors[0][1]
+        except InferenceFailed as exc:
+            failures.append((i, exc))
+    assert [i for i, _ in failures] == [10] and "boom" in str(failures[0][1])
+    assert failures[0][1].cause.__traceback__ is None and "boom" in failures[0][1].detail
+    assert [s.cause for s in starts] == [SessionCause.FAILURE] and starts[0].discarded == ()
     assert session.session_id == 1 and session.window_index == 0
     assert [r.session_id for r in got] == [0] * 10 + [1] * 3  # frames 11..13 in the new world frame
-    assert len(got) + session.buffered + len(errors) == 14
+    assert len(got) + session.buffered + len(failures) == 14
 
 
 def test_centre_scale_fallbacks():
@@ -233,23 +245,24 @@ def test_centre_scale_fallbacks():
 
 # ------------------------------------------------------------------------------- real caches
 def test_validation_messages():
-    assert "overlap_frames (1) must be >= scale_frames (2)" in validate_window(StreamConfig(**{**SMALL, "overlap_frames": 1}))[0]
+    problems = validate_window(StreamConfig(**{**SMALL, "overlap_frames": 1}))
+    assert "overlap_frames (1) must be >= scale_frames (2)" in problems[0]
     assert "must be < max_stored_frames" in validate_window(StreamConfig(**{**SMALL, "overlap_frames": 12}))[0]
     with pytest.raises(ValueError, match="overlap_frames"):
         tiny_session(overlap_frames=12)
-    assert type(tiny_session(long_run_policy="reset")) is StreamingSession
+    assert type(tiny_session(long_run_policy="reset").policy) is long_run.ResetPolicy
     session = tiny_session()
     with pytest.raises(ValueError, match="overlap_frames"):
-        session.reconfigure(StreamConfig(**{**SMALL, "overlap_frames": 1}))
+        session.apply(TINY, StreamConfig(**{**SMALL, "overlap_frames": 1}))
 
 
 def test_window_switch_bookkeeping_and_user_reset():
     session = tiny_session(keyframe_interval=2)
-    assert isinstance(session.long_run, WindowPolicy)
+    assert isinstance(session.policy, WindowPolicy)
     results = []
     for i, frame in enumerate(random_frames(70)):
         results += session.push(frame, float(i))
-        assert session.frames_stored <= SMALL["max_stored_frames"]
+        assert session.session.frames_stored <= SMALL["max_stored_frames"]
         assert session.overlap_buffered <= SMALL["overlap_frames"]
     assert [r.frame_index for r in results] == list(range(70))
     assert {r.session_id for r in results} == {0}

@@ -1,8 +1,9 @@
-"""The long-run policy as an object the session owns (issue 8): one factory, one session class.
+"""The long-run policy as an object the session manager owns: one factory, one session class.
 
 * ``policy_class`` / ``make_policy`` map every ``long_run_policy`` name to its class and refuse an
   unknown name or settings the policy cannot run with;
-* each policy on its own, through the hooks the session calls (a stand-in session records them);
+* each policy on its own, through the hooks the manager calls (a stand-in session records what a
+  policy does to it: the stop and reset policies never touch it, they answer);
 * a real session with ``StopPolicy`` refuses at the limit and every frame after it;
 * ``SessionManager.apply`` swaps the policy at runtime on the same session object and model.
 """
@@ -18,6 +19,7 @@ import torch
 from lingbot_map_ros.core import long_run
 from lingbot_map_ros.core.config import LONG_RUN_POLICIES, RuntimeConfig, StreamConfig
 from lingbot_map_ros.core.long_run import (
+    LimitAction,
     LongRunPolicy,
     ResetPolicy,
     StopPolicy,
@@ -25,8 +27,9 @@ from lingbot_map_ros.core.long_run import (
     make_policy,
     policy_class,
 )
-from lingbot_map_ros.core.session_manager import Change, SessionManager
-from lingbot_map_ros.core.stream import SessionError, SessionStopped, StreamingSession, make_session
+from lingbot_map_ros.core.session_errors import SessionError, SessionStopped, StoredFrameLimit
+from lingbot_map_ros.core.session_manager import Change, SessionCause, SessionManager
+from lingbot_map_ros.core.stream import StreamingSession
 
 H, W = 28, 42  # 2 x 3 patches
 SMALL = dict(scale_frames=2, sliding_window=3, max_stored_frames=8, overlap_frames=3)
@@ -68,54 +71,66 @@ def test_one_session_class_serves_every_policy():
     assert StreamingSession.__subclasses__() == []
     assert not hasattr(long_run, "session_class") and not hasattr(long_run, "WindowedSession")
     for name in LONG_RUN_POLICIES:
-        session = make_session(RUNTIME, StreamConfig(**SMALL, long_run_policy=name), log=lambda m: None)
-        assert type(session) is StreamingSession and type(session.long_run) is policy_class(name)
+        manager = SessionManager(RUNTIME, StreamConfig(**SMALL, long_run_policy=name), log=lambda m: None)
+        assert type(manager.session) is StreamingSession and type(manager.policy) is policy_class(name)
 
 
 # ------------------------------------------------------------------------------- each policy alone
 class FakeSession:
-    """Just what the stop and reset policies read and call on a session."""
+    """A session that records every call a policy makes on it."""
 
     def __init__(self, stream: StreamConfig) -> None:
         self.stream_cfg = stream
-        self.session_id = 0
-        self.frames_stored = stream.max_stored_frames
         self.calls: list = []
 
-    def log(self, message: str) -> None:
-        self.calls.append(("log", message))
+    def __getattr__(self, name: str):
+        def record(*args, **kwargs):
+            self.calls.append((name, args))
 
-    def reset(self) -> None:
-        self.calls.append(("reset",))
-        self.session_id += 1
+        return record
 
-    def push(self, image, stamp):
-        self.calls.append(("push", stamp))
-        return ["result"]
+
+LIMIT = StoredFrameLimit(8, 8)
 
 
 def test_stop_policy_refuses_from_the_limit_until_reset():
     cfg = StreamConfig(**SMALL, long_run_policy="stop")
     policy, session = StopPolicy(cfg), FakeSession(cfg)
     policy.admit()  # not reached: frames pass
-    with pytest.raises(SessionStopped, match="max_stored_frames=8"):
-        policy.at_limit(session, torch.zeros(3, H, W), 1.0)
+    with pytest.raises(SessionStopped, match="8 stored frames reached the limit .max_stored_frames=8"):
+        policy.at_limit(session, LIMIT)
     with pytest.raises(SessionStopped, match="reset the session"):
         policy.admit()
     assert policy.warnings(["x"]) == ["x", "long-run policy 'stop' reached: frames are refused until reset"]
-    assert session.calls == []  # the stop policy never resets nor re-feeds
-    policy.reset(session)
+    assert session.calls == []  # the stop policy never touches the session
+    policy.reset(cfg)
     policy.admit()
     assert policy.warnings(["x"]) == ["x"]
 
 
-def test_reset_policy_starts_a_new_session_with_the_frame_at_the_limit():
+def test_reset_policy_asks_the_manager_for_a_new_session():
     cfg = StreamConfig(**SMALL, long_run_policy="reset")
     policy, session = ResetPolicy(cfg), FakeSession(cfg)
-    assert policy.at_limit(session, torch.zeros(3, H, W), 7.0) == ["result"]
-    assert [c[0] for c in session.calls] == ["log", "reset", "push"] and session.calls[2] == ("push", 7.0)
-    assert "starts session 1" in session.calls[0][1]
+    decision = policy.at_limit(session, LIMIT)
+    assert decision.action is LimitAction.NEW_SESSION and "limit 8 reached" in decision.reason
+    assert session.calls == []  # it answers; the manager starts the session (one path for every session)
     assert policy.warnings(["stored frames 8 of 8 before ..."]) == ["stored frames 8 of 8 before ..."]
+
+
+def test_reset_policy_session_goes_through_the_managers_one_path():
+    """The session the reset policy asks for reaches the listener like any other (counted by the node),
+    and the frame at the limit is the first frame of the new session."""
+    manager = SessionManager(RUNTIME, StreamConfig(**SMALL, long_run_policy="reset"), log=lambda m: None)
+    starts = []
+    manager.on_new_session = starts.append
+    out = []
+    for i, f in enumerate(frames(12)):
+        out += manager.push(f, float(i))
+    # scale frames 0, 1; keyframes 2..7 bring the stored count to 8; frame 8 starts session 1 as its first frame
+    assert [(s.session_id, s.cause) for s in starts] == [(1, SessionCause.POLICY)]
+    assert "limit 8 reached" in starts[0].reason and manager.last_start is starts[0]
+    assert [int(r.stamp) for r in out if r.session_id == 1] == [8, 9, 10, 11]
+    assert [r.frame_index for r in out if r.session_id == 1] == [0, 1, 2, 3]
 
 
 def test_policies_without_windows_publish_in_the_session_frame():
@@ -127,8 +142,8 @@ def test_policies_without_windows_publish_in_the_session_frame():
 
 # ------------------------------------------------------------------------------- real sessions
 def test_stop_session_refuses_at_the_limit_and_every_frame_after_it():
-    session = make_session(RUNTIME, StreamConfig(**SMALL, long_run_policy="stop", keyframe_interval=2),
-                           log=lambda m: None)
+    session = SessionManager(RUNTIME, StreamConfig(**SMALL, long_run_policy="stop", keyframe_interval=2),
+                             log=lambda m: None)
     processed, refused = [], []
     for i, f in enumerate(frames(20)):
         try:
@@ -140,25 +155,25 @@ def test_stop_session_refuses_at_the_limit_and_every_frame_after_it():
     assert "8 stored frames reached the limit" in refused[0][1]
     # later frames are refused before any model call (StopPolicy.admit), not by hitting the limit again
     assert all("'stop' reached; reset the session to continue" in m for _, m in refused[1:])
-    assert session.frames_stored == 8
+    assert session.session.frames_stored == 8
     assert any("'stop' reached" in w for w in session.warnings())
     session.reset()
     assert not any("'stop' reached" in w for w in session.warnings())
     assert len(session.push(frames(1)[0], 0.0)) == 0 and len(session.push(frames(1)[0], 1.0)) == 2
 
 
-def test_dropping_a_session_frees_it_at_once():
-    """The policy gets the session per call and keeps no reference to it: no cycle, so the model and
-    the caches go as soon as the last reference does (SessionManager.release relies on it)."""
-    session = make_session(RUNTIME, StreamConfig(**SMALL), log=lambda m: None)
+def test_dropping_a_manager_frees_it_at_once():
+    """The policy gets the session per call and keeps no reference to it: no cycle, so the manager,
+    its session, the model and the caches go as soon as the last reference does."""
+    manager = SessionManager(RUNTIME, StreamConfig(**SMALL), log=lambda m: None)
     for i, f in enumerate(frames(16)):
-        session.push(f, float(i))
-    assert session.window_switches >= 1
-    ref, model = weakref.ref(session), weakref.ref(session.model)
+        manager.push(f, float(i))
+    assert manager.window_switches >= 1
+    refs = [weakref.ref(x) for x in (manager, manager.session, manager.session.model, manager.policy)]
     gc.disable()
     try:
-        del session
-        assert ref() is None and model() is None
+        del manager
+        assert [r() for r in refs] == [None] * 4
     finally:
         gc.enable()
 
@@ -182,41 +197,41 @@ def test_session_manager_swaps_the_policy_at_runtime():
         return out, errors
 
     out, errors = feed(20)
-    assert not errors and isinstance(session.long_run, WindowPolicy) and session.window_switches >= 2
+    assert not errors and isinstance(manager.policy, WindowPolicy) and manager.window_switches >= 2
     assert {r.session_id for r in out} == {0} and max(r.window_index for r in out) >= 2
 
     # window -> stop: same session object and model, a new world frame, no window chain
     sid = manager.session_id
     r = manager.apply(RUNTIME, dataclasses.replace(manager.stream_cfg, long_run_policy="stop"))
     assert r.change is Change.NEW_SESSION and r.fields == ("long_run_policy",)
-    assert manager.session is session and session.model is model and isinstance(session.long_run, StopPolicy)
-    assert manager.session_id == sid + 1 and session.window_index == 0 and session.window_switches == 0
+    assert manager.session is session and session.model is model and isinstance(manager.policy, StopPolicy)
+    assert manager.session_id == sid + 1 and manager.window_index == 0 and manager.window_switches == 0
     out, errors = feed(10)
     assert len(out) == 8 and len(errors) == 2 and all("refuses further frames" in e or "'stop'" in e for e in errors)
 
     # a window policy that cannot run is refused and changes nothing: still stopped
     with pytest.raises(ValueError, match="overlap_frames"):
         manager.apply(RUNTIME, dataclasses.replace(manager.stream_cfg, long_run_policy="window", overlap_frames=1))
-    assert isinstance(session.long_run, StopPolicy) and manager.session_id == sid + 1
+    assert isinstance(manager.policy, StopPolicy) and manager.session_id == sid + 1
     assert manager.stream_cfg.long_run_policy == "stop" and feed(1)[1]
 
     # stop -> reset: the stream goes on past the limit in new sessions
     manager.apply(RUNTIME, dataclasses.replace(manager.stream_cfg, long_run_policy="reset"))
-    assert isinstance(session.long_run, ResetPolicy)
+    assert isinstance(manager.policy, ResetPolicy)
     out, errors = feed(20)
     assert not errors and len({r.session_id for r in out}) >= 2
 
     # reset -> window, then a window setting of the same policy: the policy object (and its count) stays
     manager.apply(RUNTIME, dataclasses.replace(manager.stream_cfg, long_run_policy="window"))
-    policy = session.long_run
+    policy = manager.policy
     assert isinstance(policy, WindowPolicy) and policy.window_switches == 0
     feed(16)
-    switches = session.window_switches
+    switches = manager.window_switches
     assert switches >= 1
     sid = manager.session_id
     r = manager.apply(RUNTIME, dataclasses.replace(manager.stream_cfg, overlap_frames=4))
     assert r.change is Change.NEW_SESSION and r.fields == ("overlap_frames",)
-    assert session.long_run is policy and session.window_switches == switches and session.window_index == 0
-    assert manager.session_id == sid + 1 and session.overlap_buffered == 0
+    assert manager.policy is policy and manager.window_switches == switches and manager.window_index == 0
+    assert manager.session_id == sid + 1 and manager.overlap_buffered == 0
     feed(20)
-    assert session.overlap_buffered == 4 and session.window_switches > switches
+    assert manager.overlap_buffered == 4 and manager.window_switches > switches

@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 
 rclpy = pytest.importorskip("rclpy")
-import rclpy.parameter  # noqa: E402
 
 pytest.importorskip("lingbot_map_ros.msg")
 pytest.importorskip("tf2_msgs.msg")
@@ -33,7 +32,7 @@ import torch  # noqa: E402
 from lifecycle_msgs.msg import Transition  # noqa: E402
 from lifecycle_msgs.srv import ChangeState  # noqa: E402
 from rclpy.context import Context  # noqa: E402
-from rclpy.parameter import Parameter  # noqa: E402
+from rclpy.parameter import Parameter, parameter_value_to_python  # noqa: E402
 from rclpy.parameter_client import AsyncParameterClient  # noqa: E402
 from std_srvs.srv import Trigger  # noqa: E402
 
@@ -224,6 +223,93 @@ def test_model_exception_fails_one_frame_and_the_node_carries_on(tmp_path, ros_d
         _stop(node, listener, ctx)
 
 
+WINDOW_OOM_WRAPPER = '''\
+import sys
+import torch
+from lingbot_map_ros.core import stream as _s
+
+_begin_window = _s.StreamingSession.begin_window
+_run_model = _s.StreamingSession._run_model
+_armed = [False]
+
+
+def _begin_window_then_arm(self):
+    _begin_window(self)
+    _armed[0] = True  # the window switch's first model call (the re-fed scale frames) runs out of memory
+
+
+def _run_model_oom(self, images, *args, **kwargs):
+    if _armed[0]:
+        _armed[0] = False
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected during the window switch)")
+    return _run_model(self, images, *args, **kwargs)
+
+
+_s.StreamingSession.begin_window = _begin_window_then_arm
+_s.StreamingSession._run_model = _run_model_oom
+from lingbot_map_ros.ros.node import main
+sys.exit(main())
+'''
+
+
+def test_out_of_memory_during_a_window_switch_takes_the_failure_path(tmp_path, ros_domain_id):
+    """Regression: a fault in the window switch was filed as REFUSED_POLICY (no error record, no failure
+    count) and its new session reached neither the counters nor the input size. Now: the failure path,
+    and the new session takes a frame of another size as its first."""
+    wrapper = tmp_path / "window_oom_node.py"
+    wrapper.write_text(WINDOW_OOM_WRAPPER)
+    window = ["-p", "long_run_policy:=window", "-p", "max_stored_frames:=6", "-p", "overlap_frames:=3"]
+    node, listener, ctx = _start(tmp_path, ros_domain_id, window, command=[sys.executable, str(wrapper)])
+    try:
+        s = Stream(listener, node)
+        stamps = [s.send() for _ in range(7)]
+        s.wait_final(stamps)
+        final = [listener.final_status(t).status for t in stamps]
+        P, F = FrameStatus.PROCESSED, FrameStatus.FAILED_INFERENCE
+        # frames 1+2 scale, 3..6 keyframes: 6 stored; frame 7 hits the limit, the switch runs out of memory
+        assert final == [P] * 6 + [F], final
+        assert "OutOfMemoryError" in listener.final_status(stamps[6]).reason
+        # the new session takes frames of another size: the input size was renewed with it
+        s.camera = SyntheticCamera(W + 16, H + 12, seed=6)
+        other = [s.send() for _ in range(2)]
+        s.wait_final(other)
+        assert [listener.final_status(t).status for t in other] == [P, P]
+        d = _settled_diag(listener, received=9)
+        assert int(d["failure_sessions"]) == 1 and int(d["frames_failed"]) == 1, d
+        assert int(d["frames_refused"]) == 0 and int(d["sessions_started"]) == 2, d  # configured, failure
+        assert "OutOfMemoryError" in d["last_error"] and "inference failed" in d["last_new_session_reason"], d
+        _counters_add_up(listener.rx)
+        s.assert_one_final_status_each()
+    finally:
+        _stop(node, listener, ctx)
+
+
+def test_a_policy_session_is_counted_and_keeps_the_input_size(tmp_path, ros_domain_id):
+    """Regression: sessions the long-run policy started were invisible to the node. The reset policy's
+    session is counted, named in /diagnostics, and its first frame (the one at the limit) fixes its
+    input size: a frame of another size is rejected as a resolution change, not refused by the session."""
+    reset = ["-p", "long_run_policy:=reset", "-p", "max_stored_frames:=6"]
+    node, listener, ctx = _start(tmp_path, ros_domain_id, reset)
+    try:
+        s = Stream(listener, node)
+        stamps = [s.send() for _ in range(8)]
+        s.wait_final(stamps)
+        assert [listener.final_status(t).status for t in stamps] == [FrameStatus.PROCESSED] * 8
+        s.camera = SyntheticCamera(W + 16, H + 12, seed=6)
+        other = s.send()
+        d = _settled_diag(listener, received=9)
+        assert int(d["policy_sessions"]) == 1 and int(d["sessions_started"]) == 2, d
+        assert "stored-frame limit 6 reached" in d["last_new_session_reason"], d
+        assert listener.final_status(other).status == FrameStatus.REJECTED_INPUT
+        assert "resolution changed" in listener.final_status(other).reason
+        with listener.lock:
+            sessions = [listener.rx.stats[t].session_id for t in stamps if t in listener.rx.stats]
+        assert sessions[-1] == sessions[0] + 1
+        s.assert_one_final_status_each()
+    finally:
+        _stop(node, listener, ctx)
+
+
 def test_reset_parameter_change_and_deactivate_account_for_every_frame(tmp_path, ros_domain_id):
     node, listener, ctx = _start(tmp_path, ros_domain_id, [])
     try:
@@ -315,7 +401,7 @@ def _get(listener: Listener, name: str):
     while not future.done() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert future.done(), "no answer from get_parameters"
-    return rclpy.parameter.parameter_value_to_python(future.result().values[0])
+    return parameter_value_to_python(future.result().values[0])
 
 
 class _Exploit:
@@ -354,21 +440,21 @@ def test_model_changes_are_checked_before_they_are_accepted(tmp_path, ros_domain
 
 BUILD_FAULT_WRAPPER = '''\
 import sys
-from lingbot_map_ros.core import stream as _s
+from lingbot_map_ros.core import session_manager as _sm
 
 _calls = [0]
-_from_config = _s.StreamingSession.from_config.__func__
+_load_model = _sm.load_model
 
 
-def _failing_from_config(cls, *args, **kwargs):
+def _failing_load_model(*args, **kwargs):
     _calls[0] += 1
     print(f"[wrapper] model build {{_calls[0]}}", flush=True)
     if _calls[0] == 2:
         raise RuntimeError("injected failure while building the model")
-    return _from_config(cls, *args, **kwargs)
+    return _load_model(*args, **kwargs)
 
 
-_s.StreamingSession.from_config = classmethod(_failing_from_config)
+_sm.load_model = _failing_load_model
 from lingbot_map_ros.ros.node import main
 sys.exit(main())
 '''

@@ -10,7 +10,8 @@ import torch
 from lingbot_map_ros.core.config import StreamConfig, model_config
 from lingbot_map_ros.core.geometry import read_tum
 from lingbot_map_ros.core.model import build_model
-from lingbot_map_ros.core.stream import StreamingSession
+from lingbot_map_ros.core.runtime import resolve_for
+from lingbot_map_ros.core.session_manager import SessionManager
 from lingbot_map_ros.tools import offline
 
 
@@ -43,10 +44,10 @@ def test_tiny_offline_matches_the_session_and_writes_every_output(tmp_path):
     # the same numbers as driving the session directly with the same weights
     cfg = model_config("tiny")
     model, _ = build_model(cfg, seed=11)
-    session = StreamingSession(model, cfg, StreamConfig(scale_frames=2, sliding_window=3, keyframe_interval=2,
-                                                        camera_iterations=2), device=torch.device("cpu"),
-                               dtype=torch.float32, backend="sdpa", log=lambda m: None)
-    direct = [r for f in frames for r in session.push(torch.from_numpy(f))]
+    stream = StreamConfig(scale_frames=2, sliding_window=3, keyframe_interval=2, camera_iterations=2)
+    manager = SessionManager.around(model, cfg, stream, resolve_for(torch.device("cpu"), torch.float32, backend="sdpa"),
+                                    log=lambda m: None)
+    direct = [r for f in frames for r in manager.push(torch.from_numpy(f))]
     np.testing.assert_allclose(np.stack([r.pose_enc for r in direct]), result["pose_enc"], rtol=1e-5, atol=1e-6)
 
 

@@ -15,7 +15,8 @@ import torch
 from lingbot_map_ros.core.config import SPECIAL_TOKENS_PER_FRAME, StreamConfig, model_config
 from lingbot_map_ros.core.model import build_model
 from lingbot_map_ros.core.model.interfaces import _sdpa_tokens
-from lingbot_map_ros.core.stream import StreamingSession
+from lingbot_map_ros.core.runtime import resolve_for
+from lingbot_map_ros.core.session_manager import SessionManager
 
 
 def frame_schedule(num_frames: int, scale: int, kf: int) -> tuple[list[bool], list[int]]:
@@ -100,13 +101,14 @@ def whole_sequence_reference(model, frames: torch.Tensor, scale: int, window: in
 
 
 def stream_all(model, cfg, frames: torch.Tensor, stream_cfg: StreamConfig):
-    session = StreamingSession(model, cfg, stream_cfg, device=torch.device("cpu"), dtype=torch.float32,
-                               backend="sdpa", log=lambda m: None)
+    """Every frame through a session manager around ``model`` (CPU, fp32, SDPA: the reference path)."""
+    runtime = resolve_for(torch.device("cpu"), torch.float32, backend="sdpa")
+    manager = SessionManager.around(model, cfg, stream_cfg, runtime, log=lambda m: None)
     results = []
     for f in frames:
-        results += session.push(f)
-    results += session.flush()
-    return results, session
+        results += manager.push(f)
+    results += manager.flush()
+    return results, manager.session
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,9 @@
 """Every setting of the package in one place: model shapes, cache/stream geometry, runtime choices.
 
-ROS parameters and CLI options map onto these dataclasses one to one (see ``core/settings.py (the settings table) and README.md ("The ROS 2 node")``);
-``validate_*`` functions return human-readable reasons so the node can reject a parameter change
-with an explanation instead of crashing later inside the model.
+ROS parameters and CLI options map onto these dataclasses one to one (see ``core/settings.py``, the
+settings table, and README.md, "The ROS 2 node"); ``validate_*`` functions return human-readable
+reasons so the node can reject a parameter change with an explanation instead of crashing later
+inside the model.
 """
 from __future__ import annotations
 
@@ -189,6 +190,12 @@ def model_input_height(width0: int, height0: int) -> int:
     return round(height0 * (MODEL_WIDTH_PX / width0) / PATCH_SIZE) * PATCH_SIZE
 
 
+def stored_frame_limit(stream: StreamConfig) -> int:
+    """Frames a session stores before its long-run policy acts: ``max_stored_frames``, and never so
+    many that a RoPE frame index reaches ``max_frame_num`` (the official model fails there)."""
+    return min(stream.max_stored_frames, stream.max_frame_num - 1)
+
+
 def special_pages_capacity(max_frame_num: int, page_size: int) -> int:
     """Special-stream pages the official cache preallocates: ceil((max_frame_num+100)*6/page_size)+16."""
     return math.ceil((max_frame_num + 100) * SPECIAL_TOKENS_PER_FRAME / page_size) + 16
@@ -209,6 +216,7 @@ __all__ = [
     "validate_runtime",
     "model_input_height",
     "special_pages_capacity",
+    "stored_frame_limit",
     "replace",
     "field",
 ]

@@ -1,25 +1,26 @@
-"""Long-run policies: what a streaming session does at its stored-frame limit (docs/model.md §15; issues 5, 8).
+"""Long-run policies: what happens at a session's stored-frame limit (docs/model.md §15).
 
 A camera never stops, but one streaming session cannot run forever: the RoPE table has
 ``max_frame_num`` rows, the camera-head cache never evicts and is preallocated for
 ``max_frame_num`` frames, the special-token pool is sized from ``max_frame_num``, and quality
-degrades past the ~320 stored views the model was trained on. The session acts before
-``max_stored_frames`` (<= ``max_frame_num - 1``, checked in ``config.validate_stream``), which keeps
-all three caches inside their preallocated capacity by construction; ``long_run_policy`` says what
-it does there.
+degrades past the ~320 stored views the model was trained on. The session signals the limit
+(``StoredFrameLimit``) before ``max_stored_frames`` (<= ``max_frame_num - 1``, checked in
+``config.validate_stream``), which keeps all three caches inside their preallocated capacity by
+construction; ``long_run_policy`` says what happens there.
 
-Each policy is a small object that the session owns (``StreamingSession.long_run``) and calls at
-fixed hook points (``LongRunPolicy``): before a phase-2 frame, at the stored-frame limit, on every
-result it hands out, on reset and for its warnings. The session has no branch on the policy's name.
-Composition instead of session subclasses because the policy is a setting that changes at runtime:
-swapping one small object keeps the session's model, caches and resolved runtime, and each policy
-can be read and tested on its own.
+Each policy is a small object that the session manager owns and calls from outside the session
+(``LongRunPolicy``): ``admit`` before every frame, ``at_limit`` when the session signals the limit,
+``to_world`` on every result handed out, ``reset`` on every new world frame, ``warnings`` for the
+diagnostics. A policy never starts a session itself: it tells the manager (``AtLimit``), which starts
+every session through one path. Composition instead of session subclasses because the policy is a
+setting that changes at runtime: swapping one small object keeps the session's model, caches and
+resolved runtime, and each policy can be read and tested on its own.
 
 * ``StopPolicy`` — refuses frames from the limit on until reset (``SessionStopped``);
-* ``ResetPolicy`` — starts a new session (new world frame) whose first frame is the one at the limit;
+* ``ResetPolicy`` — asks for a new session (new world frame) whose first frame is the one at the limit;
 * ``WindowPolicy`` — the official windowed mode of §15 made online. The same caches are emptied and
   refilled with the last ``overlap_frames`` frames, the new window is mapped onto the chained world
-  frame by a similarity transform, and every later pose is published in the first window's world
+  frame by a similarity transform, and every later pose is handed out in the first window's world
   frame, so the trajectory continues without a jump and memory stays flat (the caches are reused,
   the overlap buffer is a bounded deque, no per-frame history is kept).
 
@@ -28,10 +29,11 @@ can be read and tested on its own.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from typing import Any, ClassVar, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -39,10 +41,8 @@ import torch
 from .config import StreamConfig
 from .geometry import alignment_scale, sim3_apply_to_poses, umeyama_sim3, window_alignment
 from .results import FrameResult
-from .session_errors import SessionError, SessionStopped
-
-if TYPE_CHECKING:
-    from .stream import StreamingSession
+from .session_errors import SessionStopped, StoredFrameLimit
+from .stream import Processed, StreamingSession
 
 # Camera-centre spread (RMS distance from the mean, in the model's normalised units: the model
 # scales each window so that scene depths are of order 1) below which the overlap's motion cannot
@@ -117,17 +117,38 @@ def validate_window(stream: StreamConfig) -> list[str]:
     return problems
 
 
+class LimitAction(enum.Enum):
+    PUSH_AGAIN = "push the frame again"  # the policy made room in the same world frame (a new window)
+    NEW_SESSION = "new session"  # a new world frame whose first frame is the one at the limit
+
+
+class AtLimit(NamedTuple):
+    """A policy's answer to ``StoredFrameLimit``: what the manager does next, and why."""
+
+    action: LimitAction
+    reason: str
+
+
+@dataclass(frozen=True)
+class Refeed:
+    """The stamp of a frame the window policy feeds again into the next window. Its result is used
+    for the alignment only; the frame already had its final outcome, so a reset that discards a
+    ``Refeed`` must not report it again (the manager leaves them out of ``SessionStart.discarded``)."""
+
+    stamp: Any
+
+
 class LongRunPolicy:
-    """The hooks a ``StreamingSession`` calls. Every policy defines ``at_limit``; the other defaults
+    """The hooks the session manager calls. Every policy defines ``at_limit``; the other defaults
     leave frames, results and warnings as they are, so a policy overrides only what it changes.
 
     A policy is built from the ``StreamConfig`` (``problems`` lists settings it cannot run with, so
-    they are refused before a model is built) and is handed the session in each hook instead of
-    keeping a reference to it: no reference cycle, so dropping a session frees its caches and model
-    at once, not at the next garbage collection.
+    they are refused before a model is built) and is handed the session in the one hook that needs
+    it instead of keeping a reference: no reference cycle, so dropping a session frees its caches and
+    model at once, not at the next garbage collection.
 
     The window chain attributes below are what the node's diagnostics and the tests read through the
-    session; a policy without windows publishes in the session's own frame (window 0, identity).
+    manager; a policy without windows hands results out in the session's own frame (window 0, identity).
     """
 
     name: ClassVar[str] = ""
@@ -157,18 +178,20 @@ class LongRunPolicy:
 
     # ------------------------------------------------------------------ hooks
     def admit(self) -> None:
-        """Before each phase-2 frame: raise a ``SessionError`` to refuse it."""
+        """Before each frame: raise a ``SessionError`` to refuse it (nothing has changed yet)."""
 
-    def at_limit(self, session: StreamingSession, image: torch.Tensor, stamp: Any) -> list[FrameResult]:
-        """The keyframe ``image`` [3, H, W] would pass ``max_stored_frames``: return its results or raise."""
+    def at_limit(self, session: StreamingSession, limit: StoredFrameLimit) -> AtLimit:
+        """The session signalled ``limit`` for a keyframe. Raise ``SessionStopped`` to refuse the frame
+        (then nothing may have changed), or say what the manager does next. Any other exception is a
+        fault: the manager's failure path starts a new session."""
         raise NotImplementedError
 
-    def publish(self, session: StreamingSession, result: FrameResult, image: torch.Tensor) -> FrameResult:
-        """Every result before the session hands it out; ``image`` [3, H, W] is the frame it came from."""
-        return result
+    def to_world(self, processed: Processed) -> FrameResult:
+        """Every result before the manager hands it out, in the order processed."""
+        return processed.result
 
-    def reset(self, session: StreamingSession) -> None:
-        """The session is about to start a new world frame (user reset, reconfigure, reset policy)."""
+    def reset(self, stream: StreamConfig) -> None:
+        """A new world frame starts (every new session, whoever asked for it)."""
 
     def warnings(self, out: list[str]) -> list[str]:
         """The session's warnings as this policy sees them."""
@@ -189,15 +212,15 @@ class StopPolicy(LongRunPolicy):
         if self.stopped:
             raise SessionStopped("long-run policy 'stop' reached; reset the session to continue")
 
-    def at_limit(self, session: StreamingSession, image: torch.Tensor, stamp: Any) -> list[FrameResult]:
+    def at_limit(self, session: StreamingSession, limit: StoredFrameLimit) -> AtLimit:
         self.stopped = True
         raise SessionStopped(
-            f"{session.frames_stored} stored frames reached the limit (max_stored_frames="
+            f"{limit.stored} stored frames reached the limit (max_stored_frames="
             f"{session.stream_cfg.max_stored_frames}); long_run_policy '{self.name}' refuses further frames "
             "until reset"
         )
 
-    def reset(self, session: StreamingSession) -> None:
+    def reset(self, stream: StreamConfig) -> None:
         self.stopped = False
 
     def warnings(self, out: list[str]) -> list[str]:
@@ -207,18 +230,15 @@ class StopPolicy(LongRunPolicy):
 
 
 class ResetPolicy(LongRunPolicy):
-    """At the limit a new session starts (new world frame, ``session_id + 1``) and the frame that hit
-    the limit becomes its first scale frame: the stream goes on, the trajectory jumps."""
+    """At the limit a new session starts (new world frame, the next session id) and the frame that
+    hit the limit becomes its first scale frame: the stream goes on, the trajectory jumps."""
 
     name = "reset"
 
-    def at_limit(self, session: StreamingSession, image: torch.Tensor, stamp: Any) -> list[FrameResult]:
-        session.log(
-            f"stored-frame limit {session.stream_cfg.max_stored_frames} reached: "
-            f"long_run_policy '{self.name}' starts session {session.session_id + 1} (new world frame)"
-        )
-        session.reset()
-        return session.push(image, stamp)
+    def at_limit(self, session: StreamingSession, limit: StoredFrameLimit) -> AtLimit:
+        return AtLimit(LimitAction.NEW_SESSION,
+                       f"stored-frame limit {limit.limit} reached: long_run_policy '{self.name}' starts a new "
+                       "session (new world frame)")
 
 
 class WindowPolicy(LongRunPolicy):
@@ -230,16 +250,17 @@ class WindowPolicy(LongRunPolicy):
        ``window_index`` increments;
     2. the last ``overlap_frames`` frames are fed again - a joint phase-1 call on the first
        ``scale_frames`` of them, then one by one with keyframes counted afresh; their outputs are
-       only used for the alignment, never published again;
+       only used for the alignment, never handed out again;
     3. the Sim(3) mapping the new window onto the chained world frame is fitted on the overlap
        (``_fit_alignment``);
-    4. the current frame and every later one are processed in the new window and published with
-       that Sim(3) applied to ``c2w`` (and depth multiplied by its scale). ``pose_enc`` stays raw
-       (the model's own output in the window's frame).
+    4. the manager pushes the current frame again: it and every later one are processed in the new
+       window and handed out with that Sim(3) applied to ``c2w`` (and depth multiplied by its scale).
+       ``pose_enc`` stays raw (the model's own output in the window's frame).
 
     ``FrameResult.c2w`` therefore always lives in the first window's world frame and
-    ``frame_index`` keeps counting within the session. A session ``reset()`` starts a new world
-    frame and clears the chain.
+    ``frame_index`` keeps counting within the session. A new session starts a new world frame and
+    clears the chain. A fault during the switch is not caught here: the manager's failure path
+    starts a new session, so no pose is ever handed out in a half-built window's frame.
     """
 
     name = "window"
@@ -263,8 +284,8 @@ class WindowPolicy(LongRunPolicy):
         return len(self._overlap)
 
     # ------------------------------------------------------------------ hooks
-    def reset(self, session: StreamingSession) -> None:
-        self._reset_chain(session.stream_cfg.overlap_frames)
+    def reset(self, stream: StreamConfig) -> None:
+        self._reset_chain(stream.overlap_frames)
 
     def warnings(self, out: list[str]) -> list[str]:
         """The session's warnings minus the approach to ``max_stored_frames``, plus alignment trouble.
@@ -281,39 +302,25 @@ class WindowPolicy(LongRunPolicy):
             )
         return out
 
-    def publish(self, session: StreamingSession, raw: FrameResult, image: torch.Tensor) -> FrameResult:
-        if self._refeeding:
-            return raw  # window-local; only the alignment sees it
+    def to_world(self, processed: Processed) -> FrameResult:
+        raw = processed.result
         result = self._to_world(raw)
-        if self._switch_note is not None:  # the first frame published by a new window says so
+        if self._switch_note is not None:  # the first frame handed out by a new window says so
             result = dataclasses.replace(result, frame_extra={**result.frame_extra, "window_switch": self._switch_note})
             self._switch_note = None
-        self._overlap.append(_OverlapFrame(image, raw.stamp, result.c2w, result.depth, raw.is_keyframe))
+        self._overlap.append(_OverlapFrame(processed.image, raw.stamp, result.c2w, result.depth, raw.is_keyframe))
         self._published += 1
         return result
 
-    def at_limit(self, session: StreamingSession, image: torch.Tensor, stamp: Any) -> list[FrameResult]:
-        if self._refeeding or self._switching:
-            # Cannot happen with validated settings (overlap < max_stored_frames); never loop.
-            raise SessionError(
-                f"stored-frame limit reached while starting window {self.window_index}: "
-                f"overlap_frames={session.stream_cfg.overlap_frames} leaves no room below "
-                f"max_stored_frames={session.stream_cfg.max_stored_frames}"
-            )
-        self._switching = True
-        try:
-            try:
-                self._start_next_window(session)
-            except Exception as exc:
-                # A half-built window would publish poses in an unaligned frame. Start over honestly:
-                # a new world frame (session_id + 1), like the reset policy, and refuse this frame.
-                session.log(f"window {self.window_index} could not start ({exc}); starting a new session")
-                session.reset()
-                raise SessionError(f"window switch failed, new session {session.session_id} started: {exc}") from exc
-            # the re-fed overlap (>= scale_frames frames) finished phase 1: this is a phase-2 frame
-            return session.push(image, stamp)
-        finally:
-            self._switching = False
+    def at_limit(self, session: StreamingSession, limit: StoredFrameLimit) -> AtLimit:
+        scale_frames = session.stream_cfg.scale_frames
+        if len(self._overlap) < scale_frames:  # nothing has changed yet: a new world frame, honestly
+            return AtLimit(LimitAction.NEW_SESSION,
+                           f"only {len(self._overlap)} frames buffered for window {self.window_index + 1}, "
+                           f"scale_frames={scale_frames} needed: a new session instead of a window switch")
+        self._start_next_window(session)
+        # the re-fed overlap (>= scale_frames frames) finished phase 1: the frame is a phase-2 frame now
+        return AtLimit(LimitAction.PUSH_AGAIN, f"window {self.window_index} started")
 
     # ------------------------------------------------------------------ window switch
     def _reset_chain(self, overlap_frames: int) -> None:
@@ -321,33 +328,22 @@ class WindowPolicy(LongRunPolicy):
         self.window_index = 0
         self._sim3 = Sim3()
         self.last_alignment = None
-        self._published = 0  # frames published in this world frame: the continuing frame_index
-        self._refeeding = False
-        self._switching = False
+        self._published = 0  # frames handed out in this world frame: the continuing frame_index
         self._switch_note: Optional[dict] = None
 
     def _start_next_window(self, session: StreamingSession) -> None:
         start = time.perf_counter()
         overlap = list(self._overlap)
-        scale_frames = session.stream_cfg.scale_frames
-        if len(overlap) < scale_frames:
-            raise SessionError(
-                f"only {len(overlap)} frames buffered for the next window, scale_frames={scale_frames} needed"
-            )
         previous = self._sim3
         session.begin_window()  # empties both caches and the counters; session_id unchanged
         self.window_index += 1
         self.window_switches += 1
         raw: list[FrameResult] = []
-        self._refeeding = True
-        try:
-            for frame in overlap:
-                raw += session.push(frame.image, frame.stamp)
-            raw += session.flush()
-        finally:
-            self._refeeding = False
+        for frame in overlap:  # window-local results: only the alignment sees them
+            raw += [p.result for p in session.push(frame.image, Refeed(frame.stamp))]
+        raw += [p.result for p in session.flush()]
         if len(raw) != len(overlap):  # every re-fed frame yields exactly one result
-            raise SessionError(f"re-feeding {len(overlap)} overlap frames gave {len(raw)} results")
+            raise RuntimeError(f"re-feeding {len(overlap)} overlap frames gave {len(raw)} results")
         alignment = self._fit_alignment(overlap, raw, previous, start)
         self._sim3 = alignment.transform
         self.last_alignment = alignment
@@ -478,6 +474,6 @@ def make_policy(stream: StreamConfig) -> LongRunPolicy:
 
 
 __all__ = [
-    "LongRunPolicy", "ResetPolicy", "Sim3", "StopPolicy", "WindowAlignment", "WindowPolicy", "make_policy",
-    "policy_class", "validate_window",
+    "AtLimit", "LimitAction", "LongRunPolicy", "Refeed", "ResetPolicy", "Sim3", "StopPolicy", "WindowAlignment",
+    "WindowPolicy", "make_policy", "policy_class", "validate_window",
 ]

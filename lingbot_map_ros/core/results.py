@@ -11,6 +11,21 @@ import numpy as np
 
 
 @dataclass(frozen=True)
+class SessionInfo:
+    """What runs: the model and the resolved runtime, with the reasons (logs, /diagnostics, CacheStats)."""
+
+    backend: str  # attention backend family: flashinfer | sdpa
+    backend_reason: str  # why that backend was chosen
+    attention: str  # the resolved one-frame attention path, e.g. sdpa:split+graph+compiled
+    runtime_reasons: tuple[str, ...]  # one line per runtime decision (kernel, graphs, fusion, autocast)
+    dtype: str  # compute dtype of the aggregator
+    device: str
+    model_preset: str
+    depth_available: bool
+    random_weights: bool
+
+
+@dataclass(frozen=True)
 class CacheSnapshot:
     """KV-cache state right after a frame was processed (docs/model.md §9.6)."""
 

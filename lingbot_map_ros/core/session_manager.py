@@ -1,54 +1,90 @@
-"""SessionManager: owns the current streaming session and decides what a settings change needs.
+"""SessionManager: the one owner of a camera stream's sessions - model, session, long-run policy.
 
-Every caller that lets settings change while frames stream (the node's parameters, a tool) hands
-the new ``(RuntimeConfig, StreamConfig)`` to ``apply`` and gets back what happened:
+Every caller that streams frames goes through it (the node's inference thread, the offline tool,
+the benchmarks), and it is the only code that builds a model or a ``StreamingSession``:
 
-* a runtime field changed (checkpoint, preset, device, dtype, backend, ...): a **new model** is
-  built first and only then swapped in, so a failure leaves the running model untouched;
-* a cache/stream geometry field changed (``applies == "session"`` in ``settings.py``): a **new
-  session** (new world frame) on the same model, by ``StreamingSession.reconfigure``; a changed
-  ``long_run_policy`` is one of these: the session swaps its policy object (``long_run.py``), so
-  model, caches and resolved runtime stay and one session class serves every policy;
-* ``keyframe_interval`` or the depth head: applied **from the next frame**, same session.
+* **frames** - ``push``: the policy admits the frame, the session processes it, and when the session
+  signals its stored-frame limit (``StoredFrameLimit``, raised before anything changed) the manager
+  asks the policy (``at_limit``) and acts on the answer from outside the session: refuse, start a new
+  session, or push the frame again after the policy started the next window. Every result is mapped
+  into the world frame by the policy (``to_world``). No push ever runs inside another.
+* **new sessions** - whoever asks for one (a reset, a settings change, the long-run policy, a model
+  fault, the caller after non-finite outputs or a time jump) gets it through ``_start_session``: the
+  session and the policy start a new world frame, the buffered frames it discards are collected, and
+  the listener (``on_new_session``) hears of it with the cause, so counters, input sizes and maps
+  follow every session, not only the ones the caller started.
+* **faults** - a model step that raises (CUDA out of memory included) may have written part of its
+  K/V pages and evicted a window frame: no earlier state can be restored without copies, so every
+  fault, during a window switch too, takes one path: a new session, then ``InferenceFailed`` carrying
+  the cause as text (the traceback's frames, which hold the failed step's tensors, are released).
+* **settings** - ``apply``: a runtime field changed (checkpoint, preset, device, dtype, backend, ...):
+  a **new model** is built first and only then swapped in, so a failure leaves the running model
+  untouched; a cache/stream geometry field (``applies == "session"`` in ``settings.py``): a **new
+  session** on the same model (a changed ``long_run_policy`` swaps the policy object);
+  ``keyframe_interval`` or the depth head: **from the next frame**, same session.
 
-Frames buffered for the joint scale-frame call are discarded by a reset or a new session; their
-stamps come back in ``ApplyResult.discarded`` / from ``reset`` so the caller can give each one a
-final status. Session ids stay monotonic across model swaps (``session_id``).
-
-A model step that raises (a fault, CUDA out of memory) may have written part of its K/V pages and
-evicted a window frame: no earlier state can be restored without copies, so ``push`` starts a new
-session and raises ``InferenceFailed`` with the frames that reset discarded.
-
-Not thread-safe by design: one thread (the node's inference thread) owns the manager.
+Session ids are monotonic over everything above. Not thread-safe by design: one thread (the node's
+inference thread) owns the manager; other threads read ``view()`` snapshots.
 """
 from __future__ import annotations
 
 import enum
 import traceback
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
-from .config import RuntimeConfig, StreamConfig, model_config, replace
-from .results import CacheSnapshot, FrameResult
+from .config import ModelConfig, RuntimeConfig, StreamConfig, model_config, replace, validate_runtime, validate_stream
+from .long_run import LimitAction, LongRunPolicy, Refeed, Sim3, WindowAlignment, make_policy, policy_class
+from .model import LingBotMap, build_model
+from .results import CacheSnapshot, FrameResult, SessionInfo
+from .runtime import ResolvedRuntime, resolve_runtime
+from .session_errors import SessionError, SessionStopped, StoredFrameLimit
 from .settings import applies_of_field
-from .stream import SessionError, SessionInfo, StreamingSession, make_session
+from .stream import Processed, StreamingSession
+
+MEMORY_HEADROOM = 1.25  # weights x this must fit in free device memory (activations and caches come on top)
+
+
+class SessionCause(str, enum.Enum):
+    """Why a session started (the node counts each cause)."""
+
+    STARTED = "started"  # the manager's first session
+    RESET = "reset"  # a caller's reset (the node's ~/reset)
+    PARAMETERS = "parameters"  # settings changed: a new session, or a new model
+    POLICY = "policy"  # the long-run policy asked for a new world frame
+    FAILURE = "failure"  # the model raised
+    NON_FINITE = "non_finite"  # the caller saw non-finite outputs in a row
+    TIME_JUMP = "time_jump"  # the caller saw the stamps go back
+
+
+@dataclass(frozen=True)
+class SessionStart:
+    """A new session (a new world frame) and why it started."""
+
+    session_id: int
+    cause: SessionCause
+    reason: str
+    discarded: tuple[Any, ...] = ()  # stamps of the buffered frames it dropped (each needs a final status)
 
 
 class InferenceFailed(RuntimeError):
-    """The model raised for a frame; the session was started anew (``discarded``: the other frames
-    that were buffered with it, whose stamps need a final status)."""
+    """The model raised for a frame; the manager started a new session (``start``)."""
 
-    def __init__(self, cause: BaseException, discarded: list[Any]) -> None:
+    def __init__(self, cause: BaseException, start: SessionStart) -> None:
         super().__init__(f"{type(cause).__name__}: {cause}")
         # The traceback's frames hold the failed step's tensors (for an out-of-memory, gigabytes of
         # activations): keep it as text and let the frames go now, not whenever the caller drops us.
         self.detail = "".join(traceback.format_exception(cause))
         cause.__traceback__ = None
         self.cause = cause
-        self.discarded = discarded
+        self.start = start
+
+    @property
+    def discarded(self) -> tuple[Any, ...]:
+        return self.start.discarded
 
 
 class Change(str, enum.Enum):
@@ -62,10 +98,86 @@ class Change(str, enum.Enum):
 class ApplyResult:
     change: Change
     fields: tuple[str, ...] = ()  # the RuntimeConfig/StreamConfig fields that differed
-    discarded: list[Any] = field(default_factory=list)  # stamps of buffered frames the change dropped
+    discarded: tuple[Any, ...] = ()  # stamps of buffered frames the change dropped
 
 
-MEMORY_HEADROOM = 1.25  # weights x this must fit in free device memory (activations and caches come on top)
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to stream: its shapes, the resolved runtime it runs with, and what that is."""
+
+    model: LingBotMap
+    cfg: ModelConfig
+    runtime: ResolvedRuntime
+    info: SessionInfo
+    weights: str = ""  # where the weights came from: the checkpoint path, or random(seed=N)
+
+
+@dataclass(frozen=True)
+class ManagerView:
+    """What another thread may read of the manager: a snapshot taken by the owning thread."""
+
+    session_id: int = 0
+    runtime: Optional[RuntimeConfig] = None
+    stream_cfg: Optional[StreamConfig] = None
+    info: Optional[SessionInfo] = None
+    buffered: int = 0
+    window_index: int = 0
+    window_switches: int = 0
+    snapshot: CacheSnapshot = field(default_factory=CacheSnapshot)
+    warnings: tuple[str, ...] = ()
+    last_start: Optional[SessionStart] = None
+
+
+def session_info(runtime: ResolvedRuntime, cfg: ModelConfig, model: Any, *, random_weights: bool) -> SessionInfo:
+    return SessionInfo(
+        backend=runtime.backend,
+        backend_reason=runtime.backend_reason,
+        attention=runtime.attention,
+        runtime_reasons=tuple(runtime.reasons),
+        dtype=str(runtime.dtype).replace("torch.", ""),
+        device=str(runtime.device),
+        model_preset=cfg.preset,
+        depth_available=getattr(model, "depth_head", None) is not None,
+        random_weights=random_weights,
+    )
+
+
+def load_model(runtime: RuntimeConfig, log: Callable[[str], None] = print) -> LoadedModel:
+    """The model for ``runtime``: resolved once, built (checkpoint weights or seeded random ones)
+    straight in its compute dtype, cast for inference. Raises with the reason when it cannot."""
+    resolved = resolve_runtime(runtime)
+    preset = runtime.resolved_preset()
+    cfg = model_config(preset)
+    model, report = build_model(
+        cfg, checkpoint=runtime.checkpoint, seed=runtime.seed, device=resolved.device,
+        dtype=resolved.dtype,  # the aggregator is built/loaded in the compute dtype: one copy, no fp32 detour
+        enable_depth=True, allow_unsafe=runtime.allow_unsafe_checkpoint,
+    )
+    if runtime.checkpoint:
+        log(f"checkpoint {runtime.checkpoint}: {report.summary()}")
+    else:
+        log(f"NO CHECKPOINT: using random weights of the '{preset}' preset (seed {runtime.seed}); "
+            "poses are NOT meaningful")
+    cast_for_inference(model, resolved.dtype)
+    info = session_info(resolved, cfg, model, random_weights=not runtime.checkpoint)
+    log(f"attention backend {info.backend} ({info.backend_reason}); dtype {info.dtype}; device {info.device}")
+    if resolved.device.type == "cuda":
+        log(f"one-frame steps: {resolved.summary()}")
+    return LoadedModel(model, cfg, resolved, info, weights=report.source)
+
+
+def cast_for_inference(model: LingBotMap, dtype: torch.dtype) -> None:
+    """Aggregator in the compute dtype; camera and depth heads stay fp32 (docs/model.md §14)."""
+    model.eval()
+    model.aggregator.to(dtype)
+
+
+def settings_problems(runtime: RuntimeConfig, stream: StreamConfig) -> list[str]:
+    """Every reason the settings cannot run, the long-run policy's own ones too (nothing is built)."""
+    problems = validate_runtime(runtime) + validate_stream(stream)
+    if not problems:  # the policy name is known now
+        problems = policy_class(stream.long_run_policy).problems(stream)
+    return problems
 
 
 def model_change_problems(runtime: RuntimeConfig) -> list[str]:
@@ -73,7 +185,6 @@ def model_change_problems(runtime: RuntimeConfig) -> list[str]:
     device/dtype/backend, the checkpoint file (readable, safe, every key with its shape for the
     preset) and the device memory for the weights. Cheap: nothing is allocated."""
     from .model.checkpoint import CheckpointError, check_checkpoint, model_bytes
-    from .runtime import resolve_runtime
 
     try:
         resolved = resolve_runtime(runtime)
@@ -102,18 +213,42 @@ def changed_fields(old, new) -> tuple[str, ...]:
 
 
 class SessionManager:
-    """The current session of one camera stream, and the one place that applies setting changes."""
+    """The sessions of one camera stream, and the one place that starts them or applies settings."""
 
     def __init__(self, runtime: RuntimeConfig, stream: StreamConfig, log: Callable[[str], None] = print,
-                 build: Callable[..., StreamingSession] = make_session) -> None:
-        """Builds the model and the first session (raises with the reason when it cannot)."""
+                 load: Optional[Callable[[RuntimeConfig, Callable[[str], None]], LoadedModel]] = None) -> None:
+        """Checks the settings, builds the model and the first session (raises with the reason when
+        it cannot). ``load`` builds the model: ``load_model`` unless given (the benchmark hands in one
+        that reuses a built model, tests stand-in models)."""
+        problems = settings_problems(runtime, stream)
+        if problems:
+            raise ValueError("; ".join(problems))
         self._log = log
-        self._build = build
-        self._session = build(runtime, stream, log=log)
+        self._load = load if load is not None else load_model
+        # Called with every SessionStart after the first session (the node counts them, renews its
+        # input size, clears its path and map); set it once the listener exists.
+        self.on_new_session: Optional[Callable[[SessionStart], None]] = None
+        self.policy: LongRunPolicy = make_policy(stream)
         self.runtime = runtime
-        self._id_base = 0  # published session id = base + the session object's own id
+        self._loaded = self._load(runtime, log)
+        self._session = StreamingSession(self._loaded.model, self._loaded.cfg, stream, self._loaded.runtime, log)
+        self._session_id = 0
+        self.last_start = SessionStart(0, SessionCause.STARTED, "first session")
 
-    # ------------------------------------------------------------------ what the caller reads
+    @classmethod
+    def around(cls, model: Any, cfg: ModelConfig, stream: StreamConfig, runtime: ResolvedRuntime,
+               log: Callable[[str], None] = print, *, settings: Optional[RuntimeConfig] = None,
+               random_weights: bool = True) -> "SessionManager":
+        """A manager over a model that is built already: the benchmark's variants share one model,
+        tests stream through stand-in models. ``settings``: the runtime settings it stands for (what
+        ``apply`` compares with; default: the device, dtype and preset of ``runtime`` and ``cfg``)."""
+        loaded = LoadedModel(model, cfg, runtime, session_info(runtime, cfg, model, random_weights=random_weights))
+        if settings is None:
+            settings = RuntimeConfig(device=str(runtime.device), dtype=str(runtime.dtype).replace("torch.", ""),
+                                     model_preset=cfg.preset)
+        return cls(settings, stream, log, load=lambda _runtime, _log: loaded)
+
+    # ------------------------------------------------------------------ what the owner reads
     @property
     def session(self) -> StreamingSession:
         return self._session
@@ -121,7 +256,7 @@ class SessionManager:
     @property
     def session_id(self) -> int:
         """Monotonic over resets, new sessions and new models."""
-        return self._id_base + int(self._session.session_id)
+        return self._session_id
 
     @property
     def stream_cfg(self) -> StreamConfig:
@@ -129,61 +264,130 @@ class SessionManager:
 
     @property
     def info(self) -> SessionInfo:
-        return self._session.info
+        return self._loaded.info
 
     @property
     def buffered(self) -> int:
         return self._session.buffered
 
+    def pending_stamps(self) -> list[Any]:
+        """Stamps of the frames buffered for the joint scale-frame call (re-fed overlap frames excluded)."""
+        return [s for s in self._session.pending_stamps() if not isinstance(s, Refeed)]
+
     def snapshot(self) -> CacheSnapshot:
         return self._session.snapshot()
 
     def warnings(self) -> list[str]:
-        return list(self._session.warnings())
+        return list(self.policy.warnings(self._session.warnings()))
+
+    # the long-run window chain (a policy without windows: window 0, no switches, identity)
+    @property
+    def window_index(self) -> int:
+        return self.policy.window_index
+
+    @property
+    def window_switches(self) -> int:
+        return self.policy.window_switches
+
+    @property
+    def transform(self) -> Sim3:
+        return self.policy.transform
+
+    @property
+    def last_alignment(self) -> Optional[WindowAlignment]:
+        return self.policy.last_alignment
+
+    @property
+    def overlap_buffered(self) -> int:
+        return self.policy.overlap_buffered
+
+    def view(self) -> ManagerView:
+        """A snapshot for other threads (the node's diagnostics run on the executor thread)."""
+        return ManagerView(
+            session_id=self.session_id, runtime=self.runtime, stream_cfg=self.stream_cfg, info=self.info,
+            buffered=self.buffered, window_index=self.window_index, window_switches=self.window_switches,
+            snapshot=self.snapshot(), warnings=tuple(self.warnings()), last_start=self.last_start,
+        )
 
     # ------------------------------------------------------------------ frames
     def push(self, frame: torch.Tensor | np.ndarray, stamp: Any = None) -> list[FrameResult]:
-        """Frames processed now; ``SessionError`` for a frame the session refuses (state unchanged),
-        ``InferenceFailed`` when the model raised (the session was reset)."""
+        """Frames processed now, in the world frame. ``SessionError`` for a frame refused (nothing
+        changed); ``InferenceFailed`` when the model raised (a new session was started)."""
         try:
-            return self._session.push(frame, stamp=stamp)
+            self.policy.admit()
+            try:
+                processed = self._session.push(frame, stamp)
+            except StoredFrameLimit as limit:
+                processed = self._at_limit(frame, stamp, limit)
+            return [self.policy.to_world(p) for p in processed]
         except SessionError:
             raise
         except Exception as exc:  # noqa: BLE001 - any model fault: only a new session is known to be consistent
-            discarded = [s for s in self.reset() if s is not stamp]
-            failure = InferenceFailed(exc, discarded)  # drops the failed step's frames and tensors
-            if isinstance(exc, torch.cuda.OutOfMemoryError):
-                torch.cuda.empty_cache()  # give the freed blocks back, for the next frame and others
+            failure = self._failure(exc, stamp)
         raise failure from None  # outside the except block: the cause's frames are already released
 
     def flush(self) -> list[FrameResult]:
         """The frames still buffered for the joint scale-frame call, processed now (a stream that ended
         before ``scale_frames`` frames)."""
-        return self._session.flush()
+        try:
+            return [self.policy.to_world(p) for p in self._session.flush()]
+        except SessionError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - as in push
+            failure = self._failure(exc, None)
+        raise failure from None
 
-    def reset(self) -> list[Any]:
-        """New session (new world frame, caches emptied); returns the discarded buffered frames' stamps."""
-        discarded = self._session.pending_stamps()
-        self._session.reset()
-        return discarded
+    def reset(self, reason: str = "reset requested", cause: SessionCause = SessionCause.RESET) -> SessionStart:
+        """A new session (new world frame, caches emptied); the start says which buffered frames it dropped."""
+        return self._start_session(reason, cause)
+
+    def _at_limit(self, frame: Any, stamp: Any, limit: StoredFrameLimit) -> list[Processed]:
+        """The session signalled its stored-frame limit: the policy decides, the manager acts."""
+        try:
+            decision = self.policy.at_limit(self._session, limit)
+        except SessionStopped:
+            raise  # refused; the policy changed nothing
+        except SessionError as exc:  # the policy may have changed the session already: a fault
+            raise RuntimeError(f"long-run policy '{self.policy.name}' at the stored-frame limit: {exc}") from None
+        if decision.action is LimitAction.NEW_SESSION:
+            self._start_session(decision.reason, SessionCause.POLICY)
+        # PUSH_AGAIN: the policy made room. A second StoredFrameLimit here would be a policy bug, and
+        # is not a SessionError: it takes the failure path.
+        return self._session.push(frame, stamp)
+
+    def _failure(self, exc: BaseException, stamp: Any) -> InferenceFailed:
+        start = self._start_session(f"inference failed: {type(exc).__name__}: {exc}", SessionCause.FAILURE,
+                                    keep=stamp)
+        failure = InferenceFailed(exc, start)  # drops the failed step's frames and tensors
+        if isinstance(exc, torch.cuda.OutOfMemoryError):
+            torch.cuda.empty_cache()  # give the freed blocks back, for the next frame and others
+        return failure
 
     # ------------------------------------------------------------------ settings
     def apply(self, runtime: RuntimeConfig, stream: StreamConfig) -> ApplyResult:
-        """Apply new settings; raises (and changes nothing) when a new model cannot be built."""
+        """Apply new settings; raises (and changes nothing) when they cannot run or a new model
+        cannot be built."""
+        problems = settings_problems(runtime, stream)
+        if problems:
+            raise ValueError("; ".join(problems))
         runtime_changes = changed_fields(self.runtime, runtime)
         if runtime_changes:
-            new = self._build(runtime, stream, log=self._log)  # may raise: the old model keeps running
-            discarded = self._session.pending_stamps()
-            self._swap(new)
-            self.runtime = runtime
-            return ApplyResult(Change.NEW_MODEL, runtime_changes, discarded)
+            loaded = self._load(runtime, self._log)  # may raise: the old model keeps running
+            discarded = self.pending_stamps()
+            self._adopt_policy(stream)
+            self._loaded, self.runtime = loaded, runtime
+            self._session = StreamingSession(loaded.model, loaded.cfg, stream, loaded.runtime, self._log)
+            start = self._start_session(f"parameters {list(runtime_changes)} changed (new model)",
+                                        SessionCause.PARAMETERS, discarded=discarded)
+            return ApplyResult(Change.NEW_MODEL, runtime_changes, start.discarded)
         old = self._session.stream_cfg
         stream_changes = changed_fields(old, stream)
         session_changes = tuple(f for f in stream_changes if applies_of_field(f) == "session")
         if session_changes:
-            discarded = self._session.pending_stamps()
-            self._session.reconfigure(stream)  # may raise (bad window settings): then nothing changed
-            return ApplyResult(Change.NEW_SESSION, session_changes, discarded)
+            self._session.reconfigure(stream)
+            self._adopt_policy(stream)
+            start = self._start_session(f"parameters {list(session_changes)} changed", SessionCause.PARAMETERS)
+            return ApplyResult(Change.NEW_SESSION, session_changes, start.discarded)
         if not stream_changes:
             return ApplyResult(Change.NONE)
         if stream.keyframe_interval != old.keyframe_interval:
@@ -192,7 +396,7 @@ class SessionManager:
         if stream.with_depth != old.with_depth:
             # the depth head reads the same tokens: no cache change, so no new session
             self._session.stream_cfg = replace(self._session.stream_cfg, with_depth=stream.with_depth)
-            if stream.with_depth and not self._session.info.depth_available:
+            if stream.with_depth and not self.info.depth_available:
                 self._log("depth requested but this model has no depth head: depth outputs stay silent")
         return ApplyResult(Change.NEXT_FRAME, stream_changes)
 
@@ -200,12 +404,35 @@ class SessionManager:
         """Drop the session and the model (lifecycle cleanup): GPU memory goes back to the driver."""
         device = self._session.device
         del self._session
+        del self._loaded
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def _swap(self, new: StreamingSession) -> None:
-        self._id_base = self.session_id + 1 - int(new.session_id)
-        self._session = new
+    # ------------------------------------------------------------------ the one path of a new session
+    def _start_session(self, reason: str, cause: SessionCause, *, discarded: Optional[list[Any]] = None,
+                       keep: Any = None) -> SessionStart:
+        """Every new session: the session and the policy start a new world frame; the buffered frames
+        it drops (``keep``: the caller's own frame, which it ends itself) go to the listener."""
+        if discarded is None:
+            discarded = self.pending_stamps()
+        self._session_id = session_id = self._session_id + 1
+        self._session.reset(session_id)
+        self.policy.reset(self._session.stream_cfg)
+        start = SessionStart(session_id, cause, reason, tuple(s for s in discarded if s is not keep))
+        self.last_start = start
+        if self.on_new_session is not None:
+            self.on_new_session(start)
+        return start
+
+    def _adopt_policy(self, stream: StreamConfig) -> None:
+        """A changed ``long_run_policy`` swaps the policy object; the same policy keeps its object
+        (its ``window_switches`` keep counting) and is reset with the new session."""
+        if type(self.policy) is not policy_class(stream.long_run_policy):
+            self.policy = make_policy(stream)
 
 
-__all__ = ["ApplyResult", "Change", "InferenceFailed", "SessionManager", "changed_fields", "model_change_problems"]
+__all__ = [
+    "ApplyResult", "Change", "InferenceFailed", "LoadedModel", "ManagerView", "SessionCause", "SessionManager",
+    "SessionStart", "cast_for_inference", "changed_fields", "load_model", "model_change_problems",
+    "session_info", "settings_problems",
+]

@@ -1,30 +1,28 @@
-"""StreamingSession: frames in, FrameResults out (docs/model.md §9, §12).
+"""StreamingSession: preprocessed frames in, FrameResults out, over one model and its caches (docs/model.md §9, §12).
 
-The session owns the model's caches and the streaming state machine:
+The session owns the model's caches and the streaming state machine of ONE world frame:
 
 * phase 1 — the first ``scale_frames`` frames are buffered and processed in one call, all
   attending to each other; they become the scale frames, kept forever;
 * phase 2 — every later frame alone; keyframes (every ``keyframe_interval``-th) are stored in the
   KV cache, non-keyframes attend to the cache plus themselves and are forgotten (the FlashInfer
   semantics of §9.5, in every backend);
-* limits — the RoPE frame index never reaches ``max_frame_num``; before ``max_stored_frames``
-  stored frames the long-run policy acts.
+* the stored-frame limit — the RoPE frame index never reaches ``max_frame_num``; before a keyframe
+  would pass ``max_stored_frames`` the session raises ``StoredFrameLimit`` *before changing any
+  state*, and the session manager asks the long-run policy what happens (``core/session_manager.py``).
 
-The long-run policy (stop, reset or window) is an object the session owns (``long_run``, built by
-``long_run.make_policy`` from ``long_run_policy``) and calls at fixed hook points: before a phase-2
-frame (``admit``), at the stored-frame limit (``at_limit``), on every result it hands out
-(``publish``: the window policy's world-frame transform and overlap buffer), on reset and for the
-warnings. So the session has no branch on the policy's name, one session class serves every policy,
-and a runtime change of the policy swaps that object on the same model and caches (``reconfigure``).
-
-It imports no rclpy: the node hands in preprocessed tensors and publishes what comes back.
+Its results are in its own first frame: the long-run policy (``long_run.py``), which chains windows
+into one world frame, is the manager's, not the session's. So the session has no policy branch, no
+callbacks up and no nested calls; one constructor takes the resolved runtime, and the manager is the
+only code that builds one (``SessionManager``). It imports no rclpy: the node hands in preprocessed
+tensors and publishes what comes back.
 """
 from __future__ import annotations
 
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -35,34 +33,27 @@ from .config import (
     PATCH_SIZE,
     SPECIAL_TOKENS_PER_FRAME,
     ModelConfig,
-    RuntimeConfig,
     StreamConfig,
-    model_config,
     replace,
-    validate_runtime,
+    stored_frame_limit,
     validate_stream,
 )
 from .cuda_graph import GraphedFrameStep
 from .geometry import decode_pose_encoding
-from .long_run import LongRunPolicy, Sim3, WindowAlignment, make_policy, policy_class
-from .model import LingBotMap, build_model
+from .model import LingBotMap
 from .model.fusion import BlockFusion, fused_blocks
 from .results import CacheSnapshot, FrameResult
-from .runtime import ResolvedRuntime, resolve_for, resolve_runtime
-from .session_errors import FrameSizeChanged, SessionError, SessionStopped  # noqa: F401 - re-exported: callers catch them from here
+from .runtime import ResolvedRuntime
+from .session_errors import FrameSizeChanged, SessionError, StoredFrameLimit
 
 TRAINING_RANGE_STORED_FRAMES = 320  # README of the official model: quality degrades beyond this
 
 
-@dataclass(frozen=True)
-class SessionInfo:
-    backend: str  # attention backend in use: flashinfer | sdpa
-    backend_reason: str  # why that backend was chosen
-    dtype: str  # compute dtype of the aggregator
-    device: str
-    model_preset: str
-    depth_available: bool
-    random_weights: bool
+class Processed(NamedTuple):
+    """One processed frame and the input it came from (the window policy keeps recent inputs)."""
+
+    result: FrameResult
+    image: torch.Tensor  # [3, H, W] the preprocessed frame
 
 
 @dataclass
@@ -72,64 +63,24 @@ class _PendingFrame:
 
 
 class StreamingSession:
-    """One camera stream through LingBot-Map with a paged KV cache."""
+    """One camera stream through LingBot-Map with a paged KV cache, in one world frame."""
 
-    def __init__(
-        self,
-        model: LingBotMap,
-        model_cfg: ModelConfig,
-        stream_cfg: StreamConfig,
-        *,
-        device: torch.device,
-        dtype: torch.dtype,
-        backend: str = "sdpa",
-        info: Optional[SessionInfo] = None,
-        log: Callable[[str], None] = print,
-        cuda_graphs: bool = True,
-        flashinfer_kernel: str = "auto",
-        autocast: bool = True,
-        sdpa_kernel: str = "auto",
-        compile_blocks: str | bool = "off",
-        runtime: Optional[ResolvedRuntime] = None,
-    ) -> None:
-        """``runtime``: the resolved runtime (``runtime.resolve_runtime``); when given it decides
-        backend, kernels, graphs, fusion and autocast, and the keyword settings below are ignored.
-        Without it they are resolved here by the same function (``runtime.resolve_for``):
-        ``autocast`` = the official mixed-precision recipe (``False`` runs the aggregator purely in
-        ``dtype``: faster, further from the official bf16 numbers); ``compile_blocks`` defaults to
-        off on this path so that direct constructions (tests) never pay a compile."""
+    def __init__(self, model: LingBotMap, model_cfg: ModelConfig, stream_cfg: StreamConfig,
+                 runtime: ResolvedRuntime, log: Callable[[str], None] = print) -> None:
+        """``runtime`` (``runtime.resolve_runtime`` / ``resolve_for``) decides device, dtype, the
+        attention backend and kernel, CUDA graphs, block fusion and autocast: one owner of those."""
         problems = validate_stream(stream_cfg)
         if problems:
             raise ValueError("; ".join(problems))
-
-        self.long_run: LongRunPolicy = make_policy(stream_cfg)  # raises for settings the policy cannot run with
         self.model = model
         self.model_cfg = model_cfg
         self.stream_cfg = stream_cfg
-        if runtime is None:
-            runtime = resolve_for(
-                device, dtype, backend=backend, flashinfer_kernel=flashinfer_kernel, sdpa_kernel=sdpa_kernel,
-                cuda_graphs=cuda_graphs, compile_blocks=compile_blocks, autocast=autocast,
-            )
         self.runtime = runtime
         self.device = runtime.device
         self.dtype = runtime.dtype
-        self.backend = runtime.backend
         self.log = log
-        self.info = info or SessionInfo(
-            backend=self.backend,
-            backend_reason="chosen by the caller",
-            dtype=str(dtype).replace("torch.", ""),
-            device=str(device),
-            model_preset=model_cfg.preset,
-            depth_available=model.depth_head is not None,
-            random_weights=True,
-        )
-        self.session_id = 0
-        # all resolved by runtime.resolve_for (one owner); kept as attributes for the callers
-        self.use_cuda_graphs = runtime.cuda_graphs
-        self.flashinfer_kernel = runtime.flashinfer_kernel
-        self.autocast = runtime.autocast
+        self.session_id = 0  # set by the manager (``reset``): monotonic over every session it starts
+        self.use_cuda_graphs = runtime.cuda_graphs  # the benchmark's kernel profile turns it off for a while
         self._fusion: Optional[BlockFusion] = BlockFusion() if runtime.compile_blocks else None
         self._graph_step: Optional[GraphedFrameStep] = None
         self._graph_key: Optional[tuple] = None
@@ -137,56 +88,6 @@ class StreamingSession:
         self._camera_kv: Optional[CameraKVCache] = None
         self._kv_hw: Optional[tuple[int, int]] = None
         self._new_session_state()
-
-    # ------------------------------------------------------------------ construction
-    @classmethod
-    def from_config(
-        cls, runtime: RuntimeConfig, stream: StreamConfig, log: Callable[[str], None] = print
-    ) -> "StreamingSession":
-        """Build model and session from the settings users give (node parameters, CLI options).
-
-        Every setting is checked before the model is built, the long-run policy's own ones too."""
-
-        problems = validate_runtime(runtime) + validate_stream(stream)
-        if not problems:  # the policy name is known now
-            problems = policy_class(stream.long_run_policy).problems(stream)
-        if problems:
-            raise ValueError("; ".join(problems))
-        resolved = resolve_runtime(runtime)
-        preset = runtime.resolved_preset()
-        cfg = model_config(preset)
-        model, report = build_model(
-            cfg,
-            checkpoint=runtime.checkpoint,
-            seed=runtime.seed,
-            device=resolved.device,
-            dtype=resolved.dtype,  # the aggregator is built/loaded in the compute dtype: one copy, no fp32 detour
-            enable_depth=True,
-            allow_unsafe=runtime.allow_unsafe_checkpoint,
-        )
-        if not runtime.checkpoint:
-            log(
-                f"NO CHECKPOINT: using random weights of the '{preset}' preset (seed {runtime.seed}); "
-                "poses are NOT meaningful"
-            )
-        else:
-            log(f"checkpoint {runtime.checkpoint}: {report.summary()}")
-        _cast_for_inference(model, resolved.dtype)
-        info = SessionInfo(
-            backend=resolved.backend,
-            backend_reason=resolved.backend_reason,
-            dtype=str(resolved.dtype).replace("torch.", ""),
-            device=str(resolved.device),
-            model_preset=preset,
-            depth_available=model.depth_head is not None,
-            random_weights=not runtime.checkpoint,
-        )
-        log(f"attention backend {info.backend} ({info.backend_reason}); dtype {info.dtype}; device {info.device}")
-        session = cls(model, cfg, stream, device=resolved.device, dtype=resolved.dtype, info=info, log=log,
-                      runtime=resolved)
-        if session.device.type == "cuda":
-            log(f"one-frame steps: {resolved.summary()}")
-        return session
 
     # ------------------------------------------------------------------ public API
     @property
@@ -199,55 +100,35 @@ class StreamingSession:
         reset or a new session discards (the caller gives each its final status)."""
         return [f.stamp for f in self._pending]
 
-    # The long-run window chain, read by the node's diagnostics and the tests; delegated to the policy
-    # (a policy without windows: window 0, no switches, identity transform, nothing buffered).
-    @property
-    def window_index(self) -> int:
-        """Windows chained in the current world frame so far (0 = the first window)."""
-        return self.long_run.window_index
-
-    @property
-    def window_switches(self) -> int:
-        """Window switches since the policy was built (across resets)."""
-        return self.long_run.window_switches
-
-    @property
-    def transform(self) -> Sim3:
-        """Current window -> world frame."""
-        return self.long_run.transform
-
-    @property
-    def last_alignment(self) -> Optional[WindowAlignment]:
-        """How the latest window was attached to the chain (``None`` before the first switch)."""
-        return self.long_run.last_alignment
-
-    @property
-    def overlap_buffered(self) -> int:
-        """Frames held for the next window (never more than ``overlap_frames``)."""
-        return self.long_run.overlap_buffered
-
     @property
     def frames_stored(self) -> int:
         """F: frames stored in the KV cache in this session (the next keyframe's RoPE index)."""
         return self._stored
 
-    def push(self, frame: torch.Tensor | np.ndarray, stamp: Any = None) -> list[FrameResult]:
-        """Take one preprocessed frame ``[3, H, W]`` in [0, 1]; return the frames processed now."""
+    @property
+    def frames_pushed(self) -> int:
+        """Frames processed in this session so far (the next frame's ``frame_index``)."""
+        return self._frame_index
+
+    def push(self, frame: torch.Tensor | np.ndarray, stamp: Any = None) -> list[Processed]:
+        """Take one preprocessed frame ``[3, H, W]`` in [0, 1]; return the frames processed now.
+
+        ``SessionError`` for a frame the session refuses, ``StoredFrameLimit`` for a keyframe that
+        would pass the stored-frame limit; both leave the session exactly as it was."""
         image = torch.as_tensor(frame, dtype=torch.float32)
         if image.ndim != 3 or image.shape[0] != 3:
             raise SessionError(f"expected a [3, H, W] frame, got shape {tuple(image.shape)}")
         hw = (int(image.shape[1]), int(image.shape[2]))
         if hw[0] % PATCH_SIZE or hw[1] % PATCH_SIZE or hw[0] <= 0 or hw[1] <= 0:
             raise SessionError(f"frame size {hw[1]}x{hw[0]} is not a positive multiple of {PATCH_SIZE}")
-        if self._image_hw is None:
-            self._image_hw = hw
-        elif hw != self._image_hw:
+        if self._image_hw is not None and hw != self._image_hw:
             raise FrameSizeChanged(
                 f"frame size changed from {self._image_hw[1]}x{self._image_hw[0]} to {hw[1]}x{hw[0]} "
                 "within a session; reset the session to change resolution"
             )
         if self._phase1_done:
             return self._process_phase2(image, stamp)
+        self._image_hw = hw
         self._pending.append(_PendingFrame(image, stamp))
         if len(self._pending) >= self.stream_cfg.scale_frames:
             try:
@@ -257,47 +138,33 @@ class StreamingSession:
                 raise
         return []
 
-    def flush(self) -> list[FrameResult]:
+    def flush(self) -> list[Processed]:
         """Process buffered scale frames now, fewer than ``scale_frames`` if the stream ended early."""
         if self._phase1_done or not self._pending:
             return []
         return self._process_scale_frames()
 
-    def reset(self) -> None:
-        """Start a new session: caches emptied, counters zeroed, a new world frame (the policy's
-        state too: the window chain, a reached 'stop')."""
-        self.long_run.reset(self)
-        self.session_id += 1
+    def reset(self, session_id: int) -> None:
+        """Start session ``session_id``: caches emptied, counters zeroed, a new world frame."""
+        self.session_id = session_id
         self._new_session_state()
 
     def begin_window(self) -> None:
-        """Empty the caches and counters but keep ``session_id``: the window policy's next window
-        continues the same world frame."""
+        """Empty the caches and counters but keep ``session_id``: the window policy's next window,
+        whose results it maps into the same world frame."""
         self._new_session_state()
 
     def reconfigure(self, stream: StreamConfig) -> None:
-        """Apply new stream settings by starting a new session (cache geometry may change).
-
-        A changed ``long_run_policy`` swaps the policy object; the same policy keeps its object,
-        reset like on any new session (its ``window_switches`` keep counting). Nothing changes when
-        the settings are refused."""
-
+        """New stream settings for the next session (the manager starts it); the caches are dropped
+        when their geometry changes. Nothing changes when the settings are refused."""
         problems = validate_stream(stream)
         if problems:
             raise ValueError("; ".join(problems))
-        policy = make_policy(stream)  # raises for settings the policy cannot run with: nothing changed yet
-        if type(policy) is not type(self.long_run):
-            self.long_run = policy
-        geometry_changed = (
-            stream.scale_frames != self.stream_cfg.scale_frames
-            or stream.sliding_window != self.stream_cfg.sliding_window
-            or stream.camera_iterations != self.stream_cfg.camera_iterations
-            or stream.max_frame_num != self.stream_cfg.max_frame_num
-        )
+        old = self.stream_cfg
+        geometry = ("scale_frames", "sliding_window", "camera_iterations", "max_frame_num", "max_stored_frames")
         self.stream_cfg = stream
-        if geometry_changed:
+        if any(getattr(stream, name) != getattr(old, name) for name in geometry):
             self._release_caches()
-        self.reset()
 
     def set_keyframe_interval(self, keyframe_interval: int) -> None:
         """Change kf from the next frame on, without a new session (core/settings.py: "next_frame")."""
@@ -311,10 +178,11 @@ class StreamingSession:
         return self._snapshot(visible_keys=self._last_visible_keys)
 
     def warnings(self) -> list[str]:
-        """Limits being approached, for the node's diagnostics (WARN before anything is hit)."""
+        """Limits being approached, for the node's diagnostics (WARN before anything is hit); the
+        long-run policy edits them (``LongRunPolicy.warnings``)."""
         out: list[str] = []
         cfg = self.stream_cfg
-        limit = min(cfg.max_stored_frames, cfg.max_frame_num - 1)
+        limit = stored_frame_limit(cfg)
         if self._stored >= 0.9 * limit:
             out.append(
                 f"stored frames {self._stored} of {limit} before the long-run policy '{cfg.long_run_policy}' acts"
@@ -325,7 +193,7 @@ class StreamingSession:
             st = self._kv.stats()
             if st.special_pages_capacity and st.special_pages >= 0.9 * st.special_pages_capacity:
                 out.append(f"special pages {st.special_pages} of {st.special_pages_capacity}")
-        return self.long_run.warnings(out)
+        return out
 
     # ------------------------------------------------------------------ internals
     def _new_session_state(self) -> None:
@@ -393,7 +261,7 @@ class StreamingSession:
     def _is_keyframe(self, frame_index: int) -> bool:
         return (frame_index - self._kf_origin) % self.stream_cfg.keyframe_interval == 0
 
-    def _process_scale_frames(self) -> list[FrameResult]:
+    def _process_scale_frames(self) -> list[Processed]:
         frames = self._pending
         images = torch.stack([f.image for f in frames])  # [S, 3, H, W]
         s = images.shape[0]
@@ -409,24 +277,23 @@ class StreamingSession:
         self._scale_count = s
         self._phase1_done = True
         self._kf_origin = s
-        results = []
+        processed = []
         for j, frame in enumerate(frames):
-            raw = self._make_result(
+            result = self._make_result(
                 out, j, stamp=frame.stamp, is_keyframe=True, is_scale=True, rope_index=j, latency_ms=elapsed_ms / s
             )
-            results.append(self.long_run.publish(self, raw, frame.image))  # frame.image: [3, H, W]
+            processed.append(Processed(result, frame.image))
             self._frame_index += 1
-        return results
+        return processed
 
-    def _process_phase2(self, image: torch.Tensor, stamp: Any) -> list[FrameResult]:
-        self.long_run.admit()  # a policy that refuses frames (stop, once reached) raises here
-        cfg = self.stream_cfg
+    def _process_phase2(self, image: torch.Tensor, stamp: Any) -> list[Processed]:
         is_kf = self._is_keyframe(self._frame_index)
         f = self._stored
         # Never feed f >= max_frame_num (the official model crashes there, docs/model.md §16 #3); the
         # long-run policy acts before the configured stored-frame limit is passed.
-        if is_kf and (f + 1 > cfg.max_stored_frames or f + 1 >= cfg.max_frame_num):
-            return self.long_run.at_limit(self, image, stamp)
+        limit = stored_frame_limit(self.stream_cfg)
+        if is_kf and f + 1 > limit:
+            raise StoredFrameLimit(f, limit)
         out, elapsed_ms = self._run_model(
             image[None],
             torch.tensor([f]),
@@ -436,12 +303,11 @@ class StreamingSession:
         )
         if is_kf:
             self._stored += 1
-        raw = self._make_result(
+        result = self._make_result(
             out, 0, stamp=stamp, is_keyframe=is_kf, is_scale=False, rope_index=f, latency_ms=elapsed_ms
         )
-        result = self.long_run.publish(self, raw, image)  # image: [3, H, W]
         self._frame_index += 1
-        return [result]
+        return [Processed(result, image)]
 
     def _run_model(
         self,
@@ -486,7 +352,8 @@ class StreamingSession:
         The caches are the session's current ones; rebuilding them drops the captured graph."""
         # fusion None keeps what the caller set (the benchmark's kernel profile runs eager steps fused)
         fused = fused_blocks(fusion) if fusion is not None else contextlib.nullcontext()
-        with torch.inference_mode(), _autocast(self.device, self.dtype if self.autocast else torch.float32), fused:
+        compute = self.dtype if self.runtime.autocast else torch.float32
+        with torch.inference_mode(), _autocast(self.device, compute), fused:
             return self.model(
                 images.to(self.device, non_blocking=True),
                 rope_frames=rope_frames.to(self.device),
@@ -548,12 +415,6 @@ class StreamingSession:
         )
 
 
-def make_session(runtime: RuntimeConfig, stream: StreamConfig, log: Callable[[str], None] = print) -> StreamingSession:
-    """Model and session from the settings users give: the one builder of the node (through
-    ``SessionManager``) and the tools; the long-run policy comes with the session."""
-    return StreamingSession.from_config(runtime, stream, log=log)
-
-
 def _autocast(device: torch.device, dtype: torch.dtype):
     """The official GPU recipe: aggregator weights in bf16/fp16 under autocast (docs/model.md §14)."""
     if dtype == torch.float32:
@@ -561,7 +422,4 @@ def _autocast(device: torch.device, dtype: torch.dtype):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def _cast_for_inference(model: LingBotMap, dtype: torch.dtype) -> None:
-    """Aggregator in the compute dtype; camera and depth heads stay fp32 (docs/model.md §14)."""
-    model.eval()
-    model.aggregator.to(dtype)
+__all__ = ["Processed", "StreamingSession", "TRAINING_RANGE_STORED_FRAMES"]

@@ -19,8 +19,8 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from ..core.config import StreamConfig
 from ..core.results import CacheSnapshot
 
-if TYPE_CHECKING:  # stream imports torch; only its SessionInfo type is named here
-    from ..core.stream import SessionInfo
+if TYPE_CHECKING:
+    from ..core.results import SessionInfo
 
 DIAG_PREFIX = "lingbot_map: "
 RATE_WINDOW_S = 5.0  # input rate over the last seconds; also how long silence or a rejection warns
@@ -35,7 +35,8 @@ REJECT_KINDS = ("unsupported", "data_length", "zero_size", "resolution_changed")
 # The counters of frames that ended without a pose, one per final FrameStatus other than PROCESSED.
 DROP_COUNTERS = ("dropped_queue", "rejected", "refused", "failed", "dropped_reset", "dropped_inactive", "non_finite")
 COUNTER_NAMES = ("received", "processed", *DROP_COUNTERS, "errors", "sessions_started", "parameter_sessions",
-                 "resets", "non_finite_sessions", "failure_sessions", "qos_messages_lost", "qos_incompatible")
+                 "resets", "non_finite_sessions", "failure_sessions", "policy_sessions", "time_jump_sessions",
+                 "qos_messages_lost", "qos_incompatible")
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,8 @@ def _inference_status(d: DiagnosticsSnapshot) -> DiagnosticStatus:
         ("frames_dropped", d.dropped), ("frames_pending", d.pending),
         *[(f"frames_{name}", c[name]) for name in DROP_COUNTERS if name != "rejected"],
         ("frames_buffered", d.buffered), ("non_finite_sessions", c["non_finite_sessions"]),
-        ("failure_sessions", c["failure_sessions"]),
+        ("failure_sessions", c["failure_sessions"]), ("policy_sessions", c["policy_sessions"]),
+        ("time_jump_sessions", c["time_jump_sessions"]),
         ("errors", c["errors"]), ("last_error", d.last_error or "-"),
         ("session_id", d.session_id), ("sessions_started", c["sessions_started"]),
         ("sessions_from_parameter_changes", c["parameter_sessions"]), ("resets", c["resets"]),
@@ -204,13 +206,15 @@ def _backend_status(d: DiagnosticsSnapshot) -> DiagnosticStatus:
         else:
             level, msg = DiagnosticStatus.WARN, f"{d.lifecycle_state}: no model loaded (configure the node)"
         return _status(d, "backend", level, msg, [*state, ("checkpoint", d.checkpoint or "-")])
-    level, msg = DiagnosticStatus.OK, f"{info.backend} {info.dtype} on {info.device}"
+    level, msg = DiagnosticStatus.OK, f"{info.attention} {info.dtype} on {info.device}"
     if info.random_weights:
         level, msg = DiagnosticStatus.WARN, msg + "; RANDOM WEIGHTS: poses are not meaningful"
     if d.lifecycle_state != "active":
         level, msg = DiagnosticStatus.WARN, f"{d.lifecycle_state}: frames are not processed; " + msg
     return _status(d, "backend", level, msg, [
-        *state, ("backend", info.backend), ("backend_reason", info.backend_reason), ("dtype", info.dtype),
+        *state, ("backend", info.backend), ("backend_reason", info.backend_reason),
+        ("attention", info.attention), ("runtime_reasons", "; ".join(info.runtime_reasons) or "-"),
+        ("dtype", info.dtype),
         ("device", info.device), ("model_preset", info.model_preset),
         ("checkpoint", d.checkpoint or "-"), ("random_weights", info.random_weights),
         ("depth_available", info.depth_available),

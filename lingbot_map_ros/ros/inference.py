@@ -6,9 +6,10 @@ two frames, so a session change never races a frame inside the model. Per frame 
 frame's size against the current session once more (a new session may have started while the frame
 was preprocessed), pushes it into the session and hands every result to ``ResultPublisher``; every
 way a frame can fail (refused by the policy, the model raising, non-finite output) is decided here
-and recorded through the ledger. New sessions (reset, parameter change,
-failure recovery) are started here too, with everything that goes with them: buffered frames end
-DROPPED_RESET, a fresh input size, an empty path, trajectory and map.
+and recorded through the ledger. Every new session, whoever started it (``~/reset``, a parameter
+change, the long-run policy, a model fault, non-finite outputs), reaches ``on_session_start`` through
+the manager's listener, with everything that goes with it: buffered frames end DROPPED_RESET, a fresh
+input size, an empty path, trajectory and map, the counter of its cause.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from typing import Any, Callable, Mapping, Optional
 
 from lingbot_map_ros.msg import FrameStatus
 
-from ..core.results import CacheSnapshot
+from ..core.session_errors import SessionError
+from ..core.session_manager import Change, InferenceFailed, ManagerView, SessionCause, SessionStart
 from .frames import Frame, FrameLedger, InputRejected, LatestFrame, stamp_sec
 from .input_size import InputSize
 from .outputs import ResultPublisher
@@ -27,24 +29,38 @@ from .parameters import configs_from_values
 from .pipeline import PipelineTimeline
 
 REPLACED_BEFORE_INFERENCE = "replaced by a newer frame before inference"
+# The counter of each cause of a new session (``FrameLedger`` counts them; /diagnostics shows them).
+SESSION_COUNTERS: dict[SessionCause, Optional[str]] = {
+    SessionCause.STARTED: None,
+    SessionCause.RESET: "resets",
+    SessionCause.PARAMETERS: "parameter_sessions",
+    SessionCause.POLICY: "policy_sessions",
+    SessionCause.FAILURE: "failure_sessions",
+    SessionCause.NON_FINITE: "non_finite_sessions",
+    SessionCause.TIME_JUMP: "time_jump_sessions",
+}
 
 
 @dataclass
 class SessionView:
-    """What the executor thread reads of the session (diagnostics), refreshed by the inference thread."""
+    """The one read-only view of the session for the executor thread (diagnostics, parameter checks):
+    the manager's latest ``ManagerView``, refreshed by the inference thread after every change."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
-    snapshot: CacheSnapshot = field(default_factory=CacheSnapshot)
-    warnings: list = field(default_factory=list)
+    latest: ManagerView = field(default_factory=ManagerView)
 
     def update(self, manager) -> None:
-        warnings, snapshot = manager.warnings(), manager.snapshot()
+        view = manager.view()
         with self.lock:
-            self.warnings, self.snapshot = warnings, snapshot
+            self.latest = view
 
-    def read(self) -> tuple[CacheSnapshot, list]:
+    def clear(self) -> None:
         with self.lock:
-            return self.snapshot, list(self.warnings)
+            self.latest = ManagerView()
+
+    def read(self) -> ManagerView:
+        with self.lock:
+            return self.latest
 
 
 class WorkQueue:
@@ -94,11 +110,9 @@ class InferenceWorker:
     def __init__(self, node, manager, values: Mapping, ledger: FrameLedger, input_size: InputSize,
                  outputs: ResultPublisher, session_view: SessionView, timeline: PipelineTimeline,
                  revert_parameters: Callable[[Any], None], context_ok: Callable[[], bool]):
-        from ..core import stream as streammod
-        from ..core.session_manager import Change, InferenceFailed
-
         self._log = node.get_logger()
         self.manager = manager
+        manager.on_new_session = self.on_session_start
         self._values = values
         self._ledger = ledger
         self._input_size = input_size
@@ -107,9 +121,6 @@ class InferenceWorker:
         self._timeline = timeline
         self._revert_parameters = revert_parameters
         self._context_ok = context_ok
-        self._session_error = streammod.SessionError
-        self._change = Change
-        self._inference_failed = InferenceFailed
         self.queue = WorkQueue(ledger)
         self._consecutive_non_finite = 0
         self._thread: Optional[threading.Thread] = None
@@ -161,18 +172,21 @@ class InferenceWorker:
             self._ledger.reject(frame.header, exc.kind, str(exc))
             return
         frame.push_start = time.perf_counter()
+        before = manager.last_start
         try:
             results, failure = manager.push(frame.model_image, stamp=frame), None
-        except (self._session_error, self._inference_failed) as exc:
+        except (SessionError, InferenceFailed) as exc:
             results, failure = [], exc
         frame.push_end = time.perf_counter()
+        if failure is None and manager.last_start is not before:
+            # The long-run policy started a session with this frame as its first: its size is the
+            # new session's size (the listener renewed the input size before the frame went in).
+            self._input_size.check(*frame.wh)
         self._timeline.record(frame)
-        if isinstance(failure, self._inference_failed):  # the manager already started a new session
+        if isinstance(failure, InferenceFailed):  # the manager started a new session (on_session_start)
             reason = f"inference failed: {failure}"
             self._ledger.record_error(reason + "; a new session was started", detail=failure.detail)
             self._ledger.finish(frame.header, FrameStatus.FAILED_INFERENCE, "failed", reason)
-            self._drop_discarded(failure.discarded, reason)
-            self.started_session(reason, "failure_sessions")
             return
         if failure is not None:  # a SessionError (SessionStopped included): the policy refuses it
             self._log.warning(f"frame refused by the session: {failure}", throttle_duration_sec=5.0)
@@ -209,14 +223,14 @@ class InferenceWorker:
         limit = int(self._values["max_non_finite_frames"])
         if self._consecutive_non_finite >= limit:
             self._consecutive_non_finite = 0
-            self._new_session(f"{limit} consecutive frames with non-finite output", counter="non_finite_sessions")
+            self.manager.reset(f"{limit} consecutive frames with non-finite output", SessionCause.NON_FINITE)
 
     # ------------------------------------------------------------------ commands
     def _run_command(self, item) -> None:
         (kind, arg), done, box = item
         try:
             if kind == "reset":
-                self._new_session(arg, counter="resets")
+                self.manager.reset(arg, SessionCause.RESET)
                 box["result"] = f"session {self.manager.session_id} started (new world frame)"
             elif kind == "apply":
                 box["result"] = self._apply_parameters(arg)
@@ -239,24 +253,18 @@ class InferenceWorker:
                                       "and reverting the parameters to the values it runs with", exc)
             self._revert_parameters(manager.runtime)
             return f"error: {exc}"
-        Change = self._change
-        if result.change in (Change.NEW_MODEL, Change.NEW_SESSION):
-            reason = f"parameters {list(result.fields)} changed" + (
-                " (new model)" if result.change is Change.NEW_MODEL else "")
-            self._drop_discarded(result.discarded, reason)
-            self.started_session(reason, "parameter_sessions")
-        return result.change.value
+        if result.change is Change.NEXT_FRAME:
+            self._view.update(manager)
+        return result.change.value  # a new session or model reached on_session_start already
 
     # ------------------------------------------------------------------ sessions
-    def _new_session(self, reason: str, counter: str) -> None:
-        """A new session (new world frame) on the same model: ~/reset, or non-finite recovery."""
-        self._drop_discarded(self.manager.reset(), reason)
-        self.started_session(reason, counter)
-
-    def _drop_discarded(self, stamps: list, reason: str) -> None:
-        for frame in stamps:
+    def on_session_start(self, start: SessionStart) -> None:
+        """The manager started a session (its listener): the frames it discarded end DROPPED_RESET,
+        then everything that follows a new world frame."""
+        for frame in start.discarded:
             self._ledger.finish(frame.header, FrameStatus.DROPPED_RESET, "dropped_reset",
-                                f"buffered for the scale frames, then discarded: {reason}")
+                                f"buffered for the scale frames, then discarded: {start.reason}")
+        self.started_session(start.reason, SESSION_COUNTERS[start.cause])
 
     def started_session(self, reason: str, counter: Optional[str]) -> None:
         """Everything that follows a new session: a fresh input size, empty path, trajectory and map,
@@ -277,7 +285,8 @@ class InferenceWorker:
         frame = self.queue.frames.take()
         if frame is not None:
             self._ledger.finish(frame.header, FrameStatus.DROPPED_INACTIVE, "dropped_inactive", why)
-        for stamp in self.manager.session.pending_stamps():
+        for stamp in self.manager.pending_stamps():
             self._ledger.finish(stamp.header, FrameStatus.DROPPED_RESET, "dropped_reset",
                                 "buffered for the scale frames when the model was freed")
         self.manager.release()
+        self._view.clear()

@@ -22,8 +22,8 @@ from lingbot_map_ros.msg import CacheStats, FrameStatus
 from ..core.geometry import quaternion_xyzw_from_matrix
 from ..core.results import FrameResult
 
-if TYPE_CHECKING:  # stream imports torch; only its SessionInfo type is named here
-    from ..core.stream import SessionInfo
+if TYPE_CHECKING:
+    from ..core.results import SessionInfo
 
 
 class FrameCounts(NamedTuple):

@@ -108,7 +108,7 @@ class LingBotMapNode(LifecycleNode):
         # Plain publishers: /diagnostics must report every state; frames are gated by _active.
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics",
                                                QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE))
-        self._params = ParameterHandler(self, self._values, get_manager=lambda: self._manager,
+        self._params = ParameterHandler(self, self._values, get_view=self._session_view.read,
                                         resubscribe=self._resubscribe, restart_timer=self._restart_timer,
                                         submit_apply=lambda changed: self._submit(("apply", changed)))
         self._node_services = NodeServices(self, self._values, configured=lambda: self._manager is not None,
@@ -162,7 +162,8 @@ class LingBotMapNode(LifecycleNode):
                 "NO CHECKPOINT: random weights (preset %s) - poses are NOT meaningful" % info.model_preset
             )
         self.get_logger().info(
-            f"configured: backend {info.backend} ({info.backend_reason}), dtype {info.dtype}, device {info.device}; "
+            f"configured: attention {info.attention} ({info.backend_reason}), dtype {info.dtype}, "
+            f"device {info.device}; "
             f"subscribed to {self._intake.topic} ({self._values['image_transport']}, {self._values['qos_reliability']})"
         )
         self._state_label = "inactive"
@@ -268,8 +269,8 @@ class LingBotMapNode(LifecycleNode):
     # ------------------------------------------------------------------ diagnostics (executor thread)
     def _publish_diagnostics(self) -> None:
         _, stream = configs_from_values(self._values)
-        manager = self._manager
-        cache, cache_warnings = self._session_view.read()
+        view = self._session_view.read()  # the inference thread's latest snapshot of the session
+        configured = view.info is not None
         timeline, overlapped = self._timeline.read()
         ledger = self._ledger
         with ledger.lock:
@@ -286,15 +287,12 @@ class LingBotMapNode(LifecycleNode):
                 last_qos_event=c.last_qos_event, last_qos_event_time=c.last_qos_event_time,
                 new_session_reason=c.last_new_session_reason, expected_wh=self._input_size.input_wh,
                 last_result=dict(ledger.last_result_info), latencies=list(ledger.latencies),
-                overheads=list(ledger.overheads), parts=list(ledger.parts), cache=cache,
-                cache_warnings=cache_warnings, session_id=self._current_session_id(),
-                buffered=manager.buffered if manager is not None else 0,
+                overheads=list(ledger.overheads), parts=list(ledger.parts), cache=view.snapshot,
+                cache_warnings=list(view.warnings), session_id=view.session_id, buffered=view.buffered,
                 pending=c.pending, dropped=c.dropped,
-                stream_cfg=manager.stream_cfg if manager is not None else stream,
-                window_index=manager.session.window_index if manager is not None else 0,
-                window_switches=manager.session.window_switches if manager is not None else 0,
-                info=manager.info if manager is not None else None,
-                checkpoint=manager.runtime.checkpoint if manager is not None else self._values["checkpoint"],
+                stream_cfg=view.stream_cfg if configured else stream,
+                window_index=view.window_index, window_switches=view.window_switches, info=view.info,
+                checkpoint=view.runtime.checkpoint if configured else self._values["checkpoint"],
                 lifecycle_state=self._state_label, configure_error=self._configure_error,
                 timeline=timeline, overlapped=overlapped,
             )

@@ -10,11 +10,12 @@ whose build failed anyway.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable
 
 import rclpy.parameter
 from rcl_interfaces.msg import SetParametersResult
 
+from ..core.session_manager import ManagerView
 from ..core.settings import DEPTH_OUTPUTS
 from .parameters import RUNTIME_FIELDS, SPECS, configs_from_values, validate_values
 
@@ -22,17 +23,17 @@ from .parameters import RUNTIME_FIELDS, SPECS, configs_from_values, validate_val
 class ParameterHandler:
     """The node's parameter callbacks.
 
-    ``get_manager()`` is the current session manager (None when unconfigured);
+    ``get_view()`` is the session manager's latest read-only view (``runtime`` None when unconfigured);
     ``resubscribe()`` re-creates the image subscription; ``restart_timer()`` the diagnostics timer;
     ``submit_apply(changed)`` queues the change for the inference thread.
     """
 
-    def __init__(self, node, values: dict, get_manager: Callable[[], Optional[object]],
+    def __init__(self, node, values: dict, get_view: Callable[[], ManagerView],
                  resubscribe: Callable[[], None], restart_timer: Callable[[], None],
                  submit_apply: Callable[[list], None]):
         self._node = node
         self._values = values
-        self._get_manager = get_manager
+        self._get_view = get_view
         self._resubscribe = resubscribe
         self._restart_timer = restart_timer
         self._submit_apply = submit_apply
@@ -49,8 +50,8 @@ class ParameterHandler:
         if problems:
             return SetParametersResult(successful=False, reason="; ".join(problems))
         runtime = configs_from_values(values)[0]
-        manager = self._get_manager()
-        if manager is not None and runtime != manager.runtime and runtime != configs_from_values(self._values)[0]:
+        running = self._get_view().runtime
+        if running is not None and runtime != running and runtime != configs_from_values(self._values)[0]:
             # A new model: check the file, its keys and shapes, the device and its memory now.
             from ..core.session_manager import model_change_problems
 
@@ -73,7 +74,7 @@ class ParameterHandler:
             self._resubscribe()
         if "timer" in applies:
             self._restart_timer()
-        if self._get_manager() is not None and (applies & {"model", "session"} or {
+        if self._get_view().runtime is not None and (applies & {"model", "session"} or {
                 "keyframe_interval", *DEPTH_OUTPUTS} & set(changed)):
             self._submit_apply(changed)
 

@@ -16,11 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.config import StreamConfig, model_config
-from ..core.model import build_model
+from ..core.config import RuntimeConfig, StreamConfig
 from ..core.model.fusion import fused_blocks
-from ..core.runtime import resolve_device, resolve_dtype, resolve_for
-from ..core.stream import StreamingSession, _cast_for_inference
+from ..core.runtime import resolve_device, resolve_for
+from ..core.session_manager import LoadedModel, SessionManager, load_model
 from .common import add_session_options, check_session_args, runtime_from_args, stream_from_args
 
 
@@ -84,13 +83,17 @@ def _peak_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, variant: str, frames: int,
+def run_one(base: LoadedModel, runtime_cfg: RuntimeConfig, stream_cfg: StreamConfig, variant: str, frames: int,
             height: int, width: int, heads: str, report_every: int = 0,
             profile: bool = False) -> tuple[BenchRow, np.ndarray]:
+    """One variant over ``frames`` frames through a session manager around the already built model
+    (``base``: one model for every variant; the variant only changes the resolved runtime)."""
+    device, dtype = base.runtime.device, base.runtime.dtype
     runtime = variant_runtime(variant, device, dtype)
     backend = runtime.backend
     stream_cfg = dataclasses.replace(stream_cfg, with_depth=(heads == "depth+camera"))
-    session = StreamingSession(model, cfg, stream_cfg, device=device, dtype=dtype, log=lambda m: None, runtime=runtime)
+    manager = SessionManager.around(base.model, base.cfg, stream_cfg, runtime, log=lambda m: None,
+                                    settings=runtime_cfg, random_weights=base.info.random_weights)
     gen = torch.Generator().manual_seed(0)
     pool = [torch.rand(3, height, width, generator=gen) for _ in range(8)]  # frames cycle through a pool
     if device.type == "cuda":
@@ -105,7 +108,7 @@ def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, variant: str, f
     first_frame_ms = 0.0
     for i in range(frames):
         t0 = time.perf_counter()
-        results = session.push(pool[i % len(pool)], float(i))
+        results = manager.push(pool[i % len(pool)], float(i))
         dt = (time.perf_counter() - t0) * 1e3
         poses += [r.pose_enc for r in results]
         if results and results[0].is_scale_frame:
@@ -118,14 +121,14 @@ def run_one(model, cfg, stream_cfg: StreamConfig, device, dtype, variant: str, f
             mem_mark = _memory_bytes(device)
         if report_every and (i + 1) % report_every == 0:
             recent = per_frame[-report_every:]
-            windows = getattr(session, "window_switches", 0)
+            windows = manager.window_switches
             print(f"  frames {i + 1}: median {np.median(recent):.2f} ms/frame over the last {len(recent)}, "
                   f"memory {_memory_bytes(device) / 1e9:.3f} GB, windows {windows}", file=sys.stderr, flush=True)
     mem_last = _memory_bytes(device)
     if profile:
-        print(profile_table(session, pool, variant), flush=True)
+        print(profile_table(manager, pool, variant), flush=True)
     pose_check = bool(np.isfinite(np.stack(poses)).all()) if poses else False
-    del session
+    del manager
     import gc
 
     gc.collect()
@@ -163,7 +166,7 @@ KERNEL_CATEGORIES = (
 )
 
 
-def profile_table(session, pool, variant: str, frames: int = 10) -> str:
+def profile_table(manager: SessionManager, pool, variant: str, frames: int = 10) -> str:
     """GPU kernel time per frame by category, measured eagerly on steady-state frames.
 
     Graph replays hide their kernels from the profiler, so the same steps are run eagerly: kernel
@@ -171,17 +174,20 @@ def profile_table(session, pool, variant: str, frames: int = 10) -> str:
     """
     from torch.profiler import ProfilerActivity, profile
 
+    session = manager.session
     graphs = session.use_cuda_graphs
     session.use_cuda_graphs = False
-    with profile(activities=[ProfilerActivity.CUDA]) as prof, fused_blocks(session._fusion):  # same kernels as the graph
+    # the same kernels as the graph: the compiled block bodies run eagerly
+    with profile(activities=[ProfilerActivity.CUDA]) as prof, fused_blocks(session._fusion):
         for i in range(frames):
-            session.push(pool[i % len(pool)], float(i))
+            manager.push(pool[i % len(pool)], float(i))
         torch.cuda.synchronize()
     session.use_cuda_graphs = graphs
     totals: dict[str, float] = {}
     for event in prof.key_averages():
         us = getattr(event, "device_time_total", 0.0) or getattr(event, "cuda_time_total", 0.0)
-        if us <= 0 or event.key.startswith(("aten::", "cuda", "Memcpy", "Memset")) and "kernel" not in event.key.lower():
+        host_side = event.key.startswith(("aten::", "cuda", "Memcpy", "Memset")) and "kernel" not in event.key.lower()
+        if us <= 0 or host_side:
             continue
         name = event.key.lower()
         category = next((c for c, keys in KERNEL_CATEGORIES if any(k in name for k in keys)), "elementwise/other")
@@ -204,7 +210,8 @@ def format_table(rows: list[BenchRow], header: str) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
-            f"| {r.variant} | {r.heads} | {r.frames} | {_num(r.steady_median_ms, '.2f')} | {_num(r.steady_p90_ms, '.2f')} | "
+            f"| {r.variant} | {r.heads} | {r.frames} | {_num(r.steady_median_ms, '.2f')} | "
+            f"{_num(r.steady_p90_ms, '.2f')} | "
             f"{_num(r.fps, '.1f')} | {r.phase1_ms:.1f} | {r.first_frame_ms:.0f} | {r.peak_mem_gb:.2f} | "
             f"{_num(r.growth_gb, '+.3f')} ({r.growth_span}){'' if r.finite else ' NON-FINITE POSES'} |"
         )
@@ -222,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--height", type=int, default=378, help="model input height (multiple of 14)")
     p.add_argument("--width", type=int, default=518, help="model input width (multiple of 14)")
     p.add_argument("--frames", type=int, default=208, help="frames per run, phase 1 included")
-    p.add_argument("--variants", default="", help=VARIANT_HELP + "; default: the resolved backend with CUDA graphs on CUDA")
+    p.add_argument("--variants", default="",
+                   help=VARIANT_HELP + "; default: the resolved backend with CUDA graphs on CUDA")
     p.add_argument("--heads", default="depth+camera,camera", help="comma list of depth+camera and/or camera")
     p.add_argument("--report-every", type=int, default=0, help="print the recent median and memory every N frames")
     p.add_argument("--profile", action="store_true", help="print GPU kernel time by category (first head setting)")
@@ -239,18 +247,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile and device.type != "cuda":
         p.error("--profile measures GPU kernel time: it needs --device cuda (refused before the run)")
     preset = runtime_cfg.resolved_preset()
-    dtype = resolve_dtype(args.dtype, device)
-    cfg = model_config(preset)
     stream_cfg = stream_from_args(args)
     steady_start = stream_cfg.scale_frames + stream_cfg.sliding_window * stream_cfg.keyframe_interval
     if args.frames <= steady_start + 1:
         print(f"note: {args.frames} frames do not reach the steady state (the window is full after "
               f"{steady_start} frames): steady-state and memory-growth figures are not reported", file=sys.stderr)
-    # random weights unless --checkpoint (weights change no timing, but a user may want to check theirs)
-    model, report = build_model(cfg, checkpoint=runtime_cfg.checkpoint, seed=args.seed, device=device, dtype=dtype,
-                                enable_depth=True, allow_unsafe=runtime_cfg.allow_unsafe_checkpoint)
-    print(f"weights: {report.source}", file=sys.stderr)
-    _cast_for_inference(model, dtype)
+    # random weights unless --checkpoint (weights change no timing, but a user may want to check theirs);
+    # built once, the variants only change the resolved runtime
+    base = load_model(runtime_cfg, log=lambda m: None)
+    print(f"weights: {base.weights}", file=sys.stderr)
+    dtype = base.runtime.dtype
     variants = [v for v in args.variants.split(",") if v] or ["auto"]
     rows = []
     pose_diffs: list[str] = []
@@ -261,8 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         reference: np.ndarray | None = None
         for variant in variants:
             try:
-                row, poses = run_one(model, cfg, stream_cfg, device, dtype, variant, args.frames, args.height, args.width,
-                                     heads, args.report_every, profile=args.profile and variant == profile_variant and heads == head_list[0])
+                profiled = args.profile and variant == profile_variant and heads == head_list[0]
+                row, poses = run_one(base, runtime_cfg, stream_cfg, variant, args.frames, args.height, args.width,
+                                     heads, args.report_every, profile=profiled)
             except Exception as exc:  # one broken variant must not lose the others' numbers
                 print(f"FAILED: {variant} {heads}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
                 failures.append(f"{variant} {heads}: {type(exc).__name__}: {str(exc)[:300]}")

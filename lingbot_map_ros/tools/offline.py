@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, source) -> int:
-    from ..core.stream import SessionError, make_session
+    from ..core.session_errors import SessionError
+    from ..core.session_manager import InferenceFailed, SessionManager
     from .frame_sources import SourceError, stamp_problems
     from .progress import Progress
 
@@ -178,7 +179,7 @@ def _run(args: argparse.Namespace, source) -> int:
         stream = stream_from_args(args)
         if args.ply or args.colmap:  # the exports need the depth head
             stream = dataclasses.replace(stream, with_depth=True)
-        session = make_session(runtime_from_args(args), stream, log=say)
+        manager = SessionManager(runtime_from_args(args), stream, log=say)
     except (ValueError, OSError, RuntimeError) as exc:  # a bad checkpoint (keys, shapes, unsafe pickle)
         msg = str(exc).replace("set allow_unsafe_checkpoint:=true", "pass --allow-unsafe-checkpoint")
         return fail(PROG, f"--checkpoint {args.checkpoint}: {msg}" if args.checkpoint else msg)
@@ -186,7 +187,7 @@ def _run(args: argparse.Namespace, source) -> int:
     results: list[FrameResult] = []
     dropped = 0
     start = time.perf_counter()
-    recon = _Reconstruction(args, session.device) if (args.ply or args.colmap) else None
+    recon = _Reconstruction(args, manager.session.device) if (args.ply or args.colmap) else None
     total = source.total
     if args.max_frames and (total is None or args.max_frames < total):
         total = args.max_frames
@@ -205,13 +206,14 @@ def _run(args: argparse.Namespace, source) -> int:
                 if recon is not None:
                     recon.waiting[count] = frame
                 try:
-                    new = session.push(frame, tagged)
-                except SessionError as exc:
+                    new = manager.push(frame, tagged)
+                except (SessionError, InferenceFailed) as exc:  # refused, or the model raised (new session)
                     dropped += 1
                     if not quiet:
                         bar.write(f"[{PROG}] frame {count} dropped: {exc}")
                     if recon is not None:
-                        recon.waiting.pop(count, None)
+                        for lost in (tagged, *getattr(exc, "discarded", ())):  # buffered frames a new session dropped
+                            recon.waiting.pop(lost.index, None)
                     continue
                 results += _consume(new, recon, args.with_depth)
                 bar.update(1, extra=f"{len(results)} poses")
@@ -220,7 +222,7 @@ def _run(args: argparse.Namespace, source) -> int:
         except SourceError as exc:  # an undecodable frame in the middle: keep what was done
             error = str(exc)
         try:
-            results += _consume(session.flush(), recon, args.with_depth)  # frames still buffered for phase 1
+            results += _consume(manager.flush(), recon, args.with_depth)  # frames still buffered for phase 1
         except KeyboardInterrupt:  # a second Ctrl-C: save what is there now
             interrupted = True
     finally:
