@@ -3,9 +3,12 @@
     ros2 launch lingbot_map_ros lingbot_map.launch.py image_topic:=/camera/color/image_raw
     ros2 launch lingbot_map_ros lingbot_map.launch.py image_topic:=/camera/color/image_raw \
         image_transport:=compressed checkpoint:=/models/lingbot-map.pt namespace:=robot1 log_level:=debug
-    ros2 launch lingbot_map_ros lingbot_map.launch.py autostart:=false   # then: ros2 lifecycle set /lingbot_map configure
-    ros2 launch lingbot_map_ros lingbot_map.launch.py rviz:=true   # + RViz with config/lingbot_map.rviz
-    ros2 launch lingbot_map_ros lingbot_map.launch.py diagnostics_aggregator:=true   # + /diagnostics_agg for rqt_robot_monitor
+    # then: ros2 lifecycle set /lingbot_map configure
+    ros2 launch lingbot_map_ros lingbot_map.launch.py autostart:=false
+    # + RViz with config/lingbot_map.rviz
+    ros2 launch lingbot_map_ros lingbot_map.launch.py rviz:=true
+    # + /diagnostics_agg for rqt_robot_monitor
+    ros2 launch lingbot_map_ros lingbot_map.launch.py diagnostics_aggregator:=true
 
 Arguments left empty leave the value of the parameter file alone (so a checkpoint or transport set
 in your own params_file is not overridden by the launch defaults).

@@ -48,8 +48,13 @@ def main() -> int:
     n_spec = SPECIALS * args.stored
     visible += list(range(patch_pages, patch_pages + -(-n_spec // PAGE)))
     last = n_spec % PAGE or PAGE
-    sets = [(torch.randn(num_pages, PAGE, H, D, device=dev, dtype=dt), torch.randn(num_pages, PAGE, H, D, device=dev, dtype=dt))
-            for _ in range(args.sets)]
+    sets = [
+        (
+            torch.randn(num_pages, PAGE, H, D, device=dev, dtype=dt),
+            torch.randn(num_pages, PAGE, H, D, device=dev, dtype=dt),
+        )
+        for _ in range(args.sets)
+    ]
     q = torch.randn(T, H, D, device=dev, dtype=dt)
     slots = visible_token_slots(visible, last, torch.arange(PAGE, device=dev))
     N = slots.numel()
@@ -59,8 +64,11 @@ def main() -> int:
     def reference(kv, slots=slots):
         k = kv[0].view(-1, H, D)[slots].float().transpose(0, 1)[None]  # [1, H, N, D]
         v = kv[1].view(-1, H, D)[slots].float().transpose(0, 1)[None]
-        out = torch.cat([F.scaled_dot_product_attention(q.float().transpose(0, 1)[None][:, h:h + 4], k[:, h:h + 4], v[:, h:h + 4])
-                         for h in range(0, H, 4)], dim=1)
+        qf = q.float().transpose(0, 1)[None]  # [1, H, T, D]
+        out = torch.cat(
+            [F.scaled_dot_product_attention(qf[:, h:h + 4], k[:, h:h + 4], v[:, h:h + 4]) for h in range(0, H, 4)],
+            dim=1,
+        )
         return out[0].transpose(0, 1)  # [T, H, D]
 
     ref = reference(sets[0])
@@ -85,10 +93,16 @@ def main() -> int:
                 with torch.cuda.graph(g):
                     for kv in sets:
                         run(kv)
-                step = lambda i: g.replay()
+
+                def step(i):
+                    return g.replay()
+
                 per = len(sets)
             else:
-                step = lambda i: run(sets[i % len(sets)])
+
+                def step(i):
+                    return run(sets[i % len(sets)])
+
                 per = 1
             for i in range(5):
                 step(i)
@@ -108,13 +122,21 @@ def main() -> int:
             results.append((name, float("nan"), float("nan"), float("nan"), False))
 
     for kernel in ("cudnn",):
-        be = MaskedDenseBackend(page_size=PAGE, num_pages=num_pages, num_heads=H, head_dim=D, dtype=dt, device=dev, kernel=kernel)
+        be = MaskedDenseBackend(
+            page_size=PAGE, num_pages=num_pages, num_heads=H, head_dim=D, dtype=dt, device=dev, kernel=kernel
+        )
         if kernel == "cudnn":
-            bench("masked dense cudnn (CUDA graph)", lambda: be.plan(visible, last, T), lambda kv: be.run(kv, q), graph=True)
+            bench("masked dense cudnn (CUDA graph)", lambda: be.plan(visible, last, T), lambda kv: be.run(kv, q),
+                  graph=True)
 
     # cuDNN on contiguous, gathered keys (fixed length here: the best case, no mask)
-    kc = [(kv[0].view(-1, H, D)[slots].transpose(0, 1)[None].contiguous(), kv[1].view(-1, H, D)[slots].transpose(0, 1)[None].contiguous())
-          for kv in sets]
+    kc = [
+        (
+            kv[0].view(-1, H, D)[slots].transpose(0, 1)[None].contiguous(),  # [1, H, N, D]
+            kv[1].view(-1, H, D)[slots].transpose(0, 1)[None].contiguous(),  # [1, H, N, D]
+        )
+        for kv in sets
+    ]
     qh = q.transpose(0, 1)[None]
 
     def cudnn_contig(kv):
@@ -133,8 +155,8 @@ def main() -> int:
     assert slots_split.numel() == N
     ref_split = reference(sets[0], slots_split)
     for fuse in (False, True):
-        sp = SplitPrefixBackend(page_size=PAGE, num_patch_pages=patch_pages, num_pages=num_pages, num_heads=H, head_dim=D,
-                                dtype=dt, device=dev, kernel="cudnn", fuse_merge=fuse)
+        sp = SplitPrefixBackend(page_size=PAGE, num_patch_pages=patch_pages, num_pages=num_pages, num_heads=H,
+                                head_dim=D, dtype=dt, device=dev, kernel="cudnn", fuse_merge=fuse)
         bench(f"split: cuDNN prefix (unmasked) + masked tail, {'compiled' if fuse else 'eager'} merge (graph)",
               lambda: sp.plan(visible_split, last, T), lambda kv: sp.run(kv, q), graph=True, ref_out=ref_split)
         if not fuse:
@@ -148,32 +170,35 @@ def main() -> int:
                 if which == "prefix":
                     return attend_with_lse("cudnn", qh4, k[:, :, :n0], v[:, :, :n0], None)[0][0].transpose(0, 1)
                 return attend_with_lse("cudnn", qh4, k[:, :, n0:], v[:, :, n0:], sp._tail_mask)[0][0].transpose(0, 1)
-            bench("  part: prefix alone, cuDNN unmasked + lse (graph)", lambda: None, lambda kv: part(kv, "prefix"), graph=True,
-                  ref_out=None)
-            bench("  part: tail alone, cuDNN masked + lse (graph)", lambda: None, lambda kv: part(kv, "tail"), graph=True,
-                  ref_out=None)
+            bench("  part: prefix alone, cuDNN unmasked + lse (graph)", lambda: None, lambda kv: part(kv, "prefix"),
+                  graph=True, ref_out=None)
+            bench("  part: tail alone, cuDNN masked + lse (graph)", lambda: None, lambda kv: part(kv, "tail"),
+                  graph=True, ref_out=None)
     # the filling window (40 of 72 prefix pages stored: head 36 unmasked + one masked bucket) and a
     # prefix with a hole (one masked call over the whole prefix)
     specials_pages = visible_split[R:]
     for label, vis in (("window filling, 40 of 72 pages", list(range(40)) + specials_pages),
                        ("prefix with a hole (masked)", [pg for pg in visible_split if pg != 5])):
-        spm = SplitPrefixBackend(page_size=PAGE, num_patch_pages=patch_pages, num_pages=num_pages, num_heads=H, head_dim=D,
-                                 dtype=dt, device=dev, kernel="cudnn", fuse_merge=True)
+        spm = SplitPrefixBackend(page_size=PAGE, num_patch_pages=patch_pages, num_pages=num_pages, num_heads=H,
+                                 head_dim=D, dtype=dt, device=dev, kernel="cudnn", fuse_merge=True)
         spm.plan(vis, last, T)
         print(f"{label}: mode {spm.mode}, head {spm.head_pages} pages, keys {spm.num_keys}", flush=True)
         bench(f"split, {label} (compiled merge, graph)", lambda: spm.plan(vis, last, T), lambda kv: spm.run(kv, q),
               graph=True, ref_out=reference(sets[0], visible_token_slots(vis, last, torch.arange(PAGE, device=dev))),
               keys=spm.num_keys)
 
-    st = StaticSdpaBackend(page_size=PAGE, num_heads=H, head_dim=D, max_keys=patch_pages * PAGE + SPECIALS * args.max_stored,
+    st = StaticSdpaBackend(page_size=PAGE, num_heads=H, head_dim=D,
+                           max_keys=patch_pages * PAGE + SPECIALS * args.max_stored,
                            num_query_tokens=T, dtype=dt, device=dev)
-    bench("static sdpa: gather + varlen flash (graph)", lambda: st.plan(visible, last, T), lambda kv: st.run(kv, q), graph=True)
+    bench("static sdpa: gather + varlen flash (graph)", lambda: st.plan(visible, last, T), lambda kv: st.run(kv, q),
+          graph=True)
     if importlib.util.find_spec("flashinfer") is not None:
         from lingbot_map_ros.core.cache.flashinfer_backend import FlashInferBackend
         for kernel in ("fa3",):
-            fi = FlashInferBackend(page_size=PAGE, num_heads=H, head_dim=D, dtype=dt, device=dev, kernel=kernel, use_cuda_graph=True,
-                                   max_visible_pages=num_pages + 1, max_query_tokens=T)
-            bench(f"flashinfer {kernel} paged (graph)", lambda: fi.plan(visible, last, T), lambda kv: fi.run(kv, q), graph=True)
+            fi = FlashInferBackend(page_size=PAGE, num_heads=H, head_dim=D, dtype=dt, device=dev, kernel=kernel,
+                                   use_cuda_graph=True, max_visible_pages=num_pages + 1, max_query_tokens=T)
+            bench(f"flashinfer {kernel} paged (graph)", lambda: fi.plan(visible, last, T), lambda kv: fi.run(kv, q),
+                  graph=True)
     print()
     print("| attention option | us/layer | TFLOP/s | rel. error vs fp32 | finite |")
     print("|---|---|---|---|---|")

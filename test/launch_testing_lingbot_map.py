@@ -100,8 +100,10 @@ class TestLaunchedNode(unittest.TestCase):
             stamp = 1_800_000_000 * 10**9 + i * 100_000_000
             stamps.append(stamp)
             lst.pub.publish(image_message(camera.render(i), stamp, CAMERA_FRAME))
-            self.assertTrue(lst.wait_for(lambda r: lst.final_status(stamp) is not None or (i == 0 and stamp in r.status),
-                                         60), f"no frame_status for frame {i}")
+            self.assertTrue(
+                lst.wait_for(lambda r: lst.final_status(stamp) is not None or (i == 0 and stamp in r.status), 60),
+                f"no frame_status for frame {i}",
+            )
         self.assertTrue(lst.wait_for(lambda r: all(lst.final_status(s) is not None for s in stamps), 60))
         self.assertEqual([lst.final_status(s).status for s in stamps], [PROCESSED] * FRAMES)
         self.assertTrue(lst.wait_for(lambda r: all(s in r.poses for s in stamps), 20), "missing poses")
@@ -123,7 +125,9 @@ class TestLaunchedNode(unittest.TestCase):
         # 6th frame evicted the oldest window frame (it keeps only its special tokens)
         self.assertEqual((cache["frames_stored"], cache["window_frames"], cache["frames_evicted"]),
                          (str(FRAMES), "3", str(FRAMES - 2 - 3)))
-        inference = {kv.key: kv.value for st in latest.status if st.name == "lingbot_map: inference" for kv in st.values}
+        inference = {
+            kv.key: kv.value for st in latest.status if st.name == "lingbot_map: inference" for kv in st.values
+        }
         self.assertEqual(inference["frames_processed"], str(FRAMES))
 
     def test_3_diagnostics_aggregator_argument(self, proc_output) -> None:

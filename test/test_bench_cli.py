@@ -21,9 +21,10 @@ def _run(*args: str, timeout: float = 300):
 
 
 def test_profile_without_cuda_and_a_missing_checkpoint_are_refused_before_the_run():
-    for args, needle in ((["--profile", "--device", "cpu"], "--profile"), (["--checkpoint", "/no/such.pt"], "/no/such.pt")):
+    refused = ((["--profile", "--device", "cpu"], "--profile"), (["--checkpoint", "/no/such.pt"], "/no/such.pt"))
+    for args, needle in refused:
         out = _run(*args)
-        lines = [l for l in out.stderr.splitlines() if l.strip()]
+        lines = [line for line in out.stderr.splitlines() if line.strip()]
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
         assert needle in lines[-1] and lines[-1].startswith("lingbot_map_bench: error:"), out.stderr
         assert "| variant |" not in out.stdout  # no model was built, nothing ran
@@ -37,10 +38,10 @@ def test_checkpoint_is_used_and_short_runs_report_no_steady_state(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"weights: {ckpt}" in out.stderr
     assert "do not reach the steady state" in out.stderr
-    row = [l for l in out.stdout.splitlines() if l.startswith("| auto = sdpa")][0].split("|")
+    row = [line for line in out.stdout.splitlines() if line.startswith("| auto = sdpa")][0].split("|")
     assert row[4].strip() == "-" and row[6].strip() == "-" and "run too short" in row[10], row
     long_run = _run(*SMALL, "--frames", "12")
-    row = [l for l in long_run.stdout.splitlines() if l.startswith("| auto = sdpa")][0].split("|")
+    row = [line for line in long_run.stdout.splitlines() if line.startswith("| auto = sdpa")][0].split("|")
     assert float(row[4]) > 0 and "->" in row[10], row
 
 

@@ -36,7 +36,11 @@ def _step(cache: CameraKVCache, stored: dict, num_frames: int, store: bool, gen:
 
 
 def _empty(dtype) -> dict:
-    return {(it, blk): (torch.empty(0, HEADS, HEAD_DIM, dtype=dtype),) * 2 for it in range(ITERATIONS) for blk in range(BLOCKS)}
+    return {
+        (it, blk): (torch.empty(0, HEADS, HEAD_DIM, dtype=dtype),) * 2
+        for it in range(ITERATIONS)
+        for blk in range(BLOCKS)
+    }
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

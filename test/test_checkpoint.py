@@ -215,7 +215,10 @@ def test_full_preset_validation_on_meta() -> None:
         sd = LingBotMap(model_config("full")).state_dict()
     bad = dict(sd)
     bad["aggregator.patch_embed.pos_embed"] = torch.empty(1, 1025, 1024, device="meta")
-    with pytest.raises(CheckpointError, match=r"aggregator\.patch_embed\.pos_embed \(checkpoint \[1, 1025, 1024\], model \[1, 1370, 1024\]\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"aggregator\.patch_embed\.pos_embed \(checkpoint \[1, 1025, 1024\], model \[1, 1370, 1024\]\)",
+    ):
         apply_state_dict(model, bad, device="meta")
     missing = {k: v for k, v in sd.items() if k != "aggregator.scale_token"}
     with pytest.raises(CheckpointError, match=r"aggregator\.scale_token"):

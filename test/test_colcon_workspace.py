@@ -74,7 +74,8 @@ def test_colcon_workspace_build_and_launch(tmp_path, ros_domain_id):
         pid = re.search(r"process started with pid \[(\d+)\]", launch.output()).group(1)
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
         assert str(exe) in cmdline[:2], cmdline
-        env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if "=" in kv)
+        environ = Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+        env = dict(kv.split("=", 1) for kv in environ if "=" in kv)
         assert env["PYTHONPATH"].split(":")[0].startswith(str(install)), env.get("PYTHONPATH")
         compiled = list(pyc_dir.glob("node.*.pyc"))
         assert compiled, f"the node did not import {node_py} (no byte-code beside it)"

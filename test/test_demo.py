@@ -27,5 +27,5 @@ def test_demo_runs_and_exits_zero(tmp_path, ros_domain_id):
     assert "[diagnostics]" in out and "lingbot_map: kv cache" in out
     assert "12 processed" in out and "eviction observed: yes" in out
     assert "node exited with code 0" in out
-    lines = [l for l in tum.read_text().splitlines() if not l.startswith("#")]
+    lines = [line for line in tum.read_text().splitlines() if not line.startswith("#")]
     assert len(lines) == 12

@@ -45,7 +45,8 @@ def test_masked_dense_backend_rejects_bad_plans() -> None:
 
 
 def test_factory_builds_from_the_resolved_runtime_only() -> None:
-    cfg, stream = model_config("tiny"), StreamConfig(scale_frames=2, sliding_window=3, max_frame_num=64, max_stored_frames=40)
+    cfg = model_config("tiny")
+    stream = StreamConfig(scale_frames=2, sliding_window=3, max_frame_num=64, max_stored_frames=40)
     rt = resolve_for(torch.device("cpu"), torch.float32, backend="sdpa")
     assert not rt.cuda_graphs and not rt.compile_blocks and rt.autocast
     cache = factory.build_global_cache(rt, cfg, stream, page_size=12)

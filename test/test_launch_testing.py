@@ -35,7 +35,8 @@ def test_launch_testing_launch_file(tmp_path, ros_domain_id):
         print(f"launch_test: {res.seconds:.1f} s")
         assert res.returncode == 0, out[-6000:]
         for name in ACTIVE + POST_SHUTDOWN:
-            assert re.search(rf"^{name} \(.*\) \.\.\. (.*\n)*?.*(ok|skipped '.*')$", out, re.M), f"{name}:\n{out[-6000:]}"
+            verdict = rf"^{name} \(.*\) \.\.\. (.*\n)*?.*(ok|skipped '.*')$"
+            assert re.search(verdict, out, re.M), f"{name}:\n{out[-6000:]}"
         assert re.search(r"^Ran 3 tests in", out, re.M) and re.search(r"^Ran 2 tests in", out, re.M), out[-3000:]
         assert "FAILED" not in out, out[-6000:]
         if _aggregator_installed(shell):

@@ -151,7 +151,9 @@ def test_every_import_the_documentation_shows_works() -> None:
     lines = set()
     for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
         for line in doc.read_text().splitlines():
-            m = re.match(r"\s*((from lingbot_map_ros[\w.]* import [\w, ]+)|(import lingbot_map_ros[\w.]*))\s*(#.*)?$", line)
+            m = re.match(
+                r"\s*((from lingbot_map_ros[\w.]* import [\w, ]+)|(import lingbot_map_ros[\w.]*))\s*(#.*)?$", line
+            )
             if m:
                 lines.add(m.group(1).strip())
     assert lines, "no import lines found in the documentation"
@@ -169,8 +171,13 @@ def test_the_readme_core_example_runs() -> None:
     section = readme[readme.index("## Core without ROS"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert 'RuntimeConfig(checkpoint="/models/lingbot-map.pt")' in code and "my_frames" in code
-    code = code.replace('RuntimeConfig(checkpoint="/models/lingbot-map.pt")', 'RuntimeConfig(model_preset="tiny", device="cpu")')
-    setup = "import numpy as _np\nmy_frames = [_np.random.default_rng(i).integers(0, 255, (60, 80, 3), dtype=_np.uint8) for i in range(10)]\n"
+    code = code.replace(
+        'RuntimeConfig(checkpoint="/models/lingbot-map.pt")', 'RuntimeConfig(model_preset="tiny", device="cpu")'
+    )
+    setup = (
+        "import numpy as _np\n"
+        "my_frames = [_np.random.default_rng(i).integers(0, 255, (60, 80, 3), dtype=_np.uint8) for i in range(10)]\n"
+    )
     run = subprocess.run([sys.executable, "-c", setup + code], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     printed = [line.split()[0] for line in run.stdout.splitlines() if re.match(r"\d+ (True|False) \[", line)]

@@ -222,7 +222,8 @@ def ref_block(x, sd, pre, heads, eps, qk_norm, rope=None, attn=softmax_attention
         q, k = rope(q), rope(k)
     a = attn(q, k, v).reshape(T, C)
     y = x + sd[pre + ".ls1.gamma"] * lin(a, sd, pre + ".attn.proj")
-    m = lin(gelu(lin(ln(y, sd[pre + ".norm2.weight"], sd[pre + ".norm2.bias"], eps), sd, pre + ".mlp.fc1")), sd, pre + ".mlp.fc2")
+    hidden = gelu(lin(ln(y, sd[pre + ".norm2.weight"], sd[pre + ".norm2.bias"], eps), sd, pre + ".mlp.fc1"))
+    m = lin(hidden, sd, pre + ".mlp.fc2")
     return y + sd[pre + ".ls2.gamma"] * m
 
 
@@ -275,7 +276,13 @@ def ref_aggregator(sd, cfg, images, frames, cam_var, scale_var):
         ]
         frame_out = torch.stack(per_frame)
         g = ref_block(
-            torch.cat(per_frame), sd, f"aggregator.global_blocks.{i}", cfg.num_heads, 1e-5, True, lambda z: rot3d(z, pos3)
+            torch.cat(per_frame),
+            sd,
+            f"aggregator.global_blocks.{i}",
+            cfg.num_heads,
+            1e-5,
+            True,
+            lambda z: rot3d(z, pos3),
         )
         per_frame = list(g.reshape(S, P, C))
         if i in cfg.out_layers:
@@ -341,18 +348,18 @@ def ref_depth_head(sd, outs, H, W):
         return conv(up(rcu(x, name + ".resConfUnit2"), size), name + ".out_conv")
 
     feats = []
-    for l, t in enumerate(outs):
+    for level, t in enumerate(outs):
         x = ln(t[:, NS:], sd[p + "norm.weight"], sd[p + "norm.bias"], 1e-5)
         x = x.permute(0, 2, 1).reshape(x.shape[0], -1, ph, pw)
-        x = conv(x, f"{p}projects.{l}")
+        x = conv(x, f"{p}projects.{level}")
         x = x + 0.1 * ref_pe(x.shape[1], ph, pw, H, W)
-        if l == 0:
+        if level == 0:
             x = F.conv_transpose2d(x, sd[p + "resize_layers.0.weight"], sd[p + "resize_layers.0.bias"], stride=4)
-        elif l == 1:
+        elif level == 1:
             x = F.conv_transpose2d(x, sd[p + "resize_layers.1.weight"], sd[p + "resize_layers.1.bias"], stride=2)
-        elif l == 3:
+        elif level == 3:
             x = conv(x, p + "resize_layers.3", stride=2, pad=1)
-        feats.append(conv(x, f"{p}scratch.layer{l + 1}_rn", pad=1, bias=False))
+        feats.append(conv(x, f"{p}scratch.layer{level + 1}_rn", pad=1, bias=False))
     l1, l2, l3, l4 = feats
     s = p + "scratch."
     o = ffb(l4, None, s + "refinenet4", l3.shape[2:])
@@ -450,7 +457,9 @@ def test_seeded_init_is_deterministic() -> None:
     assert 0.01 < w.std() < 0.025 and w.abs().max() <= 0.04 + 1e-7
 
 
-@pytest.mark.parametrize("S,H,W,frames,cam,scale", [(1, 28, 42, [0], [0], [0]), (3, 42, 28, [0, 1, 5], [0, 1, 1], [0, 0, 1])])
+@pytest.mark.parametrize(
+    "S,H,W,frames,cam,scale", [(1, 28, 42, [0], [0], [0]), (3, 42, 28, [0, 1, 5], [0, 1, 1], [0, 0, 1])]
+)
 def test_tiny_model_matches_float64_reference(S, H, W, frames, cam, scale) -> None:
     model = tiny_model(seed=11)
     perturb(model, seed=12 + S)
@@ -483,9 +492,12 @@ def test_single_blocks_match_float64_reference() -> None:
     for f in range(S):
         ref = ref_block(x[f].double(), sd, "aggregator.frame_blocks.1", 2, 1e-5, True, lambda z: rot2d(z, pos2))
         torch.testing.assert_close(got_f[f].double(), ref, atol=1e-5, rtol=1e-5)
-    got_g = agg.global_blocks[2](x.reshape(1, S * P, C), global_attend(2, agg.rope3d.applier(frames, ph, pw, "cpu"), DenseGlobalAttention()))
+    attend = global_attend(2, agg.rope3d.applier(frames, ph, pw, "cpu"), DenseGlobalAttention())
+    got_g = agg.global_blocks[2](x.reshape(1, S * P, C), attend)
     pos3 = [p for f in frames.tolist() for p in frame_positions_3d(f, ph, pw)]
-    ref = ref_block(x.reshape(S * P, C).double(), sd, "aggregator.global_blocks.2", 2, 1e-5, True, lambda z: rot3d(z, pos3))
+    ref = ref_block(
+        x.reshape(S * P, C).double(), sd, "aggregator.global_blocks.2", 2, 1e-5, True, lambda z: rot3d(z, pos3)
+    )
     torch.testing.assert_close(got_g[0].double(), ref, atol=1e-5, rtol=1e-5)
 
 

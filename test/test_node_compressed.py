@@ -87,7 +87,8 @@ def test_compressed_input_with_default_best_effort_qos(env):
 @pytest.mark.parametrize("bad", ["long_run_policy:=forever", "scale_frames:=0", "image_transport:=h264"])
 def test_invalid_start_parameters_exit_with_reason(bad, ros_domain_id):
     t0 = time.monotonic()
-    proc = subprocess.run([*node_command(), "--ros-args", "-p", bad], env=dict(os.environ, ROS_DOMAIN_ID=str(ros_domain_id)),
+    proc = subprocess.run([*node_command(), "--ros-args", "-p", bad],
+                          env=dict(os.environ, ROS_DOMAIN_ID=str(ros_domain_id)),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr

@@ -61,7 +61,8 @@ def drive_one_frame_backend(cache, backend, *, page_size: int, dtype: torch.dtyp
     blocks = cache.num_blocks
     raw: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in range(blocks)]
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
-    schedule = [(list(range(scale)), True)] + [([scale + i], i == 0 or rng.random() < keyframe_share) for i in range(steps)]
+    schedule = [(list(range(scale)), True)]
+    schedule += [([scale + i], i == 0 or rng.random() < keyframe_share) for i in range(steps)]
     seen = []
     for frames, store in schedule:
         cache.begin_step(len(frames), store=store)
@@ -101,7 +102,8 @@ def _drive(page_size: int, dtype: torch.dtype, seed: int, *, scale_frames: int, 
     assert cache.storage.dtype == dtype  # K/V kept in the model dtype (no fp32 K cache)
     assert cache.storage.shape == (NUM_BLOCKS, 2, cache.table.num_pages, page_size, NUM_HEADS, HEAD_DIM)
     spec = SpecModel(scale_frames, window)
-    raw: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in range(NUM_BLOCKS)]  # block -> frame -> (k, v)
+    # block -> frame -> (k, v)
+    raw: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in range(NUM_BLOCKS)]
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
 
     schedule = [(list(range(phase1)), True)]

@@ -97,7 +97,8 @@ def test_scale_window_eviction_specials_and_rollback_exact() -> None:
     assert stats.visible_keys == 5 * 7 + 48
 
     t.reset()
-    assert _state(t) == _state(PageTable(scale_frames=2, sliding_window=3, page_size=7, num_patch_pages=7, special_pages=10))
+    fresh = PageTable(scale_frames=2, sliding_window=3, page_size=7, num_patch_pages=7, special_pages=10)
+    assert _state(t) == _state(fresh)
 
 
 def test_special_page_exactly_full_and_small_pages() -> None:
@@ -306,7 +307,9 @@ def test_table_matches_list_model(geo: dict, ops: list[tuple[str, int]]) -> None
 
 def test_lowest_allocation_exact_pages() -> None:
     """scale 2, window 3, pool 6 = scale + window + 1: evict before taking, lowest free id first."""
-    t = PageTable(scale_frames=2, sliding_window=3, page_size=7, num_patch_pages=6, special_pages=10, allocation="lowest")
+    t = PageTable(
+        scale_frames=2, sliding_window=3, page_size=7, num_patch_pages=6, special_pages=10, allocation="lowest"
+    )
     assert t.append(2).patch_pages == (0, 1)
     assert [t.append(1).patch_pages for _ in range(3)] == [(2,), (3,), (4,)]
     assert (t.window_pages, t.free_list) == ([2, 3, 4], [5])
@@ -320,7 +323,9 @@ def test_lowest_allocation_exact_pages() -> None:
     assert [(p.patch_pages, p.evicted) for p in plans] == [((2,), (2,)), ((3,), (3,)), ((4,), (4,)), ((2,), (2,))]
     assert (t.scale_pages, t.window_pages, t.free_list) == ([0, 1], [3, 4, 2], [5])
     # a non-keyframe while filling takes the lowest free page, and the rollback restores the order
-    u = PageTable(scale_frames=1, sliding_window=4, page_size=3, num_patch_pages=6, special_pages=10, allocation="lowest")
+    u = PageTable(
+        scale_frames=1, sliding_window=4, page_size=3, num_patch_pages=6, special_pages=10, allocation="lowest"
+    )
     u.append(1)
     assert u.append(1, defer_eviction=True).patch_pages == (1,)
     u.rollback()

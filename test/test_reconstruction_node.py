@@ -66,8 +66,10 @@ class Collector:
             self.node.create_subscription(typ, f"{NS}/{name}", self._cb(name),
                                           latched if name == "map_points" else reliable)
         self.rx["frame_status"] = []
-        self.node.create_subscription(FrameStatus, f"{NS}/frame_status", self._cb("frame_status"), QoSProfile(depth=100))
-        self.pub = self.node.create_publisher(Image, TOPIC, QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE))
+        self.node.create_subscription(FrameStatus, f"{NS}/frame_status", self._cb("frame_status"),
+                                      QoSProfile(depth=100))
+        self.pub = self.node.create_publisher(Image, TOPIC,
+                                              QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE))
         self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(self.node)
         self.thread = threading.Thread(target=self._spin, daemon=True)
@@ -177,7 +179,8 @@ def test_topics_types_frames_stamps_sizes_and_reprojection(env):
     with col.cv:
         rx = {k: by_stamp(v) for k, v in col.rx.items()}
     for s in stamps:
-        depth, conf, info, cloud, pose = (rx[k][s] for k in ("depth", "depth_confidence", "camera_info", "points", "pose"))
+        topics = ("depth", "depth_confidence", "camera_info", "points", "pose")
+        depth, conf, info, cloud, pose = (rx[k][s] for k in topics)
         # frames
         assert depth.header.frame_id == conf.header.frame_id == info.header.frame_id == CAMERA
         assert cloud.header.frame_id == pose.header.frame_id == WORLD

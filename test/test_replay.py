@@ -196,7 +196,8 @@ class RosClient:
         def keep(msg):
             self.stats = msg
 
-        self.node.create_subscription(CacheStats, topic, keep, QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE))
+        self.node.create_subscription(CacheStats, topic, keep,
+                                      QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE))
 
     def spin(self, seconds: float) -> None:
         end = time.monotonic() + seconds

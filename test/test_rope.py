@@ -128,7 +128,8 @@ def test_rope_3d_tables_are_rounded_float64() -> None:
             hpos, wpos = (a, b) if kind == "special" else (6 + a, 6 + b)
             for j in range(32):
                 pos, d, k = (f, 20, j) if j < 10 else ((hpos, 22, j - 10) if j < 21 else (wpos, 22, j - 21))
-                w = 1.0 / torch.pow(torch.tensor(10000.0, dtype=torch.float64), torch.tensor(2.0 * k / d, dtype=torch.float64))
+                exponent = torch.tensor(2.0 * k / d, dtype=torch.float64)
+                w = 1.0 / torch.pow(torch.tensor(10000.0, dtype=torch.float64), exponent)
                 ang = torch.tensor(float(pos), dtype=torch.float64) * w
                 assert cos[fi * P + t, 0, j] == ang.cos().float()
                 assert sin[fi * P + t, 0, j] == ang.sin().float()

@@ -15,7 +15,8 @@ environment leaks in, see ``rostools.RosShell``) and is checked on what it print
 
 Test-only flags: ``--no-daemon --spin-time 2`` on the verbs that have them (no background daemon is
 left behind; discovery gets 2 s instead of 0.5 s), and ``ros2 daemon stop`` at the end anyway.
-Skipped, with the reason, only where the venv has no ros2 CLI / launch (the ros_cli wheels were not installed by scripts/setup_env.sh).
+Skipped, with the reason, only where the venv has no ros2 CLI / launch (the ros_cli wheels were not
+installed by scripts/setup_env.sh).
 """
 from __future__ import annotations
 

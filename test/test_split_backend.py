@@ -117,7 +117,8 @@ def test_merge_of_two_parts_equals_attention_over_their_union() -> None:
 
 
 def test_factory_pairs_the_split_backend_with_its_pools_and_allocation() -> None:
-    cfg, stream = model_config("tiny"), StreamConfig(scale_frames=2, sliding_window=3, max_frame_num=64, max_stored_frames=40)
+    cfg = model_config("tiny")
+    stream = StreamConfig(scale_frames=2, sliding_window=3, max_frame_num=64, max_stored_frames=40)
     rt = resolve_for(torch.device("cpu"), torch.float32, backend="sdpa")
     object.__setattr__(rt, "cuda_graphs", True)
     object.__setattr__(rt, "sdpa_kernel", "split")

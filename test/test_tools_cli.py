@@ -158,7 +158,8 @@ def test_eval_warns_on_duplicate_and_backward_stamps_and_takes_a_tolerance(tmp_p
     write_tum(tmp_path / "late.tum", st + 0.03, poses)
     assert_one_line_error(run("lingbot_map_eval", str(tmp_path / "late.tum"), str(tmp_path / "gt.tum")),
                           "only 0 poses associated")
-    ok = run("lingbot_map_eval", str(tmp_path / "late.tum"), str(tmp_path / "gt.tum"), "--tolerance", "0.05", "--no-evo")
+    ok = run("lingbot_map_eval", str(tmp_path / "late.tum"), str(tmp_path / "gt.tum"),
+             "--tolerance", "0.05", "--no-evo")
     assert ok.returncode == 0 and "associated 8 poses" in ok.stdout, ok.stderr
 
 

@@ -48,7 +48,9 @@ _MAX_WEIGHT = 1.0e3
 _MAX_WEIGHT_SUM = 1.0e7
 
 
-def _as_tensor(x: TensorLike, device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def _as_tensor(
+    x: TensorLike, device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None
+) -> torch.Tensor:
     """numpy or torch -> torch on ``device`` (None: where it is; numpy: CPU), without a copy when possible."""
     t = torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
     return t.to(device=device if device is not None else t.device, dtype=dtype if dtype is not None else t.dtype)
@@ -357,7 +359,8 @@ class VoxelMap:
             rgb = points.rgb.to(self.device)
         weight = conf.clamp(1e-6, _MAX_WEIGHT)  # [N]
         seen = torch.full_like(keys, self._seq)  # [N]
-        self._pending.append((keys, xyz, rgb.float(), weight, conf.clamp(max=float(torch.finfo(torch.float32).max)), seen))
+        finite_conf = conf.clamp(max=float(torch.finfo(torch.float32).max))  # [N]
+        self._pending.append((keys, xyz, rgb.float(), weight, finite_conf, seen))
         self._pending_points += int(keys.numel())
         if self._pending_points > self.max_points:
             self.flush()
@@ -452,6 +455,11 @@ def _atomic_write_bytes(path: PathLike, chunks: Sequence[bytes]) -> None:
         raise
 
 
+def _to_numpy(a: TensorLike) -> np.ndarray:
+    """A host NumPy view or copy of a tensor or array (the file writers take either)."""
+    return a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
+
+
 PLY_VERTEX_DTYPE = np.dtype([("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("red", "u1"), ("green", "u1"),
                              ("blue", "u1"), ("confidence", "<f4")])  # 19 bytes, packed
 
@@ -464,14 +472,13 @@ def write_ply(path: PathLike, xyz: TensorLike, rgb: Optional[TensorLike] = None,
     ``float confidence`` (Open3D, MeshLab and CloudCompare read the first six and keep or ignore
     the last). Written atomically (temporary file + rename). Returns the number of points.
     """
-    to_np = lambda a: a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)  # noqa: E731
-    p = to_np(xyz).reshape(-1, 3)
+    p = _to_numpy(xyz).reshape(-1, 3)
     n = p.shape[0]
     rec = np.zeros(n, dtype=PLY_VERTEX_DTYPE)
     rec["x"], rec["y"], rec["z"] = p[:, 0], p[:, 1], p[:, 2]
-    c = np.full((n, 3), 128, np.uint8) if rgb is None else to_np(rgb).reshape(-1, 3).astype(np.uint8)
+    c = np.full((n, 3), 128, np.uint8) if rgb is None else _to_numpy(rgb).reshape(-1, 3).astype(np.uint8)
     rec["red"], rec["green"], rec["blue"] = c[:, 0], c[:, 1], c[:, 2]
-    rec["confidence"] = 1.0 if confidence is None else to_np(confidence).reshape(-1)
+    rec["confidence"] = 1.0 if confidence is None else _to_numpy(confidence).reshape(-1)
     lines = ["ply", "format binary_little_endian 1.0"]
     lines += [f"comment {line}" for line in (comment.splitlines() if comment else [])]
     lines += [f"element vertex {n}", "property float x", "property float y", "property float z",
@@ -507,7 +514,9 @@ def write_colmap_text(
     c2w = np.asarray(c2w, dtype=np.float64).reshape(-1, 4, 4)
     k = np.asarray(intrinsics, dtype=np.float64).reshape(-1, 3, 3)
     if not (c2w.shape[0] == k.shape[0] == len(image_names)):
-        raise ValueError(f"need one pose, intrinsics and name per image: {c2w.shape[0]}, {k.shape[0]}, {len(image_names)}")
+        raise ValueError(
+            f"need one pose, intrinsics and name per image: {c2w.shape[0]}, {k.shape[0]}, {len(image_names)}"
+        )
     h, w = int(image_hw[0]), int(image_hw[1])
     cams = ["# Camera list with one line of data per camera:", "#   CAMERA_ID, MODEL, WIDTH, HEIGHT, PARAMS[]",
             f"# Number of cameras: {len(k)}"]
@@ -523,13 +532,15 @@ def write_colmap_text(
             raise ValueError(f"COLMAP image names cannot contain white space: {name!r}")
         vals = " ".join(f"{v:.17g}" for v in (qi[3], qi[0], qi[1], qi[2], *ti))
         imgs += [f"{i} {vals} {i} {name}", ""]
-    to_np = lambda a: a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)  # noqa: E731
-    p = np.zeros((0, 3)) if xyz is None else to_np(xyz).reshape(-1, 3)
-    c = np.full((p.shape[0], 3), 128, np.uint8) if rgb is None else to_np(rgb).reshape(-1, 3).astype(np.uint8)
+    p = np.zeros((0, 3)) if xyz is None else _to_numpy(xyz).reshape(-1, 3)
+    c = np.full((p.shape[0], 3), 128, np.uint8) if rgb is None else _to_numpy(rgb).reshape(-1, 3).astype(np.uint8)
     pts = ["# 3D point list with one line of data per point:",
            "#   POINT3D_ID, X, Y, Z, R, G, B, ERROR, TRACK[] as (IMAGE_ID, POINT2D_IDX)",
            f"# Number of points: {p.shape[0]}, mean track length: 0"]
-    pts += [f"{i} {x:.9g} {y:.9g} {z:.9g} {r} {g} {b} 0" for i, ((x, y, z), (r, g, b)) in enumerate(zip(p.tolist(), c.tolist()), 1)]
+    pts += [
+        f"{i} {x:.9g} {y:.9g} {z:.9g} {r} {g} {b} 0"
+        for i, ((x, y, z), (r, g, b)) in enumerate(zip(p.tolist(), c.tolist()), 1)
+    ]
     for name, lines in (("cameras.txt", cams), ("images.txt", imgs), ("points3D.txt", pts)):
         _atomic_write_bytes(directory / name, ["\n".join(lines).encode("utf-8") + b"\n"])
 

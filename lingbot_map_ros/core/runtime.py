@@ -110,7 +110,10 @@ def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> tupl
         return "flashinfer", "requested"
     if name != "auto":
         raise ValueError(f"attention_backend must be auto, flashinfer or sdpa (got {name!r})")
-    if not cudnn_attention_unusable_reason(device, dtype) and torch.cuda.get_device_capability(device)[0] in AUTO_SPLIT_ON_CAPABILITY:
+    if (
+        not cudnn_attention_unusable_reason(device, dtype)
+        and torch.cuda.get_device_capability(device)[0] in AUTO_SPLIT_ON_CAPABILITY
+    ):
         return "sdpa", "auto: cuDNN over the contiguous patch prefix + masked tail (fastest measured on Hopper)"
     if reason:
         return "sdpa", f"auto: {reason}"
@@ -169,7 +172,8 @@ def resolve_for(
         reasons.append(f"CUDA graphs {'on' if graphs else 'off (requested)'}")
     fi_kernel = resolve_flashinfer_kernel(flashinfer_kernel, device)
     if chosen == "flashinfer":
-        reasons.append(f"FlashInfer {fi_kernel} ({'requested' if flashinfer_kernel != 'auto' else 'auto: fa3 on Hopper'})")
+        fi_why = "requested" if flashinfer_kernel != "auto" else "auto: fa3 on Hopper"
+        reasons.append(f"FlashInfer {fi_kernel} ({fi_why})")
     if sdpa_kernel not in SDPA_KERNELS:
         raise ValueError(f"sdpa_kernel must be one of {SDPA_KERNELS} (got {sdpa_kernel!r})")
     cudnn_reason = cudnn_attention_unusable_reason(device, dtype)
@@ -179,7 +183,8 @@ def resolve_for(
         raise ValueError(f"sdpa_kernel 'split' cannot run: {cudnn_reason}")
     sk = sdpa_kernel if sdpa_kernel != "auto" else ("flash" if cudnn_reason else AUTO_SDPA_KERNEL)
     if chosen == "sdpa" and graphs:
-        reasons.append(f"one-frame SDPA kernel {sk} ({'requested' if sdpa_kernel != 'auto' else cudnn_reason or 'auto'})")
+        sk_why = "requested" if sdpa_kernel != "auto" else cudnn_reason or "auto"
+        reasons.append(f"one-frame SDPA kernel {sk} ({sk_why})")
     switch = _switch(compile_blocks, "compile_blocks")
     compile_reason = ""
     if not graphs:
@@ -189,7 +194,8 @@ def resolve_for(
     if switch == "on" and compile_reason:
         raise ValueError(f"compile_blocks 'on' cannot run: {compile_reason}")
     fused = switch == "on" or (switch == "auto" and not compile_reason)
-    reasons.append(f"block fusion {'on' if fused else 'off'} ({switch}{': ' + compile_reason if compile_reason and switch != 'off' else ''})")
+    fusion_why = f": {compile_reason}" if compile_reason and switch != "off" else ""
+    reasons.append(f"block fusion {'on' if fused else 'off'} ({switch}{fusion_why})")
     if not autocast:
         reasons.append("autocast off: pure low-precision aggregator (opt-in, moves poses)")
     return ResolvedRuntime(

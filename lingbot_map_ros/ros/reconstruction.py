@@ -131,8 +131,9 @@ class ReconstructionPublisher:
 
     ``get_values()`` returns the node's current parameter values (read on every frame and tick, so
     every parameter applies from the next frame). ``device`` (a device or a callable returning one) is
-    where the per-pixel work runs: the model's device; default: the model image's. ``map_device`` where the voxel map lives
-    (default CPU, so its merges never queue kernels between the model's on the GPU).
+    where the per-pixel work runs: the model's device; default: the model image's. ``map_device``
+    where the voxel map lives (default CPU, so its merges never queue kernels between the model's on
+    the GPU).
 
     Threads: ``publish`` and ``reset`` run on the node's inference thread and only append to a queue
     (a short lock, never the map merge); the map timer and ``~/save_map`` run on the executor, drain

@@ -96,8 +96,12 @@ def _plot_demo(path: str, listener: "Listener", stamps: list[int]) -> dict:
         frame=np.arange(len(got)),
         position=np.array([[p.pose.position.x, p.pose.position.y, p.pose.position.z] for p, _ in got]).reshape(-1, 3),
         latency_ms=np.array([st.latency_ms for _, st in got], dtype=np.float64),
-        cache={"scale": np.array([st.scale_pages for _, st in got]), "window": np.array([st.window_pages for _, st in got]),
-               "free": np.array([st.free_pages for _, st in got]), "special": np.array([st.special_pages for _, st in got])},
+        cache={
+            "scale": np.array([st.scale_pages for _, st in got]),
+            "window": np.array([st.window_pages for _, st in got]),
+            "free": np.array([st.free_pages for _, st in got]),
+            "special": np.array([st.special_pages for _, st in got]),
+        },
         session=np.array([st.session_id for _, st in got]),
     )
     drawn = plot_run(path, series, title=f"lingbot_map_demo: {len(got)} frames")

@@ -234,7 +234,9 @@ def image_folder_frames(folder: str | Path, preprocessor: Optional[FramePreproce
 # ------------------------------------------------------------------------------------------ video
 
 
-def video_frames(path: str | Path, fps: float = 0.0, preprocessor: Optional[FramePreprocessor] = None) -> Iterator[FrameAndStamp]:
+def video_frames(
+    path: str | Path, fps: float = 0.0, preprocessor: Optional[FramePreprocessor] = None
+) -> Iterator[FrameAndStamp]:
     """Decode with OpenCV; keep every round(src_fps / fps)-th frame when ``fps`` > 0.
 
     Stamps are the container's presentation times (``CAP_PROP_POS_MSEC`` of each decoded frame),
@@ -307,7 +309,9 @@ def open_video(path: str | Path, fps: float = 0.0, preprocessor: Optional[FrameP
 # ------------------------------------------------------------------------------------------ bags
 
 
-def bag_frames(path: str | Path, topic: str = "", preprocessor: Optional[FramePreprocessor] = None) -> Iterator[FrameAndStamp]:
+def bag_frames(
+    path: str | Path, topic: str = "", preprocessor: Optional[FramePreprocessor] = None
+) -> Iterator[FrameAndStamp]:
     """rosbag2 (mcap or sqlite3) or ROS 1 ``Image``/``CompressedImage`` messages, stamped by their headers."""
     from ..ros.image_io import UnsupportedImage
     from .bag_io import iter_bag_images

@@ -14,8 +14,9 @@ ones, field by field), either
 
 Before anything is published the bag, the topic and its first image are checked (a depth topic or
 an unsupported encoding is refused in one line, exit 2). Ctrl-C stops the replay and prints what was
-sent and acknowledged (exit 130). Discovery is kept on loopback (``ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST``) unless the caller set a
-range explicitly. Exit code 0 when every frame went out (and, with ``--rate 0``, was accounted for).
+sent and acknowledged (exit 130). Discovery is kept on loopback
+(``ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST``) unless the caller set a range explicitly. Exit code 0
+when every frame went out (and, with ``--rate 0``, was accounted for).
 """
 from __future__ import annotations
 
@@ -162,8 +163,12 @@ def replay(args: argparse.Namespace) -> int:
                             "running on this ROS_DOMAIN_ID? check --topic-out and the node's image remapping)", 1)
             say(f"no subscriber on {topic_out} after {args.wait_subscriber:g} s; publishing anyway")
         if args.rate == 0:
-            if not rep.wait_until(lambda: rep.node.count_publishers(rep.status_topic) > 0, max(args.wait_subscriber, 1.0)):
-                return fail(PROG, f"--rate 0 needs the node's {rep.status_topic}; nobody publishes it (check --node)", 1)
+            if not rep.wait_until(
+                lambda: rep.node.count_publishers(rep.status_topic) > 0, max(args.wait_subscriber, 1.0)
+            ):
+                return fail(
+                    PROG, f"--rate 0 needs the node's {rep.status_topic}; nobody publishes it (check --node)", 1
+                )
         rep.spin_for(0.5)  # let the node's side of discovery match our publisher too
         say(f"{args.bag}: {topic_in} ({msgtype}) -> {topic_out}, "
             + ("paced by " + rep.status_topic if args.rate == 0 else f"rate x{args.rate:g}"))

@@ -11,9 +11,9 @@ Physical layout handed to ``run`` (per block, owned by ``paged.PagedKVCache``): 
 ``(k_pages, v_pages)``, each a contiguous ``[num_pages, page_size, H, D]`` tensor ("NHD"), page ids
 as in ``pages.PageTable``; token slot ``page * page_size + offset`` is row ``page*page_size+offset``
 of ``k_pages.view(-1, H, D)``. K and V are separate (not one ``[pages, 2, page, H, D]`` tensor)
-because exact token-granular paging (FlashInfer fa3 with page size 1) needs each of them viewable as ``[pages*page, 1, H, D]``. The visible keys are all
-``page_size`` slots of every visible page except the last, then the first ``last_page_len`` slots of
-the last one. There is no mask.
+because exact token-granular paging (FlashInfer fa3 with page size 1) needs each of them viewable
+as ``[pages*page, 1, H, D]``. The visible keys are all ``page_size`` slots of every visible page
+except the last, then the first ``last_page_len`` slots of the last one. There is no mask.
 """
 from __future__ import annotations
 
@@ -64,7 +64,9 @@ class DenseStorageBackend:
         """``(k, v)`` of one block as ``[1, H, N, D]`` strided views of its pages (no copy)."""
         k_pages, v_pages = kv_pages
         if k_pages.shape[0] * k_pages.shape[1] != self.num_slots:
-            raise ValueError(f"backend built for {self.num_slots} slots, pages hold {k_pages.shape[0] * k_pages.shape[1]}")
+            raise ValueError(
+                f"backend built for {self.num_slots} slots, pages hold {k_pages.shape[0] * k_pages.shape[1]}"
+            )
         H, D = self.num_heads, self.head_dim
         k = k_pages.view(1, self.num_slots, H, D).transpose(1, 2)  # [1, H, N, D]
         v = v_pages.view(1, self.num_slots, H, D).transpose(1, 2)  # [1, H, N, D]
@@ -78,7 +80,9 @@ def check_plan(visible_pages: Sequence[int], last_page_len: int, page_size: int,
     if not 1 <= last_page_len <= page_size:
         raise ValueError(f"last_page_len must be in 1..{page_size} (got {last_page_len})")
     if num_pages is not None and (max(visible_pages) >= num_pages or min(visible_pages) < 0):
-        raise ValueError(f"visible pages must lie in 0..{num_pages - 1} (got {min(visible_pages)}..{max(visible_pages)})")
+        raise ValueError(
+            f"visible pages must lie in 0..{num_pages - 1} (got {min(visible_pages)}..{max(visible_pages)})"
+        )
 
 
 def visible_key_count(num_pages: int, last_page_len: int, page_size: int) -> int:

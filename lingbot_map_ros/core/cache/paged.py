@@ -77,7 +77,9 @@ class PagedKVCache:
             sliding_window=sliding_window,
             page_size=page_size,
             num_patch_pages=num_patch_pages,
-            special_pages=special_pages if special_pages is not None else special_pages_capacity(max_frame_num, page_size),
+            special_pages=(
+                special_pages if special_pages is not None else special_pages_capacity(max_frame_num, page_size)
+            ),
             allocation=allocation,
         )
         self.num_blocks = num_blocks
@@ -96,7 +98,9 @@ class PagedKVCache:
         )
         if isinstance(backend, str):
             if backend.lower() != "sdpa":
-                raise ValueError(f"backend by name must be 'sdpa' (got {backend!r}); build others with cache/factory.py")
+                raise ValueError(
+                    f"backend by name must be 'sdpa' (got {backend!r}); build others with cache/factory.py"
+                )
             backend = SdpaBackend(page_size=page_size, device=self.device)
         elif not isinstance(backend, AttentionBackend):
             raise TypeError(f"backend must be 'sdpa' or an AttentionBackend (got {type(backend)!r})")
@@ -177,7 +181,8 @@ class PagedKVCache:
         ps, sp = self.page_size, self.specials_per_frame
         patch_pages = torch.tensor(plan.patch_pages, dtype=torch.long, device=self.device)  # [S]
         patch_slots = patch_pages[:, None] * ps + self._offsets  # [S, page]
-        special_slots = torch.tensor(plan.special_slots, dtype=torch.long, device=self.device).view(num_frames, sp)  # [S, 6]
+        special_slots = torch.tensor(plan.special_slots, dtype=torch.long, device=self.device)
+        special_slots = special_slots.view(num_frames, sp)  # [S, 6]
         # [T], frame-major [6 specials, page patches]: slot p*page+o is row p*page+o of the flat K (and V) pages
         slots = torch.cat((special_slots, patch_slots), dim=1).reshape(-1)  # [T]
         num_tokens = num_frames * self.tokens_per_frame

@@ -75,7 +75,10 @@ class SdpaBackend:
         self._num_queries = num_query_tokens
 
     def run(self, kv_pages: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor) -> torch.Tensor:
-        """Attention of ``q [T, H, D]`` over the planned slots of ``(k_pages, v_pages)``, each ``[pages, page, H, D]``."""
+        """Attention of ``q [T, H, D]`` over the planned slots of ``(k_pages, v_pages)``.
+
+        Each of ``k_pages`` and ``v_pages`` is ``[pages, page, H, D]``.
+        """
         if self._slots is None:
             raise RuntimeError("run() before plan()")
         if q.shape[0] != self._num_queries:

@@ -59,7 +59,8 @@ def attend_with_lse(kernel: str, q: Tensor, k: Tensor, v: Tensor, bias: Optional
     if kernel == "cudnn":
         out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, bias, True)[:2]  # lse [B, H, T, 1]
     elif kernel == "efficient":
-        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True)[:2]  # lse [B, H, ceil32(T)]
+        # lse [B, H, ceil32(T)]
+        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True)[:2]
     elif kernel == "cpu":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias)  # lse [B, H, T]
     else:
@@ -97,7 +98,8 @@ class _Region:
 
 
 class SplitPrefixBackend(DenseStorageBackend):
-    """The patch prefix (pages ``0 .. R-1``) and the tail (page ``R`` + special pages) attended apart, merged exactly."""
+    """The patch prefix (pages ``0 .. R-1``) and the tail (page ``R`` + special pages) attended apart,
+    merged exactly."""
 
     def __init__(
         self,
@@ -120,7 +122,9 @@ class SplitPrefixBackend(DenseStorageBackend):
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS} (got {kernel!r})")
         if num_patch_pages < 2 or num_pages <= num_patch_pages:
-            raise ValueError(f"need num_patch_pages >= 2 and special pages after them (got {num_patch_pages}, {num_pages})")
+            raise ValueError(
+                f"need num_patch_pages >= 2 and special pages after them (got {num_patch_pages}, {num_pages})"
+            )
         super().__init__(page_size=page_size, num_pages=num_pages, num_heads=num_heads, head_dim=head_dim,
                          dtype=dtype, device=device)
         self.kernel = kernel
@@ -130,7 +134,9 @@ class SplitPrefixBackend(DenseStorageBackend):
         self._merge = _fused_merge() if fuse_merge else merge_partials
         # additive biases in the compute dtype (cuDNN reads the bias in q's dtype): 0 visible, -inf not.
         # Each masked region has a buffer of its own (a bias must start on an aligned address).
-        mask = lambda n: torch.full((1, 1, 1, n), float("-inf"), dtype=dtype, device=self.device)  # noqa: E731
+        def mask(n: int) -> torch.Tensor:
+            return torch.full((1, 1, 1, n), float("-inf"), dtype=dtype, device=self.device)  # [1, 1, 1, n]
+
         self._prefix_mask = mask(self.prefix_slots)  # the whole prefix (mode masked)
         self._bucket_mask = mask(self.bucket_pages * page_size)  # one bucket (mode filling)
         self._tail_mask = mask(self.num_slots - self.prefix_slots)

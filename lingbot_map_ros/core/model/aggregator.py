@@ -20,14 +20,17 @@ ROPE_3D_BANDS = (20, 22, 22)  # time, height, width sub-dimensions for head dim 
 
 
 class Aggregator(nn.Module):
-    """Frames ``[S, 3, H, W]`` in [0, 1] -> list of ``[S, P, 2C]`` (``[frame_out ‖ global_out]`` of ``cfg.out_layers``)."""
+    """Frames ``[S, 3, H, W]`` in [0, 1] -> list of ``[S, P, 2C]``
+    (``[frame_out ‖ global_out]`` of ``cfg.out_layers``)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
         C, R = cfg.embed_dim, cfg.num_register_tokens
         if cfg.head_dim != sum(ROPE_3D_BANDS):
-            raise ValueError(f"aggregator head dim must be {sum(ROPE_3D_BANDS)} for the RoPE bands (got {cfg.head_dim})")
+            raise ValueError(
+                f"aggregator head dim must be {sum(ROPE_3D_BANDS)} for the RoPE bands (got {cfg.head_dim})"
+            )
         if any(not 0 <= i < cfg.depth for i in cfg.out_layers):
             raise ValueError(f"out_layers {cfg.out_layers} must lie in 0..{cfg.depth - 1}")
         self.patch_start_idx = cfg.num_special_tokens
@@ -48,7 +51,12 @@ class Aggregator(nn.Module):
 
         def make_block() -> Block:
             return Block(
-                C, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, norm_eps=1e-5, qk_norm=True, layerscale_init=cfg.layerscale_init
+                C,
+                cfg.num_heads,
+                mlp_ratio=cfg.mlp_ratio,
+                norm_eps=1e-5,
+                qk_norm=True,
+                layerscale_init=cfg.layerscale_init,
             )
 
         self.frame_blocks = nn.ModuleList(make_block() for _ in range(cfg.depth))
@@ -115,7 +123,12 @@ class Aggregator(nn.Module):
         return outputs
 
     def _check_inputs(
-        self, images: Tensor, rope_frames: Tensor, camera_variant: Tensor, scale_variant: Tensor, check_values: bool = True
+        self,
+        images: Tensor,
+        rope_frames: Tensor,
+        camera_variant: Tensor,
+        scale_variant: Tensor,
+        check_values: bool = True,
     ) -> tuple[int, int, int]:
         if images.dim() != 4 or images.shape[1] != 3:
             raise ValueError(f"images must be [S, 3, H, W] (got {tuple(images.shape)})")
@@ -123,7 +136,8 @@ class Aggregator(nn.Module):
         p = self.cfg.patch_size
         if H % p or W % p or H == 0 or W == 0:
             raise ValueError(f"image size {H}x{W} must be positive multiples of the patch size {p}")
-        for name, t in (("rope_frames", rope_frames), ("camera_variant", camera_variant), ("scale_variant", scale_variant)):
+        named = (("rope_frames", rope_frames), ("camera_variant", camera_variant), ("scale_variant", scale_variant))
+        for name, t in named:
             if t.shape != (S,):
                 raise ValueError(f"{name} must have shape [{S}] (got {tuple(t.shape)})")
             if t.dtype not in (torch.int64, torch.int32):

@@ -27,7 +27,12 @@ def activate_pose(p: Tensor) -> Tensor:
 
 class CameraCausalHead(nn.Module):
     def __init__(
-        self, dim: int = 2048, num_heads: int = 16, trunk_depth: int = 4, mlp_ratio: float = 4.0, layerscale_init: float = 0.01
+        self,
+        dim: int = 2048,
+        num_heads: int = 16,
+        trunk_depth: int = 4,
+        mlp_ratio: float = 4.0,
+        layerscale_init: float = 0.01,
     ) -> None:
         super().__init__()
         self.dim = dim
@@ -43,8 +48,11 @@ class CameraCausalHead(nn.Module):
         self.poseLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 3 * dim))  # key index .1
         self.pose_branch = Mlp(dim, dim // 2, POSE_DIM)
 
-    def forward(self, camera_tokens: Tensor, camera_attention: CameraAttention, num_iterations: int = 4) -> list[Tensor]:
-        """camera_tokens ``[S, 2C]`` (camera row of the last aggregated output) -> activated pose per iteration ``[S, 9]``."""
+    def forward(
+        self, camera_tokens: Tensor, camera_attention: CameraAttention, num_iterations: int = 4
+    ) -> list[Tensor]:
+        """camera_tokens ``[S, 2C]`` (camera row of the last aggregated output) -> activated pose per
+        iteration ``[S, 9]``."""
         if num_iterations < 1:
             raise ValueError(f"num_iterations must be >= 1 (got {num_iterations})")
         with torch.autocast(device_type=camera_tokens.device.type, enabled=False):

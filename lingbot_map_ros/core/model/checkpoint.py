@@ -172,7 +172,9 @@ def model_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
     return total
 
 
-def apply_state_dict(model: LingBotMap, sd: Mapping[str, Tensor], *, device: torch.device | str | None = None) -> LoadReport:
+def apply_state_dict(
+    model: LingBotMap, sd: Mapping[str, Tensor], *, device: torch.device | str | None = None
+) -> LoadReport:
     """Validate ``sd`` against ``model`` and load it; returns what happened.
 
     Works on a materialised model (values copied in place) and on one built on the meta device

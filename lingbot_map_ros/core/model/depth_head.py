@@ -161,11 +161,11 @@ class DPTDepthHead(nn.Module):
         H, W = image_hw
         ph, pw = H // self.patch_size, W // self.patch_size
         layers = []
-        for l, t in enumerate(tokens):
+        for level, t in enumerate(tokens):
             x = self.norm(t[:, self.patch_start_idx :])  # [n, Np, 2C]
             x = x.transpose(1, 2).reshape(x.shape[0], x.shape[2], ph, pw)  # [n, 2C, ph, pw]
-            x = self._add_pe(self.projects[l](x), image_hw)  # [n, oc_l, ph, pw]
-            layers.append(self.resize_layers[l](x))
+            x = self._add_pe(self.projects[level](x), image_hw)  # [n, oc_l, ph, pw]
+            layers.append(self.resize_layers[level](x))
         s = self.scratch
         l1, l2, l3, l4 = s.layer1_rn(layers[0]), s.layer2_rn(layers[1]), s.layer3_rn(layers[2]), s.layer4_rn(layers[3])
         o = s.refinenet4(l4, None, tuple(l3.shape[2:]))

@@ -40,7 +40,11 @@ class LingBotMap(nn.Module):
         )
         self.depth_head: DPTDepthHead | None = (
             DPTDepthHead(
-                cfg.camera_dim, cfg.patch_size, cfg.depth_features, tuple(cfg.depth_out_channels), cfg.num_special_tokens
+                cfg.camera_dim,
+                cfg.patch_size,
+                cfg.depth_features,
+                tuple(cfg.depth_out_channels),
+                cfg.num_special_tokens,
             )
             if enable_depth
             else None

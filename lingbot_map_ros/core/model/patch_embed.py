@@ -74,7 +74,9 @@ class DinoV2Backbone(nn.Module):
         self.mask_token = nn.Parameter(torch.zeros(1, embed_dim))  # never used at inference; kept for the keys
         self.patch_embed = PatchConv(patch_size, embed_dim)
         self.blocks = nn.ModuleList(
-            Block(embed_dim, num_heads, mlp_ratio=mlp_ratio, norm_eps=1e-6, qk_norm=False, layerscale_init=layerscale_init)
+            Block(
+                embed_dim, num_heads, mlp_ratio=mlp_ratio, norm_eps=1e-6, qk_norm=False, layerscale_init=layerscale_init
+            )
             for _ in range(depth)
         )
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6)

@@ -129,7 +129,11 @@ class Rope3D:
     """Tables of the global-block RoPE (time, height, width bands over one position range)."""
 
     def __init__(
-        self, head_dim: int = 64, base: float = 10000.0, bands: tuple[int, int, int] = (20, 22, 22), num_special: int = 6
+        self,
+        head_dim: int = 64,
+        base: float = 10000.0,
+        bands: tuple[int, int, int] = (20, 22, 22),
+        num_special: int = 6,
     ) -> None:
         if sum(bands) != head_dim or any(b % 2 for b in bands):
             raise ValueError(f"3D RoPE bands {bands} must be even and sum to the head dim {head_dim}")
