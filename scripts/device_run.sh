@@ -15,7 +15,14 @@ BENCH=(python3 -m lingbot_map_ros.tools.bench --model-preset full --device cuda 
 # back as .inductor_cache/inductor_cache.tgz to skip most of the compile in a later call.
 export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_cache
 if [ -f .inductor_cache/inductor_cache.tgz ]; then mkdir -p "$TORCHINDUCTOR_CACHE_DIR" && tar -xzf .inductor_cache/inductor_cache.tgz -C "$TORCHINDUCTOR_CACHE_DIR"; fi
-if [ "$MODE" = final ]; then
+if [ "$MODE" = explore ]; then
+  # the frame step's levers, first look: GPU tests of the manager-driven session, the host gap of the
+  # default path (host work the device waits for), and Inductor-autotuned GEMMs in the fused blocks
+  timeout 200 python3 -m pytest test/test_gpu.py test/test_gpu_faults.py -q -s -p no:cacheprovider 2>&1 | grep -v DEBUG | tee "$OUT/gpu_tests.log" | tail -25
+  timeout 100 python3 scripts/host_gap.py --frames 100 2>&1 | tee "$OUT/host_gap.txt"
+  timeout 250 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto,sdpa:split+graph+autotune \
+      --profile --profile-variant sdpa:split+graph+autotune 2>&1 | tee "$OUT/bench_autotune.txt"
+elif [ "$MODE" = final ]; then
   # the submitted code as a whole: GPU tests (attention backends vs float64, fused blocks, graphs per
   # signature, out-of-memory containment), attention per layer, the default variant (auto = sdpa:split on
   # Hopper) against fa3 and the masked cuDNN path with the kernel profile, camera only, and 1000 frames

@@ -28,11 +28,16 @@ def main() -> None:
     p.add_argument("--heads", default="depth+camera", choices=("depth+camera", "camera"))
     p.add_argument("--width", type=int, default=518)
     p.add_argument("--height", type=int, default=378)
+    p.add_argument("--preset", default="full", help="model preset (tiny: a dry run)")
+    p.add_argument("--device", default="cuda", help="cuda (cpu: a dry run of the script, no graphs to time)")
     args = p.parse_args()
     stream = StreamConfig(with_depth=args.heads == "depth+camera")
-    manager = SessionManager(RuntimeConfig(device="cuda", model_preset="full"), stream, log=lambda m: None)
+    runtime = RuntimeConfig(device=args.device, model_preset=args.preset)
+    manager = SessionManager(runtime, stream, log=lambda m: None)
     gen = torch.Generator().manual_seed(0)
-    pool = [torch.rand(3, args.height, args.width, generator=gen).pin_memory() for _ in range(8)]
+    pool = [torch.rand(3, args.height, args.width, generator=gen) for _ in range(8)]
+    if torch.cuda.is_available():
+        pool = [frame.pin_memory() for frame in pool]
 
     marks: dict[str, float] = {}
     events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
@@ -55,8 +60,11 @@ def main() -> None:
         t0 = time.perf_counter()
         manager.push(pool[i % len(pool)], float(i))
         t1 = time.perf_counter()
-        if i >= warm:
+        if i >= warm and marks:
             rows.append((t0, marks["replay_call"], marks["replay_return"], t1))
+    if not rows:
+        print(f"no graph replays to time ({manager.info.attention} on {manager.info.device})")
+        return
     torch.cuda.synchronize()
     replay_ms = [s.elapsed_time(e) for s, e in events[-args.frames:]]
     wall = [(t1 - t0) * 1e3 for t0, _, _, t1 in rows]

@@ -128,4 +128,5 @@ def test_new_sizes_and_resets_leave_no_memory_behind():
     second, third = cycle(), cycle()
     print(f"allocated MiB after cycles: {first / 2**20:.1f}, {second / 2**20:.1f}, {third / 2**20:.1f}; "
           f"new tensors: {_grown(tensors_first, _live_cuda_tensors())}")
-    assert second == first and third == first, f"a size change leaves memory behind: {_grown(tensors_first, _live_cuda_tensors())}"
+    grown = _grown(tensors_first, _live_cuda_tensors())
+    assert second == first and third == first, f"a size change leaves memory behind: {grown}"

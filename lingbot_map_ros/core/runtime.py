@@ -40,6 +40,7 @@ class ResolvedRuntime:
     sdpa_kernel: str = "flash"  # split | cudnn | flash; one-frame CUDA-graph steps when backend == sdpa
     cuda_graphs: bool = False  # one-frame steps replayed as CUDA graphs
     compile_blocks: bool = False  # torch.compile-fused block bodies inside the graph step
+    autotune: bool = False  # the fused blocks' GEMMs autotuned by Inductor (max-autotune; minutes to compile)
     autocast: bool = True  # official mixed precision (False: pure dtype, opt-in)
     reasons: tuple[str, ...] = field(default=())  # one line per decision, for logs and diagnostics
 
@@ -159,6 +160,7 @@ def resolve_for(
     cuda_graphs: bool = True,
     compile_blocks: str | bool = "auto",
     autocast: bool = True,
+    autotune: bool = False,
 ) -> ResolvedRuntime:
     """The one function that decides, for a concrete device and dtype. Raises ``ValueError`` (with
     the reason) for a combination that cannot run."""
@@ -196,11 +198,16 @@ def resolve_for(
     fused = switch == "on" or (switch == "auto" and not compile_reason)
     fusion_why = f": {compile_reason}" if compile_reason and switch != "off" else ""
     reasons.append(f"block fusion {'on' if fused else 'off'} ({switch}{fusion_why})")
+    if autotune and not fused:
+        raise ValueError("GEMM autotuning needs the fused blocks (compile_blocks)")
+    if autotune:
+        reasons.append("fused blocks' GEMMs autotuned (Inductor max-autotune)")
     if not autocast:
         reasons.append("autocast off: pure low-precision aggregator (opt-in, moves poses)")
     return ResolvedRuntime(
         device=device, dtype=dtype, backend=chosen, backend_reason=backend_reason, flashinfer_kernel=fi_kernel,
-        sdpa_kernel=sk, cuda_graphs=graphs, compile_blocks=fused, autocast=bool(autocast), reasons=tuple(reasons),
+        sdpa_kernel=sk, cuda_graphs=graphs, compile_blocks=fused, autotune=bool(autotune), autocast=bool(autocast),
+        reasons=tuple(reasons),
     )
 
 

@@ -81,7 +81,8 @@ class StreamingSession:
         self.log = log
         self.session_id = 0  # set by the manager (``reset``): monotonic over every session it starts
         self.use_cuda_graphs = runtime.cuda_graphs  # the benchmark's kernel profile turns it off for a while
-        self._fusion: Optional[BlockFusion] = BlockFusion() if runtime.compile_blocks else None
+        autotune = {"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON"} if runtime.autotune else None
+        self._fusion: Optional[BlockFusion] = BlockFusion(compile_options=autotune) if runtime.compile_blocks else None
         self._graph_step: Optional[GraphedFrameStep] = None
         self._graph_key: Optional[tuple] = None
         self._kv: Optional[PagedKVCache] = None  # allocated for the first frame's size

@@ -41,8 +41,9 @@ class BenchRow:
 
 
 VARIANT_HELP = (
-    "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+bf16]: BACKEND sdpa|flashinfer, KERNEL "
+    "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+autotune][+bf16]: BACKEND sdpa|flashinfer, KERNEL "
     "split|cudnn|flash (sdpa) or fa2|fa3 (flashinfer); +compile = torch.compile-fused blocks in the graph step; "
+    "+autotune = their GEMMs autotuned by Inductor (max-autotune, minutes to compile); "
     "+bf16 = no autocast (opt-in numerics). e.g. sdpa:split+graph+compile,flashinfer:fa3+graph; "
     "auto = the node's default parameters on this device"
 )
@@ -56,14 +57,15 @@ def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
         return resolve_for(device, dtype)
     head, *flags = variant.replace("-bf16", "+bf16").split("+")
     backend, _, kernel = head.partition(":")
-    unknown = set(flags) - {"graph", "eager", "compile", "bf16"}
+    unknown = set(flags) - {"graph", "eager", "compile", "autotune", "bf16"}
     if unknown:
         raise ValueError(f"unknown variant flags {sorted(unknown)} in {variant!r}; {VARIANT_HELP}")
     fi_kernel = kernel if backend == "flashinfer" and kernel else "auto"
     sdpa_kernel = kernel if backend == "sdpa" and kernel else "auto"
     return resolve_for(device, dtype, backend=backend, flashinfer_kernel=fi_kernel, sdpa_kernel=sdpa_kernel,
                        cuda_graphs="eager" not in flags and device.type == "cuda",
-                       compile_blocks="on" if "compile" in flags else "off", autocast="bf16" not in flags)
+                       compile_blocks="on" if {"compile", "autotune"} & set(flags) else "off",
+                       autotune="autotune" in flags, autocast="bf16" not in flags)
 
 
 def _memory_bytes(device: torch.device) -> int:
