@@ -44,6 +44,7 @@ from std_srvs.srv import Trigger  # noqa: E402
 from lingbot_map_ros.core.config import StreamConfig  # noqa: E402
 from lingbot_map_ros.core.preprocess import FramePreprocessor  # noqa: E402
 from lingbot_map_ros.core.results import CacheSnapshot  # noqa: E402
+from lingbot_map_ros.core.session_manager import ManagerView, SessionStart  # noqa: E402
 from lingbot_map_ros.msg import FrameStatus  # noqa: E402
 from lingbot_map_ros.ros.frames import Frame, FrameLedger, InputRejected  # noqa: E402
 from lingbot_map_ros.ros.inference import InferenceWorker, SessionView  # noqa: E402
@@ -171,21 +172,22 @@ class FakeManager:
         self.pushed: list[tuple[int, tuple]] = []
         self.stream_cfg = StreamConfig(scale_frames=2)
         self.buffered = 0
+        self.on_new_session = None
+        self.last_start = None
 
     def push(self, tensor, stamp):
         self.pushed.append((stamp.header.stamp.sec, tuple(tensor.shape)))
         self.buffered = 1
         return []  # buffered for the scale frames: BUFFERED, no final status yet
 
-    def reset(self):
+    def reset(self, reason, cause):
         self.session_id += 1
-        return []
+        self.last_start = SessionStart(self.session_id, cause, reason)
+        self.on_new_session(self.last_start)  # the real manager's one path: the listener hears of it
+        return self.last_start
 
-    def warnings(self):
-        return []
-
-    def snapshot(self):
-        return CacheSnapshot()
+    def view(self):
+        return ManagerView(session_id=self.session_id, stream_cfg=self.stream_cfg, snapshot=CacheSnapshot())
 
 
 def test_frame_preprocessed_before_a_reset_is_checked_against_the_new_session(rig):
