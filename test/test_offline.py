@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from lingbot_map_ros.core.config import StreamConfig, model_config
-from lingbot_map_ros.core.geometry import read_tum
 from lingbot_map_ros.core.model import build_model
 from lingbot_map_ros.core.stream import StreamingSession
+from lingbot_map_ros.core.trajectory import read_tum
 from lingbot_map_ros.tools import offline
 
 
