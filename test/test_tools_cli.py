@@ -163,6 +163,18 @@ def test_eval_warns_on_duplicate_and_backward_stamps_and_takes_a_tolerance(tmp_p
     assert ok.returncode == 0 and "associated 8 poses" in ok.stdout, ok.stderr
 
 
+def test_eval_warns_about_a_recording_played_twice(tmp_path):
+    """Every stamp twice, never twice in a row (a bag replayed into one file): 8 duplicates, one step back."""
+    poses = gt_trajectory(16)
+    st = np.arange(8) * 0.1
+    write_tum(tmp_path / "gt.tum", st, poses[:8])
+    write_tum(tmp_path / "est.tum", np.concatenate([st, st]), poses)
+    proc = run("lingbot_map_eval", str(tmp_path / "est.tum"), str(tmp_path / "gt.tum"))
+    assert proc.returncode == 0, proc.stderr
+    warning = next(ln for ln in proc.stderr.splitlines() if "est.tum" in ln)
+    assert "warning:" in warning and "8 duplicate stamps" in warning and "1 going backwards" in warning
+
+
 # ----------------------------------------------------------------------------------- errors
 
 

@@ -95,33 +95,33 @@ def associate(stamps_a: ArrayLike, stamps_b: ArrayLike, max_dt: float = 0.02) ->
     """Match timestamps of two trajectories one to one, closest first, within ``max_dt`` seconds.
 
     Returns index pairs [M, 2] (``i`` into a, ``j`` into b) sorted by ``i`` - the rule of the TUM
-    benchmark's associate.py, vectorised over candidate neighbours.
+    benchmark's associate.py: every pair within ``max_dt`` is a candidate (not only the nearest
+    neighbours: when both neighbours of a stamp are taken, a farther free one within reach still
+    counts), taken greedily by time difference, ties by ``i`` then ``j``.
     """
     a, b = _f64(stamps_a).reshape(-1), _f64(stamps_b).reshape(-1)
     if a.size == 0 or b.size == 0:
         return np.zeros((0, 2), dtype=np.int64)
     order_b = np.argsort(b, kind="stable")
     bs = b[order_b]
-    pos = np.searchsorted(bs, a)
-    cand_i, cand_j = [], []
-    for offset in (-1, 0):  # the neighbours on each side are the only candidates within reach
-        j = pos + offset
-        ok = (j >= 0) & (j < bs.size)
-        cand_i.append(np.nonzero(ok)[0])
-        cand_j.append(j[ok])
-    ci, cj = np.concatenate(cand_i), np.concatenate(cand_j)
-    dt = np.abs(a[ci] - bs[cj])
+    slack = 4 * np.spacing(np.abs(a) + max_dt)  # a window a little wide; the exact test is below
+    lo = np.searchsorted(bs, a - max_dt - slack, side="left")  # [A] the candidates of a[i]: bs[lo[i]:hi[i]]
+    hi = np.searchsorted(bs, a + max_dt + slack, side="right")
+    counts = np.maximum(hi - lo, 0)
+    ci = np.repeat(np.arange(a.size), counts)
+    cj = order_b[np.repeat(lo, counts) + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))]
+    dt = np.abs(a[ci] - b[cj])
     keep = dt <= max_dt
     ci, cj, dt = ci[keep], cj[keep], dt[keep]
     used_a: set[int] = set()
     used_b: set[int] = set()
     pairs = []
-    for k in np.argsort(dt, kind="stable"):
+    for k in np.lexsort((cj, ci, dt)):
         i, j = int(ci[k]), int(cj[k])
         if i not in used_a and j not in used_b:
             used_a.add(i)
             used_b.add(j)
-            pairs.append((i, int(order_b[j])))
+            pairs.append((i, j))
     pairs.sort()
     return np.array(pairs, dtype=np.int64).reshape(-1, 2)
 

@@ -160,10 +160,11 @@ def stream_sequence(manager, seq, prepare: Callable[[np.ndarray], np.ndarray], b
         first_new = min(i for i, r in results.items() if r.session_id != results[min(results)].session_id)
         raise SequenceFailed(f"{seq.images[first_new]}: a new session (new world frame) started here; one sequence "
                              "needs one world frame: use --long-run-policy window or a larger --max-stored-frames")
-    results = {i: r for i, r in results.items() if np.isfinite(r.c2w).all()}
-    if refused and not results:
-        raise SequenceFailed(f"{seq.images[0].parent}: the session refused all {refused} frames")
-    return results
+    finite = {i: r for i, r in results.items() if np.isfinite(r.c2w).all()}
+    if not finite:
+        why = f"the session refused all {refused} frames" if refused else "no frame got a finite pose"
+        raise SequenceFailed(f"{seq.images[0].parent}: {why}")
+    return finite
 
 
 def score_sequence(seq, results: dict[int, Any], folder: Path, config: dict, protocol, seconds: float) -> dict:
@@ -295,11 +296,12 @@ class _Run:
             with bar:
                 results = stream_sequence(manager, seq, prepare, bar)
             metrics = score_sequence(seq, results, folder, config, protocol, time.perf_counter() - start)
-        except SequenceFailed as exc:
+        except (SequenceFailed, DatasetError, OSError) as exc:
             self._failed(summary, seq.name, str(exc), position)
             return
-        except (DatasetError, ValueError, OSError) as exc:
-            self._failed(summary, seq.name, str(exc), position)
+        except Exception as exc:  # noqa: BLE001 - evo refusing a degenerate trajectory: this sequence only
+            self._failed(summary, seq.name, f"{seq.ground_truth}: cannot score the trajectory "
+                         f"({type(exc).__name__}: {exc})", position)
             return
         summary.done.append(metrics)
         self.say(f"{position} {dataset}/{seq.name}: ATE {metrics['ate']:.4f}, RPE-trans {metrics['rpe_trans']:.4f}, "
@@ -331,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        if args.max_stored_frames == BENCHMARK_DEFAULTS["max_stored_frames"]:
+            args.max_stored_frames = min(args.max_stored_frames, args.max_frame_num)  # a smaller --max-frame-num
         check_session_args(parser, args)
     except SystemExit as exc:  # --help, or a usage error already printed
         return int(exc.code or 0)
