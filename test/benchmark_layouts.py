@@ -112,8 +112,8 @@ def write_eth3d_published(root: Path, scene: str = "courtyard", n: int = 6, hw: 
     folder = root / scene
     names = [f"dslr_images_undistorted/DSC_{300 + 7 * i:04d}.JPG" for i in range(n)]
     images = [save(folder / "images" / nm, image(300 + i, hw)) for i, nm in enumerate(names)]
-    lines = ["# Image list with two lines of data per image:", "#   IMAGE_ID, QW, QX, QY, QZ, TX, TY, TZ, CAMERA_ID, NAME",
-             "#   POINTS2D[] as (X, Y, POINT3D_ID)"]
+    lines = ["# Image list with two lines of data per image:",
+             "#   IMAGE_ID, QW, QX, QY, QZ, TX, TY, TZ, CAMERA_ID, NAME", "#   POINTS2D[] as (X, Y, POINT3D_ID)"]
     for k in reversed(range(n)):  # COLMAP lists images in any order
         w2c = se3_inverse(poses[k])
         qx, qy, qz, qw = quaternion_xyzw_from_matrix(w2c[:3, :3])

@@ -129,3 +129,28 @@ def test_command_line_mistakes_are_one_line_before_any_work(tmp_path):
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr
         assert not (tmp_path / "out").exists()
+
+
+def test_an_interrupted_run_keeps_the_finished_sequences(tmp_path):
+    """SIGTERM (a job scheduler, Ctrl-C alike) during the second sequence: exit 130, the first one kept."""
+    import signal
+
+    data = tmp_path / "TUM-RGBD"
+    write_tum(data, "rgbd_dataset_freiburg1_a", n=4, seed=0)
+    write_tum(data, "rgbd_dataset_freiburg1_b", n=400, seed=1)
+    out = tmp_path / "out"
+    proc = subprocess.Popen([str(BIN / "lingbot_map_benchmark"), "--dataset", "tum", str(data), "--out", str(out),
+                             *TINY], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            if "[1/2] tum/rgbd_dataset_freiburg1_a: ATE" in line:
+                proc.send_signal(signal.SIGTERM)
+                break
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=120) == 130, rest
+    finally:
+        proc.kill()
+    assert "interrupted with 1 of 2 sequences done" in rest and "the same command again resumes" in rest
+    assert (out / "tum" / "rgbd_dataset_freiburg1_a" / "metrics.json").is_file()
+    assert not (out / "tum" / "rgbd_dataset_freiburg1_b").exists()
+    assert json.loads((out / "summary.json").read_text())["datasets"][0]["sequences_done"] == 1

@@ -159,7 +159,8 @@ def test_wrong_layout_names_the_folder(tmp_path):
 def test_missing_ground_truth_names_the_file(tmp_path):
     cases = {
         "tum": (write_tum, "rgbd_dataset_freiburg1_xyz", "rgbd_dataset_freiburg1_xyz/groundtruth.txt"),
-        "7scenes": (lambda r: write_7scenes(r, "chess", (3,), n=6), "chess/seq-03", "chess/seq-03/frame-000000.pose.txt"),
+        "7scenes": (lambda r: write_7scenes(r, "chess", (3,), n=6), "chess/seq-03",
+                    "chess/seq-03/frame-000000.pose.txt"),
         "nrgbd": (write_nrgbd, "breakfast_room", "breakfast_room/poses.txt"),
         "kitti": (write_kitti, "05", "poses/05.txt"),
         "eth3d": (write_eth3d_published, "courtyard", "courtyard/images/dslr_images_undistorted/DSC_0300.JPG"),

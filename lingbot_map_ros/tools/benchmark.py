@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-size", choices=("official", "node"), default="official",
                    help="official: each frame first gets the official benchmark's resize/crop (TUM 518x378, "
                    "KITTI 504x280, ...), then the node's preprocessing; node: the node's preprocessing only")
-    p.add_argument("--keyframe-interval", dest="keyframe_choice", default="auto",
+    p.add_argument("--keyframe-interval", dest="keyframe_choice", default="auto", metavar="auto|N",
                    help="'auto' (official: 1 up to 320 frames, else ceil(frames / 320)) or a number")
     p.add_argument("--force", action="store_true", help="run every sequence again, even those already done")
     p.add_argument("--quiet", action="store_true", help="print only the tables and errors (no progress)")
@@ -350,8 +350,9 @@ def main(argv: list[str] | None = None) -> int:
             run.one(dataset, root, name, f"[{k}/{len(todo)}]")
     except KeyboardInterrupt:
         run.write_summary()
-        print(f"{PROG}: interrupted: {sum(len(s.done) for s in run.summaries.values())} sequences are done under "
-              f"{run.out}; the same command again resumes", file=sys.stderr, flush=True)
+        done = sum(len(s.done) for s in run.summaries.values())
+        print(f"{PROG}: interrupted with {done} of {len(todo)} sequences done (kept under {run.out}); the same "
+              "command again resumes", file=sys.stderr, flush=True)
         return INTERRUPTED_EXIT
     except (ValueError, OSError, RuntimeError) as exc:  # the model cannot be built (checkpoint, device)
         return fail(PROG, f"--checkpoint {args.checkpoint}: {exc}" if args.checkpoint else str(exc))
