@@ -2,7 +2,8 @@
 
 On a robot the package is built with colcon from CMakeLists.txt (messages, executables, launch and
 config files); colcon ignores this file. ``pip install .`` gives the same console scripts for the
-parts that need no ROS (``lingbot_map_offline``, ``lingbot_map_bench``, ``lingbot_map_eval``);
+parts that need no ROS (``lingbot_map_offline``, ``lingbot_map_bench``, ``lingbot_map_eval``,
+``lingbot_map_benchmark``; the last two with the ``eval`` extra, which brings evo);
 the node and the demo need the ROS environment that ``scripts/setup_env.sh`` builds.
 """
 from setuptools import find_packages, setup
@@ -17,6 +18,7 @@ setup(
     extras_require={
         "gpu": ["flashinfer-python>=0.6.18,<0.7"],  # tested: 0.6.18.post1 (docs/benchmarks.md)
         "io": ["rosbags", "rosbags-image", "safetensors"],
+        "eval": ["evo==1.38.1", "matplotlib"],  # lingbot_map_eval, lingbot_map_benchmark (scripts/setup_env.sh pins)
         "test": ["pytest", "hypothesis", "psutil"],
     },
     python_requires=">=3.10",
@@ -33,6 +35,7 @@ setup(
             f"lingbot_map_bench = {PACKAGE}.tools.bench:main",
             f"lingbot_map_replay = {PACKAGE}.tools.replay:main",
             f"lingbot_map_eval = {PACKAGE}.tools.evaluate:main",
+            f"lingbot_map_benchmark = {PACKAGE}.tools.benchmark:main",
         ],
     },
 )

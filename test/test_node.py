@@ -27,7 +27,7 @@ from rclpy.parameter_client import AsyncParameterClient  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from std_srvs.srv import Trigger  # noqa: E402
 
-from lingbot_map_ros.core.geometry import read_tum  # noqa: E402
+from lingbot_map_ros.core.trajectory import read_tum  # noqa: E402
 from lingbot_map_ros.ros.node import PARAMETER_NAMES  # noqa: E402
 from lingbot_map_ros.tools.node_client import Listener, NodeProcess, SyntheticCamera, image_message, stamp_ns  # noqa: E402
 

@@ -491,7 +491,7 @@ def test_sigterm_at_awkward_moments_ends_cleanly(tmp_path, ros_domain_id, moment
     """SIGTERM while a scale frame is buffered, while a new model is being built, or while
     ~/save_trajectory writes: exit 0, "stopped cleanly", and the trajectory file (written to a temp
     file and renamed) is either absent or complete."""
-    from lingbot_map_ros.core.geometry import read_tum
+    from lingbot_map_ros.core.trajectory import read_tum
 
     traj = tmp_path / "traj.tum"
     node, listener, ctx = _start(tmp_path, ros_domain_id, ["-p", f"trajectory_path:={traj}"])

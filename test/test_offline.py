@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from lingbot_map_ros.core.config import StreamConfig, model_config
-from lingbot_map_ros.core.geometry import read_tum
 from lingbot_map_ros.core.model import build_model
 from lingbot_map_ros.core.runtime import resolve_for
 from lingbot_map_ros.core.session_manager import SessionManager
+from lingbot_map_ros.core.trajectory import read_tum
 from lingbot_map_ros.tools import offline
 
 

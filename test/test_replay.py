@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lingbot_map_ros.core.geometry import quaternion_to_matrix, read_tum, se3, write_tum
+from lingbot_map_ros.core.geometry import quaternion_to_matrix, se3
+from lingbot_map_ros.core.trajectory import read_tum, write_tum
 from lingbot_map_ros.tools.bag_io import BagError, image_topics, iter_bag_images, pick_image_topic, write_image_bag
 
 BIN = Path(sys.executable).parent  # the venv's console scripts

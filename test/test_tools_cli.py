@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lingbot_map_ros.core.geometry import quaternion_to_matrix, read_tum, se3, write_tum
+from lingbot_map_ros.core.geometry import quaternion_to_matrix, se3
+from lingbot_map_ros.core.trajectory import read_tum, write_tum
 from lingbot_map_ros.tools import bag_io
 from lingbot_map_ros.tools.frame_sources import stamp_from_name
 
@@ -92,7 +93,7 @@ def test_tum_sequence_offline_then_eval_associates_every_pose(tmp_path):
 
     gt = tmp_path / "groundtruth.txt"
     write_tum(gt, [float(s) for s in TUM_STAMPS], gt_trajectory(len(TUM_STAMPS)))
-    ev = run("lingbot_map_eval", str(tum), str(gt), "--no-evo")
+    ev = run("lingbot_map_eval", str(tum), str(gt))
     assert ev.returncode == 0, ev.stderr
     assert f"associated {len(TUM_STAMPS)} poses (estimated {len(TUM_STAMPS)}, reference {len(TUM_STAMPS)}" in ev.stdout
     assert "warning" not in ev.stderr
@@ -151,16 +152,27 @@ def test_eval_warns_on_duplicate_and_backward_stamps_and_takes_a_tolerance(tmp_p
     bad[3] = bad[2]  # a duplicate
     bad[6], bad[7] = bad[7], bad[6]  # out of order
     write_tum(tmp_path / "est.tum", bad, poses)
-    proc = run("lingbot_map_eval", str(tmp_path / "est.tum"), str(tmp_path / "gt.tum"), "--no-evo")
+    proc = run("lingbot_map_eval", str(tmp_path / "est.tum"), str(tmp_path / "gt.tum"))
     assert proc.returncode == 0, proc.stderr
     assert "1 duplicate stamps" in proc.stderr and "1 going backwards" in proc.stderr
     # stamps 30 ms off: nothing within the default 20 ms, everything within --tolerance 0.05
     write_tum(tmp_path / "late.tum", st + 0.03, poses)
     assert_one_line_error(run("lingbot_map_eval", str(tmp_path / "late.tum"), str(tmp_path / "gt.tum")),
                           "only 0 poses associated")
-    ok = run("lingbot_map_eval", str(tmp_path / "late.tum"), str(tmp_path / "gt.tum"),
-             "--tolerance", "0.05", "--no-evo")
+    ok = run("lingbot_map_eval", str(tmp_path / "late.tum"), str(tmp_path / "gt.tum"), "--tolerance", "0.05")
     assert ok.returncode == 0 and "associated 8 poses" in ok.stdout, ok.stderr
+
+
+def test_eval_warns_about_a_recording_played_twice(tmp_path):
+    """Every stamp twice, never twice in a row (a bag replayed into one file): 8 duplicates, one step back."""
+    poses = gt_trajectory(16)
+    st = np.arange(8) * 0.1
+    write_tum(tmp_path / "gt.tum", st, poses[:8])
+    write_tum(tmp_path / "est.tum", np.concatenate([st, st]), poses)
+    proc = run("lingbot_map_eval", str(tmp_path / "est.tum"), str(tmp_path / "gt.tum"))
+    assert proc.returncode == 0, proc.stderr
+    warning = next(ln for ln in proc.stderr.splitlines() if "est.tum" in ln)
+    assert "warning:" in warning and "8 duplicate stamps" in warning and "1 going backwards" in warning
 
 
 # ----------------------------------------------------------------------------------- errors
@@ -419,7 +431,7 @@ def test_eval_into_a_pipe_that_closes_early_ends_quietly(tmp_path):
 
     import numpy as np
 
-    from lingbot_map_ros.core.geometry import write_tum
+    from lingbot_map_ros.core.trajectory import write_tum
 
     stamps = np.arange(200, dtype=np.float64) * 0.1
     poses = np.tile(np.eye(4), (200, 1, 1))
@@ -427,7 +439,7 @@ def test_eval_into_a_pipe_that_closes_early_ends_quietly(tmp_path):
     poses[:, 2, 3] = stamps
     write_tum(str(tmp_path / "gt.tum"), stamps, poses)
     write_tum(str(tmp_path / "est.tum"), stamps, poses * 1.0)
-    cmd = (f"{sys.executable} -m lingbot_map_ros.tools.evaluate --no-evo {tmp_path / 'est.tum'} "
+    cmd = (f"{sys.executable} -m lingbot_map_ros.tools.evaluate {tmp_path / 'est.tum'} "
            f"{tmp_path / 'gt.tum'} | true")  # the reader is gone before the first line
     out = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=120)
     assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr

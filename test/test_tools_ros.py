@@ -19,7 +19,7 @@ pytestmark = pytest.mark.ros
 
 from test_replay import NodeProcess, RosClient, _node_params, _ros_env, frames, replay, stamps  # noqa: E402
 
-from lingbot_map_ros.core.geometry import read_tum  # noqa: E402
+from lingbot_map_ros.core.trajectory import read_tum  # noqa: E402
 from lingbot_map_ros.tools.bag_io import write_image_bag  # noqa: E402
 
 

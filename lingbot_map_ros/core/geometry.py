@@ -1,16 +1,15 @@
-"""Pose maths on the CPU in float64: pose encoding, intrinsics, frame conventions, Sim(3), TUM, metrics.
+"""Pose maths on the CPU in float64: pose encoding, intrinsics, frame conventions, quaternions, Sim(3).
 
-Why float64 numpy and not torch: these run once per frame on 9 numbers (or once per evaluation on a
-trajectory), where clarity and precision matter more than speed, and the node must not need a
-device to publish a pose. Conventions (docs/model.md §11): the decoded matrix is the camera(optical)-to-
-world transform ``X_world = R X_cam + t`` of an OpenCV/REP 103 optical camera; quaternions are
-scalar-last ``(x, y, z, w)`` everywhere, as in ROS and TUM files.
+Why float64 numpy and not torch: these run once per frame on 9 numbers, where clarity and precision
+matter more than speed, and the node must not need a device to publish a pose. Trajectory files and
+metrics are in ``trajectory.py``. Conventions (docs/model.md §11): the decoded matrix is the
+camera(optical)-to-world transform ``X_world = R X_cam + t`` of an OpenCV/REP 103 optical camera;
+quaternions are scalar-last ``(x, y, z, w)`` everywhere, as in ROS and TUM files.
 """
 from __future__ import annotations
 
 import math
-import os
-from typing import Iterator, NamedTuple, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -314,201 +313,21 @@ def umeyama_sim3(src: ArrayLike, dst: ArrayLike, with_scale: bool = True) -> tup
     return scale, rot, trans
 
 
-# ---------------------------------------------------------------------------------------------
-# TUM trajectories
-# ---------------------------------------------------------------------------------------------
-def pose_matrices(positions: ArrayLike, quats_xyzw: ArrayLike) -> np.ndarray:
-    """Positions [N, 3] and quaternions [N, 4] (any norm) -> c2w [N, 4, 4]."""
-    return se3(quaternion_to_matrix(quats_xyzw), positions)
-
-
-def write_tum(path: Union[str, os.PathLike], stamps_sec: ArrayLike, c2w_list: ArrayLike) -> None:
-    """Write ``timestamp tx ty tz qx qy qz qw`` lines (TUM RGB-D format) for c2w poses [N, 4|3, 4].
-
-    Stamps get 9 decimals (nanoseconds; float64 resolves ~0.2 us at current epoch times); pose values
-    17 significant digits so reading back reproduces them exactly. Quaternions are unit with w >= 0.
-    """
-    stamps = _as_f64(stamps_sec).reshape(-1)
-    poses = _as_f64(c2w_list)
-    if poses.ndim != 3 or poses.shape[1:] not in ((4, 4), (3, 4)) or poses.shape[0] != stamps.shape[0]:
-        raise ValueError(f"need N stamps and N poses [N, 4, 4]; got {stamps.shape[0]} stamps, poses {poses.shape}")
-    quats = quaternion_xyzw_from_matrix(poses[:, :3, :3])
-    with open(path, "w", encoding="ascii") as f:
-        f.write("# timestamp tx ty tz qx qy qz qw\n")
-        for stamp, pose, q in zip(stamps, poses, quats):
-            vals = " ".join(f"{v:.17g}" for v in (*pose[:3, 3], *q))
-            f.write(f"{stamp:.9f} {vals}\n")
-
-
-def data_lines(path: Union[str, os.PathLike]) -> Iterator[tuple[int, list[str]]]:
-    """``(line number, values)`` of a text table's data lines: '#' lines and blanks skipped; values
-    split on spaces, tabs or commas (the TUM trajectory and image-list formats)."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            text = line.strip()
-            if text and not text.startswith("#"):
-                yield lineno, text.replace(",", " ").split()
-
-
-def read_tum(path: Union[str, os.PathLike]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """TUM file -> (stamps [N], positions [N, 3], quats_xyzw [N, 4]); '#' lines and blanks skipped.
-
-    Accepts spaces, tabs or commas between values; any other line shape raises with its line number.
-    """
-    rows: list[list[float]] = []
-    for lineno, parts in data_lines(path):
-        if len(parts) != 8:
-            raise ValueError(
-                f"{path}:{lineno}: expected 8 values (timestamp tx ty tz qx qy qz qw), got {len(parts)}"
-            )
-        try:
-            rows.append([float(p) for p in parts])
-        except ValueError as exc:
-            raise ValueError(f"{path}:{lineno}: {exc}") from None
-    data = np.array(rows, dtype=np.float64).reshape(-1, 8)
-    return data[:, 0].copy(), data[:, 1:4].copy(), data[:, 4:8].copy()
-
-
-def associate(stamps_a: ArrayLike, stamps_b: ArrayLike, max_dt: float = 0.02) -> np.ndarray:
-    """Match timestamps of two trajectories one to one, closest first, within ``max_dt`` seconds.
-
-    Returns index pairs [M, 2] (``i`` into a, ``j`` into b) sorted by ``i`` - the rule of the TUM
-    benchmark's associate.py, vectorised over candidate neighbours.
-    """
-    a, b = _as_f64(stamps_a).reshape(-1), _as_f64(stamps_b).reshape(-1)
-    if a.size == 0 or b.size == 0:
-        return np.zeros((0, 2), dtype=np.int64)
-    order_b = np.argsort(b, kind="stable")
-    bs = b[order_b]
-    pos = np.searchsorted(bs, a)
-    cand_i, cand_j = [], []
-    for offset in (-1, 0):  # the neighbours on each side are the only candidates within reach
-        j = pos + offset
-        ok = (j >= 0) & (j < bs.size)
-        cand_i.append(np.nonzero(ok)[0])
-        cand_j.append(j[ok])
-    ci, cj = np.concatenate(cand_i), np.concatenate(cand_j)
-    dt = np.abs(a[ci] - bs[cj])
-    keep = dt <= max_dt
-    ci, cj, dt = ci[keep], cj[keep], dt[keep]
-    used_a: set[int] = set()
-    used_b: set[int] = set()
-    pairs = []
-    for k in np.argsort(dt, kind="stable"):
-        i, j = int(ci[k]), int(cj[k])
-        if i not in used_a and j not in used_b:
-            used_a.add(i)
-            used_b.add(j)
-            pairs.append((i, int(order_b[j])))
-    pairs.sort()
-    return np.array(pairs, dtype=np.int64).reshape(-1, 2)
-
-
-# ---------------------------------------------------------------------------------------------
-# trajectory metrics
-# ---------------------------------------------------------------------------------------------
-def _positions(traj: ArrayLike) -> np.ndarray:
-    """[N, 3] positions from [N, 3] points or [N, 4|3, 4] poses."""
-    t = _as_f64(traj)
-    if t.ndim == 3 and t.shape[1:] in ((4, 4), (3, 4)):
-        return t[:, :3, 3]
-    if t.ndim == 2 and t.shape[1] == 3:
-        return t
-    raise ValueError(f"trajectory must be positions [N, 3] or poses [N, 4, 4], got {t.shape}")
-
-
-def align_trajectory(est: ArrayLike, gt: ArrayLike, align: str = "sim3") -> np.ndarray:
-    """Estimated positions [N, 3] mapped onto ``gt`` by the best Sim(3) / SE(3) / nothing."""
-    pe, pg = _positions(est), _positions(gt)
-    if pe.shape != pg.shape:
-        raise ValueError(f"trajectories differ in length: {pe.shape[0]} vs {pg.shape[0]} (associate first)")
-    if align == "none":
-        return pe.copy()
-    if align not in ("sim3", "se3"):
-        raise ValueError(f"align must be 'sim3', 'se3' or 'none', got {align!r}")
-    s, r, t = umeyama_sim3(pe, pg, with_scale=align == "sim3")
-    return sim3_apply_to_points(s, r, t, pe)
-
-
-def ate_rmse(est: ArrayLike, gt: ArrayLike, align: str = "sim3") -> float:
-    """Absolute trajectory error: RMSE of position differences after alignment.
-
-    ``sim3`` is the default because the model's translation has no metric scale.
-    """
-    aligned = align_trajectory(est, gt, align)
-    err = aligned - _positions(gt)
-    return float(np.sqrt((err * err).sum(1).mean()))
-
-
-class RelativePoseError(NamedTuple):
-    """RPE over all frame pairs ``(i, i + delta)``."""
-
-    trans_rmse: float  # same unit as gt positions
-    rot_mean_deg: float
-
-
-def _rotation_angle(rot: np.ndarray) -> np.ndarray:
-    """Angle (rad) of rotation(s) [..., 3, 3], stable for small and large angles (atan2 form)."""
-    cos = (np.trace(rot, axis1=-2, axis2=-1) - 1.0) / 2.0
-    skew = rot - np.swapaxes(rot, -1, -2)
-    sin = 0.5 * np.linalg.norm(np.stack([skew[..., 2, 1], skew[..., 0, 2], skew[..., 1, 0]], -1), axis=-1)
-    return np.arctan2(sin, cos)
-
-
-def rpe(est: ArrayLike, gt: ArrayLike, delta: int = 1, align_scale: bool = True) -> RelativePoseError:
-    """Relative pose error between c2w poses [N, 4, 4] for frame offset ``delta``.
-
-    Per pair, ``E = (G_i^-1 G_j)^-1 (P_i^-1 P_j)``; translation RMSE of ``E`` and mean rotation angle.
-    Relative motions ignore the world frame but not the scale, so ``align_scale`` first rescales the
-    estimated positions by the Sim(3) scale that best fits ``gt`` (needs 3+ frames).
-    """
-    pe, pg = _as_f64(est), _as_f64(gt)
-    for name, p in (("est", pe), ("gt", pg)):
-        if p.ndim != 3 or p.shape[1:] not in ((4, 4), (3, 4)):
-            raise ValueError(f"rpe needs poses [N, 4, 4]; {name} has shape {p.shape}")
-    if pe.shape[0] != pg.shape[0]:
-        raise ValueError(f"trajectories differ in length: {pe.shape[0]} vs {pg.shape[0]} (associate first)")
-    if not 1 <= delta < pe.shape[0]:
-        raise ValueError(f"delta must be in 1..{pe.shape[0] - 1}, got {delta}")
-    pe = se3(pe[:, :3, :3], pe[:, :3, 3])
-    pg = se3(pg[:, :3, :3], pg[:, :3, 3])
-    if align_scale:
-        s, _, _ = umeyama_sim3(pe[:, :3, 3], pg[:, :3, 3])
-        pe[:, :3, 3] *= s
-    rel_e = se3_inverse(pe[:-delta]) @ pe[delta:]  # [M, 4, 4]
-    rel_g = se3_inverse(pg[:-delta]) @ pg[delta:]
-    err = se3_inverse(rel_g) @ rel_e
-    trans = np.linalg.norm(err[:, :3, 3], axis=1)
-    return RelativePoseError(
-        trans_rmse=float(np.sqrt((trans * trans).mean())),
-        rot_mean_deg=float(np.degrees(_rotation_angle(err[:, :3, :3])).mean()),
-    )
-
-
 __all__ = [
-    "data_lines",
     "PUBLISHED_FOV_RANGE_DEG",
     "R_OPTICAL_BODY",
-    "RelativePoseError",
-    "align_trajectory",
     "alignment_scale",
-    "associate",
-    "ate_rmse",
     "decode_pose_encoding",
     "guard_focal",
     "intrinsics_for_camera",
     "normalize_quaternion",
     "optical_to_body",
-    "pose_matrices",
     "quaternion_to_matrix",
     "quaternion_xyzw_from_matrix",
-    "read_tum",
-    "rpe",
     "se3",
     "se3_inverse",
     "sim3_apply_to_points",
     "sim3_apply_to_poses",
     "umeyama_sim3",
     "window_alignment",
-    "write_tum",
 ]

@@ -13,7 +13,7 @@ from typing import Callable, Mapping, Optional
 import numpy as np
 from std_srvs.srv import Trigger
 
-from ..core.geometry import write_tum
+from ..core.trajectory import write_tum
 
 RESET_WAIT_S = 30.0
 

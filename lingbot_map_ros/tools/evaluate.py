@@ -1,13 +1,11 @@
 """``lingbot_map_eval``: compare an estimated TUM trajectory with a ground-truth TUM file.
 
 Prints the absolute trajectory error (ATE: RMSE of camera centres after the best similarity, rigid
-or no alignment) and the relative pose error (RPE over frame offset ``--delta``), computed with
-``geometry.py`` after associating the two files by timestamp (TUM's associate rule). LingBot-Map's
-translation has no metric scale, hence ``--align sim3`` by default.
-
-When the field's standard tool, ``evo``, is importable, its numbers for the same pairs are printed
-too (APE/RPE translation part; the settings of ``evo_ape -as`` and ``evo_rpe -as --all_pairs``), so
-results can be quoted either way; evo is not a dependency.
+or no alignment) and the relative pose error (RPE over every frame pair ``(i, i + --delta)``), after
+associating the two files by timestamp (TUM's associate rule, ``core/trajectory.associate``). The
+alignment and both metrics are evo's (``core/trajectory.trajectory_metrics``: the settings of
+``evo_ape -as`` and ``evo_rpe -as --all_pairs``), so the numbers are the field's standard ones.
+LingBot-Map's translation has no metric scale, hence ``--align sim3`` by default.
 """
 from __future__ import annotations
 
@@ -15,18 +13,10 @@ import argparse
 import os
 import sys
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
-from ..core.geometry import (
-    align_trajectory,
-    associate,
-    pose_matrices,
-    read_tum,
-    rpe,
-    umeyama_sim3,
-)
+from ..core.trajectory import EVO_MISSING, associate, pose_matrices, read_tum, trajectory_metrics
 from .cli import OneLineParser, UsageError, fail, need_file
 
 PROG = "lingbot_map_eval"
@@ -46,6 +36,8 @@ class Evaluation:
     delta: int
     rpe_trans_rmse: float
     rpe_rot_mean_deg: float
+    rpe_rot_rmse_deg: float
+    evo_version: str
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +51,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="association tolerance: largest stamp difference of a matched pair, in seconds "
                    "(TUM's associate.py uses 0.02)")
     p.add_argument("--delta", type=int, default=1, help="RPE frame offset")
-    p.add_argument("--no-evo", action="store_true", help="do not print evo's numbers even if evo is installed")
     return p
 
 
@@ -83,7 +74,11 @@ def load_pairs(est_path: str, gt_path: str, max_dt: float) -> tuple[np.ndarray, 
 
 
 def evaluate(est_path: str, gt_path: str, align: str = "sim3", max_dt: float = 0.02, delta: int = 1) -> Evaluation:
-    _, est, gt, n_est, n_gt = load_pairs(est_path, gt_path, max_dt)
+    try:
+        import evo
+    except ImportError:
+        raise UsageError(EVO_MISSING) from None
+    stamps, est, gt, n_est, n_gt = load_pairs(est_path, gt_path, max_dt)
     m = est.shape[0]
     need = 3 if align != "none" else 2
     if m < max(need, delta + 1):
@@ -91,45 +86,13 @@ def evaluate(est_path: str, gt_path: str, align: str = "sim3", max_dt: float = 0
             f"only {m} poses associated within {max_dt} s (of {n_est} estimated, {n_gt} reference); "
             f"need at least {max(need, delta + 1)} - check the stamps or --max-dt"
         )
-    aligned = align_trajectory(est, gt, align)
-    err = np.linalg.norm(aligned - gt[:, :3, 3], axis=1)
-    scale = umeyama_sim3(est[:, :3, 3], gt[:, :3, 3])[0] if align == "sim3" else 1.0
-    rel = rpe(est, gt, delta=delta, align_scale=align == "sim3")
+    res = trajectory_metrics(est, gt, align=align, delta=delta, stamps=stamps)
     return Evaluation(
-        matched=m, est_poses=n_est, gt_poses=n_gt, align=align, scale=float(scale),
-        ate_rmse=float(np.sqrt((err * err).mean())), ate_mean=float(err.mean()),
-        ate_median=float(np.median(err)), ate_max=float(err.max()), delta=delta,
-        rpe_trans_rmse=rel.trans_rmse, rpe_rot_mean_deg=rel.rot_mean_deg,
+        matched=m, est_poses=n_est, gt_poses=n_gt, align=align, scale=res.scale,
+        ate_rmse=res.ate_rmse, ate_mean=res.ate_mean, ate_median=res.ate_median, ate_max=res.ate_max, delta=delta,
+        rpe_trans_rmse=res.rpe_trans_rmse, rpe_rot_mean_deg=res.rpe_rot_mean_deg,
+        rpe_rot_rmse_deg=res.rpe_rot_rmse_deg, evo_version=str(getattr(evo, "__version__", "?")),
     )
-
-
-def evo_numbers(est_path: str, gt_path: str, align: str, max_dt: float, delta: int) -> Optional[dict]:
-    """The same metrics through evo (None when evo is not installed)."""
-    try:
-        import evo
-        from evo.core import metrics, sync
-        from evo.core.units import Unit
-        from evo.tools import file_interface
-    except ImportError:
-        return None
-    ref = file_interface.read_tum_trajectory_file(gt_path)
-    est = file_interface.read_tum_trajectory_file(est_path)
-    ref, est = sync.associate_trajectories(ref, est, max_diff=max_dt)
-    if align != "none":
-        est.align(ref, correct_scale=align == "sim3")
-    out = {"version": getattr(evo, "__version__", "?")}
-    ape = metrics.APE(metrics.PoseRelation.translation_part)
-    ape.process_data((ref, est))
-    out["ate_rmse"] = ape.get_statistic(metrics.StatisticsType.rmse)
-    for name, relation, stat in (
-        ("rpe_trans_rmse", metrics.PoseRelation.translation_part, metrics.StatisticsType.rmse),
-        ("rpe_rot_mean_deg", metrics.PoseRelation.rotation_angle_deg, metrics.StatisticsType.mean),
-    ):
-        # all_pairs: every (i, i + delta), as geometry.rpe (evo_rpe --all_pairs)
-        r = metrics.RPE(relation, delta=delta, delta_unit=Unit.frames, all_pairs=True)
-        r.process_data((ref, est))
-        out[name] = r.get_statistic(stat)
-    return out
 
 
 def report(ev: Evaluation, max_dt: float) -> str:
@@ -138,7 +101,8 @@ def report(ev: Evaluation, max_dt: float) -> str:
         f"alignment {ev.align}" + (f": scale {ev.scale:.6g}" if ev.align == "sim3" else ""),
         f"ATE RMSE {ev.ate_rmse:.6g}  (mean {ev.ate_mean:.6g}, median {ev.ate_median:.6g}, max {ev.ate_max:.6g})",
         f"RPE delta {ev.delta} frame(s): translation RMSE {ev.rpe_trans_rmse:.6g}, "
-        f"rotation mean {ev.rpe_rot_mean_deg:.6g} deg",
+        f"rotation mean {ev.rpe_rot_mean_deg:.6g} deg (RMSE {ev.rpe_rot_rmse_deg:.6g} deg)",
+        f"metrics: evo {ev.evo_version} (APE/RPE, all pairs, Umeyama alignment)",
     ]
     return "\n".join(lines)
 
@@ -168,19 +132,6 @@ def _run(argv: list[str] | None) -> int:
     except (OSError, ValueError, UsageError) as exc:
         return fail(PROG, str(exc))
     print(report(ev, args.max_dt))
-    if not args.no_evo:
-        try:
-            theirs = evo_numbers(args.est, args.gt, args.align, args.max_dt, args.delta)
-        except Exception as exc:  # noqa: BLE001 - evo is optional; its failure must not hide ours
-            print(f"evo: failed ({type(exc).__name__}: {exc})")
-        else:
-            if theirs is None:
-                print("evo: not installed (pip install evo) - numbers above are from geometry.py")
-            else:
-                print(
-                    f"evo {theirs['version']}: ATE RMSE {theirs['ate_rmse']:.6g}, RPE translation RMSE "
-                    f"{theirs['rpe_trans_rmse']:.6g}, rotation mean {theirs['rpe_rot_mean_deg']:.6g} deg"
-                )
     return 0
 
 

@@ -29,8 +29,8 @@ from typing import Callable, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
-from ..core.geometry import data_lines
 from ..core.preprocess import FramePreprocessor
+from ..core.trajectory import data_lines
 from .cli import UsageError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")  # any case; the official demo's *.jpg/*.png plus *.jpeg
@@ -140,14 +140,19 @@ def read_stamps_file(path: str | Path) -> list[tuple[float, Optional[str]]]:
 
 
 def stamp_problems(stamps: Sequence[float]) -> str:
-    """``"2 duplicate stamps, 1 going backwards"`` or ``""``: what breaks association with a ground truth."""
-    s = np.asarray(stamps, dtype=np.float64)
+    """``"2 duplicate stamps, 1 going backwards"`` or ``""``: what breaks association with a ground truth.
+
+    A duplicate is a stamp seen before anywhere in the file, not only on the line above: a recording
+    played twice repeats every stamp after a single step back.
+    """
+    s = np.asarray(stamps, dtype=np.float64).reshape(-1)
     if s.size < 2:
         return ""
     d = np.diff(s)
     parts = []
-    if (d == 0).any():
-        parts.append(f"{int((d == 0).sum())} duplicate stamps")
+    duplicates = int(s.size - np.unique(s).size)
+    if duplicates:
+        parts.append(f"{duplicates} duplicate stamps")
     if (d < 0).any():
         parts.append(f"{int((d < 0).sum())} going backwards")
     return ", ".join(parts)

@@ -22,8 +22,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..core.geometry import write_tum
 from ..core.results import FrameResult
+from ..core.trajectory import write_tum
 from .cli import (
     INTERRUPTED_EXIT,
     OneLineParser,

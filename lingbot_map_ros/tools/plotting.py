@@ -1,8 +1,9 @@
-"""One figure per run: trajectory top view, per-frame latency, KV-cache occupancy over frames.
+"""One figure per run: trajectory top view, per-frame latency, KV-cache occupancy over frames; and one
+per benchmark sequence: the aligned trajectory over the ground truth, and the error per frame.
 
 Why a picture: a drifting trajectory, a latency spike at the window change or a cache that fills
 with special pages are obvious at a glance and invisible in a table of numbers. Used by
-``lingbot_map_offline --plot`` and ``lingbot_map_demo --plot``.
+``lingbot_map_offline --plot``, ``lingbot_map_demo --plot`` and ``lingbot_map_benchmark``.
 
 matplotlib is optional for the package (installed by ``scripts/setup_env.sh``); it is imported only
 here, with the Agg canvas (no display, no global backend switch), so tools check ``available()``
@@ -106,4 +107,40 @@ def plot_run(path: str | Path, series: RunSeries, title: str = "") -> dict:
     return drawn
 
 
-__all__ = ["CACHE_SERIES", "PLOT_SUFFIXES", "RunSeries", "available", "plot_run"]
+def plot_against_ground_truth(path: str | Path, gt_xyz: np.ndarray, est_xyz: np.ndarray, errors: np.ndarray,
+                              title: str = "") -> dict:
+    """Write the benchmark figure of one sequence: the Sim(3)-aligned estimate [N, 3] (solid) over the
+    ground truth [N, 3] (dashed) in the XY, XZ and YZ planes of the ground truth's frame, and the ATE
+    error per evaluated frame [N]. Returns what was drawn: ``{"planes": {"xy": (gt [N, 2], est [N, 2]),
+    ...}, "errors": [N], "axes": [titles]}``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(16, 4.4), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 4)
+    drawn: dict = {"planes": {}}
+    for ax, (name, (a, b)) in zip(axes[:3], (("xy", (0, 1)), ("xz", (0, 2)), ("yz", (1, 2)))):
+        ax.plot(gt_xyz[:, a], gt_xyz[:, b], "--", color="gray", lw=1.2, label="ground truth")
+        ax.plot(est_xyz[:, a], est_xyz[:, b], "-", color="tab:blue", lw=1.2, label="estimate (Sim(3)-aligned)")
+        if len(gt_xyz):
+            ax.plot(gt_xyz[:1, a], gt_xyz[:1, b], "go", ms=4)
+        ax.set(title=f"{name.upper()} plane", xlabel=f"{name[0]} (m)", ylabel=f"{name[1]} (m)")
+        ax.set_aspect("equal", adjustable="datalim")
+        ax.grid(alpha=0.3)
+        ax.locator_params(nbins=5)  # few ticks: long tick labels of metric coordinates must not overlap
+        drawn["planes"][name] = (gt_xyz[:, [a, b]].copy(), est_xyz[:, [a, b]].copy())
+    axes[0].legend(loc="best", fontsize=8)
+    ax_err = axes[3]
+    ax_err.plot(np.arange(len(errors)), errors, ".-", lw=0.8, ms=3)
+    ax_err.set(title="position error per frame (ATE)", xlabel="evaluated frame", ylabel="m")
+    ax_err.grid(alpha=0.3)
+    drawn["errors"] = np.asarray(errors).copy()
+    if title:
+        fig.suptitle(title)
+    drawn["axes"] = [a.get_title() for a in fig.axes]
+    fig.savefig(str(path), dpi=100)
+    return drawn
+
+
+__all__ = ["CACHE_SERIES", "PLOT_SUFFIXES", "RunSeries", "available", "plot_against_ground_truth", "plot_run"]

@@ -1,0 +1,372 @@
+"""``lingbot_map_benchmark``: reproduce the official LingBot-Map benchmark table with one command.
+
+    lingbot_map_benchmark --dataset tum /data/TUM-RGBD --checkpoint lingbot-map.pt --out results/
+
+finds the sequences of each ``--dataset NAME DIR`` in the dataset's own published layout
+(``tools/datasets/``), streams every sequence through the node's session (``SessionManager``, the
+node's preprocessing) and scores it with the official protocol: the dataset's frame stride and
+image size, its ground-truth association, a Sim(3) alignment, ATE RMSE, RPE translation and
+rotation (RMSE over consecutive frames) computed by evo, and the pose AUC@3/5/15/30 where the
+official table has it. It prints one table per dataset in the official table's columns, with the
+official numbers of ``lingbot-map.pt`` beside ours, and the per-sequence results.
+
+Under ``--out``: ``summary.json`` and, per sequence, ``DATASET/SEQUENCE/traj.tum`` (the estimate,
+TUM format), ``gt.tum`` (its frames' ground truth), ``plot.png`` and ``metrics.json``. A sequence
+whose ``metrics.json`` holds the same settings is not run again, so an interrupted run resumes where
+it stopped (``--force`` runs everything again). A sequence that cannot be read or scored (wrong
+layout, missing ground truth, stamps that do not match) fails with a one-line reason naming the
+file, and the others still run; the exit code is then 1.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from .cli import INTERRUPTED_EXIT, OneLineParser, UsageError, atomic_write, fail, need_dir, output_dir
+from .common import SESSION_OPTIONS, add_session_options, check_session_args, settings_from_args
+
+PROG = "lingbot_map_benchmark"
+AUTO_KEYFRAME_THRESHOLD = 320  # official method config: auto keyframe interval above this many frames
+# Stored frames before the long-run policy acts: the official streaming run never switches windows
+# (its "auto" keyframe interval keeps the stored frames near 320), so the policy must not act here.
+BENCHMARK_DEFAULTS = {"max_stored_frames": 1024}
+FAILED_EXIT = 1
+
+
+class SequenceFailed(Exception):
+    """A sequence that cannot be run or scored; ``str(exc)`` is the one-line reason."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .datasets import READERS
+
+    p = OneLineParser(prog=PROG, description=__doc__)
+    p.add_argument("--dataset", nargs=2, action="append", metavar=("NAME", "DIR"), required=True,
+                   help=f"a dataset and its folder, in the dataset's published layout; NAME is one of "
+                   f"{', '.join(READERS)}; give --dataset again for more")
+    p.add_argument("--out", required=True, help="results folder (created); the same command again resumes a run")
+    p.add_argument("--sequences", nargs="+", default=[], metavar="NAME",
+                   help="only these sequences (names as the tables print them)")
+    p.add_argument("--stride", type=int, default=0,
+                   help="use every N-th frame (default: 0 = the official protocol's: 5 for 7scenes and nrgbd, else 1)")
+    p.add_argument("--max-frames", type=int, default=0,
+                   help="at most this many frames per sequence, after the stride (a quick check; not the official "
+                   "protocol; default: 0 = all)")
+    p.add_argument("--image-size", choices=("official", "node"), default="official",
+                   help="official: each frame first gets the official benchmark's resize/crop (TUM 518x378, "
+                   "KITTI 504x280, ...), then the node's preprocessing; node: the node's preprocessing only")
+    p.add_argument("--keyframe-interval", dest="keyframe_choice", default="auto", metavar="auto|N",
+                   help="'auto' (official: 1 up to 320 frames, else ceil(frames / 320)) or a number")
+    p.add_argument("--force", action="store_true", help="run every sequence again, even those already done")
+    p.add_argument("--quiet", action="store_true", help="print only the tables and errors (no progress)")
+    add_session_options(p, names=[n for n in SESSION_OPTIONS if n != "keyframe_interval"],
+                        overrides=BENCHMARK_DEFAULTS, with_depth=False)
+    return p
+
+
+def keyframe_interval(value: str, frames: int) -> int:
+    """The official ``auto`` rule, or the number given."""
+    if value == "auto":
+        return 1 if frames <= AUTO_KEYFRAME_THRESHOLD else math.ceil(frames / AUTO_KEYFRAME_THRESHOLD)
+    return int(value)
+
+
+def check_args(args: argparse.Namespace) -> list[tuple[str, Path]]:
+    """Every command-line problem before any work: ``UsageError`` (one line, exit 2)."""
+    from .datasets import READERS
+    from .plotting import available
+
+    datasets = []
+    for name, folder in args.dataset:
+        if name not in READERS:
+            raise UsageError(f"--dataset {name}: unknown dataset; use one of {', '.join(READERS)}")
+        datasets.append((name, need_dir(folder, f"--dataset {name}", "the dataset's folder")))
+    output_dir(args.out, "--out")
+    if args.stride < 0 or args.max_frames < 0:
+        raise UsageError("--stride and --max-frames must be >= 0")
+    if args.keyframe_choice != "auto" and not (args.keyframe_choice.isdigit() and int(args.keyframe_choice) > 0):
+        raise UsageError(f"--keyframe-interval must be 'auto' or a positive number (got {args.keyframe_choice!r})")
+    missing = available()
+    if missing:
+        raise UsageError(f"the per-sequence plots need matplotlib: {missing}")
+    try:
+        import evo  # noqa: F401
+    except ImportError:
+        from ..core.trajectory import EVO_MISSING
+
+        raise UsageError(EVO_MISSING) from None
+    return datasets
+
+
+# ------------------------------------------------------------------------------------ one sequence
+def run_config(args: argparse.Namespace, dataset: str, sequence: str, stride: int, kf: int) -> dict:
+    """What a stored result must match to be reused: the same inputs, protocol and settings."""
+    values = settings_from_args(args)
+    settings = {name: values[name] for name in SESSION_OPTIONS}
+    settings["keyframe_interval"] = kf
+    return {"dataset": dataset, "sequence": sequence, "stride": stride, "max_frames": args.max_frames,
+            "image_size": args.image_size, "settings": settings}
+
+
+def stored_result(path: Path, config: dict) -> Optional[dict]:
+    """The metrics of a finished sequence with the same config, else None (missing, other settings, bad)."""
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return stored if stored.get("config") == json.loads(json.dumps(config)) else None
+
+
+def stream_sequence(manager, seq, prepare: Callable[[np.ndarray], np.ndarray], bar) -> dict[int, Any]:
+    """Push every frame through the session; ``{frame index: FrameResult}`` of the frames with a pose."""
+    from ..core.preprocess import FramePreprocessor
+    from ..core.session_manager import InferenceFailed
+    from ..core.stream import SessionError
+    from .frame_sources import load_rgb_image
+
+    prep = FramePreprocessor()  # a new input size per sequence, as the node's new session has
+    results: dict[int, Any] = {}
+    refused = 0
+
+    def take(new) -> None:
+        for r in new:
+            results[int(r.stamp)] = r
+
+    for i, path in enumerate(seq.images):
+        try:
+            rgb = prepare(load_rgb_image(path))
+            frame = prep(rgb)  # [3, H, W] float32 in [0, 1]
+        except (OSError, ValueError) as exc:
+            raise SequenceFailed(f"{path}: cannot use the image ({exc})") from None
+        try:
+            take(manager.push(frame, i))
+        except SessionError:
+            refused += 1
+        except InferenceFailed as exc:
+            raise SequenceFailed(f"{path}: the model failed on this frame ({exc})") from None
+        bar.update(1, extra=f"{len(results)} poses")
+    take(manager.flush())
+    sessions = {r.session_id for r in results.values()}
+    if len(sessions) > 1:
+        first_new = min(i for i, r in results.items() if r.session_id != results[min(results)].session_id)
+        raise SequenceFailed(f"{seq.images[first_new]}: a new session (new world frame) started here; one sequence "
+                             "needs one world frame: use --long-run-policy window or a larger --max-stored-frames")
+    finite = {i: r for i, r in results.items() if np.isfinite(r.c2w).all()}
+    if not finite:
+        why = f"the session refused all {refused} frames" if refused else "no frame got a finite pose"
+        raise SequenceFailed(f"{seq.images[0].parent}: {why}")
+    return finite
+
+
+def score_sequence(seq, results: dict[int, Any], folder: Path, config: dict, protocol, seconds: float) -> dict:
+    """Write the trajectory, the ground truth, the plot and ``metrics.json`` (last: the completion mark)."""
+    from ..core.trajectory import pose_auc, trajectory_metrics, write_tum
+    from .plotting import plot_against_ground_truth
+
+    order = sorted(results)
+    est = np.stack([results[i].c2w for i in order])  # [M, 4, 4]
+    gt = seq.gt_c2w[order]
+    valid = np.isfinite(gt.reshape(len(gt), -1)).all(axis=1)
+    if valid.sum() < 3:
+        raise SequenceFailed(f"{seq.ground_truth}: only {int(valid.sum())} of the {len(order)} frames with a pose "
+                             "have a ground-truth pose; 3 are needed for a Sim(3) alignment")
+    frames = np.array(order)[valid]
+    m = trajectory_metrics(est[valid], gt[valid], align="sim3", delta=1, stamps=frames.astype(np.float64))
+    auc = pose_auc(est[valid], gt[valid])
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, stamps, poses in (("traj.tum", seq.stamps[order], est), ("gt.tum", seq.stamps[frames], gt[valid])):
+        tmp = folder / f".{name}.tmp"
+        write_tum(tmp, stamps, poses)
+        tmp.replace(folder / name)
+    plot_tmp = folder / ".plot.tmp.png"
+    plot_against_ground_truth(plot_tmp, gt[valid][:, :3, 3], m.aligned_positions, m.ate_errors,
+                              title=f"{protocol.title}: {seq.name} (ATE {m.ate_rmse:.4f})")
+    plot_tmp.replace(folder / "plot.png")
+    import evo
+
+    metrics = {
+        "dataset": seq.dataset, "sequence": seq.name, "config": config,
+        "frames": len(seq.images), "poses": len(order), "evaluated": int(valid.sum()),
+        "ate": m.ate_rmse, "rpe_trans": m.rpe_trans_rmse, "rpe_rot": m.rpe_rot_rmse_deg,
+        "ate_mean": m.ate_mean, "ate_median": m.ate_median, "ate_max": m.ate_max,
+        "rpe_trans_mean": m.rpe_trans_mean, "rpe_rot_mean": m.rpe_rot_mean_deg, "sim3_scale": m.scale,
+        "auc": {**auc.to_json(), **auc.summary()},
+        "model_input_hw": list(results[order[0]].image_hw), "seconds": seconds,
+        "fps": len(seq.images) / seconds if seconds > 0 else None,
+        "ground_truth": seq.ground_truth, "notes": seq.notes, "evo": str(getattr(evo, "__version__", "?")),
+        "protocol": {"stride": config["stride"], "image": protocol.image if config["image_size"] == "official"
+                     else "the node's preprocessing", "ground_truth": protocol.ground_truth,
+                     "official_source": list(protocol.source)},
+        "files": {"trajectory": "traj.tum", "ground_truth": "gt.tum", "plot": "plot.png"},
+    }
+    atomic_write(folder / "metrics.json", lambda f: f.write(json.dumps(metrics, indent=1)), binary=False)
+    return metrics
+
+
+# ------------------------------------------------------------------------------------ the run
+class _Run:
+    """One invocation: the datasets, the shared session, the summaries, what was printed."""
+
+    def __init__(self, args: argparse.Namespace, datasets: list[tuple[str, Path]]) -> None:
+        from .benchmark_report import DatasetSummary
+        from .datasets import READERS
+
+        self.args = args
+        self.datasets = datasets
+        self.out = Path(args.out).expanduser()
+        self.readers = READERS
+        self.summaries = {name: DatasetSummary(name, READERS[name].protocol) for name, _ in datasets}
+        self.manager = None
+        self.quiet = args.quiet
+
+    def say(self, message: str) -> None:
+        if not self.quiet:
+            print(f"[{PROG}] {message}", file=sys.stderr, flush=True)
+
+    def session(self):
+        """The one ``SessionManager`` of the run, built when the first sequence needs it."""
+        if self.manager is None:
+            from ..core.session_manager import SessionManager
+            from .common import runtime_from_args, stream_from_args
+
+            self.runtime, self.stream = runtime_from_args(self.args), stream_from_args(self.args)
+            self.manager = SessionManager(self.runtime, self.stream, log=self.say)
+        return self.manager
+
+    def plan(self) -> list[tuple[str, Path, str]]:
+        """``(dataset, root, sequence)`` of every sequence to run; a dataset without any fails here."""
+        from .datasets import DatasetError
+
+        todo = []
+        for name, root in self.datasets:
+            try:
+                names = self.readers[name].find(root)
+            except (DatasetError, OSError) as exc:
+                self.summaries[name].failed.append(("(dataset)", str(exc)))
+                print(f"{PROG}: error: --dataset {name}: {exc}", file=sys.stderr, flush=True)
+                continue
+            if self.args.sequences:
+                names = [n for n in names if n in self.args.sequences or Path(n).name in self.args.sequences]
+            todo += [(name, root, n) for n in names]
+        return todo
+
+    def one(self, dataset: str, root: Path, name: str, position: str) -> None:
+        from ..core.config import replace
+        from .datasets import DatasetError
+        from .datasets.base import unchanged
+        from .progress import Progress
+
+        reader = self.readers[dataset]
+        protocol = reader.protocol
+        stride = self.args.stride or protocol.stride
+        summary = self.summaries[dataset]
+        try:
+            seq = reader.load(root, name, stride)
+        except (DatasetError, OSError) as exc:
+            self._failed(summary, name, str(exc), position)
+            return
+        if self.args.max_frames:
+            keep = min(self.args.max_frames, len(seq.images))
+            seq = dataclasses.replace(seq, images=seq.images[:keep], stamps=seq.stamps[:keep],
+                                      gt_c2w=seq.gt_c2w[:keep])
+        kf = keyframe_interval(self.args.keyframe_choice, len(seq.images))
+        folder = self.out / dataset / seq.safe_name
+        config = run_config(self.args, dataset, seq.name, stride, kf)
+        stored = None if self.args.force else stored_result(folder / "metrics.json", config)
+        if stored is not None:
+            summary.done.append(stored)
+            self.say(f"{position} {dataset}/{seq.name}: done before (ATE {stored['ate']:.4f}), kept")
+            return
+        prepare = protocol.prepare if self.args.image_size == "official" else unchanged
+        manager = self.session()
+        manager.apply(self.runtime, replace(self.stream, keyframe_interval=kf))
+        manager.reset()
+        start = time.perf_counter()
+        bar = Progress(len(seq.images), f"{PROG} {dataset}/{seq.name}", enabled=False if self.quiet else None)
+        try:
+            with bar:
+                results = stream_sequence(manager, seq, prepare, bar)
+            metrics = score_sequence(seq, results, folder, config, protocol, time.perf_counter() - start)
+        except (SequenceFailed, DatasetError, OSError) as exc:
+            self._failed(summary, seq.name, str(exc), position)
+            return
+        except Exception as exc:  # noqa: BLE001 - evo refusing a degenerate trajectory: this sequence only
+            self._failed(summary, seq.name, f"{seq.ground_truth}: cannot score the trajectory "
+                         f"({type(exc).__name__}: {exc})", position)
+            return
+        summary.done.append(metrics)
+        self.say(f"{position} {dataset}/{seq.name}: ATE {metrics['ate']:.4f}, RPE-trans {metrics['rpe_trans']:.4f}, "
+                 f"RPE-rot {metrics['rpe_rot']:.3f} deg ({metrics['evaluated']} of {metrics['frames']} frames "
+                 f"scored, {metrics['fps']:.2f} frames/s, kf {kf}) -> {folder}")
+        self.write_summary()
+
+    def _failed(self, summary, name: str, reason: str, position: str) -> None:
+        from .cli import one_line
+
+        summary.failed.append((name, one_line(reason)))
+        print(f"{PROG}: error: {position} {summary.name}/{name}: {one_line(reason)}", file=sys.stderr, flush=True)
+
+    def write_summary(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        doc = {"datasets": [s.to_json() for s in self.summaries.values()]}
+        atomic_write(self.out / "summary.json", lambda f: f.write(json.dumps(doc, indent=1)), binary=False)
+
+    def tables(self) -> str:
+        from .benchmark_report import dataset_tables
+
+        lines: list[str] = []
+        for s in self.summaries.values():
+            lines += dataset_tables(s) + [""]
+        return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.max_stored_frames == BENCHMARK_DEFAULTS["max_stored_frames"]:
+            args.max_stored_frames = min(args.max_stored_frames, args.max_frame_num)  # a smaller --max-frame-num
+        check_session_args(parser, args)
+    except SystemExit as exc:  # --help, or a usage error already printed
+        return int(exc.code or 0)
+    try:
+        datasets = check_args(args)
+    except UsageError as exc:
+        return fail(PROG, str(exc))
+    run = _Run(args, datasets)
+    todo = run.plan()
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        for k, (dataset, root, name) in enumerate(todo, 1):
+            run.one(dataset, root, name, f"[{k}/{len(todo)}]")
+    except KeyboardInterrupt:
+        run.write_summary()
+        done = sum(len(s.done) for s in run.summaries.values())
+        print(f"{PROG}: interrupted with {done} of {len(todo)} sequences done (kept under {run.out}); the same "
+              "command again resumes", file=sys.stderr, flush=True)
+        return INTERRUPTED_EXIT
+    except (ValueError, OSError, RuntimeError) as exc:  # the model cannot be built (checkpoint, device)
+        return fail(PROG, f"--checkpoint {args.checkpoint}: {exc}" if args.checkpoint else str(exc))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    run.write_summary()
+    print(run.tables(), end="")
+    failed = sum(len(s.failed) for s in run.summaries.values())
+    return FAILED_EXIT if failed else 0
+
+
+def _sigterm_as_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    sys.exit(main())
