@@ -40,7 +40,7 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
   ros-python-cmake-module==0.11.1 catkin-pkg \
   torch==2.13.0 numpy pillow safetensors opencv-python-headless rosbags rosbags-image psutil pyyaml matplotlib \
   evo==1.38.1 \
-  pytest pytest-timeout hypothesis colcon-common-extensions \
+  pytest pytest-timeout hypothesis colcon-common-extensions ruff==0.17.6 \
   2> >(grep -v '^WARNING: Location' >&2)
 
 # The wheels' exported CMake targets name the include folders of the machine that built them.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The README's test command: sets everything up (idempotent, scripts/setup_env.sh), then runs the
-# package's tests with pytest. Extra arguments go to pytest (e.g. `-k node`, `-m "not slow"`).
+# The README's test command: sets everything up (idempotent, scripts/setup_env.sh), runs the lint gate
+# (ruff), then the package's tests with pytest. Extra arguments go to pytest (e.g. `-k node`, `-m "not slow"`).
 #
 # ROS tests start real nodes: DDS discovery is kept on loopback, each run gets its own domain id
 # and log folder (the tests give each node process a domain id of its own from that base).
@@ -18,6 +18,8 @@ fi
 export PYTHONUNBUFFERED=1
 
 cd "$ROOT"
+# The lint gate (ruff.toml: pyflakes, pycodestyle, import order): a finding fails the run before any test.
+"$VENV/bin/ruff" check . || { echo "[test] ruff (the lint gate) found problems: fix them (ruff check --fix for imports)" >&2; exit 1; }
 set +e
 # The whole test/ folder unless test files or folders are named (`scripts/test.sh test/test_x.py -x`).
 targets=(test)
