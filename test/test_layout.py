@@ -109,12 +109,14 @@ def test_static_check_catches_a_ros_import(tmp_path):
     assert [n for n in names if _forbidden(n)] == ["lingbot_map_ros.ros", "lingbot_map_ros.ros.node", "rclpy"]
 
 
-def test_no_module_level_import_cycles():
+def _cycles(module_level_only: bool, within: str = "") -> list[list[str]]:
+    """Import cycles among the package's modules (``within``: only modules under that prefix)."""
     modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    modules = {n: p for n, p in modules.items() if n.startswith(within)}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         deps = set()
-        for imported in _imports(path, module_level_only=True):
+        for imported in _imports(path, module_level_only=module_level_only):
             # the deepest package module this name refers to
             while imported and imported not in modules:
                 imported = imported.rsplit(".", 1)[0] if "." in imported else ""
@@ -139,7 +141,19 @@ def test_no_module_level_import_cycles():
     for node in sorted(graph):
         if node not in colour:
             visit(node, [])
+    return cycles
+
+
+def test_no_module_level_import_cycles():
+    cycles = _cycles(module_level_only=True)
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_core_is_a_straight_chain():
+    """core/ has no import circle at all: not through late imports inside functions, not through
+    type-checking imports (the session signals, the manager decides: nothing imports upwards)."""
+    cycles = _cycles(module_level_only=False, within="lingbot_map_ros.core")
+    assert not cycles, "import cycles in core/:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
 def test_every_import_the_documentation_shows_works() -> None:

@@ -24,14 +24,21 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import TYPE_CHECKING, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Protocol
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .blocks import Block, SplitAttend
+
+class AttendCall(Protocol):
+    """What the fused regions need of a block's attention call (``blocks.SplitAttend``), named here as a
+    protocol so that this module never imports ``blocks`` (which imports it)."""
+
+    rope: Optional[Any]  # the block's RoPE applier (``tables``, ``apply_fn``), or None
+
+    def core(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:  # [N, T, H, D] each -> [N, T, H, D]
+        ...
 
 _STATE = threading.local()
 
@@ -113,7 +120,7 @@ class BlockFusion:
         self._post = torch.compile(_post, fullgraph=True, dynamic=False, options=options)
         self.calls = 0
 
-    def block(self, blk: "Block", x: Tensor, attend: "SplitAttend") -> Tensor:
+    def block(self, blk: nn.Module, x: Tensor, attend: AttendCall) -> Tensor:
         attn = blk.attn
         qk = not isinstance(attn.q_norm, torch.nn.Identity)
         cos = sin = rotate = None
@@ -136,7 +143,7 @@ class BlockFusion:
         )
 
 
-def _qk_dtype(x: Tensor, blk: "Block", qk_norm: bool) -> torch.dtype:
+def _qk_dtype(x: Tensor, blk: nn.Module, qk_norm: bool) -> torch.dtype:
     """dtype of q after ``qkv`` (+ q-norm) in the eager path, without running it."""
     device_type = x.device.type
     if torch.is_autocast_enabled(device_type):
