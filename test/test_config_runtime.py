@@ -25,14 +25,14 @@ def test_defaults_are_the_official_demo_and_valid():
 @pytest.mark.parametrize(
     "changes, fragment",
     [
-        (dict(scale_frames=0), "scale_frames must be >= 1"),
-        (dict(sliding_window=0), "sliding_window must be >= 1"),
-        (dict(keyframe_interval=0), "keyframe_interval must be >= 1"),
-        (dict(camera_iterations=5), "camera_iterations must be in 1..4"),
+        (dict(scale_frames=0), "scale_frames must be in [1, 256] (got 0)"),
+        (dict(sliding_window=0), "sliding_window must be in [1, 4096] (got 0)"),
+        (dict(keyframe_interval=0), "keyframe_interval must be in [1, 100000] (got 0)"),
+        (dict(camera_iterations=5), "camera_iterations must be in [1, 4] (got 5)"),
         (dict(max_frame_num=5), "max_frame_num (5) must exceed"),
         (dict(long_run_policy="forever"), "long_run_policy must be one of"),
         (dict(max_stored_frames=2000), "must not exceed max_frame_num"),
-        (dict(overlap_frames=0), "overlap_frames must be >= 1"),
+        (dict(overlap_frames=0), "overlap_frames must be in [1, 4096] (got 0)"),
     ],
 )
 def test_invalid_stream_settings_are_rejected_with_a_reason(changes, fragment):
@@ -115,3 +115,23 @@ def test_auto_backend_and_one_frame_kernel_by_capability(monkeypatch, capability
     assert rt.cuda_graphs and any(r.startswith("backend ") for r in rt.reasons)
     with pytest.raises(ValueError, match="sdpa_kernel 'split' cannot run"):
         runtime.resolve_for(torch.device("cuda"), torch.float32, backend="sdpa", sdpa_kernel="split")
+
+
+def test_limits_are_written_once_and_reported_once():
+    """The settings table takes every core field's range and choices from the dataclass, and a value
+    outside them gets exactly one reason (the table does not check the core fields a second time)."""
+    from lingbot_map_ros.core.config import field_limits
+    from lingbot_map_ros.core.settings import CORE_FIELDS, SETTINGS_BY_NAME, defaults, validate_values
+
+    for name in CORE_FIELDS:
+        cls = RuntimeConfig if name in RuntimeConfig.__dataclass_fields__ else StreamConfig
+        row = SETTINGS_BY_NAME[name]
+        assert {"range": row.range, "choices": row.choices} == field_limits(cls, name), name
+    limited = [SETTINGS_BY_NAME[n] for n in sorted(CORE_FIELDS) if SETTINGS_BY_NAME[n].range or
+               SETTINGS_BY_NAME[n].choices]
+    assert len(limited) >= 12
+    for row in limited:
+        bad = row.range[1] + 1 if row.range else "no-such-choice"
+        problems = validate_values({**defaults(), row.name: bad}, resolve=False)
+        mine = [p for p in problems if p.startswith(row.name + " must be ")]  # its limit, not a cross-field rule
+        assert len(mine) == 1, (row.name, problems)

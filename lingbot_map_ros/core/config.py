@@ -88,46 +88,72 @@ def model_config(preset: str) -> ModelConfig:
     return MODEL_PRESETS[preset]
 
 
+# The allowed values of every choice setting, written once: the dataclasses below carry them, the
+# settings table (settings.py) reads them from there, runtime.py resolves them.
 LONG_RUN_POLICIES = ("window", "reset", "stop")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("auto", "flashinfer", "sdpa")
+FLASHINFER_KERNELS = ("auto", "fa2", "fa3")
+SDPA_KERNELS = ("auto", "split", "cudnn", "flash")
+SWITCHES = ("auto", "on", "off")
+
+
+def limited(default, *, range: tuple | None = None, choices: tuple | None = None):
+    """A dataclass field with its allowed values (an inclusive ``range`` or ``choices``): the one place
+    they are written. ``limit_problems`` checks them; the settings table declares them to ROS and argparse."""
+    return field(default=default, metadata={"range": range, "choices": choices})
+
+
+def field_limits(cls, name: str) -> dict:
+    """``{"range": ..., "choices": ...}`` of the field ``name`` of the config dataclass ``cls``."""
+    meta = {f.name: f.metadata for f in dataclasses.fields(cls)}[name]
+    return {"range": meta.get("range"), "choices": meta.get("choices")}
+
+
+def limit_problems(cfg) -> list[str]:
+    """One reason per field whose value lies outside its declared range or choices."""
+    problems: list[str] = []
+    for f in dataclasses.fields(cfg):
+        value, lo_hi, choices = getattr(cfg, f.name), f.metadata.get("range"), f.metadata.get("choices")
+        if choices is not None and value not in choices:
+            problems.append(f"{f.name} must be one of {list(choices)} (got {value!r})")
+        elif lo_hi is not None and not lo_hi[0] <= value <= lo_hi[1]:
+            problems.append(f"{f.name} must be in [{lo_hi[0]}, {lo_hi[1]}] (got {value})")
+    return problems
 
 
 @dataclass(frozen=True)
 class StreamConfig:
     """Cache geometry and streaming policy (docs/model.md §1, §9, §12, §15)."""
 
-    scale_frames: int = 8  # n_s == n_sc: processed together first, patch pages kept forever
-    sliding_window: int = 64  # W: most recent stored frames kept with all tokens
-    keyframe_interval: int = 1  # kf: every kf-th frame after the scale frames is stored
-    camera_iterations: int = 4  # K: camera-head refinement iterations
-    max_frame_num: int = 1024  # RoPE table rows; a stored-frame index never reaches it
+    scale_frames: int = limited(8, range=(1, 256))  # n_s == n_sc: processed together first, kept forever
+    sliding_window: int = limited(64, range=(1, 4096))  # W: most recent stored frames kept with all tokens
+    keyframe_interval: int = limited(1, range=(1, 100_000))  # kf: every kf-th frame after the scale frames is stored
+    camera_iterations: int = limited(4, range=(1, 4))  # K: camera-head refinement iterations
+    max_frame_num: int = limited(1024, range=(3, 1_000_000))  # RoPE rows; a stored-frame index never reaches it
     with_depth: bool = False  # run the DPT depth head
-    # Long runs (issue 5): what happens before a limit is reached.
-    long_run_policy: str = "window"
-    max_stored_frames: int = 320  # stored frames per session before the policy acts (training range)
-    overlap_frames: int = 16  # frames carried into the next window (policy "window")
+    # Long runs: what happens before a limit is reached.
+    long_run_policy: str = limited("window", choices=LONG_RUN_POLICIES)
+    max_stored_frames: int = limited(320, range=(2, 1_000_000))  # stored frames per session before the policy acts
+    overlap_frames: int = limited(16, range=(1, 4096))  # frames carried into the next window (policy "window")
 
-
-# Choices of the runtime settings (validated here, resolved in runtime.py, declared in settings.py).
-FLASHINFER_KERNELS = ("auto", "fa2", "fa3")
-SDPA_KERNELS = ("auto", "split", "cudnn", "flash")
-SWITCHES = ("auto", "on", "off")
 
 @dataclass(frozen=True)
 class RuntimeConfig:
     """Where and how the model runs."""
 
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    attention_backend: str = "auto"  # auto | flashinfer | sdpa
+    dtype: str = limited("auto", choices=DTYPES)
+    attention_backend: str = limited("auto", choices=ATTENTION_BACKENDS)
     checkpoint: str = ""
-    model_preset: str = ""  # "" = full with a checkpoint, tiny without
-    seed: int = 0  # random-weight initialisation
+    model_preset: str = limited("", choices=("", *sorted(MODEL_PRESETS)))  # "": full with a checkpoint, else tiny
+    seed: int = limited(0, range=(0, 2**31 - 1))  # random-weight initialisation
     allow_unsafe_checkpoint: bool = False  # allow torch.load(weights_only=False)
     cuda_graphs: bool = True  # replay phase-2 frame steps as CUDA graphs (CUDA only)
     # The attention kernel and the block fusion (resolved, with reasons, by runtime.resolve_runtime):
-    flashinfer_kernel: str = "auto"  # auto | fa2 | fa3 (attention_backend flashinfer)
-    sdpa_kernel: str = "auto"  # auto | split | cudnn | flash: one-frame steps of attention_backend sdpa on CUDA
-    compile_blocks: str = "auto"  # auto | on | off: torch.compile-fused block bodies in the CUDA-graph step
+    flashinfer_kernel: str = limited("auto", choices=FLASHINFER_KERNELS)  # attention_backend flashinfer
+    sdpa_kernel: str = limited("auto", choices=SDPA_KERNELS)  # one-frame steps of attention_backend sdpa on CUDA
+    compile_blocks: str = limited("auto", choices=SWITCHES)  # torch.compile-fused block bodies in the graph step
     autocast: bool = True  # the official mixed-precision recipe; False = pure dtype (opt-in, moves poses)
 
     def resolved_preset(self) -> str:
@@ -137,22 +163,13 @@ class RuntimeConfig:
 
 
 def validate_stream(cfg: StreamConfig) -> list[str]:
-    """Reasons why ``cfg`` cannot run; empty when it can."""
-    problems: list[str] = []
-    if cfg.scale_frames < 1:
-        problems.append(f"scale_frames must be >= 1 (got {cfg.scale_frames})")
-    if cfg.sliding_window < 1:
-        problems.append(f"sliding_window must be >= 1 (got {cfg.sliding_window})")
-    if cfg.keyframe_interval < 1:
-        problems.append(f"keyframe_interval must be >= 1 (got {cfg.keyframe_interval})")
-    if not 1 <= cfg.camera_iterations <= 4:
-        problems.append(f"camera_iterations must be in 1..4 (got {cfg.camera_iterations})")
+    """Reasons why ``cfg`` cannot run; empty when it can: each field's limits, then the rules
+    between fields."""
+    problems = limit_problems(cfg)
     if cfg.max_frame_num < cfg.scale_frames + 2:
         problems.append(
             f"max_frame_num ({cfg.max_frame_num}) must exceed scale_frames + 1 ({cfg.scale_frames + 1})"
         )
-    if cfg.long_run_policy not in LONG_RUN_POLICIES:
-        problems.append(f"long_run_policy must be one of {LONG_RUN_POLICIES} (got {cfg.long_run_policy!r})")
     if cfg.max_stored_frames < cfg.scale_frames + 1:
         problems.append(
             f"max_stored_frames ({cfg.max_stored_frames}) must exceed scale_frames ({cfg.scale_frames})"
@@ -161,25 +178,15 @@ def validate_stream(cfg: StreamConfig) -> list[str]:
         problems.append(
             f"max_stored_frames ({cfg.max_stored_frames}) must not exceed max_frame_num ({cfg.max_frame_num})"
         )
-    if cfg.overlap_frames < 1:
-        problems.append(f"overlap_frames must be >= 1 (got {cfg.overlap_frames})")
     return problems
 
 
 def validate_runtime(cfg: RuntimeConfig) -> list[str]:
-    problems: list[str] = []
+    """Reasons why ``cfg`` cannot be resolved; empty when it can (whether this machine can run it is
+    ``runtime.resolve_runtime``'s question)."""
+    problems = limit_problems(cfg)
     if not (cfg.device in ("auto", "cpu", "cuda") or (cfg.device.startswith("cuda:") and cfg.device[5:].isdigit())):
-        problems.append(f"device must be auto, cpu, cuda or cuda:N (got {cfg.device!r})")
-    if cfg.dtype not in ("auto", "float32", "bfloat16", "float16"):
-        problems.append(f"dtype must be auto, float32, bfloat16 or float16 (got {cfg.dtype!r})")
-    if cfg.attention_backend not in ("auto", "flashinfer", "sdpa"):
-        problems.append(f"attention_backend must be auto, flashinfer or sdpa (got {cfg.attention_backend!r})")
-    if cfg.model_preset and cfg.model_preset not in MODEL_PRESETS:
-        problems.append(f"model_preset must be one of {sorted(MODEL_PRESETS)} (got {cfg.model_preset!r})")
-    for name, allowed in (("flashinfer_kernel", FLASHINFER_KERNELS), ("sdpa_kernel", SDPA_KERNELS),
-                          ("compile_blocks", SWITCHES)):
-        if getattr(cfg, name) not in allowed:
-            problems.append(f"{name} must be one of {list(allowed)} (got {getattr(cfg, name)!r})")
+        problems.insert(0, f"device must be auto, cpu, cuda or cuda:N (got {cfg.device!r})")
     return problems
 
 
@@ -217,6 +224,9 @@ __all__ = [
     "model_input_height",
     "special_pages_capacity",
     "stored_frame_limit",
+    "limited",
+    "field_limits",
+    "limit_problems",
     "replace",
     "field",
 ]

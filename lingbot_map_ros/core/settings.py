@@ -17,16 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .config import (
-    FLASHINFER_KERNELS,
-    LONG_RUN_POLICIES,
-    MODEL_PRESETS,
-    SDPA_KERNELS,
-    RuntimeConfig,
-    StreamConfig,
-    validate_runtime,
-    validate_stream,
-)
+from .config import RuntimeConfig, StreamConfig, field_limits, validate_runtime, validate_stream
 
 APPLIES = {
     "model": "a change loads a new model and starts a new session",
@@ -59,85 +50,83 @@ class Setting:
         return "--" + self.name.replace("_", "-")
 
 
-_D = StreamConfig()
-_R = RuntimeConfig()
+def _field(cls: type, name: str, description: str, applies: str) -> Setting:
+    """The row of a field of a core dataclass: its default and its limits come from the dataclass
+    (``config.limited``), so they are written once."""
+    return Setting(name, getattr(cls(), name), description, applies, **field_limits(cls, name))
+
 
 SETTINGS: tuple[Setting, ...] = (
     # --- model (a change builds a new model and starts a new session)
-    Setting("checkpoint", _R.checkpoint, "Path of an official LingBot-Map checkpoint (.pt/.pth/.safetensors). "
-              "Empty: random weights of the tiny preset (demo only, poses are not meaningful).", "model"),
-    Setting("model_preset", _R.model_preset, "Model shapes: 'full' (the official checkpoint) or 'tiny' "
-              "(small, CPU tests). Empty: full with a checkpoint, tiny without.", "model",
-              choices=("", *sorted(MODEL_PRESETS))),
-    Setting("device", _R.device, "Torch device: auto (CUDA when available), cpu, cuda or cuda:N.", "model"),
-    Setting("dtype", _R.dtype, "Compute dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16.",
-              "model", choices=("auto", "float32", "bfloat16", "float16")),
-    Setting("attention_backend", _R.attention_backend, "Global attention over the paged KV cache: auto "
-              "(SDPA's split kernel on Hopper, else FlashInfer when usable, else SDPA), flashinfer or sdpa.", "model",
-              choices=("auto", "flashinfer", "sdpa")),
-    Setting("flashinfer_kernel", _R.flashinfer_kernel, "FlashInfer kernel (attention_backend flashinfer): auto "
-            "(fa3 over exact token pages on Hopper, fa2 elsewhere), fa2 or fa3.", "model",
-            choices=FLASHINFER_KERNELS),
-    Setting("sdpa_kernel", _R.sdpa_kernel, "One-frame kernel of attention_backend sdpa on CUDA: auto (split "
+    _field(RuntimeConfig, "checkpoint", "Path of an official LingBot-Map checkpoint (.pt/.pth/.safetensors). "
+            "Empty: random weights of the tiny preset (demo only, poses are not meaningful).", "model"),
+    _field(RuntimeConfig, "model_preset", "Model shapes: 'full' (the official checkpoint) or 'tiny' "
+            "(small, CPU tests). Empty: full with a checkpoint, tiny without.", "model"),
+    _field(RuntimeConfig, "device", "Torch device: auto (CUDA when available), cpu, cuda or cuda:N.", "model"),
+    _field(RuntimeConfig, "dtype", "Compute dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16.",
+            "model"),
+    _field(RuntimeConfig, "attention_backend", "Global attention over the paged KV cache: auto "
+            "(SDPA's split kernel on Hopper, else FlashInfer when usable, else SDPA), flashinfer or sdpa.", "model"),
+    _field(RuntimeConfig, "flashinfer_kernel", "FlashInfer kernel (attention_backend flashinfer): auto "
+            "(fa3 over exact token pages on Hopper, fa2 elsewhere), fa2 or fa3.", "model"),
+    _field(RuntimeConfig, "sdpa_kernel", "One-frame kernel of attention_backend sdpa on CUDA: auto (split "
             "where cuDNN runs), split (cuDNN over the contiguous patch prefix + a masked tail, merged), cudnn "
-            "(one masked call over all pages) or flash (gather + varlen flash).", "model", choices=SDPA_KERNELS),
-    Setting("cuda_graphs", _R.cuda_graphs, "Replay each one-frame step as a CUDA graph (CUDA, half precision "
+            "(one masked call over all pages) or flash (gather + varlen flash).", "model"),
+    _field(RuntimeConfig, "cuda_graphs", "Replay each one-frame step as a CUDA graph (CUDA, half precision "
             "only): removes thousands of kernel launches per frame.", "model"),
-    Setting("compile_blocks", _R.compile_blocks, "torch.compile the block bodies around the attention call "
+    _field(RuntimeConfig, "compile_blocks", "torch.compile the block bodies around the attention call "
             "inside the CUDA-graph step: auto (on with CUDA graphs), on or off. Costs seconds on the first "
-            "one-frame step (cached on disk), then ~8 ms/frame less on an H200.", "model",
-            choices=("auto", "on", "off")),
-    Setting("autocast", _R.autocast, "The official mixed-precision recipe (fp32 LayerNorm outputs and residual "
+            "one-frame step (cached on disk), then ~8 ms/frame less on an H200.", "model"),
+    _field(RuntimeConfig, "autocast", "The official mixed-precision recipe (fp32 LayerNorm outputs and residual "
             "stream). false: the aggregator purely in dtype; opt-in, moves poses by ~4e-2 (docs/benchmarks.md).",
             "model"),
-    Setting("seed", _R.seed, "Seed of the random weights used when no checkpoint is given.", "model",
-              range=(0, 2**31 - 1)),
-    Setting("allow_unsafe_checkpoint", _R.allow_unsafe_checkpoint, "Allow loading a pickled checkpoint with "
-              "torch.load(weights_only=False) (runs code from the file). Read-only: set it at start only, "
-              "never remotely.", "startup"),
+    _field(RuntimeConfig, "seed", "Seed of the random weights used when no checkpoint is given.", "model"),
+    _field(RuntimeConfig, "allow_unsafe_checkpoint", "Allow loading a pickled checkpoint with "
+            "torch.load(weights_only=False) (runs code from the file). Read-only: set it at start only, "
+            "never remotely.", "startup"),
     Setting("autostart", True, "Bring the managed node to active on its own at start (configure, then "
             "activate). false: it waits unconfigured for `ros2 lifecycle set` or a lifecycle manager.",
             "startup"),
     # --- stream / cache geometry (a change starts a new session: new world frame)
-    Setting("scale_frames", _D.scale_frames, "Frames processed together first; their tokens stay in the "
-              "KV cache forever. Poses start after this many frames.", "session", range=(1, 256)),
-    Setting("sliding_window", _D.sliding_window, "Most recent stored frames kept in the KV cache with all "
-              "tokens; older ones keep only their 6 special tokens.", "session", range=(1, 4096)),
-    Setting("camera_iterations", _D.camera_iterations, "Refinement iterations of the camera head.",
-              "session", range=(1, 4)),
-    Setting("max_frame_num", _D.max_frame_num, "RoPE table size: the stored-frame index never reaches it.",
-              "session", range=(3, 1_000_000)),
-    Setting("long_run_policy", _D.long_run_policy, "What happens before max_stored_frames stored frames: "
-              "window (chain windows in one world frame), reset (new session) or stop (refuse frames "
-              "until ~/reset).", "session", choices=LONG_RUN_POLICIES),
-    Setting("max_stored_frames", _D.max_stored_frames, "Stored frames per session before the long-run "
-              "policy acts (the model was trained on ~320 views).", "session", range=(2, 1_000_000)),
-    Setting("overlap_frames", _D.overlap_frames, "Frames carried into the next window when "
-              "long_run_policy is 'window'.", "session", range=(1, 4096)),
+    _field(StreamConfig, "scale_frames", "Frames processed together first; their tokens stay in the "
+            "KV cache forever. Poses start after this many frames.", "session"),
+    _field(StreamConfig, "sliding_window", "Most recent stored frames kept in the KV cache with all "
+            "tokens; older ones keep only their 6 special tokens.", "session"),
+    _field(StreamConfig, "camera_iterations", "Refinement iterations of the camera head.",
+            "session"),
+    _field(StreamConfig, "max_frame_num", "RoPE table size: the stored-frame index never reaches it.",
+            "session"),
+    _field(StreamConfig, "long_run_policy", "What happens before max_stored_frames stored frames: "
+            "window (chain windows in one world frame), reset (new session) or stop (refuse frames "
+            "until ~/reset).", "session"),
+    _field(StreamConfig, "max_stored_frames", "Stored frames per session before the long-run "
+            "policy acts (the model was trained on ~320 views).", "session"),
+    _field(StreamConfig, "overlap_frames", "Frames carried into the next window when "
+            "long_run_policy is 'window'.", "session"),
     # --- from the next frame, same session
-    Setting("keyframe_interval", _D.keyframe_interval, "Every N-th frame after the scale frames is stored "
-              "in the KV cache; the others get a pose but are forgotten. Applies from the next frame.",
-              "next_frame", range=(1, 100_000)),
+    _field(StreamConfig, "keyframe_interval", "Every N-th frame after the scale frames is stored "
+            "in the KV cache; the others get a pose but are forgotten. Applies from the next frame.",
+            "next_frame"),
     Setting("publish_depth", False, "Run the depth head and publish ~/depth (32FC1, model input size). "
-              "Applies from the next frame.", "next_frame"),
+            "Applies from the next frame.", "next_frame"),
     Setting("max_non_finite_frames", 3, "Frames in a row whose model output holds NaN/Inf before the node starts "
             "a new session (such values in the KV cache poison every later frame). Such frames are never "
             "published.", "next_frame", range=(1, 10_000)),
     Setting("world_frame", "lingbot_world", "Frame id of the poses: the first camera's optical frame of "
-              "the current session.", "next_frame"),
+            "the current session.", "next_frame"),
     Setting("camera_frame", "", "Child frame id (camera optical frame). Empty: the image header's frame_id.",
-              "next_frame"),
+            "next_frame"),
     Setting("publish_tf", True, "Broadcast world_frame -> camera_frame on /tf.", "next_frame"),
     Setting("path_max_length", 10000, "Poses kept in ~/path (oldest dropped first).", "next_frame",
-              range=(1, 10_000_000)),
+            range=(1, 10_000_000)),
     Setting("trajectory_path", "lingbot_trajectory.tum", "File ~/save_trajectory writes (TUM format: "
-              "stamp tx ty tz qx qy qz qw).", "next_frame"),
+            "stamp tx ty tz qx qy qz qw).", "next_frame"),
     Setting("trajectory_max_length", 100000, "Poses of the current session kept for ~/save_trajectory "
-              "(oldest dropped first): bounds the node's memory on runs of hours (100000 = 2.8 h at 10 Hz).",
-              "next_frame", range=(1, 10_000_000)),
+            "(oldest dropped first): bounds the node's memory on runs of hours (100000 = 2.8 h at 10 Hz).",
+            "next_frame", range=(1, 10_000_000)),
     Setting("fast_resize", False, "Resize with OpenCV (INTER_AREA/INTER_CUBIC, ~0.5 ms) instead of the "
-              "official PIL bicubic (~3 ms at 640x480): faster, NOT bit-compatible with the official pipeline.",
-              "next_frame"),
+            "official PIL bicubic (~3 ms at 640x480): faster, NOT bit-compatible with the official pipeline.",
+            "next_frame"),
     # --- reconstruction outputs (issue 9; all from the next frame; the depth head runs when any
     # of publish_depth / publish_points / publish_map is on, see DEPTH_OUTPUTS)
     Setting("publish_points", False, "Publish ~/points (PointCloud2 in world_frame: x y z, rgb, confidence): "
@@ -160,9 +149,9 @@ SETTINGS: tuple[Setting, ...] = (
             "confidence).", "next_frame"),
     # --- subscription (re-created on change)
     Setting("image_transport", "raw", "raw: subscribe to 'image' (sensor_msgs/Image); compressed: to "
-              "'image/compressed' (sensor_msgs/CompressedImage).", "subscription", choices=("raw", "compressed")),
+            "'image/compressed' (sensor_msgs/CompressedImage).", "subscription", choices=("raw", "compressed")),
     Setting("qos_reliability", "best_effort", "Image subscription reliability: best_effort (sensor-data "
-              "QoS) or reliable.", "subscription", choices=("best_effort", "reliable")),
+            "QoS) or reliable.", "subscription", choices=("best_effort", "reliable")),
     # --- diagnostics timer
     Setting("diagnostics_period", 1.0, "Seconds between /diagnostics messages.", "timer", range=(0.05, 60.0)),
 )
@@ -174,6 +163,7 @@ RUNTIME_FIELDS = ("checkpoint", "model_preset", "device", "dtype", "attention_ba
                   "sdpa_kernel", "cuda_graphs", "compile_blocks", "autocast", "seed", "allow_unsafe_checkpoint")
 STREAM_FIELDS = ("scale_frames", "sliding_window", "keyframe_interval", "camera_iterations", "max_frame_num",
                  "long_run_policy", "max_stored_frames", "overlap_frames")
+CORE_FIELDS = frozenset(RUNTIME_FIELDS + STREAM_FIELDS)
 DEPTH_OUTPUTS = ("publish_depth", "publish_points", "publish_map")
 
 
@@ -202,8 +192,8 @@ def validate_values(values: dict, *, resolve: bool = True) -> list[str]:
     ``resolve``: also check that device/dtype/backend can run on this machine (imports torch).
     """
     problems: list[str] = []
-    for s in SETTINGS:
-        if s.name not in values:
+    for s in SETTINGS:  # the node's own settings; the core dataclasses check theirs (validate_* below)
+        if s.name not in values or s.name in CORE_FIELDS:
             continue
         v = values[s.name]
         if s.choices is not None and v not in s.choices:
@@ -211,8 +201,7 @@ def validate_values(values: dict, *, resolve: bool = True) -> list[str]:
         if s.range is not None and not (s.range[0] <= v <= s.range[1]):
             problems.append(f"{s.name} must be in [{s.range[0]}, {s.range[1]}] (got {v})")
     runtime, stream = configs_from_values(values)
-    reported = {p.split(" ", 1)[0] for p in problems}  # one reason per setting: the table's wins
-    problems += [p for p in validate_runtime(runtime) + validate_stream(stream) if p.split(" ", 1)[0] not in reported]
+    problems += validate_runtime(runtime) + validate_stream(stream)
     if stream.long_run_policy == "window" and not problems:
         from .long_run import validate_window  # late: long_run imports torch
 
