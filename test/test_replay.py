@@ -232,8 +232,8 @@ def _node_params(tmp_path: Path, **more) -> dict:
 
 
 @pytest.mark.ros
-def test_replay_raw_bags_through_the_node(tmp_path):
-    env = _ros_env(tmp_path, 91)
+def test_replay_raw_bags_through_the_node(tmp_path, ros_domain_id):
+    env = _ros_env(tmp_path, ros_domain_id)
     bags = {
         "mcap": (write_image_bag(tmp_path / "mcap", frames(12, 1), stamps(12, 1000.0), storage="mcap",
                                  topic="/recorded/image"), stamps(12, 1000.0)),
@@ -244,7 +244,7 @@ def test_replay_raw_bags_through_the_node(tmp_path):
     client = None
     try:
         node.wait_ready()
-        client = RosClient(91)
+        client = RosClient(ros_domain_id)
         for name, (bag, st) in bags.items():
             out = replay(env, bag, "--topic-out", "/cam/image_raw")
             assert out.returncode == 0, f"{name}: {out.stdout}\n{out.stderr}\n{node.log()}"
@@ -268,8 +268,8 @@ def test_replay_raw_bags_through_the_node(tmp_path):
 
 
 @pytest.mark.ros
-def test_replay_compressed_bag_through_the_node(tmp_path):
-    env = _ros_env(tmp_path, 92)
+def test_replay_compressed_bag_through_the_node(tmp_path, ros_domain_id):
+    env = _ros_env(tmp_path, ros_domain_id)
     st = stamps(12, 3000.0)
     bag = write_image_bag(tmp_path / "bag", frames(12, 3), st, storage="mcap", compressed=True,
                           topic="/cam/image_raw/compressed")
@@ -280,7 +280,7 @@ def test_replay_compressed_bag_through_the_node(tmp_path):
         node.wait_ready()
         out = replay(env, bag)  # publishes on the bag's own topic
         assert out.returncode == 0, f"{out.stdout}\n{out.stderr}\n{node.log()}"
-        client = RosClient(92)
+        client = RosClient(ros_domain_id)
         assert client.trigger("/lingbot_map/save_trajectory").success
         tum_stamps, _, _ = read_tum(tmp_path / "traj.tum")
         assert np.allclose(tum_stamps, st, atol=1e-6)
@@ -292,9 +292,9 @@ def test_replay_compressed_bag_through_the_node(tmp_path):
 
 @pytest.mark.ros
 @pytest.mark.slow
-def test_node_soak_windows(tmp_path):
+def test_node_soak_windows(tmp_path, ros_domain_id):
     """600 frames through the node with ~12-frame windows: all accounted for, alive, memory flat."""
-    env = _ros_env(tmp_path, 93)
+    env = _ros_env(tmp_path, ros_domain_id)
     warm = write_image_bag(tmp_path / "warm", frames(100, 4), stamps(100, 10.0), topic="/cam/image_raw")
     main = write_image_bag(tmp_path / "main", frames(500, 5), stamps(500, 100.0), topic="/cam/image_raw")
     params = _node_params(tmp_path, max_stored_frames=12, overlap_frames=4, long_run_policy="window",
@@ -303,7 +303,7 @@ def test_node_soak_windows(tmp_path):
     client = None
     try:
         node.wait_ready()
-        client = RosClient(93)
+        client = RosClient(ros_domain_id)
         client.watch_stats()
         out = replay(env, warm)
         assert out.returncode == 0, f"{out.stdout}\n{out.stderr}\n{node.log()}"

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from rostools import REPO, VENV, FrameStreamer, RosShell, require_ros_tools, tiny_params, wait_until
+from rostools import CLI_FLAGS, REPO, VENV, FrameStreamer, RosShell, require_ros_tools, tiny_params, wait_until
 
 require_ros_tools()
 pytest.importorskip("rclpy")
@@ -38,7 +38,7 @@ from diagnostic_analyzers import load_analyzers, route  # noqa: E402
 NODE = "/lingbot_map"
 LAUNCH_TOPIC = "/cam/image"
 RUN_TOPIC = "/run/cam/image"
-FLAGS = "--no-daemon --spin-time 2"  # test-only: see the module docstring
+FLAGS = CLI_FLAGS  # test-only: see the module docstring
 PROCESSED, DROPPED_INACTIVE = 0, 6
 DIAG_NAMES = {"lingbot_map: input", "lingbot_map: inference", "lingbot_map: kv cache", "lingbot_map: backend"}
 
@@ -92,8 +92,7 @@ def test_launch_from_venv_finds_the_installed_package(launched):
     assert cmdline[:2] == [str(VENV / "bin" / "python"), str(VENV / "lib" / "lingbot_map_ros" / "lingbot_map_node")] \
         or cmdline[1] == str(VENV / "lib" / "lingbot_map_ros" / "lingbot_map_node"), cmdline
     assert f"image:={LAUNCH_TOPIC}" in cmdline and str(launched.params) in cmdline, cmdline
-    assert wait_until(lambda: NODE in shell.run(f"ros2 node list {FLAGS}", timeout=30).ok().output.split(), 30), \
-        "ros2 node list never showed " + NODE
+    assert shell.wait_for_node(NODE), "ros2 node list never showed " + NODE
 
 
 def test_launch_node_publishes_poses_and_tf(launched):
@@ -182,7 +181,7 @@ def test_service_call_reset(launched):
 
 def test_lifecycle_get_set_deactivate_activate(launched):
     shell, s = launched.shell, launched.streamer
-    assert wait_until(lambda: NODE in shell.run(f"ros2 lifecycle nodes {FLAGS}", timeout=30).ok().output.split(), 30)
+    assert wait_until(lambda: NODE in shell.run(f"ros2 lifecycle nodes {FLAGS}", timeout=30).ok().output.split(), 60)
     assert "active [3]" in shell.ros2(f"ros2 lifecycle get {NODE} {FLAGS}", timeout=30).ok().output
     out = shell.ros2(f"ros2 lifecycle set {NODE} deactivate {FLAGS}", timeout=30).ok().output
     assert "Transitioning successful" in out, out
@@ -275,7 +274,7 @@ def test_ros2_run_from_venv_publishes_and_stops_on_sigint(tmp_path, ros_domain_i
     streamer = None
     try:
         run.wait_for(r"\[lingbot_map\]: ready: active", 150)
-        assert wait_until(lambda: NODE in shell.run(f"ros2 node list {FLAGS}", timeout=30).ok().output.split(), 30)
+        assert shell.wait_for_node(NODE), run.output()[-3000:]
         streamer = _stream_until_poses(shell, run, 3)
         with streamer.listener.lock:
             assert {p.header.frame_id for p in streamer.rx.poses.values()} == {"run_world"}
@@ -300,8 +299,7 @@ def test_ros2_run_autostart_false_lifecycle_by_hand_with_a_bad_checkpoint(tmp_pa
         return shell.ros2(f"ros2 lifecycle {verb} {FLAGS}", timeout=30).ok().output
 
     try:
-        assert wait_until(lambda: NODE in shell.ros2(f"ros2 node list {FLAGS}", timeout=30).output.split(), 90), \
-            run.output()[-3000:]
+        assert shell.wait_for_node(NODE, 90), run.output()[-3000:]
         assert "unconfigured [1]" in lifecycle(f"get {NODE}")
         assert "ready:" not in run.output()
         out = lifecycle(f"set {NODE} configure")
@@ -334,8 +332,7 @@ def test_launch_autostart_false_waits_unconfigured(tmp_path, ros_domain_id):
     launch = shell.start(f"ros2 launch lingbot_map_ros lingbot_map.launch.py autostart:=false params_file:={params}",
                          "ros2_launch_manual")
     try:
-        assert wait_until(lambda: NODE in shell.run(f"ros2 node list {FLAGS}", timeout=30).output.split(), 90), \
-            launch.output()[-3000:]
+        assert shell.wait_for_node(NODE, 90), launch.output()[-3000:]
         assert "unconfigured [1]" in shell.ros2(f"ros2 lifecycle get {NODE} {FLAGS}", timeout=30).ok().output
         assert "configuring" not in launch.output() and "ready:" not in launch.output()
         rc = launch.interrupt(group=False)

@@ -31,11 +31,12 @@ ERROR_HOLD_S = 10.0  # the inference status stays ERROR this long after an error
 # throughput limit); in_node_minus_model: callback entry -> all outputs published, minus the model.
 OVERHEAD_PARTS = ("convert", "handoff", "preprocess", "ready_wait", "publish", "session_bookkeeping",
                   "inference_thread_minus_model", "in_node_minus_model")
-REJECT_KINDS = ("unsupported", "data_length", "zero_size", "resolution_changed")
+REJECT_KINDS = ("unsupported", "data_length", "zero_size", "resolution_changed", "preprocessing_failed")
 # The counters of frames that ended without a pose, one per final FrameStatus other than PROCESSED.
 DROP_COUNTERS = ("dropped_queue", "rejected", "refused", "failed", "dropped_reset", "dropped_inactive", "non_finite")
 COUNTER_NAMES = ("received", "processed", *DROP_COUNTERS, "errors", "sessions_started", "parameter_sessions",
-                 "resets", "non_finite_sessions", "failure_sessions", "qos_messages_lost", "qos_incompatible")
+                 "resets", "non_finite_sessions", "failure_sessions", "time_jump_sessions", "qos_messages_lost",
+                 "qos_incompatible")
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ def _inference_status(d: DiagnosticsSnapshot) -> DiagnosticStatus:
         ("frames_dropped", d.dropped), ("frames_pending", d.pending),
         *[(f"frames_{name}", c[name]) for name in DROP_COUNTERS if name != "rejected"],
         ("frames_buffered", d.buffered), ("non_finite_sessions", c["non_finite_sessions"]),
-        ("failure_sessions", c["failure_sessions"]),
+        ("failure_sessions", c["failure_sessions"]), ("time_jump_sessions", c["time_jump_sessions"]),
         ("errors", c["errors"]), ("last_error", d.last_error or "-"),
         ("session_id", d.session_id), ("sessions_started", c["sessions_started"]),
         ("sessions_from_parameter_changes", c["parameter_sessions"]), ("resets", c["resets"]),

@@ -90,6 +90,7 @@ class Counters:
     resets: int = 0
     non_finite_sessions: int = 0  # new sessions started because non-finite values kept coming
     failure_sessions: int = 0  # new sessions started because the model raised
+    time_jump_sessions: int = 0  # new sessions started because a frame's stamp went back in time
     qos_messages_lost: int = 0  # reported by the middleware (message_lost event)
     qos_incompatible: int = 0  # publishers whose QoS cannot match the subscription
     last_qos_event: str = ""
