@@ -408,3 +408,44 @@ def test_stop_policy_warns_then_refuses_and_policy_switch(env):
     assert rx.stats[e].session_id > rx.stats[b].session_id and rx.stats[e].frames_stored == 2
     diag = d.latest_diag(after=time.time())
     assert diag_values(diag, "kv cache")["long_run_policy"] == "window"
+
+
+# ----------------------------------------------------------------------------------- start-up errors
+
+
+def test_declare_error_names_the_parameter_first():
+    """rclpy's wording puts the name last ("Invalid parameter value (0) for parameter. Reason: ...:
+    scale_frames"); the node's says which parameter, then what is wrong with the value."""
+    from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
+
+    from lingbot_map_ros.ros.parameters import SPECS, declare_error
+
+    rng = np.random.default_rng(7)
+    for name in ("scale_frames", "sliding_window", "diagnostics_period", "points_min_confidence"):
+        spec = SPECS[name]
+        lo, hi = spec.range
+        value = type(spec.default)(hi + rng.integers(1, 100))
+        exc = InvalidParameterValueException(name, value, f"Parameter {name} out of range. Min: {lo}, Max: {hi}, "
+                                             f"value: {value}")
+        assert declare_error(spec, exc) == f"parameter {name}: {value} is out of range [{lo}, {hi}]"
+    spec = SPECS["sliding_window"]
+    wrong = InvalidParameterTypeException(Parameter("sliding_window", value="abc"), "INTEGER")
+    text = declare_error(spec, wrong)
+    assert text.startswith("parameter sliding_window: 'abc' is of type string, expected integer"), text
+    other = InvalidParameterValueException("sliding_window", 3, "read-only")
+    assert declare_error(spec, other) == "parameter sliding_window: invalid value 3: read-only"
+
+
+@pytest.mark.parametrize("arg, expected", [
+    ("scale_frames:=0", "parameter scale_frames: 0 is out of range [1, 256]"),
+    ("sliding_window:=wide", "parameter sliding_window: 'wide' is of type string, expected integer"),
+])
+def test_node_refuses_a_bad_parameter_at_start_in_one_line_naming_it(tmp_path, ros_domain_id, arg, expected):
+    node = NodeProcess(["-p", arg], echo=False, env=dict(os.environ, ROS_DOMAIN_ID=str(ros_domain_id)),
+                       log_path=str(tmp_path / "node.log"))
+    try:
+        assert node.proc.wait(60) == 2, node.output()
+    finally:
+        node.stop()
+    lines = [line for line in node.output().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"[lingbot_map] cannot start: {expected}"), lines

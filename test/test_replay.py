@@ -12,6 +12,7 @@ import os
 
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"  # before anything imports rclpy
 
+import re
 import signal
 import subprocess
 import sys
@@ -118,6 +119,24 @@ def test_evaluate_sim3(tmp_path, capsys):
     write_tum(tmp_path / "far.tum", st + 50.0, est)
     assert evaluate.main([str(tmp_path / "far.tum"), str(tmp_path / "gt.tum")]) == 2
     assert "associated" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- status names
+def test_status_summary_names_every_status_of_the_message():
+    """The replay's summary once printed ``node statuses: 3 6`` (codes without names): every code of
+    msg/FrameStatus.msg (read here from the file itself) must come out by its constant's name."""
+    pytest.importorskip("lingbot_map_ros.msg")
+    from lingbot_map_ros.tools.node_client import status_names, status_summary
+
+    msg = (Path(__file__).resolve().parents[1] / "msg" / "FrameStatus.msg").read_text()
+    constants = {int(v): k.lower() for k, v in re.findall(r"^uint8 ([A-Z_]+)=(\d+)", msg, re.M)}
+    assert len(constants) >= 9 and status_names() == constants
+    rng = np.random.default_rng(0)
+    counts = {code: int(rng.integers(1, 50)) for code in constants}
+    assert status_summary(counts) == ", ".join(f"{counts[c]} {constants[c]}" for c in sorted(constants))
+    assert status_summary({0: 3, 6: 2}) == "3 processed, 2 dropped_inactive"
+    assert status_summary({0: 1, 42: 2}) == "1 processed, 2 status 42"  # a code from a newer node
+    assert status_summary({}) == ""
 
 
 # ------------------------------------------------------------------------------- the real node
@@ -260,6 +279,8 @@ def test_replay_raw_bags_through_the_node(tmp_path, ros_domain_id):
         out = replay(env, bags["mcap"][0], "--topic-out", "/cam/image_raw", "--drain", "0.5", rate="1.0")
         assert out.returncode == 0 and "published 12 frames" in out.stdout, out.stdout + out.stderr
         assert time.monotonic() - start > 11 * 0.05 and "processed" in out.stdout
+        summary = [line for line in out.stdout.splitlines() if "node statuses:" in line][-1]
+        assert re.search(r"node statuses: \d+ [a-z_]+(, \d+ [a-z_]+)*$", summary), summary  # names, not codes
     finally:
         if client is not None:
             client.close()

@@ -171,6 +171,11 @@ def test_every_tool_answers_bad_input_in_one_line(tmp_path):
     (tmp_path / "broken" / "1.5.png").write_bytes(b"not a png at all")
     not_video = tmp_path / "clip.mp4"
     not_video.write_bytes(b"\x00" * 100)
+    still = write_images(tmp_path / "still", ["photo"]) / "photo.png"  # FFmpeg reads it as a 1-frame video
+    still_named_mp4 = tmp_path / "photo.mp4"
+    still_named_mp4.write_bytes(still.read_bytes())
+    text_checkpoint = tmp_path / "notes.pt"
+    text_checkpoint.write_text("these are my notes, not weights\n" * 20)
     import torch
 
     class Evil:
@@ -185,6 +190,10 @@ def test_every_tool_answers_bad_input_in_one_line(tmp_path):
         (off + ["--images", str(tmp_path / "broken")] + out, ["1.5.png", "not a readable image"]),
         (off + ["--video", str(tmp_path / "missing.mp4")] + out, ["--video", "no such file"]),
         (off + ["--video", str(not_video)] + out, ["clip.mp4", "cannot decode"]),
+        (off + ["--video", str(still)] + out, ["photo.png", "a still image (PNG), not a video", "--images"]),
+        (off + ["--video", str(still_named_mp4)] + out, ["photo.mp4", "a still image (PNG)"]),
+        (off + ["--images", str(folder), "--checkpoint", str(text_checkpoint)] + out,
+         ["notes.pt", "not a PyTorch or safetensors checkpoint: a text file"]),
         (off + ["--bag", str(tmp_path / "missing_bag")] + out, ["missing_bag", "no such bag"]),
         (off + ["--bag", str(folder)] + out, ["not a rosbag2 folder"]),
         (off + ["--images", str(folder), "--checkpoint", str(tmp_path / "none.pt")] + out, ["none.pt"]),
@@ -324,6 +333,36 @@ def test_plot_has_the_panels_data(tmp_path):
     np.testing.assert_array_equal(drawn["latency"][1], series.latency_ms)
     assert sorted(drawn["cache"]) == ["free", "scale", "special", "window"]
     np.testing.assert_array_equal(drawn["cache"]["special"][1], np.arange(n) + 3)
+
+
+def _label_boxes_overlap(axis, renderer) -> list[tuple[str, str]]:
+    """Pairs of visible tick labels of ``axis`` whose rendered boxes touch or overlap (brute force)."""
+    labels = [t for t in axis.get_ticklabels() if t.get_visible() and t.get_text()]
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in labels]
+    return [(a, b) for i, (a, ba) in enumerate(boxes) for b, bb in boxes[i + 1:]
+            if ba.x0 <= bb.x1 and bb.x0 <= ba.x1 and ba.y0 <= bb.y1 and bb.y0 <= ba.y1]
+
+
+@pytest.mark.parametrize("scale", [1e-3, 3e-3, 1.0, 1e3, 2.5e5])
+def test_plot_tick_labels_never_overlap(tmp_path, scale):
+    """The demo's top view spans millimetres in a narrow equal-aspect panel: its x labels
+    ("-0.0035-0.0030-0.0025...") ran into each other. Checked on the rendered figure."""
+    from lingbot_map_ros.tools.plotting import RunSeries, plot_run
+
+    rng = np.random.default_rng(int(scale * 1000) % 2**32)
+    n = 40
+    walk = np.cumsum(rng.normal(size=(n, 3)), 0)
+    walk[:, 0] *= 4  # wide and flat: the worst case for the x labels of an equal-aspect panel
+    position = -0.0035 + scale * walk / np.abs(walk).max()
+    series = RunSeries(frame=np.arange(n), position=position, latency_ms=rng.uniform(600, 900, n),
+                       cache={"scale": np.full(n, 2), "window": np.minimum(np.arange(n), 8)})
+    drawn = plot_run(tmp_path / "p.png", series)
+    fig = drawn["figure"]
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            assert len([t for t in axis.get_ticklabels() if t.get_text()]) >= 2, ax.get_title()
+            assert _label_boxes_overlap(axis, renderer) == [], (ax.get_title(), scale)
 
 
 # ----------------------------------------------------------------------------------- recordings
