@@ -16,6 +16,7 @@ pytest.importorskip("lingbot_map_ros.msg")
 pytestmark = pytest.mark.ros
 
 
+@pytest.mark.slow
 def test_demo_runs_and_exits_zero(tmp_path, ros_domain_id):
     tum = tmp_path / "demo.tum"
     cmd = [sys.executable, "-P", "-m", "lingbot_map_ros.tools.demo", "--frames", "12", "--scale-frames", "2",

@@ -34,7 +34,7 @@ def plain_open_mode(folder: Path) -> int:
     return m
 
 
-@pytest.fixture(params=[0o022, 0o027, 0o002])
+@pytest.fixture(params=[0o022, 0o027, 0o002], ids=lambda m: f"umask{m:03o}")
 def umask(request):
     old = os.umask(request.param)
     try:

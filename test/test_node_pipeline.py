@@ -392,6 +392,7 @@ def _timeline(diag: dict) -> list[tuple[int, float, float, float, float]]:
             for s, a, b, c, d in (item.split(":") for item in text.split())]
 
 
+@pytest.mark.slow
 def test_preprocessing_of_the_next_frame_overlaps_the_model_call(tmp_path, ros_domain_id):
     """Measured by the node's own timestamps, not by speed: while frame n is inside the (slowed)
     model call, frame n+1 is preprocessed. With preprocessing on the inference thread, frame n+1
@@ -427,6 +428,7 @@ def test_preprocessing_of_the_next_frame_overlaps_the_model_call(tmp_path, ros_d
         _stop(node, listener, ctx)
 
 
+@pytest.mark.slow
 def test_flood_with_reset_parameter_change_resize_and_deactivate_accounts_for_every_frame(tmp_path, ros_domain_id):
     node, listener, ctx = _start_slow_node(tmp_path, ros_domain_id, delay=0.05)
     rx = listener.rx
@@ -506,6 +508,7 @@ def test_flood_with_reset_parameter_change_resize_and_deactivate_accounts_for_ev
         _stop(node, listener, ctx)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rate", [0, 30])
 def test_node_overhead_reports_the_inference_thread_and_end_to_end(tmp_path, ros_domain_id, rate):
     """``tools/node_overhead`` against the real node: the end-to-end table, the inference thread's own

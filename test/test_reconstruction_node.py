@@ -18,7 +18,7 @@ import pytest
 
 rclpy = pytest.importorskip("rclpy")
 pytest.importorskip("lingbot_map_ros.msg")
-pytestmark = pytest.mark.ros
+pytestmark = [pytest.mark.ros, pytest.mark.slow]  # starts nodes or tool processes
 
 from geometry_msgs.msg import PoseStamped  # noqa: E402
 from rclpy.context import Context  # noqa: E402

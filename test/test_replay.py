@@ -75,6 +75,7 @@ def test_bag_topic_choice(tmp_path):
     assert len(list(iter_bag_images(two, "/right"))) == 2
 
 
+@pytest.mark.slow
 def test_offline_bag_gives_one_pose_per_frame(tmp_path):
     st = stamps(12, 100.0)
     bag = write_image_bag(tmp_path / "bag", frames(12), st, storage="sqlite3")
@@ -250,6 +251,7 @@ def _node_params(tmp_path: Path, **more) -> dict:
             "trajectory_path": str(tmp_path / "traj.tum"), "publish_tf": "false", **more}
 
 
+@pytest.mark.slow
 @pytest.mark.ros
 def test_replay_raw_bags_through_the_node(tmp_path, ros_domain_id):
     env = _ros_env(tmp_path, ros_domain_id)
@@ -288,6 +290,7 @@ def test_replay_raw_bags_through_the_node(tmp_path, ros_domain_id):
     assert node.proc.returncode == 0, node.log()
 
 
+@pytest.mark.slow
 @pytest.mark.ros
 def test_replay_compressed_bag_through_the_node(tmp_path, ros_domain_id):
     env = _ros_env(tmp_path, ros_domain_id)

@@ -33,7 +33,7 @@ from rostools import CLI_FLAGS, REPO, VENV, FrameStreamer, RosShell, require_ros
 require_ros_tools()
 pytest.importorskip("rclpy")
 pytest.importorskip("lingbot_map_ros.msg")
-pytestmark = pytest.mark.ros
+pytestmark = [pytest.mark.ros, pytest.mark.slow]  # starts nodes or tool processes
 
 from diagnostic_analyzers import load_analyzers, route  # noqa: E402
 

@@ -75,6 +75,7 @@ def test_stamps_from_names():
     assert stamp_from_name("000123") is None and stamp_from_name("frame_01") is None
 
 
+@pytest.mark.slow
 def test_tum_sequence_offline_then_eval_associates_every_pose(tmp_path):
     """Issue 13 acceptance: a folder named like a TUM RGB-D sequence -> TUM stamps = file-name stamps ->
     evaluation against a ground truth with the same stamps associates every pose."""
@@ -98,6 +99,7 @@ def test_tum_sequence_offline_then_eval_associates_every_pose(tmp_path):
     assert "warning" not in ev.stderr
 
 
+@pytest.mark.slow
 def test_stamps_file_rgb_txt_and_fps_and_jpeg(tmp_path):
     names = [f"frame_{i:03d}" for i in range(4)]
     folder = write_images(tmp_path / "imgs", names, suffix=".jpeg")  # *.jpeg counts
@@ -128,6 +130,7 @@ def test_stamps_file_rgb_txt_and_fps_and_jpeg(tmp_path):
                               str(tmp_path / "d.npz"), *TINY), "2 stamps for 4 images", "--stamps")
 
 
+@pytest.mark.slow
 def test_video_stamps_are_the_container_timestamps(tmp_path):
     import cv2
 
@@ -143,6 +146,7 @@ def test_video_stamps_are_the_container_timestamps(tmp_path):
     np.testing.assert_allclose(read_tum(tum)[0], [i / 8 for i in range(5)], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_eval_warns_on_duplicate_and_backward_stamps_and_takes_a_tolerance(tmp_path):
     poses = gt_trajectory(8)
     st = np.arange(8) * 0.1
@@ -165,6 +169,7 @@ def test_eval_warns_on_duplicate_and_backward_stamps_and_takes_a_tolerance(tmp_p
 # ----------------------------------------------------------------------------------- errors
 
 
+@pytest.mark.slow
 def test_every_tool_answers_bad_input_in_one_line(tmp_path):
     folder = write_images(tmp_path / "imgs", TUM_STAMPS[:2])
     (tmp_path / "broken").mkdir()
@@ -273,6 +278,7 @@ def _drain(master: int, proc: subprocess.Popen, timeout: float = 120) -> str:
     return text
 
 
+@pytest.mark.slow
 def test_progress_on_a_terminal_quiet_in_a_pipe_and_ctrl_c_writes_what_was_done(tmp_path):
     n = 400
     frames = np.random.default_rng(1).random((n, 3, 14, 518), dtype=np.float32)
@@ -423,6 +429,7 @@ def test_recordings_read_back_and_depth_refused_with_one_reason(tmp_path, storag
     assert len(reasons) == 1, reasons  # raw and compressed depth: the same reason
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("storage", ["ros1", "sqlite3"])
 def test_offline_takes_both_bag_formats_and_refuses_depth(tmp_path, storage):
     recs = recordings(tmp_path, storage)
@@ -442,6 +449,7 @@ def test_offline_takes_both_bag_formats_and_refuses_depth(tmp_path, storage):
     assert not (tmp_path / "d.npz").exists()
 
 
+@pytest.mark.slow
 def test_test_script_says_loudly_when_nothing_was_collected():
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run(["bash", str(root / "scripts" / "test.sh"), "-k", "zz_no_such_test_typo_zz"], env=ENV,
@@ -450,6 +458,7 @@ def test_test_script_says_loudly_when_nothing_was_collected():
     assert "NO TESTS RAN" in proc.stderr and "NOTHING WAS TESTED" in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_eval_into_a_pipe_that_closes_early_ends_quietly(tmp_path):
     """`lingbot_map_eval est gt | head`: a reader that leaves early; no traceback, exit 0."""
     import subprocess
