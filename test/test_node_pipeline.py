@@ -302,12 +302,15 @@ def test_stamps_that_jump_back_start_a_new_session_and_every_frame_ends_once(rig
         push(40)  # the bag played again: a new session; the two buffered frames are discarded
         assert manager.session_id == 2 and [p[0] for p in manager.pushed] == [100, 101, 40]
         assert ledger.c.time_jump_sessions == 1 and ledger.c.last_new_session_reason == "time jumped back by 61.000 s"
+        push(35)  # and again, right after: compared with the new session's first frame
+        assert manager.session_id == 3 and ledger.c.time_jump_sessions == 2
+        assert ledger.c.last_new_session_reason == "time jumped back by 5.000 s"
         push(41)
         push(41)  # the same stamp again is no jump
-        assert manager.session_id == 2 and ledger.c.time_jump_sessions == 1
-        worker.submit(("reset", "test reset"), wait=10)  # session 3: compared afresh, 30 < 41 is no jump
+        assert manager.session_id == 3 and ledger.c.time_jump_sessions == 2
+        worker.submit(("reset", "test reset"), wait=10)  # session 4: compared afresh, 30 < 41 is no jump
         push(30)
-        assert manager.session_id == 3 and ledger.c.time_jump_sessions == 1 and ledger.c.resets == 1
+        assert manager.session_id == 4 and ledger.c.time_jump_sessions == 2 and ledger.c.resets == 1
     finally:
         worker.stop()
     by_frame: dict = {}
@@ -318,8 +321,11 @@ def test_stamps_that_jump_back_start_a_new_session_and_every_frame_ends_once(rig
                (FrameStatus.DROPPED_RESET, discarded)]
     assert by_frame[100] == dropped
     assert [s for s, _ in by_frame[101]] == [FrameStatus.BUFFERED, FrameStatus.DROPPED_RESET]
-    # the jump's frame is the first of the new session (buffered), discarded later by the reset
-    assert by_frame[40][0][0] == FrameStatus.BUFFERED and by_frame[40][1:] == [
+    # the jump's frame is the first of the new session (buffered), discarded by the next jump
+    assert by_frame[40] == [(FrameStatus.BUFFERED, "buffered for the joint scale-frame call (1 of 2)"),
+                            (FrameStatus.DROPPED_RESET, "buffered for the scale frames, then discarded: time "
+                                                        "jumped back by 5.000 s")]
+    assert by_frame[35][0][0] == FrameStatus.BUFFERED and by_frame[35][1:] == [
         (FrameStatus.DROPPED_RESET, "buffered for the scale frames, then discarded: test reset")]
     assert [s for s, _ in by_frame[30]] == [FrameStatus.BUFFERED]
     for sec, seq in by_frame.items():  # never two final statuses, never anything after the final one

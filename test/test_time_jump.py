@@ -14,12 +14,27 @@ from lingbot_map_ros.ros.time_jump import TIME_JUMP_COUNTER, TimeJumpDetector
 
 
 def reference(stamps, sessions, tolerance):
-    """The jump (previous - stamp) for each frame that went back within its session, else None."""
+    """The jump (previous - stamp) for each frame that went back within its session, else None. A
+    jump starts a new session (the caller's), and the frame after the jump's frame is compared with
+    it."""
     out = []
     for i, (t, sid) in enumerate(zip(stamps, sessions)):
-        back = i > 0 and sessions[i - 1] == sid and t < stamps[i - 1] - tolerance
+        same = i > 0 and (sessions[i - 1] == sid or out[i - 1] is not None)
+        back = same and t < stamps[i - 1] - tolerance
         out.append(stamps[i - 1] - t if back else None)
     return out
+
+
+def run_like_the_worker(det, stamps, resets):
+    """Frames through ``det`` as the inference thread sends them: session ids move on at a reset
+    (``resets[i]``: a ~/reset before frame i) and after every jump (the worker's new session)."""
+    session, got = 0, []
+    for t, reset in zip(stamps, resets):
+        session += int(reset)
+        reason = det.check(float(t), session)
+        got.append(reason)
+        session += reason is not None
+    return got
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -32,10 +47,10 @@ def test_matches_a_brute_force_reference(seed, tolerance):
         at = rng.integers(1, n)
         stamps[at:] -= rng.uniform(0.001, 100.0)
     stamps[rng.integers(1, n, 5)] = stamps[rng.integers(0, n - 1, 5)]  # some repeats and odd ones
-    sessions = np.cumsum(rng.random(n) < 0.03)  # resets in between
+    resets = rng.random(n) < 0.03  # ~/reset in between
     det = TimeJumpDetector(tolerance)
-    got = [det.check(float(t), int(s)) for t, s in zip(stamps, sessions)]
-    want = reference(stamps.tolist(), sessions.tolist(), tolerance)
+    got = run_like_the_worker(det, stamps, resets)
+    want = reference(stamps.tolist(), np.cumsum(resets).tolist(), tolerance)
     assert [g is None for g in got] == [w is None for w in want]
     for g, w in zip(got, want):
         if w is not None:
@@ -53,6 +68,18 @@ def test_the_replay_of_a_bag_reports_its_length_once():
     # a new session (the one the jump started, or a ~/reset) compares afresh: no second report
     assert det.check(10.0, 2) is None and det.check(10.0, 2) is None  # equal stamps are no jump
     assert det.check(9.0, 2) == "time jumped back by 1.000 s"
+
+
+def test_two_jumps_in_a_row_are_two_jumps():
+    """The jump's frame is the first of the session the caller starts: the next frame is compared
+    with it even though the session id changed (a simulation reset twice in a row)."""
+    det = TimeJumpDetector()
+    assert det.check(100.0, 1) is None and det.check(100.3, 1) is None
+    assert det.check(50.0, 1) == "time jumped back by 50.300 s"  # the worker starts session 2
+    assert det.check(20.0, 2) == "time jumped back by 30.000 s"  # the worker starts session 3
+    assert det.check(20.1, 3) is None and det.check(20.2, 3) is None
+    assert det.check(5.0, 4) is None  # session 4 started by a ~/reset: compared afresh
+    assert det.jumps == 2
 
 
 def test_tolerance_and_arguments():

@@ -349,7 +349,7 @@ def _label_boxes_overlap(axis, renderer) -> list[tuple[str, str]]:
             if ba.x0 <= bb.x1 and bb.x0 <= ba.x1 and ba.y0 <= bb.y1 and bb.y0 <= ba.y1]
 
 
-@pytest.mark.parametrize("scale", [1e-3, 3e-3, 1.0, 1e3, 2.5e5])
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 2.5e5])
 def test_plot_tick_labels_never_overlap(tmp_path, scale):
     """The demo's top view spans millimetres in a narrow equal-aspect panel: its x labels
     ("-0.0035-0.0030-0.0025...") ran into each other. Checked on the rendered figure."""

@@ -14,17 +14,20 @@ from __future__ import annotations
 from typing import Optional
 
 TIME_JUMP_COUNTER = "time_jump_sessions"  # the ledger counter of new sessions started by a jump back
+_NEXT_SESSION = object()  # after a jump: whichever session id comes next is the one the jump started
 
 
 class TimeJumpDetector:
     """Takes each frame's stamp and says when it went back in time.
 
     ``check(stamp, session_id)`` returns ``"time jumped back by X s"`` when ``stamp`` is earlier than
-    the previous frame's of the same session by more than ``tolerance_s``, else None. A new
-    ``session_id`` (a reset, a parameter change, the jump's own new session) starts the comparison
-    afresh, so a replay after ``~/reset`` is not reported a second time. Equal stamps are not a
-    jump (a driver that repeats a stamp is a different problem). Not thread-safe: the inference
-    thread is its only user.
+    the previous frame's of the same session by more than ``tolerance_s``, else None. The caller
+    starts a new session on a jump, and the jump's frame is that session's first: the next frame is
+    compared with it whatever the new session's id (a simulation reset twice in a row is two jumps).
+    Any other new ``session_id`` (a reset, a parameter change) starts the comparison afresh, so a
+    replay after ``~/reset`` is not reported a second time. Equal stamps are not a jump (a driver
+    that repeats a stamp is a different problem). Not thread-safe: the inference thread is its only
+    user.
     """
 
     def __init__(self, tolerance_s: float = 0.0) -> None:
@@ -32,15 +35,17 @@ class TimeJumpDetector:
             raise ValueError(f"tolerance_s must be >= 0 (got {tolerance_s})")
         self.tolerance_s = float(tolerance_s)
         self._last: Optional[float] = None
-        self._session: Optional[int] = None
+        self._session: object = None  # the id of the last frame's session, or _NEXT_SESSION
         self.jumps = 0
 
     def check(self, stamp_s: float, session_id: int) -> Optional[str]:
-        previous, same_session = self._last, session_id == self._session
+        previous = self._last
+        same_session = self._session is _NEXT_SESSION or session_id == self._session
         self._last, self._session = float(stamp_s), session_id
         if previous is None or not same_session or stamp_s >= previous - self.tolerance_s:
             return None
         self.jumps += 1
+        self._session = _NEXT_SESSION  # the session the caller starts now: this frame is its first
         return f"time jumped back by {previous - stamp_s:.3f} s"
 
 
