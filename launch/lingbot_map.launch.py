@@ -5,6 +5,8 @@
         image_transport:=compressed checkpoint:=/models/lingbot-map.pt namespace:=robot1 log_level:=debug
     # then: ros2 lifecycle set /lingbot_map configure
     ros2 launch lingbot_map_ros lingbot_map.launch.py autostart:=false
+    # with ros2 bag play --clock, or a simulator
+    ros2 launch lingbot_map_ros lingbot_map.launch.py use_sim_time:=true
     # + RViz with config/lingbot_map.rviz
     ros2 launch lingbot_map_ros lingbot_map.launch.py rviz:=true
     # + /diagnostics_agg for rqt_robot_monitor
@@ -83,6 +85,9 @@ def _node(context):
     transport = LaunchConfiguration("image_transport").perform(context)
     if transport:
         overrides["image_transport"] = transport
+    use_sim_time = LaunchConfiguration("use_sim_time").perform(context)
+    if use_sim_time:  # a bag played with --clock, a simulator: the node's clock follows /clock
+        overrides["use_sim_time"] = use_sim_time.lower() in ("true", "1", "yes")
     # the managed node configures and activates itself unless autostart is false
     overrides["autostart"] = LaunchConfiguration("autostart").perform(context).lower() in ("true", "1", "yes")
     parameters = [params_file] + ([overrides] if overrides else [])
@@ -141,6 +146,9 @@ def generate_launch_description():
                               description="true: the managed node configures and activates itself; false: it "
                                           "waits unconfigured for `ros2 lifecycle set` or a lifecycle manager"),
         DeclareLaunchArgument("log_level", default_value="info", description="debug, info, warn, error or fatal"),
+        DeclareLaunchArgument("use_sim_time", default_value="",
+                              description="true: the node's clock follows /clock (ros2 bag play --clock, a "
+                                          "simulator); empty = as in params_file (default false)"),
         DeclareLaunchArgument("rviz", default_value="false",
                               description=f"true: also start rviz2 with <share>/{RVIZ_CONFIG} (TF, path, pose, "
                                           "points, map, depth), where rviz2 is installed"),

@@ -6,10 +6,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from lingbot_map_ros.core.config import model_config
 from lingbot_map_ros.core.model import build_model
+
+pytestmark = pytest.mark.slow  # every test runs the tool in a child process
 
 BENCH = [sys.executable, "-m", "lingbot_map_ros.tools.bench"]
 SMALL = ["--device", "cpu", "--height", "42", "--width", "56", "--scale-frames", "2", "--sliding-window", "3",

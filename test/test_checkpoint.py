@@ -195,6 +195,44 @@ def test_legacy_format_and_bad_files(tmp_path: Path, source) -> None:
         load_state_dict_file(garbage)
 
 
+@pytest.mark.parametrize("content, needle", [
+    (b"hello world, not a checkpoint\n" * 40, "is not a PyTorch or safetensors checkpoint: a text file"),
+    (b"e" * 200, "is not a PyTorch or safetensors checkpoint: a text file"),  # torch: IndexError, pop from empty list
+    (b'{"model": {"weight": [1, 2, 3]}}', "a text file (starts with b'{\"model\": {\"weig'"),  # torch: "unsafe"
+    (b"version https://git-lfs.github.com/spec/v1\noid sha256:0123\nsize 4600000000\n", "Git LFS pointer"),
+    (b"", "is empty (0 bytes)"),
+    (bytes(range(1, 200)), "an unknown binary file"),
+])
+def test_a_file_that_is_no_checkpoint_gets_one_clear_line(tmp_path: Path, content: bytes, needle: str) -> None:
+    """torch.load on such files fails deep in its unpickler (``KeyError: 101``, ``pop from empty
+    list``) or calls them unsafe pickles; the reason must say what the file is, in one line."""
+    path = tmp_path / "model.pt"
+    path.write_bytes(content)
+    for call in (lambda: load_state_dict_file(path), lambda: build_model(TINY, checkpoint=str(path))):
+        with pytest.raises(CheckpointError) as exc:
+            call()
+        text = str(exc.value)
+        assert needle in text and "model.pt" in text, text
+        assert "\n" not in text and "allow_unsafe" not in text and "KeyError" not in text, text
+
+
+def test_format_is_read_from_the_content_not_the_name(tmp_path: Path, source) -> None:
+    sd, x, ref = source
+    misnamed = tmp_path / "weights.pt"  # a safetensors file with a .pt name loads as safetensors
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(misnamed))
+    assert set(load_state_dict_file(misnamed)) == set(sd)
+    pickled = tmp_path / "weights.safetensors"  # a torch.save zip named .safetensors: the fix is said
+    torch.save({"model": sd}, pickled)
+    with pytest.raises(CheckpointError, match=r"named \.safetensors but is not a safetensors file .*zip.*rename"):
+        load_state_dict_file(pickled)
+    truncated = tmp_path / "truncated.pt"
+    torch.save({"model": sd}, truncated)
+    truncated.write_bytes(truncated.read_bytes()[:5000])
+    with pytest.raises(CheckpointError, match=r"\(zip file, corrupt or truncated\?\)") as exc:
+        load_state_dict_file(truncated)
+    assert "\n" not in str(exc.value)
+
+
 def test_dtype_cast_aggregator_only(tmp_path: Path, source) -> None:
     sd, _, _ = source
     path = _save(tmp_path / "m.pt", {k: v.half() for k, v in sd.items()})  # stored fp16

@@ -15,7 +15,7 @@ from rostools import REPO, RosShell, require_ros_tools
 
 require_ros_tools()
 pytest.importorskip("launch_testing")
-pytestmark = pytest.mark.ros
+pytestmark = [pytest.mark.ros, pytest.mark.slow]  # starts nodes or tool processes
 
 LAUNCH_TEST = REPO / "test" / "launch_testing_lingbot_map.py"
 ACTIVE = ("test_1_node_is_active_in_its_namespace", "test_2_frames_give_poses_tf_and_diagnostics",

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "lingbot_map_ros"
 CORE = PACKAGE / "core"
@@ -77,6 +79,7 @@ def test_core_imports_no_ros_statically():
     assert not offenders, "\n".join(offenders)
 
 
+@pytest.mark.slow
 def test_core_imports_no_ros_at_run_time():
     modules = [_module_name(p) for p in sorted(CORE.rglob("*.py"))]
     code = (
@@ -156,6 +159,7 @@ def test_core_is_a_straight_chain():
     assert not cycles, "import cycles in core/:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
+@pytest.mark.slow
 def test_every_import_the_documentation_shows_works() -> None:
     """The README's and docs' Python examples import real modules and names (they once named paths that
     did not exist): each ``from lingbot_map_ros... import ...`` line in them is run."""
@@ -176,6 +180,7 @@ def test_every_import_the_documentation_shows_works() -> None:
         assert run.returncode == 0, f"{line!r} from the documentation fails: {run.stderr.strip().splitlines()[-1:]}"
 
 
+@pytest.mark.slow
 def test_the_readme_core_example_runs() -> None:
     """The "Core without ROS" example, with the tiny preset and random frames in place of the checkpoint
     and the user's frames: it must run and print one line per frame."""

@@ -135,6 +135,7 @@ def env(tmp_path_factory, new_domain_id, package_dir):
         assert "stopped cleanly" in node.output()
 
 
+@pytest.mark.slow
 def test_parameters_from_files_and_command_line(env):
     listener = env["listener"]
     client = AsyncParameterClient(listener.node, NS)
@@ -160,6 +161,7 @@ def test_parameters_from_files_and_command_line(env):
     assert by_name["allow_unsafe_checkpoint"].read_only
 
 
+@pytest.mark.slow
 def test_stream_poses_frames_tf_and_cache(env):
     d, rx = env["driver"], env["listener"].rx
     t_start = time.time()
@@ -224,6 +226,7 @@ def test_stream_poses_frames_tf_and_cache(env):
     env["stamps"] = stamps
 
 
+@pytest.mark.slow
 def test_save_trajectory_matches_published_poses(env):
     lst, rx = env["listener"], env["listener"].rx
     resp = lst.call(Trigger, f"{NS}/save_trajectory", Trigger.Request())
@@ -253,6 +256,7 @@ def _bad_messages():
             ("zero_size", zero, "zero-sized"), ("resolution_changed", resized, "resolution changed")]
 
 
+@pytest.mark.slow
 def test_bad_input_rejected_logged_counted_and_node_keeps_going(env):
     d, lst = env["driver"], env["listener"]
     for kind, msg, text in _bad_messages():
@@ -275,6 +279,7 @@ def test_bad_input_rejected_logged_counted_and_node_keeps_going(env):
     assert inp["frames_rejected"] == "4"
 
 
+@pytest.mark.slow
 def test_runtime_parameter_changes(env):
     d, lst, rx = env["driver"], env["listener"], env["listener"].rx
     client = AsyncParameterClient(lst.node, NS)
@@ -334,6 +339,7 @@ def test_runtime_parameter_changes(env):
     assert "parameters changed" in env["node"].output()
 
 
+@pytest.mark.slow
 def test_reset_starts_new_world_frame(env):
     d, lst, rx = env["driver"], env["listener"], env["listener"].rx
     before = rx.status_log[-1].session_id
@@ -354,6 +360,7 @@ def test_reset_starts_new_world_frame(env):
     assert len(stamps_sec) == 2
 
 
+@pytest.mark.slow
 def test_latest_frame_queue_drops_are_counted(env):
     """A burst faster than inference: newer frames replace queued ones; every frame is accounted for."""
     d, lst = env["driver"], env["listener"]
@@ -375,6 +382,7 @@ def test_latest_frame_queue_drops_are_counted(env):
     assert int(diag_values(diag, "inference")["frames_dropped_queue"]) == len(dropped)
 
 
+@pytest.mark.slow
 def test_stop_policy_warns_then_refuses_and_policy_switch(env):
     """long_run_policy 'stop': WARN in /diagnostics before the limit, REFUSED_POLICY at it, ~/reset
     recovers; switching to 'window' is validated against overlap_frames, then applied."""
@@ -412,3 +420,45 @@ def test_stop_policy_warns_then_refuses_and_policy_switch(env):
     assert rx.stats[e].session_id > rx.stats[b].session_id and rx.stats[e].frames_stored == 2
     diag = d.latest_diag(after=time.time())
     assert diag_values(diag, "kv cache")["long_run_policy"] == "window"
+
+
+# ----------------------------------------------------------------------------------- start-up errors
+
+
+def test_declare_error_names_the_parameter_first():
+    """rclpy's wording puts the name last ("Invalid parameter value (0) for parameter. Reason: ...:
+    scale_frames"); the node's says which parameter, then what is wrong with the value."""
+    from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
+
+    from lingbot_map_ros.ros.parameters import SPECS, declare_error
+
+    rng = np.random.default_rng(7)
+    for name in ("scale_frames", "sliding_window", "diagnostics_period", "points_min_confidence"):
+        spec = SPECS[name]
+        lo, hi = spec.range
+        value = type(spec.default)(hi + rng.integers(1, 100))
+        exc = InvalidParameterValueException(name, value, f"Parameter {name} out of range. Min: {lo}, Max: {hi}, "
+                                             f"value: {value}")
+        assert declare_error(spec, exc) == f"parameter {name}: {value} is out of range [{lo}, {hi}]"
+    spec = SPECS["sliding_window"]
+    wrong = InvalidParameterTypeException(Parameter("sliding_window", value="abc"), "INTEGER")
+    text = declare_error(spec, wrong)
+    assert text.startswith("parameter sliding_window: 'abc' is of type string, expected integer"), text
+    other = InvalidParameterValueException("sliding_window", 3, "read-only")
+    assert declare_error(spec, other) == "parameter sliding_window: invalid value 3: read-only"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arg, expected", [
+    ("scale_frames:=0", "parameter scale_frames: 0 is out of range [1, 256]"),
+    ("sliding_window:=wide", "parameter sliding_window: 'wide' is of type string, expected integer"),
+])
+def test_node_refuses_a_bad_parameter_at_start_in_one_line_naming_it(tmp_path, ros_domain_id, arg, expected):
+    node = NodeProcess(["-p", arg], echo=False, env=dict(os.environ, ROS_DOMAIN_ID=str(ros_domain_id)),
+                       log_path=str(tmp_path / "node.log"))
+    try:
+        assert node.proc.wait(60) == 2, node.output()
+    finally:
+        node.stop()
+    lines = [line for line in node.output().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"[lingbot_map] cannot start: {expected}"), lines

@@ -12,7 +12,7 @@ import pytest
 rclpy = pytest.importorskip("rclpy")
 pytest.importorskip("lingbot_map_ros.msg")
 pytest.importorskip("tf2_msgs.msg")
-pytestmark = pytest.mark.ros
+pytestmark = [pytest.mark.ros, pytest.mark.slow]  # starts nodes or tool processes
 
 from rclpy.context import Context  # noqa: E402
 from rclpy.qos import QoSReliabilityPolicy  # noqa: E402

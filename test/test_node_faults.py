@@ -26,7 +26,7 @@ rclpy = pytest.importorskip("rclpy")
 
 pytest.importorskip("lingbot_map_ros.msg")
 pytest.importorskip("tf2_msgs.msg")
-pytestmark = pytest.mark.ros
+pytestmark = [pytest.mark.ros, pytest.mark.slow]  # starts nodes or tool processes
 
 import torch  # noqa: E402
 from lifecycle_msgs.msg import Transition  # noqa: E402

@@ -22,6 +22,7 @@ def _frames(tmp_path, n: int, h: int, w: int, seed: int):
     return path, frames
 
 
+@pytest.mark.slow
 def test_tiny_offline_matches_the_session_and_writes_every_output(tmp_path):
     path, frames = _frames(tmp_path, 9, 28, 42, seed=3)
     out, tum, js = tmp_path / "r.npz", tmp_path / "t.tum", tmp_path / "r.json"

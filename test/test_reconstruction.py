@@ -231,6 +231,7 @@ def test_voxel_map_queue_reset_and_out_of_range():
     assert vm.configure(2.0, 10) is True and vm.configure(2.0, 20) is False
 
 
+@pytest.mark.slow
 def test_voxel_map_bounded_over_5000_frames():
     """A camera sweeping new space for 5000 frames: the map holds exactly max_points voxels once full
     and its tensors (map + queue) never grow past a fixed byte budget."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import threading
 import time
 
@@ -17,7 +18,7 @@ import pytest
 
 rclpy = pytest.importorskip("rclpy")
 pytest.importorskip("lingbot_map_ros.msg")
-pytestmark = pytest.mark.ros
+pytestmark = [pytest.mark.ros, pytest.mark.slow]  # starts nodes or tool processes
 
 from geometry_msgs.msg import PoseStamped  # noqa: E402
 from rclpy.context import Context  # noqa: E402
@@ -243,3 +244,46 @@ def test_reset_empties_the_map(env):
     assert col.call("reset").success
     assert col.wait(lambda rx: any(m.width == 0 for m in rx["map_points"][before:]), 30), \
         [m.width for m in col.rx["map_points"][before:]]
+
+
+def _set_parameter(col, name: str, value) -> None:
+    from rclpy.parameter import Parameter
+    from rclpy.parameter_client import AsyncParameterClient
+
+    client = AsyncParameterClient(col.node, NS)
+    assert client.wait_for_services(timeout_sec=30), "no parameter services"
+    future = client.set_parameters([Parameter(name, value=value)])
+    deadline = time.monotonic() + 30
+    while not future.done():
+        assert time.monotonic() < deadline, f"set {name}: no answer"
+        time.sleep(0.02)
+    assert all(r.successful for r in future.result().results), future.result()
+
+
+def test_save_map_says_why_an_empty_map_is_not_written(env):
+    """With publish_map off the map is not built: ~/save_map used to answer success with 0 points and
+    overwrite the last good file with an empty one. It fails with the reason and keeps the file; a
+    map kept from before is written, with a note that it is not being updated."""
+    col, path = env["col"], env["map_path"]
+    assert path.is_file()
+    saved = path.read_bytes()
+    _set_parameter(col, "publish_map", False)
+    try:
+        assert col.call("reset").success  # a new session: the map is emptied
+        res = col.call("save_map")
+        assert not res.success, res.message
+        assert res.message.startswith(f"nothing written to {path}: the map is empty because it is built only "
+                                      "while publish_map is true, and it is false"), res.message
+        assert path.read_bytes() == saved
+        _set_parameter(col, "publish_map", True)
+        res = col.call("save_map")  # on, but nothing merged into the new session's map yet
+        assert not res.success and "no frame of this session has been merged" in res.message, res.message
+        send_frames(env, 3, first=20)
+        assert col.wait(lambda rx: rx["map_points"][-1].width > 0, 30)
+        _set_parameter(col, "publish_map", False)
+        res = col.call("save_map")
+        assert res.success and re.fullmatch(rf"wrote \d+ map points to {re.escape(str(path))} \(publish_map is "
+                                            r"false: the map is not being updated\)", res.message), res.message
+        assert read_ply(path)[1].shape[0] > 0
+    finally:
+        _set_parameter(col, "publish_map", True)

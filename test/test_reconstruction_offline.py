@@ -11,6 +11,7 @@ from test_reconstruction import quat_wxyz_to_matrix, read_colmap, read_ply
 from lingbot_map_ros.tools import offline
 
 
+@pytest.mark.slow
 def test_offline_depth_ply_and_colmap(tmp_path):
     n, h, w, stride = 5, 28, 42, 3
     frames = torch.rand(n, 3, h, w, generator=torch.Generator().manual_seed(int(np.random.default_rng().integers(1e6))))

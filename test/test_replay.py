@@ -12,6 +12,7 @@ import os
 
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"  # before anything imports rclpy
 
+import re
 import signal
 import subprocess
 import sys
@@ -75,6 +76,7 @@ def test_bag_topic_choice(tmp_path):
     assert len(list(iter_bag_images(two, "/right"))) == 2
 
 
+@pytest.mark.slow
 def test_offline_bag_gives_one_pose_per_frame(tmp_path):
     st = stamps(12, 100.0)
     bag = write_image_bag(tmp_path / "bag", frames(12), st, storage="sqlite3")
@@ -119,6 +121,24 @@ def test_evaluate_sim3(tmp_path, capsys):
     write_tum(tmp_path / "far.tum", st + 50.0, est)
     assert evaluate.main([str(tmp_path / "far.tum"), str(tmp_path / "gt.tum")]) == 2
     assert "associated" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- status names
+def test_status_summary_names_every_status_of_the_message():
+    """The replay's summary once printed ``node statuses: 3 6`` (codes without names): every code of
+    msg/FrameStatus.msg (read here from the file itself) must come out by its constant's name."""
+    pytest.importorskip("lingbot_map_ros.msg")
+    from lingbot_map_ros.tools.node_client import status_names, status_summary
+
+    msg = (Path(__file__).resolve().parents[1] / "msg" / "FrameStatus.msg").read_text()
+    constants = {int(v): k.lower() for k, v in re.findall(r"^uint8 ([A-Z_]+)=(\d+)", msg, re.M)}
+    assert len(constants) >= 9 and status_names() == constants
+    rng = np.random.default_rng(0)
+    counts = {code: int(rng.integers(1, 50)) for code in constants}
+    assert status_summary(counts) == ", ".join(f"{counts[c]} {constants[c]}" for c in sorted(constants))
+    assert status_summary({0: 3, 6: 2}) == "3 processed, 2 dropped_inactive"
+    assert status_summary({0: 1, 42: 2}) == "1 processed, 2 status 42"  # a code from a newer node
+    assert status_summary({}) == ""
 
 
 # ------------------------------------------------------------------------------- the real node
@@ -233,9 +253,10 @@ def _node_params(tmp_path: Path, **more) -> dict:
             "trajectory_path": str(tmp_path / "traj.tum"), "publish_tf": "false", **more}
 
 
+@pytest.mark.slow
 @pytest.mark.ros
-def test_replay_raw_bags_through_the_node(tmp_path):
-    env = _ros_env(tmp_path, 91)
+def test_replay_raw_bags_through_the_node(tmp_path, ros_domain_id):
+    env = _ros_env(tmp_path, ros_domain_id)
     bags = {
         "mcap": (write_image_bag(tmp_path / "mcap", frames(12, 1), stamps(12, 1000.0), storage="mcap",
                                  topic="/recorded/image"), stamps(12, 1000.0)),
@@ -246,7 +267,7 @@ def test_replay_raw_bags_through_the_node(tmp_path):
     client = None
     try:
         node.wait_ready()
-        client = RosClient(91)
+        client = RosClient(ros_domain_id)
         for name, (bag, st) in bags.items():
             out = replay(env, bag, "--topic-out", "/cam/image_raw")
             assert out.returncode == 0, f"{name}: {out.stdout}\n{out.stderr}\n{node.log()}"
@@ -262,6 +283,8 @@ def test_replay_raw_bags_through_the_node(tmp_path):
         out = replay(env, bags["mcap"][0], "--topic-out", "/cam/image_raw", "--drain", "0.5", rate="1.0")
         assert out.returncode == 0 and "published 12 frames" in out.stdout, out.stdout + out.stderr
         assert time.monotonic() - start > 11 * 0.05 and "processed" in out.stdout
+        summary = [line for line in out.stdout.splitlines() if "node statuses:" in line][-1]
+        assert re.search(r"node statuses: \d+ [a-z_]+(, \d+ [a-z_]+)*$", summary), summary  # names, not codes
     finally:
         if client is not None:
             client.close()
@@ -269,9 +292,10 @@ def test_replay_raw_bags_through_the_node(tmp_path):
     assert node.proc.returncode == 0, node.log()
 
 
+@pytest.mark.slow
 @pytest.mark.ros
-def test_replay_compressed_bag_through_the_node(tmp_path):
-    env = _ros_env(tmp_path, 92)
+def test_replay_compressed_bag_through_the_node(tmp_path, ros_domain_id):
+    env = _ros_env(tmp_path, ros_domain_id)
     st = stamps(12, 3000.0)
     bag = write_image_bag(tmp_path / "bag", frames(12, 3), st, storage="mcap", compressed=True,
                           topic="/cam/image_raw/compressed")
@@ -282,7 +306,7 @@ def test_replay_compressed_bag_through_the_node(tmp_path):
         node.wait_ready()
         out = replay(env, bag)  # publishes on the bag's own topic
         assert out.returncode == 0, f"{out.stdout}\n{out.stderr}\n{node.log()}"
-        client = RosClient(92)
+        client = RosClient(ros_domain_id)
         assert client.trigger("/lingbot_map/save_trajectory").success
         tum_stamps, _, _ = read_tum(tmp_path / "traj.tum")
         assert np.allclose(tum_stamps, st, atol=1e-6)
@@ -294,9 +318,9 @@ def test_replay_compressed_bag_through_the_node(tmp_path):
 
 @pytest.mark.ros
 @pytest.mark.slow
-def test_node_soak_windows(tmp_path):
+def test_node_soak_windows(tmp_path, ros_domain_id):
     """600 frames through the node with ~12-frame windows: all accounted for, alive, memory flat."""
-    env = _ros_env(tmp_path, 93)
+    env = _ros_env(tmp_path, ros_domain_id)
     warm = write_image_bag(tmp_path / "warm", frames(100, 4), stamps(100, 10.0), topic="/cam/image_raw")
     main = write_image_bag(tmp_path / "main", frames(500, 5), stamps(500, 100.0), topic="/cam/image_raw")
     params = _node_params(tmp_path, max_stored_frames=12, overlap_frames=4, long_run_policy="window",
@@ -305,7 +329,7 @@ def test_node_soak_windows(tmp_path):
     client = None
     try:
         node.wait_ready()
-        client = RosClient(93)
+        client = RosClient(ros_domain_id)
         client.watch_stats()
         out = replay(env, warm)
         assert out.returncode == 0, f"{out.stdout}\n{out.stderr}\n{node.log()}"

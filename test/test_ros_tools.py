@@ -10,6 +10,7 @@ environment leaks in, see ``rostools.RosShell``) and is checked on what it print
   get/set/nodes``, ``ros2 interface show``; SIGINT ends it cleanly (exit 0, "stopped cleanly").
 * ``ros2 run lingbot_map_ros lingbot_map_node --ros-args ...``: the same node without launch, and
   with ``autostart:=false`` driven through its lifecycle by hand, a bad checkpoint included.
+* ``use_sim_time:=true`` with a /clock publisher, and camera stamps that jump back in time.
 * The live /diagnostics status names go through config/diagnostic_aggregator.yaml's analyzer
   (GenericAnalyzer's documented matching, ``diagnostic_analyzers.py``).
 
@@ -21,26 +22,27 @@ installed by scripts/setup_env.sh).
 from __future__ import annotations
 
 import re
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import yaml
-from rostools import REPO, VENV, FrameStreamer, RosShell, require_ros_tools, tiny_params, wait_until
+from rostools import CLI_FLAGS, REPO, VENV, FrameStreamer, RosShell, require_ros_tools, tiny_params, wait_until
 
 require_ros_tools()
 pytest.importorskip("rclpy")
 pytest.importorskip("lingbot_map_ros.msg")
-pytestmark = pytest.mark.ros
+pytestmark = [pytest.mark.ros, pytest.mark.slow]  # starts nodes or tool processes
 
 from diagnostic_analyzers import load_analyzers, route  # noqa: E402
 
 NODE = "/lingbot_map"
 LAUNCH_TOPIC = "/cam/image"
 RUN_TOPIC = "/run/cam/image"
-FLAGS = "--no-daemon --spin-time 2"  # test-only: see the module docstring
-PROCESSED, DROPPED_INACTIVE = 0, 6
+FLAGS = CLI_FLAGS  # test-only: see the module docstring
+PROCESSED, DROPPED_RESET, DROPPED_INACTIVE = 0, 5, 6
 DIAG_NAMES = {"lingbot_map: input", "lingbot_map: inference", "lingbot_map: kv cache", "lingbot_map: backend"}
 
 
@@ -93,8 +95,7 @@ def test_launch_from_venv_finds_the_installed_package(launched):
     assert cmdline[:2] == [str(VENV / "bin" / "python"), str(VENV / "lib" / "lingbot_map_ros" / "lingbot_map_node")] \
         or cmdline[1] == str(VENV / "lib" / "lingbot_map_ros" / "lingbot_map_node"), cmdline
     assert f"image:={LAUNCH_TOPIC}" in cmdline and str(launched.params) in cmdline, cmdline
-    assert wait_until(lambda: NODE in shell.run(f"ros2 node list {FLAGS}", timeout=30).ok().output.split(), 30), \
-        "ros2 node list never showed " + NODE
+    assert shell.wait_for_node(NODE), "ros2 node list never showed " + NODE
 
 
 def test_launch_node_publishes_poses_and_tf(launched):
@@ -183,7 +184,7 @@ def test_service_call_reset(launched):
 
 def test_lifecycle_get_set_deactivate_activate(launched):
     shell, s = launched.shell, launched.streamer
-    assert wait_until(lambda: NODE in shell.run(f"ros2 lifecycle nodes {FLAGS}", timeout=30).ok().output.split(), 30)
+    assert wait_until(lambda: NODE in shell.run(f"ros2 lifecycle nodes {FLAGS}", timeout=30).ok().output.split(), 60)
     assert "active [3]" in shell.ros2(f"ros2 lifecycle get {NODE} {FLAGS}", timeout=30).ok().output
     out = shell.ros2(f"ros2 lifecycle set {NODE} deactivate {FLAGS}", timeout=30).ok().output
     assert "Transitioning successful" in out, out
@@ -276,7 +277,7 @@ def test_ros2_run_from_venv_publishes_and_stops_on_sigint(tmp_path, ros_domain_i
     streamer = None
     try:
         run.wait_for(r"\[lingbot_map\]: ready: active", 150)
-        assert wait_until(lambda: NODE in shell.run(f"ros2 node list {FLAGS}", timeout=30).ok().output.split(), 30)
+        assert shell.wait_for_node(NODE), run.output()[-3000:]
         streamer = _stream_until_poses(shell, run, 3)
         with streamer.listener.lock:
             assert {p.header.frame_id for p in streamer.rx.poses.values()} == {"run_world"}
@@ -301,8 +302,7 @@ def test_ros2_run_autostart_false_lifecycle_by_hand_with_a_bad_checkpoint(tmp_pa
         return shell.ros2(f"ros2 lifecycle {verb} {FLAGS}", timeout=30).ok().output
 
     try:
-        assert wait_until(lambda: NODE in shell.ros2(f"ros2 node list {FLAGS}", timeout=30).output.split(), 90), \
-            run.output()[-3000:]
+        assert shell.wait_for_node(NODE, 90), run.output()[-3000:]
         assert "unconfigured [1]" in lifecycle(f"get {NODE}")
         assert "ready:" not in run.output()
         out = lifecycle(f"set {NODE} configure")
@@ -335,12 +335,110 @@ def test_launch_autostart_false_waits_unconfigured(tmp_path, ros_domain_id):
     launch = shell.start(f"ros2 launch lingbot_map_ros lingbot_map.launch.py autostart:=false params_file:={params}",
                          "ros2_launch_manual")
     try:
-        assert wait_until(lambda: NODE in shell.run(f"ros2 node list {FLAGS}", timeout=30).output.split(), 90), \
-            launch.output()[-3000:]
+        assert shell.wait_for_node(NODE, 90), launch.output()[-3000:]
         assert "unconfigured [1]" in shell.ros2(f"ros2 lifecycle get {NODE} {FLAGS}", timeout=30).ok().output
         assert "configuring" not in launch.output() and "ready:" not in launch.output()
         rc = launch.interrupt(group=False)
         assert rc == 0 and "[lingbot_map] stopped cleanly" in launch.output(), launch.output()[-3000:]
     finally:
+        launch.close()
+        shell.stop_daemon()
+
+
+# ------------------------------------------------------------------------------------ use_sim_time, time jumps
+
+SIM_TOPIC = "/sim/cam/image"
+SIM_START_S = 4242  # the simulator's clock: far from the wall clock (about 1.7e9 s)
+
+
+class SimClock:
+    """Publishes /clock (rosgraph_msgs/Clock) from SIM_START_S on, at 50 Hz, as a simulator does."""
+
+    def __init__(self, node):
+        from rosgraph_msgs.msg import Clock
+
+        self._msg = Clock
+        self._pub = node.create_publisher(Clock, "/clock", 10)
+        self._t0 = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            sim = SIM_START_S + (time.monotonic() - self._t0)
+            msg = self._msg()
+            msg.clock.sec, msg.clock.nanosec = int(sim), int((sim % 1) * 1e9)
+            self._pub.publish(msg)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def test_launch_use_sim_time_and_stamps_that_jump_back(tmp_path, ros_domain_id):
+    """``use_sim_time:=true``: the node's clock follows /clock (its /diagnostics are stamped in sim
+    time). Frames whose stamps go back (a bag played again, the simulation reset) start a new
+    session each with the reason "time jumped back by X s", counted in /diagnostics, and every
+    frame still ends with exactly one final status (a buffered scale frame ends DROPPED_RESET)."""
+    import rclpy
+    from rclpy.context import Context
+
+    from lingbot_map_ros.tools.node_client import BUFFERED_STATUS, Listener, SyntheticCamera, image_message
+
+    shell = RosShell(ros_domain_id, tmp_path)
+    params = tiny_params(tmp_path / "sim_params.yaml", diagnostics_period=0.2)
+    launch = shell.start(f"ros2 launch lingbot_map_ros lingbot_map.launch.py image_topic:={SIM_TOPIC} "
+                         f"use_sim_time:=true params_file:={params}", "ros2_launch_sim")
+    ctx = Context()
+    rclpy.init(context=ctx, domain_id=ros_domain_id)
+    listener = Listener(NODE, SIM_TOPIC, context=ctx, name="sim_time_probe")
+    clock = SimClock(listener.node)
+    try:
+        launch.wait_for(r"\[lingbot_map\]: ready: active", 150)
+        assert listener.wait_connected(30), launch.output()[-3000:]
+        camera = SyntheticCamera(64, 48, seed=5)
+        # seconds: a run, the bag again from an earlier stamp (its first frame is buffered as the
+        # new session's first scale frame), the simulation reset once more, then on from there
+        plan = [100.0, 100.1, 100.2, 100.3, 50.0, 20.0, 20.1, 20.2, 20.3]
+        sent = []
+        for i, t in enumerate(plan):
+            stamp = int(round(t * 1e9))
+            listener.pub.publish(image_message(camera.render(i), stamp, "sim_cam"))
+            sent.append(stamp)
+            assert listener.wait_for(lambda rx, s=stamp: s in rx.status, 60), launch.output()[-3000:]
+        assert listener.wait_for(lambda rx: all(listener.final_status(s) is not None for s in sent), 60)
+
+        def settled(rx) -> bool:
+            for array in reversed(rx.diagnostics):
+                for st in array.status:
+                    if st.name == "lingbot_map: inference":
+                        kv = {v.key: v.value for v in st.values}
+                        return kv.get("frames_pending") == "0" and kv.get("frames_received") == str(len(plan))
+            return False
+
+        assert listener.wait_for(settled, 30), "diagnostics never counted every frame"
+        with listener.lock:
+            statuses = {s: [m.status for m in listener.rx.status[s]] for s in sent}
+            sessions = {s: listener.final_status(s).session_id for s in sent}
+            array = listener.rx.diagnostics[-1]
+        inference = {v.key: v.value for st in array.status if st.name == "lingbot_map: inference" for v in st.values}
+        for stamp, seq in statuses.items():  # at most one BUFFERED, then exactly one final status
+            finals = [s for s in seq if s != BUFFERED_STATUS]
+            assert len(finals) == 1 and seq[-1] == finals[0] and seq.count(BUFFERED_STATUS) <= 1, (stamp, seq)
+        final = [statuses[s][-1] for s in sent]
+        assert final == [PROCESSED] * 4 + [DROPPED_RESET] + [PROCESSED] * 4, final
+        assert sessions[sent[0]] == sessions[sent[3]] < sessions[sent[5]] == sessions[sent[8]], sessions
+        assert inference["time_jump_sessions"] == "2", inference
+        assert inference["last_new_session_reason"] == "time jumped back by 30.000 s", inference
+        launch.wait_for(r"new session \d+: time jumped back by 50\.300 s", 10)
+        # the node's clock is the simulator's: /diagnostics stamped near SIM_START_S, not the wall clock
+        assert SIM_START_S <= array.header.stamp.sec < SIM_START_S + 600, array.header.stamp
+        rc = launch.interrupt(group=False)
+        assert rc == 0 and "[lingbot_map] stopped cleanly" in launch.output(), launch.output()[-3000:]
+    finally:
+        clock.close()
+        listener.close()
+        rclpy.shutdown(context=ctx)
         launch.close()
         shell.stop_daemon()

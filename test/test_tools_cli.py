@@ -76,6 +76,7 @@ def test_stamps_from_names():
     assert stamp_from_name("000123") is None and stamp_from_name("frame_01") is None
 
 
+@pytest.mark.slow
 def test_tum_sequence_offline_then_eval_associates_every_pose(tmp_path):
     """Issue 13 acceptance: a folder named like a TUM RGB-D sequence -> TUM stamps = file-name stamps ->
     evaluation against a ground truth with the same stamps associates every pose."""
@@ -99,6 +100,7 @@ def test_tum_sequence_offline_then_eval_associates_every_pose(tmp_path):
     assert "warning" not in ev.stderr
 
 
+@pytest.mark.slow
 def test_stamps_file_rgb_txt_and_fps_and_jpeg(tmp_path):
     names = [f"frame_{i:03d}" for i in range(4)]
     folder = write_images(tmp_path / "imgs", names, suffix=".jpeg")  # *.jpeg counts
@@ -129,6 +131,7 @@ def test_stamps_file_rgb_txt_and_fps_and_jpeg(tmp_path):
                               str(tmp_path / "d.npz"), *TINY), "2 stamps for 4 images", "--stamps")
 
 
+@pytest.mark.slow
 def test_video_stamps_are_the_container_timestamps(tmp_path):
     import cv2
 
@@ -144,6 +147,7 @@ def test_video_stamps_are_the_container_timestamps(tmp_path):
     np.testing.assert_allclose(read_tum(tum)[0], [i / 8 for i in range(5)], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_eval_warns_on_duplicate_and_backward_stamps_and_takes_a_tolerance(tmp_path):
     poses = gt_trajectory(8)
     st = np.arange(8) * 0.1
@@ -178,12 +182,18 @@ def test_eval_warns_about_a_recording_played_twice(tmp_path):
 # ----------------------------------------------------------------------------------- errors
 
 
+@pytest.mark.slow
 def test_every_tool_answers_bad_input_in_one_line(tmp_path):
     folder = write_images(tmp_path / "imgs", TUM_STAMPS[:2])
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "1.5.png").write_bytes(b"not a png at all")
     not_video = tmp_path / "clip.mp4"
     not_video.write_bytes(b"\x00" * 100)
+    still = write_images(tmp_path / "still", ["photo"]) / "photo.png"  # FFmpeg reads it as a 1-frame video
+    still_named_mp4 = tmp_path / "photo.mp4"
+    still_named_mp4.write_bytes(still.read_bytes())
+    text_checkpoint = tmp_path / "notes.pt"
+    text_checkpoint.write_text("these are my notes, not weights\n" * 20)
     import torch
 
     class Evil:
@@ -198,6 +208,10 @@ def test_every_tool_answers_bad_input_in_one_line(tmp_path):
         (off + ["--images", str(tmp_path / "broken")] + out, ["1.5.png", "not a readable image"]),
         (off + ["--video", str(tmp_path / "missing.mp4")] + out, ["--video", "no such file"]),
         (off + ["--video", str(not_video)] + out, ["clip.mp4", "cannot decode"]),
+        (off + ["--video", str(still)] + out, ["photo.png", "a still image (PNG), not a video", "--images"]),
+        (off + ["--video", str(still_named_mp4)] + out, ["photo.mp4", "a still image (PNG)"]),
+        (off + ["--images", str(folder), "--checkpoint", str(text_checkpoint)] + out,
+         ["notes.pt", "not a PyTorch or safetensors checkpoint: a text file"]),
         (off + ["--bag", str(tmp_path / "missing_bag")] + out, ["missing_bag", "no such bag"]),
         (off + ["--bag", str(folder)] + out, ["not a rosbag2 folder"]),
         (off + ["--images", str(folder), "--checkpoint", str(tmp_path / "none.pt")] + out, ["none.pt"]),
@@ -277,6 +291,7 @@ def _drain(master: int, proc: subprocess.Popen, timeout: float = 120) -> str:
     return text
 
 
+@pytest.mark.slow
 def test_progress_on_a_terminal_quiet_in_a_pipe_and_ctrl_c_writes_what_was_done(tmp_path):
     n = 400
     frames = np.random.default_rng(1).random((n, 3, 14, 518), dtype=np.float32)
@@ -339,6 +354,36 @@ def test_plot_has_the_panels_data(tmp_path):
     np.testing.assert_array_equal(drawn["cache"]["special"][1], np.arange(n) + 3)
 
 
+def _label_boxes_overlap(axis, renderer) -> list[tuple[str, str]]:
+    """Pairs of visible tick labels of ``axis`` whose rendered boxes touch or overlap (brute force)."""
+    labels = [t for t in axis.get_ticklabels() if t.get_visible() and t.get_text()]
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in labels]
+    return [(a, b) for i, (a, ba) in enumerate(boxes) for b, bb in boxes[i + 1:]
+            if ba.x0 <= bb.x1 and bb.x0 <= ba.x1 and ba.y0 <= bb.y1 and bb.y0 <= ba.y1]
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 2.5e5])
+def test_plot_tick_labels_never_overlap(tmp_path, scale):
+    """The demo's top view spans millimetres in a narrow equal-aspect panel: its x labels
+    ("-0.0035-0.0030-0.0025...") ran into each other. Checked on the rendered figure."""
+    from lingbot_map_ros.tools.plotting import RunSeries, plot_run
+
+    rng = np.random.default_rng(int(scale * 1000) % 2**32)
+    n = 40
+    walk = np.cumsum(rng.normal(size=(n, 3)), 0)
+    walk[:, 0] *= 4  # wide and flat: the worst case for the x labels of an equal-aspect panel
+    position = -0.0035 + scale * walk / np.abs(walk).max()
+    series = RunSeries(frame=np.arange(n), position=position, latency_ms=rng.uniform(600, 900, n),
+                       cache={"scale": np.full(n, 2), "window": np.minimum(np.arange(n), 8)})
+    drawn = plot_run(tmp_path / "p.png", series)
+    fig = drawn["figure"]
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            assert len([t for t in axis.get_ticklabels() if t.get_text()]) >= 2, ax.get_title()
+            assert _label_boxes_overlap(axis, renderer) == [], (ax.get_title(), scale)
+
+
 # ----------------------------------------------------------------------------------- recordings
 
 
@@ -397,6 +442,7 @@ def test_recordings_read_back_and_depth_refused_with_one_reason(tmp_path, storag
     assert len(reasons) == 1, reasons  # raw and compressed depth: the same reason
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("storage", ["ros1", "sqlite3"])
 def test_offline_takes_both_bag_formats_and_refuses_depth(tmp_path, storage):
     recs = recordings(tmp_path, storage)
@@ -416,6 +462,7 @@ def test_offline_takes_both_bag_formats_and_refuses_depth(tmp_path, storage):
     assert not (tmp_path / "d.npz").exists()
 
 
+@pytest.mark.slow
 def test_test_script_says_loudly_when_nothing_was_collected():
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run(["bash", str(root / "scripts" / "test.sh"), "-k", "zz_no_such_test_typo_zz"], env=ENV,
@@ -424,6 +471,7 @@ def test_test_script_says_loudly_when_nothing_was_collected():
     assert "NO TESTS RAN" in proc.stderr and "NOTHING WAS TESTED" in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_eval_into_a_pipe_that_closes_early_ends_quietly(tmp_path):
     """`lingbot_map_eval est gt | head`: a reader that leaves early; no traceback, exit 0."""
     import subprocess

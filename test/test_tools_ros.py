@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("rclpy")
 pytest.importorskip("lingbot_map_ros.msg")
-pytestmark = pytest.mark.ros
+pytestmark = [pytest.mark.ros, pytest.mark.slow]  # starts nodes or tool processes
 
 from test_replay import NodeProcess, RosClient, _node_params, _ros_env, frames, replay, stamps  # noqa: E402
 
@@ -72,14 +72,55 @@ def test_demo_failure_prints_the_nodes_reason_at_once(tmp_path, ros_domain_id):
     alive); the demo must quote the reason, stop the node, exit 1, not abort and not wait 30 s."""
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"this is not a checkpoint" * 8)
-    proc, seconds = _demo(tmp_path, ros_domain_id, "--checkpoint", str(bad), "--frames", "4", "--quiet-node")
+    # the node's log is echoed: it must hold the one-line reason, and no traceback of the loader
+    proc, seconds = _demo(tmp_path, ros_domain_id, "--checkpoint", str(bad), "--frames", "4")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out  # not 134 (abort), not 0
     failed = [line for line in out.splitlines() if line.startswith("[demo] FAILED")]
     assert len(failed) == 1 and "configure failed" in failed[0] and "bad.pt" in failed[0], out
-    assert "loopback" not in failed[0] and "Traceback" not in out
+    assert "is not a PyTorch or safetensors checkpoint: a text file" in failed[0], failed[0]
+    assert "loopback" not in failed[0] and "Traceback" not in out and "KeyError" not in out, out
+    node_lines = [line for line in out.splitlines() if line.startswith("[node] ")]
+    assert len(node_lines) <= 6, node_lines  # configuring, the error, its echo: no 40-line traceback
     assert seconds < 60, seconds  # it stopped at the node's line, not after a 30 s + 30 s wait
     assert "node exited with code" in out
+
+
+FAKE_NODE_THAT_EXITS = """
+import sys, time
+print("[lingbot_map] cannot start: invalid parameters: device 'cuda' requested but CUDA is not available", flush=True)
+time.sleep(1.5)  # the interpreter's way out (rclpy shutdown, atexit handlers) takes a moment
+sys.exit(2)
+"""
+
+
+def test_a_node_that_says_it_exits_is_not_signalled(tmp_path):
+    """The node prints "cannot start:" and exits 2 by itself; stopping it must not send SIGINT into
+    its way out (that made the exit code 2 once, -2 or an atexit KeyboardInterrupt traceback another
+    time). A fake node that takes 1.5 s to exit makes the race certain without the fix."""
+    from lingbot_map_ros.tools.node_client import NodeProcess as Node
+
+    for _ in range(2):
+        node = Node([], echo=False, command=[sys.executable, "-c", FAKE_NODE_THAT_EXITS])
+        assert not node.wait_ready(30) and node.exits_by_itself, node.output()
+        assert node.stop() == 2, node.output()
+        assert "Traceback" not in node.output() and "KeyboardInterrupt" not in node.output()
+
+
+def test_demo_on_a_device_that_is_not_there_exits_the_same_way_every_time(tmp_path, ros_domain_id):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: --device cuda is valid here")
+    codes = set()
+    for _ in range(2):
+        proc, _ = _demo(tmp_path, ros_domain_id, "--device", "cuda", "--frames", "2")
+        out = proc.stdout + proc.stderr
+        assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+        failed = [line for line in out.splitlines() if line.startswith("[demo] FAILED")]
+        assert len(failed) == 1 and "CUDA is not available" in failed[0], out
+        codes.add((proc.returncode, [line for line in out.splitlines() if "node exited with code" in line][0]))
+    assert codes == {(1, "[demo] node exited with code 2")}, codes
 
 
 def test_demo_writes_its_plot(tmp_path, ros_domain_id):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
+from .files import atomic_write_bytes
 from .geometry import quaternion_xyzw_from_matrix, se3_inverse
 
 PathLike = Union[str, os.PathLike]
@@ -434,27 +434,6 @@ class VoxelMap:
 # ---------------------------------------------------------------------------------------------
 # files
 # ---------------------------------------------------------------------------------------------
-def _atomic_write_bytes(path: PathLike, chunks: Sequence[bytes]) -> None:
-    """Write to a temporary file next to ``path``, fsync, then rename over it: a reader never sees
-    half a file, and a crash leaves the previous file intact."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for c in chunks:
-                f.write(c)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def _to_numpy(a: TensorLike) -> np.ndarray:
     """A host NumPy view or copy of a tensor or array (the file writers take either)."""
     return a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
@@ -484,7 +463,7 @@ def write_ply(path: PathLike, xyz: TensorLike, rgb: Optional[TensorLike] = None,
     lines += [f"element vertex {n}", "property float x", "property float y", "property float z",
               "property uchar red", "property uchar green", "property uchar blue", "property float confidence",
               "end_header"]
-    _atomic_write_bytes(path, ["\n".join(lines).encode("ascii") + b"\n", rec.tobytes()])
+    atomic_write_bytes(path, "\n".join(lines).encode("ascii") + b"\n", rec.tobytes(), parents=True)
     return n
 
 
@@ -542,7 +521,7 @@ def write_colmap_text(
         for i, ((x, y, z), (r, g, b)) in enumerate(zip(p.tolist(), c.tolist()), 1)
     ]
     for name, lines in (("cameras.txt", cams), ("images.txt", imgs), ("points3D.txt", pts)):
-        _atomic_write_bytes(directory / name, ["\n".join(lines).encode("utf-8") + b"\n"])
+        atomic_write_bytes(directory / name, "\n".join(lines).encode("utf-8") + b"\n", parents=True)
 
 
 __all__ = [

@@ -18,6 +18,7 @@ from typing import Iterator, Optional, Sequence, Union
 
 import numpy as np
 
+from .files import atomic_open
 from .geometry import quaternion_to_matrix, quaternion_xyzw_from_matrix, se3
 
 ArrayLike = Union[np.ndarray, Sequence[float], Sequence[Sequence[float]]]
@@ -46,13 +47,14 @@ def write_tum(path: Union[str, os.PathLike], stamps_sec: ArrayLike, c2w_list: Ar
 
     Stamps get 9 decimals (nanoseconds; float64 resolves ~0.2 us at current epoch times); pose values
     17 significant digits so reading back reproduces them exactly. Quaternions are unit with w >= 0.
+    Written atomically (``files.atomic_open``): never half a trajectory under the name.
     """
     stamps = _f64(stamps_sec).reshape(-1)
     poses = _f64(c2w_list)
     if poses.ndim != 3 or poses.shape[1:] not in ((4, 4), (3, 4)) or poses.shape[0] != stamps.shape[0]:
         raise ValueError(f"need N stamps and N poses [N, 4, 4]; got {stamps.shape[0]} stamps, poses {poses.shape}")
     quats = quaternion_xyzw_from_matrix(poses[:, :3, :3])
-    with open(path, "w", encoding="ascii") as f:
+    with atomic_open(path, "w", encoding="ascii") as f:
         f.write("# timestamp tx ty tz qx qy qz qw\n")
         for stamp, pose, q in zip(stamps, poses, quats):
             vals = " ".join(f"{v:.17g}" for v in (*pose[:3, 3], *q))

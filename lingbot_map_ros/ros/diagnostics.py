@@ -31,7 +31,7 @@ ERROR_HOLD_S = 10.0  # the inference status stays ERROR this long after an error
 # throughput limit); in_node_minus_model: callback entry -> all outputs published, minus the model.
 OVERHEAD_PARTS = ("convert", "handoff", "preprocess", "ready_wait", "publish", "session_bookkeeping",
                   "inference_thread_minus_model", "in_node_minus_model")
-REJECT_KINDS = ("unsupported", "data_length", "zero_size", "resolution_changed")
+REJECT_KINDS = ("unsupported", "data_length", "zero_size", "resolution_changed", "preprocessing_failed")
 # The counters of frames that ended without a pose, one per final FrameStatus other than PROCESSED.
 DROP_COUNTERS = ("dropped_queue", "rejected", "refused", "failed", "dropped_reset", "dropped_inactive", "non_finite")
 COUNTER_NAMES = ("received", "processed", *DROP_COUNTERS, "errors", "sessions_started", "parameter_sessions",

@@ -27,6 +27,7 @@ from .input_size import InputSize
 from .outputs import ResultPublisher
 from .parameters import configs_from_values
 from .pipeline import PipelineTimeline
+from .time_jump import TIME_JUMP_COUNTER, TimeJumpDetector
 
 REPLACED_BEFORE_INFERENCE = "replaced by a newer frame before inference"
 # The counter of each cause of a new session (``FrameLedger`` counts them; /diagnostics shows them).
@@ -37,7 +38,7 @@ SESSION_COUNTERS: dict[SessionCause, Optional[str]] = {
     SessionCause.POLICY: "policy_sessions",
     SessionCause.FAILURE: "failure_sessions",
     SessionCause.NON_FINITE: "non_finite_sessions",
-    SessionCause.TIME_JUMP: "time_jump_sessions",
+    SessionCause.TIME_JUMP: TIME_JUMP_COUNTER,
 }
 
 
@@ -123,6 +124,7 @@ class InferenceWorker:
         self._context_ok = context_ok
         self.queue = WorkQueue(ledger)
         self._consecutive_non_finite = 0
+        self._time_jump = TimeJumpDetector()
         self._thread: Optional[threading.Thread] = None
 
     # ------------------------------------------------------------------ thread
@@ -166,6 +168,9 @@ class InferenceWorker:
         manager = self.manager
         frame.taken = time.perf_counter()
         frame.ready_wait_ms = (frame.taken - frame.pre_end) * 1e3
+        jump = self._time_jump.check(stamp_sec(frame.header.stamp), manager.session_id)
+        if jump is not None:  # a bag replayed again, a sim clock reset: a new session, as tf2 listeners do
+            manager.reset(jump, SessionCause.TIME_JUMP)
         try:  # preprocessed for the session current then; the session may be a new one by now
             self._input_size.check(*frame.wh)
         except InputRejected as exc:

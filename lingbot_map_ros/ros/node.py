@@ -56,7 +56,15 @@ from .input_size import InputSize
 from .intake import ImageIntake
 from .outputs import FALLBACK_CAMERA_FRAME, PATH_EVERY_FRAME, PATH_MIN_PERIOD, ResultPublisher
 from .parameter_callbacks import ParameterHandler
-from .parameters import PARAMETER_NAMES, PARAMETERS, ParamSpec, configs_from_values, descriptor, validate_values
+from .parameters import (
+    PARAMETER_NAMES,
+    PARAMETERS,
+    ParamSpec,
+    configs_from_values,
+    declare_error,
+    descriptor,
+    validate_values,
+)
 from .services import NodeServices
 
 # The parameter table, the diagnostics prefix and the output constants live in their own modules;
@@ -76,7 +84,10 @@ class LingBotMapNode(LifecycleNode):
     def __init__(self, node_name: str = NODE_NAME, **kwargs):
         super().__init__(node_name, **kwargs)
         for spec in PARAMETERS:
-            self.declare_parameter(spec.name, spec.default, descriptor(spec))
+            try:
+                self.declare_parameter(spec.name, spec.default, descriptor(spec))
+            except rclpy.exceptions.ParameterException as exc:  # a refused value from the command line or file
+                raise ValueError(declare_error(spec, exc)) from None
         self._values = {p.name: self.get_parameter(p.name).value for p in PARAMETERS}
         problems = validate_values(self._values)
         if problems:
@@ -140,7 +151,7 @@ class LingBotMapNode(LifecycleNode):
         try:
             manager = self._session_manager_cls(runtime, stream, log=self.get_logger().info)
         except Exception as exc:  # noqa: BLE001 - any failure of the model build fails the transition
-            return self._configure_failed(f"cannot build the model: {type(exc).__name__}: {exc}", exc)
+            return self._configure_failed(*build_failure(exc))
         self._manager = manager
         self._configure_error = ""
         if self._outputs.recon is None:
@@ -298,6 +309,19 @@ class LingBotMapNode(LifecycleNode):
             )
             c.dropped_since_diag = c.rejected_since_diag = 0
         self._diag_pub.publish(diagnostic_array(snapshot, self.get_clock().now().to_msg()))
+
+
+def build_failure(exc: BaseException) -> tuple[str, Optional[BaseException]]:
+    """The configure failure's one-line reason, and the exception whose traceback goes to the log.
+
+    A refused checkpoint (``CheckpointError``: not a checkpoint, wrong keys, unsafe pickle) is the
+    user's input, fully explained by its message: no traceback (forty lines of loader frames would
+    bury it). Anything else is unexpected and keeps its type and traceback."""
+    from ..core.model.checkpoint import CheckpointError
+
+    if isinstance(exc, CheckpointError):
+        return f"cannot build the model: {exc}", None
+    return f"cannot build the model: {type(exc).__name__}: {exc}", exc
 
 
 def main(args=None) -> int:

@@ -7,6 +7,8 @@ enforces itself) and the additional constraints (allowed values, when a change a
 """
 from __future__ import annotations
 
+import re
+
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
 
 from ..core.settings import (
@@ -45,5 +47,34 @@ def descriptor(spec: Setting) -> ParameterDescriptor:
     return d
 
 
+_RCLPY_INVALID_VALUE = re.compile(r"Invalid parameter value \((?P<value>.*)\) for parameter\. Reason: (?P<reason>.*)",
+                                  re.S)
+_RCLPY_WRONG_TYPE = re.compile(r"Trying to set parameter '[^']*' to '(?P<value>.*)' of type '(?P<got>\w+)', "
+                               r"expecting type '(?P<want>\w+)'", re.S)
+
+
+def declare_error(spec: Setting, exc: Exception) -> str:
+    """One line, the parameter's name first, for a value ROS refused while declaring ``spec``.
+
+    rclpy words it "Invalid parameter value (0) for parameter. Reason: Parameter scale_frames out of
+    range. Min: 1, Max: 256, value: 0: scale_frames": the name comes last and twice, the range in
+    rclpy's own words. This says "scale_frames: 0 is out of range [1, 256]" instead."""
+    text = str(exc).strip()
+    suffix = f": {spec.name}"
+    if text.endswith(suffix):
+        text = text[: -len(suffix)]
+    wrong_type = _RCLPY_WRONG_TYPE.match(text)
+    if wrong_type:
+        return (f"parameter {spec.name}: {wrong_type['value']!r} is of type {wrong_type['got'].lower()}, "
+                f"expected {wrong_type['want'].lower()} (default {spec.default!r})")
+    invalid = _RCLPY_INVALID_VALUE.match(text)
+    if invalid:
+        if spec.range is not None and "out of range" in invalid["reason"]:
+            lo, hi = spec.range
+            return f"parameter {spec.name}: {invalid['value']} is out of range [{lo}, {hi}]"
+        return f"parameter {spec.name}: invalid value {invalid['value']}: {invalid['reason']}"
+    return f"parameter {spec.name}: {text}"
+
+
 __all__ = ["PARAMETERS", "PARAMETER_NAMES", "RUNTIME_FIELDS", "SPECS", "STREAM_FIELDS", "ParamSpec",
-           "configs_from_values", "descriptor", "validate_values"]
+           "configs_from_values", "declare_error", "descriptor", "validate_values"]

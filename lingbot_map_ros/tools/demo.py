@@ -109,6 +109,41 @@ def _plot_demo(path: str, listener: "Listener", stamps: list[int]) -> dict:
     return drawn
 
 
+class CameraClock:
+    """The demo camera's shutter: the stamp of each frame is the wall time it was taken.
+
+    At ``rate`` > 0 frames are due at ``t0 + i / rate`` (an absolute schedule: no drift from the time
+    spent rendering and publishing), so consecutive stamps are ``1 / rate`` apart as a real camera's
+    would be (a frame taken late is stamped when it is taken, and the schedule moves on from there);
+    at 0 a frame is taken when the node has settled the previous one. Stamps are whole
+    milliseconds (easy to read in the pose lines) and strictly increasing.
+    """
+
+    def __init__(self, rate: float, now_ns=time.time_ns, sleep=time.sleep) -> None:
+        self.period_ns = round(1e9 / rate) if rate > 0 else 0
+        self._now_ns, self._sleep = now_ns, sleep
+        self._t0: int | None = None
+        self._count = 0
+        self._last = -1
+
+    def next_stamp(self) -> int:
+        now = self._now_ns()
+        if self._t0 is None:
+            self._t0 = now
+        stamp = now
+        if self.period_ns:
+            due = self._t0 + self._count * self.period_ns
+            if due > now:
+                self._sleep((due - now) / 1e9)
+                stamp = due
+            elif now - due >= self.period_ns:  # fell behind (a slow render): go on from now, no burst
+                self._t0 = now - self._count * self.period_ns
+        self._count += 1
+        stamp = max(stamp // 10**6 * 10**6, self._last + 10**6)
+        self._last = stamp
+        return stamp
+
+
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -151,12 +186,17 @@ def main(argv=None) -> int:
         counters = {"evicted_max": 0, "diag_warn_cache": 0}
 
         def maybe_print(stamp: int) -> None:
+            # The line is printed under the lock: a caller that finds the stamp taken returns only
+            # once it is on the screen, so the summary can never overtake the last pose line.
             with print_lock:
                 pose = listener.rx.poses.get(stamp) if listener else None
                 st = listener.rx.stats.get(stamp) if listener else None
                 if pose is None or st is None or stamp in pending_print:
                     return
                 pending_print[stamp] = True
+                print_pose(stamp, pose, st)
+
+        def print_pose(stamp: int, pose, st) -> None:
             p, q = pose.pose.position, pose.pose.orientation
             counters["evicted_max"] = max(counters["evicted_max"], st.frames_evicted)
             kind = "scale" if st.is_scale_frame else ("key" if st.is_keyframe else "non-key")
@@ -187,24 +227,26 @@ def main(argv=None) -> int:
               f"{'at %.1f Hz' % args.rate if args.rate > 0 else 'as fast as the node takes them'}", flush=True)
 
         deadline = t_start + args.timeout
-        base_ns = time.time_ns() // 10**6 * 10**6
         stamps = []
         make = compressed_message if args.compressed else image_message
+        clock = CameraClock(args.rate)
         for i in range(args.frames):
-            stamp = base_ns + i * 100_000_000  # a 10 Hz camera clock
+            image = camera.render(i)
+            stamp = clock.next_stamp()  # sleeps until the frame is due at --rate; stamped when taken
             stamps.append(stamp)
-            t_send = time.monotonic()
-            listener.pub.publish(make(camera.render(i), stamp, DEMO_CAMERA_FRAME))
-            if args.rate > 0:
-                time.sleep(max(0.0, 1.0 / args.rate - (time.monotonic() - t_send)))
-            elif not listener.wait_for(lambda rx, s=stamp: s in rx.status, max(1.0, deadline - time.monotonic())):
+            listener.pub.publish(make(image, stamp, DEMO_CAMERA_FRAME))
+            if args.rate <= 0 and not listener.wait_for(lambda rx, s=stamp: s in rx.status,
+                                                        max(1.0, deadline - time.monotonic())):
                 break
             if time.monotonic() > deadline:
                 break
         all_done = listener.wait_for(
             lambda rx: all(listener.final_status(s) is not None for s in stamps), max(1.0, deadline - time.monotonic())
         )
-        listener.wait_for(lambda rx: all(s in rx.stats for s in rx.poses), 3.0)
+        # a processed frame's pose and statistics travel on their own topics: wait for both of every
+        # processed frame, so that its line comes before the summary
+        listener.wait_for(lambda rx: all(s in rx.poses and s in rx.stats for s in stamps
+                                         if (f := listener.final_status(s)) is not None and f.status == 0), 5.0)
         for s in stamps:
             maybe_print(s)
         with listener.lock:

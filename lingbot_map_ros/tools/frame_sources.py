@@ -289,12 +289,31 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(devnull)
 
 
+def still_image_format(path: Path) -> Optional[str]:
+    """The format name (``PNG``, ``JPEG``, ...) when ``path`` holds one still image, else None.
+
+    Why: FFmpeg's image demuxer opens a PNG or JPEG as a video of one frame, so ``--video photo.png``
+    would "succeed" with a trajectory of one pose. Decided by the file's content (Pillow), not its
+    name; an animated image (GIF, APNG: more than one frame) is left to the video decoder."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            return str(im.format) if getattr(im, "n_frames", 1) == 1 else None
+    except (UnidentifiedImageError, OSError, ValueError):
+        return None
+
+
 def open_video(path: str | Path, fps: float = 0.0, preprocessor: Optional[FramePreprocessor] = None) -> FrameSource:
     import cv2
 
     p = Path(path)
     if not p.is_file():
         raise SourceError(f"--video {path}: no such file")
+    still = still_image_format(p)
+    if still:
+        raise SourceError(f"--video {path}: a still image ({still}), not a video; for images use --images "
+                          "with their folder")
     with _quiet_stderr():
         cap = cv2.VideoCapture(str(p))
         try:
@@ -350,4 +369,4 @@ def open_bag(path: str | Path, topic: str = "", preprocessor: Optional[FramePrep
 
 __all__ = ["FrameSource", "IMAGE_SUFFIXES", "SourceError", "bag_frames", "folder_stamps", "image_folder_frames",
            "image_paths", "load_rgb_image", "npy_frames", "open_bag", "open_images", "open_npy", "open_video",
-           "read_stamps_file", "stamp_from_name", "stamp_problems", "video_frames"]
+           "read_stamps_file", "stamp_from_name", "stamp_problems", "still_image_format", "video_frames"]

@@ -73,6 +73,8 @@ def node_command() -> list[str]:
 
 
 FAILURE_MARKERS = ("configure failed:", "cannot start:")  # what the node prints when it cannot serve
+EXIT_MARKER = "cannot start:"  # of those, the one after which the node exits by itself (code 2)
+SELF_EXIT_WAIT_S = 15.0  # how long ``stop`` lets a node that said it exits do so before signalling it
 
 
 def failure_reason(line: str) -> Optional[str]:
@@ -142,8 +144,22 @@ class NodeProcess:
             return f"the node exited with code {self.proc.returncode}" + (": " + " | ".join(tail) if tail else "")
         return "the node did not report ready in time (see its log above)"
 
+    @property
+    def exits_by_itself(self) -> bool:
+        """The node said it cannot start: it is on its way out (exit code 2) and needs no signal."""
+        return self.failure is not None and self.failure.startswith(EXIT_MARKER)
+
     def stop(self, sig: int = 2, timeout: float = 30.0) -> int:
-        """Send SIGINT (default) or SIGTERM and wait; returns the exit code (kills after ``timeout``)."""
+        """Send SIGINT (default) or SIGTERM and wait; returns the exit code (kills after ``timeout``).
+
+        A node that said it cannot start is let exit on its own first: a signal that lands while its
+        interpreter is already shutting down turns its exit code 2 into -2, or into a KeyboardInterrupt
+        traceback from an atexit handler, depending on the moment (a race the caller must not see)."""
+        if self.exits_by_itself:
+            try:
+                self.proc.wait(SELF_EXIT_WAIT_S)
+            except subprocess.TimeoutExpired:
+                pass
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
@@ -286,6 +302,23 @@ class Received:
 
 
 BUFFERED_STATUS = 4  # FrameStatus.BUFFERED: the only status that is not final
+
+
+def status_names() -> dict[int, str]:
+    """FrameStatus code -> the name of its constant in lower case (6 -> ``dropped_inactive``).
+
+    Read from the generated message class, so every status the message defines is named (a
+    hand-written table here once missed three of them and printed bare numbers)."""
+    from lingbot_map_ros.msg import FrameStatus
+
+    return {value: name.lower() for name in dir(FrameStatus)
+            if name.isupper() and isinstance(value := getattr(FrameStatus, name), int)}
+
+
+def status_summary(counts: dict[int, int]) -> str:
+    """``{0: 3, 6: 2}`` -> ``"3 processed, 2 dropped_inactive"`` (codes in order)."""
+    names = status_names()
+    return ", ".join(f"{n} {names.get(code, f'status {code}')}" for code, n in sorted(counts.items()))
 
 
 class Listener:

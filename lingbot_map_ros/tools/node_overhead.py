@@ -30,8 +30,11 @@ import tempfile
 import time
 
 from .cli import OneLineParser
+from .common import add_session_options, check_session_args
 
 TARGET_MS = 5.0
+OVERHEAD_OPTIONS = ("checkpoint", "model_preset", "device", "scale_frames", "sliding_window", "fast_resize")
+OVERHEAD_DEFAULTS = {"model_preset": "tiny", "device": "cpu", "scale_frames": 2, "sliding_window": 8}
 PART_KEYS = ("convert", "handoff", "preprocess", "ready_wait", "publish", "session_bookkeeping",
              "inference_thread_minus_model", "in_node_minus_model")
 
@@ -79,15 +82,13 @@ def main(argv=None) -> int:
     p.add_argument("--height", type=int, default=480, help="image height")
     p.add_argument("--rate", type=float, default=0.0,
                    help="send at this many Hz like a camera (0: one at a time, each after the previous pose)")
-    p.add_argument("--scale-frames", type=int, default=2, help="node parameter scale_frames")
-    p.add_argument("--sliding-window", type=int, default=8, help="node parameter sliding_window")
-    p.add_argument("--device", default="cpu", help="node parameter device")
-    p.add_argument("--model-preset", default="tiny", help="node parameter model_preset")
-    p.add_argument("--checkpoint", default="", help="node parameter checkpoint (empty: random weights)")
-    p.add_argument("--fast-resize", action="store_true", help="node parameter fast_resize (OpenCV, not bit-exact)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
     p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (default: env or derived)")
+    # the node parameters it sets: names, types, ranges and help from the settings table; its own
+    # defaults (a small CPU run) where they differ from the node's
+    add_session_options(p, names=OVERHEAD_OPTIONS, overrides=OVERHEAD_DEFAULTS, with_depth=False)
     args = p.parse_args(argv)
+    check_session_args(p, args)
     if args.frames < args.scale_frames + 1:
         p.error(f"--frames must exceed --scale-frames ({args.scale_frames}): scale frames are not measured")
     if args.rate < 0:
@@ -109,9 +110,9 @@ def main(argv=None) -> int:
 
     tmp = tempfile.mkdtemp(prefix="lingbot_overhead_")
     params = write_params_file(os.path.join(tmp, "params.yaml"), {
-        "model_preset": args.model_preset, "checkpoint": os.path.abspath(args.checkpoint) if args.checkpoint else "",
-        "device": args.device, "scale_frames": args.scale_frames, "sliding_window": args.sliding_window,
-        "qos_reliability": "reliable", "publish_tf": True, "fast_resize": bool(args.fast_resize),
+        **{name: getattr(args, name) for name in OVERHEAD_OPTIONS},
+        "checkpoint": os.path.abspath(args.checkpoint) if args.checkpoint else "",
+        "qos_reliability": "reliable", "publish_tf": True,
     })
     node = NodeProcess(["--params-file", params, "-r", f"image:={DEMO_TOPIC}"], echo=False)
     rclpy.init()
@@ -180,8 +181,9 @@ def _report(args, rows, breakdown: dict, outcomes: dict, rate: float) -> None:
               f"its own thread ({breakdown.get('preprocess_overlapped_frames', '?')} frames preprocessed while the "
               "model ran the previous one)")
     if args.rate > 0:
-        names_by_status = {0: "processed", 1: "dropped (queue)", 2: "rejected", 5: "dropped (reset)"}
-        summary = ", ".join(f"{names_by_status.get(k, f'status {k}')} {v}" for k, v in sorted(outcomes.items()))
+        from .node_client import status_summary
+
+        summary = status_summary(outcomes)
         print(f"sent at {args.rate:g} Hz: {summary}; poses out at {rate:.2f} per second after the scale frames")
     med = statistics.median(cols[2])
     verdict = "meets" if med <= TARGET_MS else "MISSES"

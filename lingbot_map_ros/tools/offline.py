@@ -3,7 +3,7 @@
 Used for replaying recordings and for the parity check against the official implementation
 (full preset, fp32, CPU, small sizes): ``--frames X.npy --out result.npz``.
 
-Reconstruction exports (issue 9): ``--with-depth`` also stores ``depth``/``depth_conf`` ``[S, H, W]``
+Reconstruction exports: ``--with-depth`` also stores ``depth``/``depth_conf`` ``[S, H, W]``
 in the ``.npz``; ``--ply map.ply`` writes the fused voxel map (the node's ``~/map_points`` rules);
 ``--colmap DIR`` writes COLMAP text (cameras, poses, the fused points) plus the model-input frames
 the cameras refer to (``DIR/images``). Both run the depth head. Frames are read one at a time
@@ -22,13 +22,13 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ..core.files import atomic_open
 from ..core.results import FrameResult
 from ..core.trajectory import write_tum
 from .cli import (
     INTERRUPTED_EXIT,
     OneLineParser,
     UsageError,
-    atomic_write,
     distinct_outputs,
     fail,
     output_dir,
@@ -127,7 +127,8 @@ def save_results(results: list[FrameResult], out: str, tum: str = "", with_depth
     pose_enc = np.stack([r.pose_enc for r in results]).astype(np.float32)  # [S, 9]
     out_path = Path(out)
     if out_path.suffix.lower() == ".json":
-        atomic_write(out_path, lambda f: f.write(json.dumps({"pose_enc": pose_enc.tolist()})), binary=False)
+        with atomic_open(out_path, "w") as f:
+            json.dump({"pose_enc": pose_enc.tolist()}, f)
     else:
         extra = {}
         if with_depth and all(r.depth is not None for r in results):
@@ -145,11 +146,10 @@ def save_results(results: list[FrameResult], out: str, tum: str = "", with_depth
             stamp=np.array([float(r.stamp) for r in results]),
             latency_ms=np.array([r.latency_ms for r in results]),
         )
-        atomic_write(out_path, lambda f: np.savez(f, **arrays))  # a file object: no ".npz" appended
+        with atomic_open(out_path, "wb") as f:
+            np.savez(f, **arrays)  # a file object: no ".npz" appended
     if tum:
-        tmp = Path(tum).with_name(f".{Path(tum).name}.tmp")
-        write_tum(tmp, [float(r.stamp) for r in results], [r.c2w for r in results])
-        tmp.replace(tum)
+        write_tum(tum, [float(r.stamp) for r in results], [r.c2w for r in results])  # atomic
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,7 +315,8 @@ class _Reconstruction:
 
             name = f"frame_{index:06d}.png"
             rgb = (frame.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()  # [H, W, 3]
-            Image.fromarray(rgb).save(Path(self.args.colmap) / "images" / name)
+            with atomic_open(Path(self.args.colmap) / "images" / name, "wb") as f:
+                Image.fromarray(rgb).save(f, format="PNG")
             self.names[index] = name
             self.intrinsics[index] = k
 

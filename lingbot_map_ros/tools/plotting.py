@@ -17,6 +17,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from ..core.files import atomic_open
+
 CACHE_SERIES = ("scale", "window", "free", "special")  # page counts drawn in the cache panel
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 
@@ -54,11 +56,45 @@ class RunSeries:
         )
 
 
+def labels_overlap(axis, renderer, min_gap_em: float = 0.5) -> bool:
+    """Whether two visible tick labels of ``axis`` (an x or y axis) come closer than ``min_gap_em``
+    of their font size (touching labels read as one number: ``-0.0035-0.0030``)."""
+    labels = [t for t in axis.get_ticklabels() if t.get_visible() and t.get_text()]
+    if len(labels) < 2:
+        return False
+    half = min_gap_em * labels[0].get_fontsize() * renderer.dpi / 72.0 / 2.0  # pixels on each side
+    boxes = [b.from_extents(b.x0 - half, b.y0 - half, b.x1 + half, b.y1 + half)
+             for b in (t.get_window_extent(renderer) for t in labels)]
+    return any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+
+def _declutter_ticks(fig, ax, max_bins: int = 6) -> None:
+    """Fewer ticks on ``ax`` until no two tick labels overlap.
+
+    Why: the top view keeps an equal aspect ratio in a third of the figure's width, and a trajectory
+    that spans millimetres gets labels like ``-0.0035`` every 0.0005: matplotlib's default locator
+    counts ticks, not how wide their labels are, so they run into each other. Measured on the
+    rendered figure, so it holds for any range and font."""
+    from matplotlib.ticker import MaxNLocator
+
+    renderer = fig.canvas.get_renderer()
+    bins = max_bins
+    while True:
+        fig.canvas.draw()
+        crowded = [a for a in (ax.xaxis, ax.yaxis) if labels_overlap(a, renderer)]
+        if not crowded or bins < 2:
+            return
+        for a in crowded:
+            a.set_major_locator(MaxNLocator(nbins=bins))
+        bins -= 1
+
+
 def plot_run(path: str | Path, series: RunSeries, title: str = "") -> dict:
     """Write the three-panel figure to ``path`` (format from its extension); returns what was drawn:
     ``{"top_view": (x, z), "latency": (frames, ms), "cache": {name: (frames, pages)}, "axes": [titles]}``."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     n = len(series.frame)
     fig = Figure(figsize=(15, 4.6), layout="constrained")
@@ -100,10 +136,17 @@ def plot_run(path: str | Path, series: RunSeries, title: str = "") -> dict:
     ax_cache.legend(loc="best", fontsize=8)
     ax_cache.grid(alpha=0.3)
 
+    for ax in (ax_lat, ax_cache):  # frame numbers and page counts are whole numbers
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax_cache.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax_cache.set_ylim(bottom=0)  # page counts: from zero, so a flat line reads as a count
     if title:
         fig.suptitle(title)
+    _declutter_ticks(fig, ax_top)
     drawn["axes"] = [a.get_title() for a in fig.axes]
-    fig.savefig(str(path), dpi=110)
+    drawn["figure"] = fig
+    with atomic_open(path, "wb") as f:  # never half a figure under the name
+        fig.savefig(f, dpi=110, format=Path(path).suffix.lstrip(".").lower() or "png")
     return drawn
 
 

@@ -90,13 +90,6 @@ class _Replayer:
         self.acked: dict[tuple[int, int], int] = {}  # stamp -> last status code
         self.status_counts: dict[int, int] = {}
         self.node.create_subscription(FrameStatus, status_topic, self._on_status, QoSProfile(depth=100))
-        self._names = {
-            FrameStatus.PROCESSED: "processed",
-            FrameStatus.DROPPED_QUEUE: "dropped (queue)",
-            FrameStatus.REJECTED_INPUT: "rejected",
-            FrameStatus.REFUSED_POLICY: "refused",
-            FrameStatus.BUFFERED: "buffered",
-        }
 
     def _on_status(self, msg) -> None:
         key = (int(msg.header.stamp.sec), int(msg.header.stamp.nanosec))
@@ -120,8 +113,9 @@ class _Replayer:
         return True
 
     def summary(self) -> str:
-        parts = [f"{n} {self._names.get(code, str(code))}" for code, n in sorted(self.status_counts.items())]
-        return ", ".join(parts) or "no status seen"
+        from .node_client import status_summary
+
+        return status_summary(self.status_counts) or "no status seen"
 
     def close(self) -> None:
         self.node.destroy_node()

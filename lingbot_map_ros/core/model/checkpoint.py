@@ -70,12 +70,68 @@ def _torch_load(path: Path, weights_only: bool) -> object:
     return torch.load(path, map_location="cpu", weights_only=weights_only)
 
 
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default (zip) format
+PICKLE_PROTOCOL_2_PLUS = b"\x80"  # torch.save's legacy format: pickles of protocol >= 2
+LFS_POINTER = b"version https://git-lfs"  # a Git LFS pointer checked out instead of the file
+SNIFF_BYTES = 64
+
+
+def _looks_like_safetensors(head: bytes) -> bool:
+    """safetensors: an 8-byte little-endian header length, then the JSON header itself."""
+    return len(head) > 9 and 0 < int.from_bytes(head[:8], "little") < 100_000_000 and head[8:9] == b"{"
+
+
+def sniff_format(path: Path) -> str:
+    """``"zip"``, ``"pickle"`` or ``"safetensors"`` from the first bytes of ``path``, else
+    ``CheckpointError`` saying what the file is instead.
+
+    Why: ``torch.load`` on a file that is no checkpoint at all (a text file, an HTML error page
+    saved as ``.pt``, a Git LFS pointer) fails deep inside its unpickler with a bare ``KeyError: 101``
+    or ``pop from empty list``, or is taken for an unsafe pickle; one look at the magic bytes gives
+    the real reason."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(SNIFF_BYTES)
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {str(path)!r}: {exc.strerror or exc}") from None
+    if not head:
+        raise CheckpointError(f"checkpoint {str(path)!r} is empty (0 bytes): an interrupted download?")
+    if head.startswith(ZIP_MAGIC):
+        return "zip"
+    if _looks_like_safetensors(head):
+        return "safetensors"
+    if head.startswith(PICKLE_PROTOCOL_2_PLUS):
+        return "pickle"
+    if head.startswith(LFS_POINTER):
+        raise CheckpointError(f"checkpoint {str(path)!r} is a Git LFS pointer, not the weights: run "
+                              "`git lfs pull` where it was cloned, or download the file itself")
+    start = head[:16]
+    kind = "a text file" if all(32 <= b < 127 or b in (9, 10, 13) for b in head) else "an unknown binary file"
+    raise CheckpointError(f"checkpoint {str(path)!r} is not a PyTorch or safetensors checkpoint: {kind} "
+                          f"(starts with {start!r}; a checkpoint is a zip archive from torch.save, a pickle, "
+                          "or a .safetensors file)")
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of a loader's error, with its type where the text alone says nothing."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, (RuntimeError, OSError, ValueError)) and len(text) > 12:
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def load_state_dict_file(path: str | Path, allow_unsafe: bool = False) -> dict[str, Tensor]:
-    """Tensors of a ``.pt``/``.pth``/``.safetensors`` checkpoint (``ckpt["model"]`` when present), on the CPU."""
+    """Tensors of a ``.pt``/``.pth``/``.safetensors`` checkpoint (``ckpt["model"]`` when present), on the CPU.
+
+    Every failure is one ``CheckpointError`` line naming the file and the reason."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist or is not a file")
-    if path.suffix == ".safetensors":
+    kind = sniff_format(path)
+    if path.suffix == ".safetensors" or kind == "safetensors":
+        if kind != "safetensors":
+            raise CheckpointError(f"checkpoint {str(path)!r} is named .safetensors but is not a safetensors file "
+                                  f"(it looks like a {kind} file from torch.save: rename it to .pt)")
         try:
             from safetensors.torch import load_file
         except ImportError as exc:  # pragma: no cover - safetensors is a dependency
@@ -83,7 +139,7 @@ def load_state_dict_file(path: str | Path, allow_unsafe: bool = False) -> dict[s
         try:
             obj: object = load_file(str(path), device="cpu")
         except Exception as exc:
-            raise CheckpointError(f"cannot read safetensors checkpoint {str(path)!r}: {exc}") from exc
+            raise CheckpointError(f"cannot read safetensors checkpoint {str(path)!r}: {_reason(exc)}") from exc
     else:
         try:
             obj = _torch_load(path, weights_only=True)
@@ -92,14 +148,15 @@ def load_state_dict_file(path: str | Path, allow_unsafe: bool = False) -> dict[s
                 raise CheckpointError(
                     f"checkpoint {str(path)!r} cannot be loaded safely (weights_only=True): it contains objects "
                     "whose unpickling runs arbitrary code (or it is corrupt). Only if you trust the file, set "
-                    f"allow_unsafe_checkpoint:=true (allow_unsafe=True). Loader said: {str(exc).splitlines()[0]}"
+                    f"allow_unsafe_checkpoint:=true (allow_unsafe=True). Loader said: {_reason(exc)}"
                 ) from exc
             try:
                 obj = _torch_load(path, weights_only=False)
             except Exception as exc2:
-                raise CheckpointError(f"cannot read checkpoint {str(path)!r}: {exc2}") from exc2
+                raise CheckpointError(f"cannot read checkpoint {str(path)!r}: {_reason(exc2)}") from exc2
         except Exception as exc:
-            raise CheckpointError(f"cannot read checkpoint {str(path)!r}: {exc}") from exc
+            raise CheckpointError(f"cannot read checkpoint {str(path)!r} ({kind} file, corrupt or truncated?): "
+                                  f"{_reason(exc)}") from exc
     return _extract_state_dict(obj, str(path))
 
 
