@@ -272,11 +272,13 @@ class BufferingManager(FakeManager):
         self.buffered = len(self.waiting)
         return []
 
-    def reset(self):
+    def reset(self, reason, cause):
         self.session_id += 1
         discarded, self.waiting = self.waiting, []
         self.buffered = 0
-        return discarded
+        self.last_start = SessionStart(self.session_id, cause, reason, tuple(discarded))
+        self.on_new_session(self.last_start)
+        return self.last_start
 
 
 def test_stamps_that_jump_back_start_a_new_session_and_every_frame_ends_once(rig):

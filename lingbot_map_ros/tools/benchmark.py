@@ -185,13 +185,9 @@ def score_sequence(seq, results: dict[int, Any], folder: Path, config: dict, pro
     auc = pose_auc(est[valid], gt[valid])
     folder.mkdir(parents=True, exist_ok=True)
     for name, stamps, poses in (("traj.tum", seq.stamps[order], est), ("gt.tum", seq.stamps[frames], gt[valid])):
-        tmp = folder / f".{name}.tmp"
-        write_tum(tmp, stamps, poses)
-        tmp.replace(folder / name)
-    plot_tmp = folder / ".plot.tmp.png"
-    plot_against_ground_truth(plot_tmp, gt[valid][:, :3, 3], m.aligned_positions, m.ate_errors,
-                              title=f"{protocol.title}: {seq.name} (ATE {m.ate_rmse:.4f})")
-    plot_tmp.replace(folder / "plot.png")
+        write_tum(folder / name, stamps, poses)  # atomic
+    plot_against_ground_truth(folder / "plot.png", gt[valid][:, :3, 3], m.aligned_positions, m.ate_errors,
+                              title=f"{protocol.title}: {seq.name} (ATE {m.ate_rmse:.4f})")  # atomic
     import evo
 
     metrics = {

@@ -182,7 +182,8 @@ def plot_against_ground_truth(path: str | Path, gt_xyz: np.ndarray, est_xyz: np.
     if title:
         fig.suptitle(title)
     drawn["axes"] = [a.get_title() for a in fig.axes]
-    fig.savefig(str(path), dpi=100)
+    with atomic_open(path, "wb") as f:  # never half a figure under the name
+        fig.savefig(f, dpi=100, format=Path(path).suffix.lstrip(".").lower() or "png")
     return drawn
 
 
