@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU run of record (device machine, nvidia-h200): GPU correctness tests, then the benchmark
-# table of issue 4. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
+# benchmark table. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
 #   bash scripts/device_run.sh [final|split|record|perf|quick|full|long]
 # Everything it prints also lands in $OUT (gpu_tests.log, bench.txt, long.txt) and the JIT-compiled
 # FlashInfer kernels are copied to $OUT/*.so so a later call can skip compiling (put each one at
@@ -34,7 +34,7 @@ elif [ "$MODE" = final ]; then
   timeout 80 "${BENCH[@]}" --frames 208 --heads camera --variants auto,flashinfer:fa3+graph+compile 2>&1 | tee "$OUT/bench_final_camera.txt"
   timeout 120 "${BENCH[@]}" --frames 1000 --heads depth+camera --variants auto --report-every 100 2>&1 | tee "$OUT/bench_1000.txt"
 elif [ "$MODE" = split ]; then  # the first measurement of the split kernel (device call 1 of 2026-12-01)
-  # issue 10, the split lever: GPU tests (float64 comparisons incl. the split backend, out-of-memory
+  # the split lever: GPU tests (float64 comparisons incl. the split backend, out-of-memory
   # containment), the attention options per layer, then split vs fa3 end to end in one process
   timeout 300 python3 -m pytest test/test_gpu.py test/test_gpu_faults.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
   timeout 120 python3 scripts/attention_bench.py 2>&1 | tee "$OUT/attention.txt"
@@ -45,7 +45,7 @@ elif [ "$MODE" = split ]; then  # the first measurement of the split kernel (dev
       2>&1 | tee "$OUT/bench_camera.txt"
   timeout 100 "${BENCH[@]}" --frames 1000 --heads depth+camera --variants sdpa:split+graph+compile 2>&1 | tee "$OUT/bench_1000.txt"
 elif [ "$MODE" = perf ] || [ "$MODE" = record ]; then
-  # issue 10: GPU tests, attention options per layer, then the variants per lever (one process, same card)
+  # GPU tests, attention options per layer, then the variants per lever (one process, same card)
   if [ "$MODE" = record ]; then
     timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -30
   fi

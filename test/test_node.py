@@ -1,5 +1,5 @@
 """The real node (console script ``lingbot_map_node`` in a child process) against a separate test node
-over real topics and services on loopback (issue 3's acceptance list).
+over real topics and services on loopback.
 
 One node runs for the whole module (starting one costs a torch import and a model build); the tests
 use it in file order: parameters, a stream, cache statistics and diagnostics, the TUM file, bad input,

@@ -1,4 +1,4 @@
-"""The preprocessing stage (issue 10): frame n+1 is preprocessed while the model runs frame n.
+"""The preprocessing stage: frame n+1 is preprocessed while the model runs frame n.
 
 In-process, with a preprocessor that blocks until the test lets it go:
 

@@ -62,7 +62,7 @@ def test_offline_rejects_bad_settings(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_full_preset_on_cpu_small_frames(tmp_path):
-    """Issue 2 acceptance: the official shapes, fp32 on CPU, 12 frames of 70x56, a 2/3 window, kf 2."""
+    """The official shapes, fp32 on CPU, 12 frames of 70x56, a 2/3 window, kf 2."""
     path, _ = _frames(tmp_path, 12, 56, 70, seed=5)
     out = tmp_path / "full.npz"
     rc = offline.main(["--frames", str(path), "--model-preset", "full", "--device", "cpu", "--dtype", "float32",

@@ -1,4 +1,4 @@
-"""Reconstruction core and message builders against independent references (issue 9).
+"""Reconstruction core and message builders against independent references.
 
 * unprojection vs a float64 NumPy implementation written here from the convention (pixel centres
   at integer coordinates, depth = optical-axis z, X_world = R X_cam + t), on fresh random depth,

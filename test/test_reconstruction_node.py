@@ -1,4 +1,4 @@
-"""The real node with publish_depth/points/map on, seen from a second node (issue 9 acceptance).
+"""The real node with publish_depth/points/map on, seen from a second node.
 
 ``lingbot_map_node`` runs as a child process (tiny preset, CPU, 64x48 frames -> 518x392 model input);
 a separate rclpy node subscribes to every reconstruction topic and checks types, frame ids, stamps,

@@ -1,4 +1,4 @@
-"""``lingbot_map_offline --with-depth --ply --colmap`` (issue 9) on the tiny preset, checked against an
+"""``lingbot_map_offline --with-depth --ply --colmap`` on the tiny preset, checked against an
 independent float64 unprojection of the depth and poses the tool itself saved."""
 from __future__ import annotations
 

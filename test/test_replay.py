@@ -1,4 +1,4 @@
-"""Recordings in, trajectories out (issue 5): rosbag2 I/O, replay through the real node, evaluation.
+"""Recordings in, trajectories out: rosbag2 I/O, replay through the real node, evaluation.
 
 The node tests start the installed ``lingbot_map_node`` console script (tiny preset) as a separate
 process on loopback DDS, replay a bag into it with ``lingbot_map_replay --rate 0`` (paced by the

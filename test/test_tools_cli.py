@@ -1,4 +1,4 @@
-"""The command-line tools a user touches first (issue 13) and real recording formats (issue 12).
+"""The command-line tools a user touches first and real recording formats.
 
 Every tool runs as the user runs it: its console script in a child process. Errors must be one
 line on stderr naming the file, exit 2, no traceback; stamps must survive from file names to the
@@ -78,7 +78,7 @@ def test_stamps_from_names():
 
 @pytest.mark.slow
 def test_tum_sequence_offline_then_eval_associates_every_pose(tmp_path):
-    """Issue 13 acceptance: a folder named like a TUM RGB-D sequence -> TUM stamps = file-name stamps ->
+    """A folder named like a TUM RGB-D sequence -> TUM stamps = file-name stamps ->
     evaluation against a ground truth with the same stamps associates every pose."""
     seq = tmp_path / "rgbd_dataset_freiburg1_xyz"
     rgb = write_images(seq / "rgb", TUM_STAMPS)

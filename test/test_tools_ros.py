@@ -25,7 +25,7 @@ from lingbot_map_ros.tools.bag_io import write_image_bag  # noqa: E402
 
 @pytest.mark.parametrize("transport", ["raw", "compressed"])
 def test_ros1_bags_replay_through_the_node(tmp_path, ros_domain_id, transport):
-    """Issue 12: a ROS 1 .bag (raw bgr8 / JPEG and PNG CompressedImage) replays into the node with
+    """A ROS 1 .bag (raw bgr8 / JPEG and PNG CompressedImage) replays into the node with
     every frame accounted for, and the node's trajectory carries the recorded stamps."""
     env = _ros_env(tmp_path, ros_domain_id)
     if transport == "raw":

@@ -66,7 +66,7 @@ class FrameResult:
     latency_ms: float = 0.0  # model time of this frame (phase 1: joint call / frames)
     depth: Optional[np.ndarray] = None  # [H, W] float32 when the depth head ran
     depth_conf: Optional[np.ndarray] = None  # [H, W] float32
-    window_index: int = 0  # long-run windows chained inside one world frame (issue 5)
+    window_index: int = 0  # long-run windows chained inside one world frame
     frame_extra: dict = field(default_factory=dict)
 
     def non_finite_fields(self) -> list[str]:

@@ -127,7 +127,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("fast_resize", False, "Resize with OpenCV (INTER_AREA/INTER_CUBIC, ~0.5 ms) instead of the "
             "official PIL bicubic (~3 ms at 640x480): faster, NOT bit-compatible with the official pipeline.",
             "next_frame"),
-    # --- reconstruction outputs (issue 9; all from the next frame; the depth head runs when any
+    # --- reconstruction outputs (all from the next frame; the depth head runs when any
     # of publish_depth / publish_points / publish_map is on, see DEPTH_OUTPUTS)
     Setting("publish_points", False, "Publish ~/points (PointCloud2 in world_frame: x y z, rgb, confidence): "
             "the frame's depth unprojected with its pose and intrinsics. Runs the depth head.", "next_frame"),
