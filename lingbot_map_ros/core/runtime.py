@@ -121,9 +121,9 @@ def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> tupl
     return "flashinfer", "auto: CUDA with a half-precision dtype and flashinfer importable"
 
 
-# Set by measurement (docs/benchmarks.md, the split kernel's run of record): the compute capabilities (major) on which ``auto``
-# picks SDPA's split kernel over FlashInfer (measured on an H200 only), and which one-frame SDPA
-# kernel ``auto`` means where cuDNN runs.
+# Set by measurement (docs/benchmarks.md, the split kernel's run of record): the compute capabilities
+# (major) on which ``auto`` picks SDPA's split kernel over FlashInfer (measured on an H200 only), and
+# which one-frame SDPA kernel ``auto`` means where cuDNN runs.
 AUTO_SPLIT_ON_CAPABILITY = (9,)
 AUTO_SDPA_KERNEL = "split"
 
