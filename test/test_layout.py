@@ -10,6 +10,7 @@ boundary as a folder boundary, and no import cycles.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -201,3 +202,15 @@ def test_the_readme_core_example_runs() -> None:
     assert run.returncode == 0, run.stderr[-2000:]
     printed = [line.split()[0] for line in run.stdout.splitlines() if re.match(r"\d+ (True|False) \[", line)]
     assert printed == [str(i) for i in range(10)], run.stdout
+
+
+def test_architecture_doc_names_every_module_and_only_modules_that_exist():
+    """docs/architecture.md is the map of the package: every module is in its tables, and every module
+    path it names exists (a renamed or removed module makes this fail)."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    modules = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+    missing = sorted(m for m in modules if f"`{m}`" not in doc)
+    assert not missing, f"modules missing from docs/architecture.md: {missing}"
+    named = set(re.findall(r"`((?:core|ros|tools)/[\w/]+\.py)`", doc))
+    stale = sorted(n for n in named if n not in modules)
+    assert not stale, f"docs/architecture.md names modules that do not exist: {stale}"
