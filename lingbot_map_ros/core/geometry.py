@@ -512,3 +512,80 @@ __all__ = [
     "window_alignment",
     "write_tum",
 ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Robot frames (REP 103 / REP 105): body, world, odom, and a metric scale on the world
+# ---------------------------------------------------------------------------------------------
+# Notation: ``T_a_b`` is the pose of frame b in frame a (``p_a = T_a_b p_b``), the transform tf2
+# returns for ``lookup_transform(a, b)``. The model's world is the first camera's optical frame.
+def transform_matrix(translation: ArrayLike, rotation_xyzw: ArrayLike) -> np.ndarray:
+    """A TF transform (translation [3], quaternion [4] x y z w of any non-zero norm) -> [4, 4].
+
+    The quaternion is normalised first: tf2 accepts slightly non-unit ones, and the matrix must stay
+    rigid for the inverses below to be exact.
+    """
+    return se3(quaternion_to_matrix(normalize_quaternion(rotation_xyzw)), translation)
+
+
+def scale_pose(pose: ArrayLike, factor: float, offset: ArrayLike = (0.0, 0.0, 0.0)) -> np.ndarray:
+    """Pose [..., 4, 4] of a world whose unit changes by ``x -> factor x + offset``: the rotation stays,
+    the position becomes ``factor t + offset`` (a similarity without rotation, as a metric scale is)."""
+    p = _as_f64(pose)
+    return se3(p[..., :3, :3], float(factor) * p[..., :3, 3] + _as_f64(offset))
+
+
+def body_pose(camera_pose: ArrayLike, base_to_camera: ArrayLike) -> np.ndarray:
+    """``T_w_base = T_w_cam T_base_cam^-1``: the body pose that carries the camera at ``camera_pose``.
+
+    Both translations must be in one unit (metres once a metric scale is applied; the extrinsic's
+    metres are taken as model units otherwise, which keeps ``T_w_base T_base_cam = T_w_cam`` exact).
+    """
+    return _as_f64(camera_pose) @ se3_inverse(base_to_camera)
+
+
+def relative_pose(reference: ArrayLike, pose: ArrayLike) -> np.ndarray:
+    """``reference^-1 pose``: ``pose`` seen from the frame whose pose is ``reference`` (the node's world
+    with ``base_frame`` is the session's first body pose)."""
+    return se3_inverse(reference) @ _as_f64(pose)
+
+
+def odom_correction(body_in_world: ArrayLike, base_in_odom: ArrayLike) -> np.ndarray:
+    """``T_world_odom = T_world_base T_odom_base^-1`` (REP 105's map -> odom): with the robot's own
+    ``odom -> base`` at the same stamp, ``T_world_odom T_odom_base`` is exactly the body estimate."""
+    return _as_f64(body_in_world) @ se3_inverse(base_in_odom)
+
+
+def rotation_vector(rot: ArrayLike) -> np.ndarray:
+    """Rotation [3, 3] -> axis * angle [3] (rad), through the w >= 0 quaternion (stable near 0)."""
+    q = quaternion_xyzw_from_matrix(rot)
+    v = q[:3]
+    s = float(np.linalg.norm(v))
+    if s < 1e-15:
+        return np.zeros(3)
+    return v * (2.0 * math.atan2(s, float(q[3])) / s)
+
+
+def body_twist(previous: ArrayLike, current: ArrayLike, dt: float) -> tuple[np.ndarray, np.ndarray]:
+    """Velocity of a body between two of its world poses ``dt`` seconds apart, in the body frame
+    (nav_msgs/Odometry's twist is in ``child_frame_id``): linear ``R_cur^T (p_cur - p_prev) / dt`` and
+    angular ``log(R_prev^T R_cur) / dt`` (a constant-rate rotation's axis is the same in both frames)."""
+    if not dt > 0.0:
+        raise ValueError(f"dt must be positive (got {dt})")
+    a, b = _as_f64(previous), _as_f64(current)
+    linear = b[:3, :3].T @ (b[:3, 3] - a[:3, 3]) / dt
+    angular = rotation_vector(a[:3, :3].T @ b[:3, :3]) / dt
+    return linear, angular
+
+
+def pose_difference(a: ArrayLike, b: ArrayLike) -> tuple[float, float]:
+    """(distance between the origins, rotation angle in rad) between two poses [4, 4]: how far a
+    transform that should be constant (a robot's extrinsic) moved between two lookups."""
+    pa, pb = _as_f64(a), _as_f64(b)
+    return float(np.linalg.norm(pa[:3, 3] - pb[:3, 3])), float(_rotation_angle(pa[:3, :3].T @ pb[:3, :3]))
+
+
+__all__ += [
+    "body_pose", "body_twist", "odom_correction", "pose_difference", "relative_pose", "rotation_vector",
+    "scale_pose", "transform_matrix",
+]

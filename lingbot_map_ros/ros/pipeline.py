@@ -84,7 +84,7 @@ class PreprocessStage:
 
     def _drop(self, frame: Optional[Frame], reason: str) -> None:
         if frame is not None and self._context_ok():
-            self._ledger.finish(frame.header, FrameStatus.DROPPED_INACTIVE, "dropped_inactive", reason)
+            self._ledger.finish(frame.header, FrameStatus.DROPPED_INACTIVE, reason)
 
     def _loop(self) -> None:
         while True:
@@ -134,7 +134,7 @@ class PreprocessStage:
             if not self._context_ok():
                 raise
             self._ledger.record_error(f"preprocessing failed: {type(exc).__name__}: {exc}", exc)
-            self._ledger.finish(frame.header, FrameStatus.FAILED_INFERENCE, "failed",
+            self._ledger.finish(frame.header, FrameStatus.FAILED_INFERENCE,
                                 f"preprocessing error: {type(exc).__name__}: {exc}")
             return False
         frame.pre_end = time.perf_counter()
