@@ -68,10 +68,12 @@ class ResultPublisher:
         self._warned_no_frame_id = False
 
     def clear(self) -> None:
-        """A new session (new world frame): the path and the trajectory start empty."""
+        """A new session (new world frame): the path and the trajectory start empty, the robot's world
+        and scale start over."""
         with self._lock:
             self._path.clear()
             self._trajectory.clear()
+        self.robot.begin_session()
 
     def trajectory(self) -> tuple[list, Optional[int]]:
         """A copy of the current session's (stamp seconds, c2w) list and that session's id."""
