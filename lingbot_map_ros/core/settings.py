@@ -125,10 +125,11 @@ SETTINGS: tuple[Setting, ...] = (
             "a new session (such values in the KV cache poison every later frame). Such frames are never "
             "published.", "next_frame", range=(1, 10_000)),
     Setting("world_frame", "lingbot_world", "Frame id of the poses: the first camera's optical frame of "
-              "the current session.", "next_frame"),
+              "the current session (with base_frame: its first body pose).", "next_frame"),
     Setting("camera_frame", "", "Child frame id (camera optical frame). Empty: the image header's frame_id.",
               "next_frame"),
-    Setting("publish_tf", True, "Broadcast world_frame -> camera_frame on /tf.", "next_frame"),
+    Setting("publish_tf", True, "Broadcast world_frame -> camera_frame on /tf (with base_frame: -> base_frame, "
+            "with odom_frame: -> odom_frame), unless that frame already has another parent.", "next_frame"),
     Setting("path_max_length", 10000, "Poses kept in ~/path (oldest dropped first).", "next_frame",
               range=(1, 10_000_000)),
     Setting("trajectory_path", "lingbot_trajectory.tum", "File ~/save_trajectory writes (TUM format: "
@@ -150,8 +151,9 @@ SETTINGS: tuple[Setting, ...] = (
             "next_frame", range=(0.0, 1.0e6)),
     Setting("publish_map", False, "Accumulate the session's points in a bounded voxel map and publish it on "
             "~/map_points every map_period s. Runs the depth head.", "next_frame"),
-    Setting("map_voxel_size", 0.01, "Voxel edge of the map in the model's (normalised) units; one fused "
-            "point per voxel. A change empties the map.", "next_frame", range=(1.0e-4, 100.0)),
+    Setting("map_voxel_size", 0.01, "Voxel edge of the map in the world's unit (the model's normalised one; "
+            "metres with a metric scale_source); one fused point per voxel. A change empties the map.", "next_frame",
+            range=(1.0e-4, 100.0)),
     Setting("map_max_points", 500000, "Voxels kept in the map; beyond it the voxels seen longest ago, then "
             "the least confident, are dropped first (memory stays bounded on runs of hours).", "next_frame",
             range=(1000, 50_000_000)),
