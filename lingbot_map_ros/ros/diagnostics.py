@@ -241,6 +241,9 @@ def _tf_status(d: DiagnosticsSnapshot, t: RobotReport) -> DiagnosticStatus:
         ("frames_no_transform", t.no_transform), ("last_missing_link", t.missing_link or "-"),
         ("last_missing_reason", t.missing_reason or "-"), ("tf_jumps", t.tf_jumps),
         ("last_tf_jump", t.last_jump or "-"),
+        # what placing a frame (lookups, scale, frame algebra, depth scaling) costs the inference thread
+        ("tf_scale_median_ms", f"{t.cost_ms[0]:.3f}"), ("tf_scale_p90_ms", f"{t.cost_ms[1]:.3f}"),
+        ("tf_scale_max_ms", f"{t.cost_ms[2]:.3f}"),
     ])
 
 

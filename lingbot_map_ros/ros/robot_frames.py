@@ -23,7 +23,9 @@ is the ``scale`` status. No per-frame log lines.
 """
 from __future__ import annotations
 
+import collections
 import math
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -80,6 +82,7 @@ class RobotReport:
     scale: ScaleStatus
     depth_counts: dict = field(default_factory=dict)  # DepthPairing's counters (scale_source depth)
     depth_problem: str = ""
+    cost_ms: tuple = (math.nan, math.nan, math.nan)  # median, p90, max of place() + the depth scaling per frame
 
 
 class RobotFrames:
@@ -110,6 +113,12 @@ class RobotFrames:
         self._last_jump = ("", -math.inf)
         self._scale_logged: set[str] = set()
         self._estimating_logged = False
+        self._costs: collections.deque = collections.deque(maxlen=200)  # ms on the inference thread per frame
+
+    def record_cost(self, ms: float) -> None:
+        """What placing a frame cost the inference thread (lookups, scale, algebra, depth scaling)."""
+        with self._lock:
+            self._costs.append(ms)
 
     @property
     def wants_depth(self) -> bool:
@@ -122,7 +131,9 @@ class RobotFrames:
         base, odom, world = str(v["base_frame"]), str(v["odom_frame"]), str(v["world_frame"])
         with self._lock:
             if session_id != self._session:
-                self._new_session(session_id)
+                if self._session is not None:  # a session that started without begin_session
+                    self._reset_session()
+                self._session = session_id
             if r.window_index != self._window:
                 self._window = r.window_index
                 self.scale.start_window(r.c2w[:3, 3])
@@ -245,9 +256,15 @@ class RobotFrames:
         return f"{status.samples} keyframe ratios, {status.needed} must agree"
 
     # ------------------------------------------------------------------ events
-    def _new_session(self, session_id: int) -> None:
-        """A new session is a new world (and a new model unit): frames and scale start over."""
-        self._session = session_id
+    def begin_session(self) -> None:
+        """A new session started (inference thread, before its first frame is pushed): a new world and
+        a new model unit, so frames and scale start over now, not at its first result, so that the
+        depth of its first frames is already wanted."""
+        with self._lock:
+            self._reset_session()
+            self._session = None
+
+    def _reset_session(self) -> None:
         self._window = 0
         self._first = self._world = self._previous = None
         self.scale.start_session()
@@ -286,13 +303,16 @@ class RobotFrames:
         v = self._values
         depth_counts, depth_problem = self.depth.report() if self.depth is not None else ({}, "")
         with self._lock:
+            costs = sorted(self._costs)
+            cost = ((statistics.median(costs), costs[min(len(costs) - 1, int(0.9 * len(costs)))], costs[-1])
+                    if costs else (math.nan, math.nan, math.nan))
             return RobotReport(
                 now=time.monotonic(), world_frame=str(v["world_frame"]), base_frame=str(v["base_frame"]),
                 odom_frame=str(v["odom_frame"]), publish_tf=bool(v["publish_tf"]), edge=self._edge,
                 conflicts=dict(self._conflicts), no_transform=self._no_transform, missing_link=self._missing[0],
                 missing_reason=self._missing[1], missing_time=self._missing[2], tf_jumps=self._jumps,
                 last_jump=self._last_jump[0], last_jump_time=self._last_jump[1], scale=self.scale.status(),
-                depth_counts=depth_counts, depth_problem=depth_problem,
+                depth_counts=depth_counts, depth_problem=depth_problem, cost_ms=cost,
             )
 
 
