@@ -266,3 +266,13 @@ def test_odometry_jump_is_left_out_and_zero_travel_never_locks():
     for _ in range(150):
         still.add_positions(np.zeros(3), np.zeros(3), np.zeros(3))
     assert still.map is None and "travelled 0.00 m" in still.status().problem
+
+
+def test_median_helper_matches_numpy():
+    from lingbot_map_ros.core.scale import _median
+
+    rng = np.random.default_rng(9)
+    for n in (1, 2, 3, 10, 11, 1000):
+        a = rng.normal(size=n)
+        assert _median(a) == pytest.approx(float(np.median(a)), rel=0, abs=1e-15)
+    assert math.isnan(_median([]))

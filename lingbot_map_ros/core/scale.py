@@ -60,6 +60,18 @@ LOCKED = "locked"
 RE_ESTIMATING = "re-estimating"  # locked (and applied) while the window after a switch estimates anew
 
 
+def _median(values) -> float:
+    """The median (mean of the two middle values for an even count), by ``np.partition``: np.median
+    imports numpy.ma on its first call (~40 ms), which would land on the inference thread."""
+    a = np.asarray(values, dtype=np.float64).reshape(-1)
+    n = a.size
+    if n == 0:
+        return math.nan
+    k = n // 2
+    part = np.partition(a, [k - 1, k] if n % 2 == 0 else [k])
+    return float(part[k]) if n % 2 else 0.5 * (float(part[k - 1]) + float(part[k]))
+
+
 # ------------------------------------------------------------------------------------------- depth
 def depth_grid_indices(colour_wh: tuple[int, int], depth_wh: tuple[int, int],
                        stride: int = DEPTH_SAMPLE_STRIDE) -> tuple[np.ndarray, np.ndarray]:
@@ -121,7 +133,7 @@ def depth_ratio(sensor_grid: np.ndarray, model_grid: np.ndarray, *, min_valid_fr
     if fraction < min_valid_fraction:
         return DepthSample(None, fraction,
                            f"{100 * fraction:.0f} % valid depth pixels (< {100 * min_valid_fraction:.0f} %)")
-    ratio = float(np.median(s[valid].astype(np.float64) / m[valid]))
+    ratio = float(_median(s[valid].astype(np.float64) / m[valid]))
     return DepthSample(ratio, fraction)
 
 
@@ -252,7 +264,7 @@ class ScaleEstimator:
         n = self.min_samples
         if len(self._ratios) >= n:
             last = np.asarray(list(self._ratios)[-n:])
-            median = float(np.median(last))
+            median = float(_median(last))
             spread = float(np.max(np.abs(last - median)) / median) if median > 0 else math.inf
             if median > 0 and spread <= self.agreement:
                 self._lock(median, spread)
@@ -288,7 +300,7 @@ class ScaleEstimator:
                 return
             value = self._odom_travel / self._model_travel
             steps = np.asarray(self._steps) if self._steps else np.asarray([value])
-            mad = float(np.median(np.abs(steps - np.median(steps))))
+            mad = float(_median(np.abs(steps - _median(steps))))
             self._lock(value, mad / value if value > 0 else math.nan)
 
     def _lock(self, value: float, spread: float) -> None:
@@ -325,7 +337,7 @@ class ScaleEstimator:
         spread = self._spread
         if self._round_open and self.source == "depth" and self._ratios:
             last = np.asarray(list(self._ratios)[-self.min_samples:])
-            spread = float(np.max(np.abs(last - np.median(last))) / np.median(last))
+            spread = float(np.max(np.abs(last - _median(last))) / _median(last))
         return ScaleStatus(
             source=self.source, state=state, value=self._map.factor if self._map is not None else math.nan,
             spread=spread, samples=len(self._ratios) if self.source == "depth" else len(self._steps),

@@ -113,9 +113,12 @@ class FrameTree:
     def lookup(self, target: str, source: str, stamp, timeout: float) -> np.ndarray:
         """``T_target_source`` [4, 4] at ``stamp`` (a ``builtin_interfaces/Time``), waiting up to
         ``timeout`` s for it; ``NoTransform`` naming the link when it does not come."""
+        when = Time.from_msg(stamp)
         try:
-            t = self.buffer.lookup_transform(target, source, Time.from_msg(stamp),
-                                             Duration(seconds=max(0.0, float(timeout))))
+            if self.buffer.can_transform_core(target, source, when)[0]:  # the usual case: no waiting machinery
+                t = self.buffer.lookup_transform_core(target, source, when)
+            else:  # not (yet) there: tf2_ros waits up to the timeout for it
+                t = self.buffer.lookup_transform(target, source, when, Duration(seconds=max(0.0, float(timeout))))
         except TransformException as exc:
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise NoTransform(target, source, f"{reason} (waited {timeout:g} s)") from None

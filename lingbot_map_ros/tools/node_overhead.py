@@ -76,8 +76,9 @@ class _Robot:
         t = self._tf_type()
         t.header.frame_id, t.child_frame_id = parent, child
         t.header.stamp.sec, t.header.stamp.nanosec = divmod(int(stamp), 10**9)
-        t.transform.translation.x, t.transform.translation.y, t.transform.translation.z = xyz
-        t.transform.rotation.x, t.transform.rotation.y, t.transform.rotation.z, t.transform.rotation.w = q
+        t.transform.translation.x, t.transform.translation.y, t.transform.translation.z = (float(v) for v in xyz)
+        r = t.transform.rotation
+        r.x, r.y, r.z, r.w = (float(v) for v in q)  # an int here reaches tf2 as NaN
         return t
 
     def before(self, i: int, stamp: int) -> None:
@@ -89,6 +90,15 @@ class _Robot:
             msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(int(stamp), 10**9)
             msg.header.frame_id = self._camera_frame
             self._depth_pub.publish(msg)
+
+
+def _outcome_in(listener, rx, stamp: int) -> bool:
+    """The frame's outputs are all here: its pose and stats, or its stats and a PROCESSED status that
+    says the pose was withheld (a metric scale still estimating), or another final status."""
+    final = listener.final_status(stamp)
+    if stamp in rx.poses and stamp in rx.stats:
+        return True
+    return final is not None and (final.status != 0 or (bool(final.reason) and stamp in rx.stats))
 
 
 def _send(args, listener, images, image_message, camera_frame, robot=None) -> list[tuple[int, float]]:
@@ -111,7 +121,7 @@ def _send(args, listener, images, image_message, camera_frame, robot=None) -> li
         sent.append((stamp, t_send))
         if not period:  # one at a time: wait for this frame's outcome before the next
             if i >= args.scale_frames - 1:
-                listener.wait_for(lambda rx, s=stamp: s in rx.poses and s in rx.stats,
+                listener.wait_for(lambda rx, s=stamp: _outcome_in(listener, rx, s),
                                   max(1.0, deadline - time.monotonic()))
             else:
                 listener.wait_for(lambda rx, s=stamp: s in rx.status, max(1.0, deadline - time.monotonic()))
@@ -213,7 +223,9 @@ def main(argv=None) -> int:
         rclpy.try_shutdown()
         node.stop()
     if not rows:
-        print("no frames measured", file=sys.stderr)
+        print(f"no frames measured: final statuses {outcomes}; tf/scale: "
+              f"{ {k: robot_cost.get(k) for k in ('state', 'problem', 'published_edge', 'last_missing_reason')} }",
+              file=sys.stderr)
         return 1
     span = max(pose_times) - min(pose_times)
     _report(args, rows, breakdown, outcomes, (len(pose_times) - 1) / span if span > 0 else float("nan"), robot_cost)
