@@ -244,6 +244,8 @@ def _tf_status(d: DiagnosticsSnapshot, t: RobotReport) -> DiagnosticStatus:
         # what placing a frame (lookups, scale, frame algebra, depth scaling) costs the inference thread
         ("tf_scale_median_ms", f"{t.cost_ms[0]:.3f}"), ("tf_scale_p90_ms", f"{t.cost_ms[1]:.3f}"),
         ("tf_scale_max_ms", f"{t.cost_ms[2]:.3f}"),
+        ("tf_scale_cpu_median_ms", f"{t.cost_cpu_ms[0]:.3f}"), ("tf_scale_cpu_p90_ms", f"{t.cost_cpu_ms[1]:.3f}"),
+        ("tf_scale_cpu_max_ms", f"{t.cost_cpu_ms[2]:.3f}"),
     ])
 
 

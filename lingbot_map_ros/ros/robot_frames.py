@@ -83,6 +83,7 @@ class RobotReport:
     depth_counts: dict = field(default_factory=dict)  # DepthPairing's counters (scale_source depth)
     depth_problem: str = ""
     cost_ms: tuple = (math.nan, math.nan, math.nan)  # median, p90, max of place() + the depth scaling per frame
+    cost_cpu_ms: tuple = (math.nan, math.nan, math.nan)  # the same in the inference thread's own CPU time
 
 
 class RobotFrames:
@@ -113,12 +114,13 @@ class RobotFrames:
         self._last_jump = ("", -math.inf)
         self._scale_logged: set[str] = set()
         self._estimating_logged = False
-        self._costs: collections.deque = collections.deque(maxlen=200)  # ms on the inference thread per frame
+        self._costs: collections.deque = collections.deque(maxlen=200)  # (wall, CPU) ms per frame
 
-    def record_cost(self, ms: float) -> None:
-        """What placing a frame cost the inference thread (lookups, scale, algebra, depth scaling)."""
+    def record_cost(self, ms: float, cpu_ms: float) -> None:
+        """What placing a frame cost the inference thread (lookups, scale, algebra, depth scaling):
+        wall time, and the thread's own CPU time."""
         with self._lock:
-            self._costs.append(ms)
+            self._costs.append((ms, cpu_ms))
 
     @property
     def wants_depth(self) -> bool:
@@ -287,7 +289,7 @@ class RobotFrames:
 
     def _check_jump(self, extrinsic: np.ndarray) -> None:
         previous, self._extrinsic = self._extrinsic, extrinsic
-        if previous is None:
+        if previous is None or previous is extrinsic:  # the same (cached static) lookup: nothing moved
             return
         dist, angle = pose_difference(previous, extrinsic)
         if dist > EXTRINSIC_JUMP[0] or angle > EXTRINSIC_JUMP[1]:
@@ -303,17 +305,23 @@ class RobotFrames:
         v = self._values
         depth_counts, depth_problem = self.depth.report() if self.depth is not None else ({}, "")
         with self._lock:
-            costs = sorted(self._costs)
-            cost = ((statistics.median(costs), costs[min(len(costs) - 1, int(0.9 * len(costs)))], costs[-1])
-                    if costs else (math.nan, math.nan, math.nan))
+            cost, cost_cpu = (_summary([c[k] for c in self._costs]) for k in (0, 1))
             return RobotReport(
                 now=time.monotonic(), world_frame=str(v["world_frame"]), base_frame=str(v["base_frame"]),
                 odom_frame=str(v["odom_frame"]), publish_tf=bool(v["publish_tf"]), edge=self._edge,
                 conflicts=dict(self._conflicts), no_transform=self._no_transform, missing_link=self._missing[0],
                 missing_reason=self._missing[1], missing_time=self._missing[2], tf_jumps=self._jumps,
                 last_jump=self._last_jump[0], last_jump_time=self._last_jump[1], scale=self.scale.status(),
-                depth_counts=depth_counts, depth_problem=depth_problem, cost_ms=cost,
+                depth_counts=depth_counts, depth_problem=depth_problem, cost_ms=cost, cost_cpu_ms=cost_cpu,
             )
+
+
+def _summary(values: list) -> tuple[float, float, float]:
+    """(median, p90, max) of ``values``; nan when there are none."""
+    if not values:
+        return math.nan, math.nan, math.nan
+    s = sorted(values)
+    return statistics.median(s), s[min(len(s) - 1, int(0.9 * len(s)))], s[-1]
 
 
 __all__ = ["Placement", "RobotFrames", "RobotReport", "Withheld"]

@@ -70,6 +70,9 @@ class FrameTree:
         self._lock = threading.Lock()
         self._own: set[tuple[str, str]] = set()  # (parent, child) edges this node publishes
         self._parents: dict[str, tuple[str, float, bool]] = {}  # child -> (parent, last seen, static)
+        # lookups whose whole chain is static (a camera mount): (target, source) -> (matrix, chain children);
+        # dropped as soon as any transform for one of those children arrives
+        self._static_lookups: dict[tuple[str, str], tuple[np.ndarray, frozenset]] = {}
         self._listener = _TreeListener(self, node)
         self._broadcaster = TransformBroadcaster(node)
 
@@ -83,6 +86,8 @@ class FrameTree:
                 if (parent, child) in self._own:
                     continue
                 self._parents[child] = (parent, now, static)
+                if self._static_lookups:
+                    self._static_lookups = {k: v for k, v in self._static_lookups.items() if child not in v[1]}
             try:
                 if static:
                     self.buffer.set_transform_static(t, AUTHORITY)
@@ -112,7 +117,12 @@ class FrameTree:
     # ------------------------------------------------------------------ lookups (inference thread)
     def lookup(self, target: str, source: str, stamp, timeout: float) -> np.ndarray:
         """``T_target_source`` [4, 4] at ``stamp`` (a ``builtin_interfaces/Time``), waiting up to
-        ``timeout`` s for it; ``NoTransform`` naming the link when it does not come."""
+        ``timeout`` s for it; ``NoTransform`` naming the link when it does not come. A chain of static
+        transforms only (a camera mount) is looked up once and reused until one of its links changes."""
+        with self._lock:
+            cached = self._static_lookups.get((target, source))
+        if cached is not None:
+            return cached[0]
         when = Time.from_msg(stamp)
         try:
             if self.buffer.can_transform_core(target, source, when)[0]:  # the usual case: no waiting machinery
@@ -123,7 +133,26 @@ class FrameTree:
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise NoTransform(target, source, f"{reason} (waited {timeout:g} s)") from None
         tr, q = t.transform.translation, t.transform.rotation
-        return transform_matrix((tr.x, tr.y, tr.z), (q.x, q.y, q.z, q.w))
+        matrix = transform_matrix((tr.x, tr.y, tr.z), (q.x, q.y, q.z, q.w))
+        chain = self._static_chain(target, source)
+        if chain is not None:
+            matrix.setflags(write=False)  # shared by every later lookup of this pair
+            with self._lock:
+                self._static_lookups[(target, source)] = (matrix, chain)
+        return matrix
+
+    def _static_chain(self, target: str, source: str) -> Optional[frozenset]:
+        """The child frames linking ``source`` up to ``target`` when every link is static, else None
+        (down-and-up chains through a common ancestor are not cached: they are rare for a mount)."""
+        with self._lock:
+            children, frame = [], source
+            while frame != target:
+                entry = self._parents.get(frame)
+                if entry is None or not entry[2] or len(children) > 64:
+                    return None
+                children.append(frame)
+                frame = entry[0]
+        return frozenset(children)
 
     # ------------------------------------------------------------------ out
     def send(self, parent: str, child: str, stamp, matrix: np.ndarray) -> None:

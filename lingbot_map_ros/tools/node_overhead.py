@@ -22,8 +22,9 @@ preprocessing runs on a thread of its own, overlapped with the model).
 ``--robot odometry`` or ``--robot depth`` runs the node as on a robot: this process plays the robot's
 TF (a static ``base_link -> camera_link -> optical`` and ``odom -> base_link`` at each image stamp,
 plus a registered 32FC1 depth image for ``depth``) and the node runs with ``base_frame``,
-``odom_frame`` and that ``scale_source``. The table then has a row for what the TF lookups and the
-scale cost the inference thread per frame (target <= 0.5 ms), as the node measures it.
+``odom_frame`` and that ``scale_source``. The table then has rows for what the TF lookups and the
+scale cost the inference thread per frame (target <= 0.5 ms), as the node measures it: wall time,
+and the thread's own CPU time (the verdict), which other threads and processes do not inflate.
 
 Prints a table (median / p90 / max in ms) and whether the targets (<= 5 ms, <= 0.5 ms) are met.
 """
@@ -244,9 +245,10 @@ def _report(args, rows, breakdown: dict, outcomes: dict, rate: float, robot_cost
     for name, col in zip(names, cols):
         print(f"| {name:48s} | {statistics.median(col):6.2f} | {_pct(col, 0.9):6.2f} | {max(col):6.2f} |")
     if args.robot != "none" and "tf_scale_median_ms" in robot_cost:
-        cost = [float(robot_cost[f"tf_scale_{k}_ms"]) for k in ("median", "p90", "max")]
-        name = f"TF lookups + {args.robot} scale (inference thread)"
-        print(f"| {name:48s} | {cost[0]:6.3f} | {cost[1]:6.3f} | {cost[2]:6.3f} |")
+        for kind, label in (("", "wall"), ("cpu_", "thread CPU")):
+            cost = [float(robot_cost[f"tf_scale_{kind}{k}_ms"]) for k in ("median", "p90", "max")]
+            name = f"TF lookups + {args.robot} scale ({label})"
+            print(f"| {name:48s} | {cost[0]:6.3f} | {cost[1]:6.3f} | {cost[2]:6.3f} |")
     parts = {k: breakdown.get(f"{k}_median_ms") for k in PART_KEYS if f"{k}_median_ms" in breakdown}
     if parts:
         print("node-side medians (ms, /diagnostics): " + ", ".join(f"{k} {v}" for k, v in parts.items()))
@@ -263,8 +265,10 @@ def _report(args, rows, breakdown: dict, outcomes: dict, rate: float, robot_cost
         summary = ", ".join(f"{names_by_status.get(k, f'status {k}')} {v}" for k, v in sorted(outcomes.items()))
         print(f"sent at {args.rate:g} Hz: {summary}; poses out at {rate:.2f} per second after the scale frames")
     if args.robot != "none" and "tf_scale_median_ms" in robot_cost:
-        cost = float(robot_cost["tf_scale_median_ms"])
-        print(f"TF lookups + scale on the inference thread, median {cost:.3f} ms: "
+        cost = float(robot_cost["tf_scale_cpu_median_ms"])
+        print(f"TF lookups + scale on the inference thread, median {cost:.3f} ms of its CPU time "
+              f"({float(robot_cost['tf_scale_median_ms']):.3f} ms wall, which includes waiting for the GIL and "
+              "the cores): "
               f"{'meets' if cost <= ROBOT_TARGET_MS else 'MISSES'} the <= {ROBOT_TARGET_MS} ms target (scale "
               f"{robot_cost.get('state', '?')} at {robot_cost.get('value', '?')}, published edge "
               f"{robot_cost.get('published_edge', '?')})")
