@@ -3,9 +3,11 @@
     ros2 launch lingbot_map_ros lingbot_map.launch.py image_topic:=/camera/color/image_raw
     ros2 launch lingbot_map_ros lingbot_map.launch.py image_topic:=/camera/color/image_raw \
         image_transport:=compressed checkpoint:=/models/lingbot-map.pt namespace:=robot1 log_level:=debug
-    ros2 launch lingbot_map_ros lingbot_map.launch.py autostart:=false   # then: ros2 lifecycle set /lingbot_map configure
+    ros2 launch lingbot_map_ros lingbot_map.launch.py autostart:=false
+        # then: ros2 lifecycle set /lingbot_map configure
     ros2 launch lingbot_map_ros lingbot_map.launch.py rviz:=true   # + RViz with config/lingbot_map.rviz
-    ros2 launch lingbot_map_ros lingbot_map.launch.py diagnostics_aggregator:=true   # + /diagnostics_agg for rqt_robot_monitor
+    ros2 launch lingbot_map_ros lingbot_map.launch.py diagnostics_aggregator:=true
+        # + /diagnostics_agg for rqt_robot_monitor
     ros2 launch lingbot_map_ros lingbot_map.launch.py image_topic:=/camera/camera/color/image_raw \
         depth_topic:=/camera/camera/aligned_depth_to_color/image_raw scale_source:=depth \
         base_frame:=base_link odom_frame:=odom world_frame:=map   # on a robot (docs/robot.md)
