@@ -11,10 +11,16 @@
     ros2 launch lingbot_map_ros lingbot_map.launch.py rviz:=true
     # + /diagnostics_agg for rqt_robot_monitor
     ros2 launch lingbot_map_ros lingbot_map.launch.py diagnostics_aggregator:=true
+    # on a robot (README, "On a robot")
+    ros2 launch lingbot_map_ros lingbot_map.launch.py image_topic:=/camera/camera/color/image_raw \
+        depth_topic:=/camera/camera/aligned_depth_to_color/image_raw scale_source:=depth \
+        base_frame:=base_link odom_frame:=odom world_frame:=map
 
 Arguments left empty leave the value of the parameter file alone (so a checkpoint or transport set
 in your own params_file is not overridden by the launch defaults).
 """
+import os
+
 from launch.actions import DeclareLaunchArgument, LogInfo, OpaqueFunction
 from launch.condition import Condition
 from launch.conditions import IfCondition
@@ -29,6 +35,8 @@ PACKAGE = "lingbot_map_ros"
 EXECUTABLE = "lingbot_map_node"
 NODE_NAME = "lingbot_map"
 PARAMS_FILE = "config/lingbot_map.yaml"  # relative to the package share folder
+# launch arguments that set the node parameter of the same name when given (empty: the params file's)
+ROBOT_ARGUMENTS = ("base_frame", "odom_frame", "scale_source", "world_frame")
 # diagnostics_aggregator:=true starts diagnostic_aggregator's aggregator_node with this analyzer file
 # (rqt_robot_monitor shows its /diagnostics_agg); it is not a dependency, so only where it is installed.
 AGGREGATOR_PACKAGE = "diagnostic_aggregator"
@@ -76,7 +84,9 @@ def aggregator_actions() -> list:
     ]
 
 
-def _node(context):
+def node_settings(context) -> tuple[list, list]:
+    """The node's ``parameters`` (the params file, then what the launch arguments override) and its
+    ``remappings``, from the launch arguments."""
     params_file = LaunchConfiguration("params_file").perform(context)
     overrides = {}
     checkpoint = LaunchConfiguration("checkpoint").perform(context)
@@ -88,9 +98,22 @@ def _node(context):
     use_sim_time = LaunchConfiguration("use_sim_time").perform(context)
     if use_sim_time:  # a bag played with --clock, a simulator: the node's clock follows /clock
         overrides["use_sim_time"] = use_sim_time.lower() in ("true", "1", "yes")
+    for name in ROBOT_ARGUMENTS:  # the robot's frames and the scale source: only when given
+        value = LaunchConfiguration(name).perform(context)
+        if value:
+            overrides[name] = value
     # the managed node configures and activates itself unless autostart is false
     overrides["autostart"] = LaunchConfiguration("autostart").perform(context).lower() in ("true", "1", "yes")
-    parameters = [params_file] + ([overrides] if overrides else [])
+    # The node follows image_transport's naming: remapping `image` also moves `image/compressed`.
+    remappings = [("image", LaunchConfiguration("image_topic").perform(context))]
+    depth_topic = LaunchConfiguration("depth_topic").perform(context)
+    if depth_topic:  # registered depth for scale_source depth (depth/compressed moves with it, as image does)
+        remappings.append(("depth", depth_topic))
+    return [params_file, overrides], remappings
+
+
+def _node(context):
+    parameters, remappings = node_settings(context)
     return [
         Node(
             package=PACKAGE,
@@ -98,8 +121,7 @@ def _node(context):
             name=NODE_NAME,
             namespace=LaunchConfiguration("namespace"),
             parameters=parameters,
-            # The node follows image_transport's naming: remapping `image` also moves `image/compressed`.
-            remappings=[("image", LaunchConfiguration("image_topic"))],
+            remappings=remappings,
             ros_arguments=["--log-level", LaunchConfiguration("log_level")],
             output="screen",
             emulate_tty=True,
@@ -108,11 +130,56 @@ def _node(context):
 
 
 RVIZ_CONFIG = "config/lingbot_map.rviz"  # relative to the package share folder
+RVIZ_FIXED_FRAME = "lingbot_world"  # the Fixed Frame written in RVIZ_CONFIG: the node's default world_frame
+
+
+def parameter_from_file(path: str, name: str):
+    """The value of parameter ``name`` for this node in a ROS 2 parameter file (``/**``, the node's
+    name or a namespaced one), or None."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    for key, section in doc.items():
+        if not isinstance(section, dict) or str(key).split("/")[-1] not in ("**", NODE_NAME):
+            continue
+        params = section.get("ros__parameters") or {}
+        if name in params:
+            return params[name]
+    return None
+
+
+def world_frame(context) -> str:
+    """The node's world_frame: the launch argument, else the parameter file's, else the default."""
+    value = LaunchConfiguration("world_frame").perform(context)
+    if not value:
+        value = parameter_from_file(LaunchConfiguration("params_file").perform(context), "world_frame") or ""
+    return str(value) or RVIZ_FIXED_FRAME
+
+
+def rviz_config_for(world: str, share_config: str) -> str:
+    """RVIZ_CONFIG with its Fixed Frame set to ``world`` (written to a temporary file when it differs),
+    so RViz shows the node's world whatever world_frame is."""
+    import tempfile
+
+    if world == RVIZ_FIXED_FRAME:
+        return share_config
+    with open(share_config) as f:
+        text = f.read()
+    text = text.replace(f"Fixed Frame: {RVIZ_FIXED_FRAME}", f"Fixed Frame: {world}")
+    path = os.path.join(tempfile.mkdtemp(prefix="lingbot_map_rviz_"), os.path.basename(share_config))
+    with open(path, "w") as f:
+        f.write(text)
+    return path
 
 
 def _rviz(context):
-    """rviz2 with the package's display config when ``rviz:=true`` and rviz2 is in the ament index;
-    otherwise (asked for but missing) a log line saying so. RViz is optional: no dependency."""
+    """rviz2 with the package's display config (its Fixed Frame = the node's world_frame) when
+    ``rviz:=true`` and rviz2 is in the ament index; otherwise (asked for but missing) a log line saying
+    so. RViz is optional: no dependency."""
     from ament_index_python.packages import PackageNotFoundError, get_package_share_directory
     from launch.actions import LogInfo
     from launch.conditions import IfCondition
@@ -124,8 +191,9 @@ def _rviz(context):
     except PackageNotFoundError:
         return [LogInfo(msg="rviz:=true, but rviz2 is not installed (install ros-$ROS_DISTRO-rviz2); "
                             f"the node runs without it. Later: rviz2 -d <share>/{RVIZ_CONFIG}")]
-    return [Node(package="rviz2", executable="rviz2", name="rviz2", output="screen",
-                 arguments=["-d", PathJoinSubstitution([FindPackageShare(PACKAGE), *RVIZ_CONFIG.split("/")])])]
+    config = rviz_config_for(world_frame(context),
+                             os.path.join(get_package_share_directory(PACKAGE), *RVIZ_CONFIG.split("/")))
+    return [Node(package="rviz2", executable="rviz2", name="rviz2", output="screen", arguments=["-d", config])]
 
 
 def generate_launch_description():
@@ -149,6 +217,21 @@ def generate_launch_description():
         DeclareLaunchArgument("use_sim_time", default_value="",
                               description="true: the node's clock follows /clock (ros2 bag play --clock, a "
                                           "simulator); empty = as in params_file (default false)"),
+        DeclareLaunchArgument("base_frame", default_value="",
+                              description="robot body frame (e.g. base_link): the node publishes the body pose and "
+                                          "world -> base_frame; empty = as in params_file (default: the camera pose)"),
+        DeclareLaunchArgument("odom_frame", default_value="",
+                              description="with base_frame: the robot's odometry frame (e.g. odom); the node then "
+                                          "publishes world -> odom_frame (REP 105); empty = as in params_file"),
+        DeclareLaunchArgument("scale_source", default_value="",
+                              description="model, depth, odometry or fixed: the unit of the world (metres from a "
+                                          "depth camera or odometry); empty = as in params_file (default model)"),
+        DeclareLaunchArgument("world_frame", default_value="",
+                              description="the node's world frame (e.g. map); empty = as in params_file; RViz's "
+                                          "fixed frame follows it"),
+        DeclareLaunchArgument("depth_topic", default_value="",
+                              description="registered depth image topic for scale_source depth (e.g. "
+                                          "/camera/camera/aligned_depth_to_color/image_raw); empty = `depth`"),
         DeclareLaunchArgument("rviz", default_value="false",
                               description=f"true: also start rviz2 with <share>/{RVIZ_CONFIG} (TF, path, pose, "
                                           "points, map, depth), where rviz2 is installed"),

@@ -36,7 +36,8 @@ WORLD = "launch_test_world"
 CAMERA_FRAME = "launch_test_cam"
 FRAMES = 6
 PROCESSED = 0
-DIAG_NAMES = {"lingbot_map: input", "lingbot_map: inference", "lingbot_map: kv cache", "lingbot_map: backend"}
+DIAG_NAMES = {"lingbot_map: input", "lingbot_map: inference", "lingbot_map: kv cache", "lingbot_map: backend",
+              "lingbot_map: tf", "lingbot_map: scale"}
 
 
 def _aggregator_installed() -> bool:

@@ -4,7 +4,7 @@ diagnostic_aggregator (C++) has no wheel, so ``aggregator_node`` cannot run here
 
 * the file has the shape aggregator_node reads (node ``analyzers``, GenericAnalyzers with list-typed
   matching values, see ``diagnostic_analyzers.py``), and GenericAnalyzer's documented matching takes
-  every status name the node builds (``DIAG_PREFIX`` + the four parts) and nothing of other nodes,
+  every status name the node builds (``DIAG_PREFIX`` + the six parts) and nothing of other nodes,
   showing them as ``/LingBot-Map/<part>``; ``test_ros_tools.py`` does the same on the live names;
 * the launch description, loaded with the real launch library: argument ``diagnostics_aggregator``
   (default false), an ``aggregator_node`` Node of ``diagnostic_aggregator`` with the installed copy
@@ -22,7 +22,7 @@ from diagnostic_analyzers import GENERIC, check_jazzy_types, load_analyzers, rou
 PKG = Path(__file__).resolve().parents[1]
 CONFIG = PKG / "config" / "diagnostic_aggregator.yaml"
 LAUNCH = PKG / "launch" / "lingbot_map.launch.py"
-PARTS = ("input", "inference", "kv cache", "backend")
+PARTS = ("input", "inference", "kv cache", "backend", "tf", "scale")
 
 
 def test_file_has_the_shape_aggregator_node_reads():

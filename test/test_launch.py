@@ -20,7 +20,8 @@ LAUNCH = PKG / "launch" / "lingbot_map.launch.py"
 PARAMS = PKG / "config" / "lingbot_map.yaml"
 SETUP = PKG / "setup.py"
 CMAKE = PKG / "CMakeLists.txt"
-LAUNCH_ARGS = {"image_topic", "image_transport", "params_file", "checkpoint", "namespace", "log_level", "autostart"}
+LAUNCH_ARGS = {"image_topic", "image_transport", "params_file", "checkpoint", "namespace", "log_level", "autostart",
+               "base_frame", "odom_frame", "scale_source", "world_frame", "depth_topic"}
 
 
 def _module_constants(path: Path) -> dict:
@@ -143,3 +144,58 @@ def test_launch_file_imports_where_launch_exists():
 
     names = {a.name for a in description.entities if isinstance(a, DeclareLaunchArgument)}
     assert LAUNCH_ARGS <= names
+
+
+def _launch_module():
+    launch = pytest.importorskip("launch")
+    if not hasattr(launch, "LaunchDescription"):
+        pytest.skip("ROS 2 launch is not installed")
+    pytest.importorskip("launch_ros")
+    spec = importlib.util.spec_from_file_location("lingbot_map_launch_robot", LAUNCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _context(**arguments):
+    from launch import LaunchContext
+
+    mod = _launch_module()
+    context = LaunchContext()
+    for action in mod.generate_launch_description().entities:  # the declared defaults
+        if hasattr(action, "default_value") and action.default_value is not None:
+            context.launch_configurations[action.name] = "".join(s.perform(context) for s in action.default_value)
+    context.launch_configurations.update(arguments)
+    return mod, context
+
+
+def test_robot_launch_arguments_set_the_parameters_and_the_depth_remap(tmp_path):
+    mod, context = _context(params_file=str(PARAMS))
+    parameters, remappings = mod.node_settings(context)
+    assert parameters[0] == str(PARAMS)
+    assert not {"base_frame", "odom_frame", "scale_source", "world_frame"} & set(parameters[1])  # the file's values
+    assert remappings == [("image", "/camera/image_raw")]
+    mod, context = _context(params_file=str(PARAMS), base_frame="base_link", odom_frame="odom",
+                            scale_source="depth", world_frame="map",
+                            depth_topic="/camera/camera/aligned_depth_to_color/image_raw")
+    parameters, remappings = mod.node_settings(context)
+    assert {k: parameters[1][k] for k in ("base_frame", "odom_frame", "scale_source", "world_frame")} == {
+        "base_frame": "base_link", "odom_frame": "odom", "scale_source": "depth", "world_frame": "map"}
+    assert ("depth", "/camera/camera/aligned_depth_to_color/image_raw") in remappings
+
+
+def test_rviz_fixed_frame_follows_world_frame(tmp_path):
+    rviz = PKG / "config" / "lingbot_map.rviz"
+    own = tmp_path / "robot.yaml"
+    own.write_text(yaml.safe_dump({"/**": {"ros__parameters": {"world_frame": "odom_world"}}}))
+    for arguments, want in (({"params_file": str(PARAMS)}, "lingbot_world"),
+                            ({"params_file": str(own)}, "odom_world"),
+                            ({"params_file": str(own), "world_frame": "map"}, "map")):
+        mod, context = _context(**arguments)
+        assert mod.world_frame(context) == want
+        config = Path(mod.rviz_config_for(want, str(rviz)))
+        text = config.read_text()
+        assert f"Fixed Frame: {want}" in text
+        others = yaml.safe_load(text), yaml.safe_load(rviz.read_text())
+        others[1]["Visualization Manager"]["Global Options"]["Fixed Frame"] = want
+        assert others[0] == others[1]  # nothing else changed

@@ -46,6 +46,7 @@ from lingbot_map_ros.core.config import StreamConfig  # noqa: E402
 from lingbot_map_ros.core.preprocess import FramePreprocessor  # noqa: E402
 from lingbot_map_ros.core.results import CacheSnapshot  # noqa: E402
 from lingbot_map_ros.core.session_manager import ManagerView, SessionStart  # noqa: E402
+from lingbot_map_ros.core.settings import defaults  # noqa: E402
 from lingbot_map_ros.msg import FrameStatus  # noqa: E402
 from lingbot_map_ros.ros.diagnostics import REJECT_KINDS  # noqa: E402
 from lingbot_map_ros.ros.frames import Frame, FrameLedger, InputRejected  # noqa: E402
@@ -195,7 +196,8 @@ class FakeManager:
 def test_frame_preprocessed_before_a_reset_is_checked_against_the_new_session(rig):
     node, ledger, input_size = rig["node"], rig["ledger"], rig["input_size"]
     rig["gate"].set()
-    values = {"path_max_length": 10, "trajectory_max_length": 10, "max_non_finite_frames": 3}
+    # the settings table's defaults (ResultPublisher reads the robot settings), with a short path
+    values = dict(defaults(), path_max_length=10, trajectory_max_length=10, max_non_finite_frames=3)
     manager = FakeManager()
     worker = InferenceWorker(node, manager, values, ledger, input_size, ResultPublisher(node, values, ledger),
                              SessionView(), PipelineTimeline(time.perf_counter()),

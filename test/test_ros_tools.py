@@ -43,7 +43,8 @@ LAUNCH_TOPIC = "/cam/image"
 RUN_TOPIC = "/run/cam/image"
 FLAGS = CLI_FLAGS  # test-only: see the module docstring
 PROCESSED, DROPPED_RESET, DROPPED_INACTIVE = 0, 5, 6
-DIAG_NAMES = {"lingbot_map: input", "lingbot_map: inference", "lingbot_map: kv cache", "lingbot_map: backend"}
+DIAG_NAMES = {"lingbot_map: input", "lingbot_map: inference", "lingbot_map: kv cache", "lingbot_map: backend",
+              "lingbot_map: tf", "lingbot_map: scale"}
 
 
 def echo_once(shell: RosShell, topic: str, msg_type: str = "", timeout: float = 40) -> dict:

@@ -331,3 +331,125 @@ __all__ = [
     "umeyama_sim3",
     "window_alignment",
 ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Robot frames (REP 103 / REP 105): body, world, odom, and a metric scale on the world
+# ---------------------------------------------------------------------------------------------
+# Notation: ``T_a_b`` is the pose of frame b in frame a (``p_a = T_a_b p_b``), the transform tf2
+# returns for ``lookup_transform(a, b)``. The model's world is the first camera's optical frame.
+def transform_matrix(translation: ArrayLike, rotation_xyzw: ArrayLike) -> np.ndarray:
+    """A TF transform (translation [3], quaternion [4] x y z w of any non-zero norm) -> [4, 4].
+
+    The quaternion is normalised first: tf2 accepts slightly non-unit ones, and the matrix must stay
+    rigid for the inverses below to be exact. Scalar arithmetic on purpose: this runs for every
+    lookup on the inference thread, where numpy's per-call overhead on 4 numbers costs ~10x more.
+    """
+    tx, ty, tz = (float(v) for v in translation)
+    x, y, z, w = (float(v) for v in rotation_xyzw)
+    n = math.sqrt(x * x + y * y + z * z + w * w)
+    if not (n > 0.0 and math.isfinite(n)):
+        raise ValueError(f"cannot normalise the quaternion {(x, y, z, w)}")
+    x, y, z, w = x / n, y / n, z / n, w / n
+    return np.array([
+        [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w), tx],
+        [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w), ty],
+        [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y), tz],
+        [0.0, 0.0, 0.0, 1.0],
+    ])
+
+
+def _pose(m: ArrayLike) -> np.ndarray:
+    """A [4, 4] float64 array, without a copy when it is one already (these run per frame)."""
+    return m if isinstance(m, np.ndarray) and m.dtype == np.float64 and m.shape == (4, 4) \
+        else np.asarray(m, dtype=np.float64).reshape(4, 4)
+
+
+def _rigid_inverse(m: np.ndarray) -> np.ndarray:
+    """``[R^T | -R^T t]`` of one rigid [4, 4] (``se3_inverse`` without its batch machinery)."""
+    out = np.zeros((4, 4))
+    rt = m[:3, :3].T
+    out[:3, :3] = rt
+    out[:3, 3] = -(rt @ m[:3, 3])
+    out[3, 3] = 1.0
+    return out
+
+
+def scale_pose(pose: ArrayLike, factor: float, offset: ArrayLike = (0.0, 0.0, 0.0)) -> np.ndarray:
+    """Pose [4, 4] of a world whose unit changes by ``x -> factor x + offset``: the rotation stays,
+    the position becomes ``factor t + offset`` (a similarity without rotation, as a metric scale is)."""
+    out = np.array(_pose(pose), dtype=np.float64)
+    out[:3, 3] = float(factor) * out[:3, 3] + np.asarray(offset, dtype=np.float64)
+    return out
+
+
+def body_pose(camera_pose: ArrayLike, base_to_camera: ArrayLike) -> np.ndarray:
+    """``T_w_base = T_w_cam T_base_cam^-1``: the body pose that carries the camera at ``camera_pose``.
+
+    Both translations must be in one unit (metres once a metric scale is applied; the extrinsic's
+    metres are taken as model units otherwise, which keeps ``T_w_base T_base_cam = T_w_cam`` exact).
+    """
+    return _pose(camera_pose) @ _rigid_inverse(_pose(base_to_camera))
+
+
+def relative_pose(reference: ArrayLike, pose: ArrayLike) -> np.ndarray:
+    """``reference^-1 pose``: ``pose`` seen from the frame whose pose is ``reference`` (the node's world
+    with ``base_frame`` is the session's first body pose)."""
+    return _rigid_inverse(_pose(reference)) @ _pose(pose)
+
+
+def odom_correction(body_in_world: ArrayLike, base_in_odom: ArrayLike) -> np.ndarray:
+    """``T_world_odom = T_world_base T_odom_base^-1`` (REP 105's map -> odom): with the robot's own
+    ``odom -> base`` at the same stamp, ``T_world_odom T_odom_base`` is exactly the body estimate."""
+    return _pose(body_in_world) @ _rigid_inverse(_pose(base_in_odom))
+
+
+def rotation_vector(rot: ArrayLike) -> np.ndarray:
+    """Rotation [3, 3] -> axis * angle [3] (rad), through the w >= 0 unit quaternion (stable near 0
+    and near pi: the best-conditioned of the four quaternion formulas; scalar arithmetic, per frame)."""
+    m = np.asarray(rot, dtype=np.float64).tolist()
+    (m00, m01, m02), (m10, m11, m12), (m20, m21, m22) = m
+    tr = m00 + m11 + m22
+    best = max(tr, m00, m11, m22)
+    if best == tr:
+        q = (m21 - m12, m02 - m20, m10 - m01, 1 + tr)
+    elif best == m00:
+        q = (1 + 2 * m00 - tr, m10 + m01, m20 + m02, m21 - m12)
+    elif best == m11:
+        q = (m01 + m10, 1 + 2 * m11 - tr, m21 + m12, m02 - m20)
+    else:
+        q = (m02 + m20, m12 + m21, 1 + 2 * m22 - tr, m10 - m01)
+    x, y, z, w = q
+    if w < 0:
+        x, y, z, w = -x, -y, -z, -w
+    s = math.sqrt(x * x + y * y + z * z)
+    if s < 1e-15 * max(abs(w), 1e-300):
+        return np.zeros(3)
+    k = 2.0 * math.atan2(s, w) / s
+    return np.array([x * k, y * k, z * k])
+
+
+def body_twist(previous: ArrayLike, current: ArrayLike, dt: float) -> tuple[np.ndarray, np.ndarray]:
+    """Velocity of a body between two of its world poses ``dt`` seconds apart, in the body frame
+    (nav_msgs/Odometry's twist is in ``child_frame_id``): linear ``R_cur^T (p_cur - p_prev) / dt`` and
+    angular ``log(R_prev^T R_cur) / dt`` (a constant-rate rotation's axis is the same in both frames)."""
+    if not dt > 0.0:
+        raise ValueError(f"dt must be positive (got {dt})")
+    a, b = _pose(previous), _pose(current)
+    linear = b[:3, :3].T @ (b[:3, 3] - a[:3, 3]) / dt
+    angular = rotation_vector(a[:3, :3].T @ b[:3, :3]) / dt
+    return linear, angular
+
+
+def pose_difference(a: ArrayLike, b: ArrayLike) -> tuple[float, float]:
+    """(distance between the origins, rotation angle in rad) between two poses [4, 4]: how far a
+    transform that should be constant (a robot's extrinsic) moved between two lookups."""
+    pa, pb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    d = pa[:3, 3] - pb[:3, 3]
+    return float(math.sqrt(float(d @ d))), float(np.linalg.norm(rotation_vector(pa[:3, :3].T @ pb[:3, :3])))
+
+
+__all__ += [
+    "body_pose", "body_twist", "odom_correction", "pose_difference", "relative_pose", "rotation_vector",
+    "scale_pose", "transform_matrix",
+]

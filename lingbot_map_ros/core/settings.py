@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .config import RuntimeConfig, StreamConfig, field_limits, validate_runtime, validate_stream
+from .scale import SCALE_SOURCES
 
 APPLIES = {
     "model": "a change loads a new model and starts a new session",
@@ -113,10 +114,11 @@ SETTINGS: tuple[Setting, ...] = (
             "a new session (such values in the KV cache poison every later frame). Such frames are never "
             "published.", "next_frame", range=(1, 10_000)),
     Setting("world_frame", "lingbot_world", "Frame id of the poses: the first camera's optical frame of "
-            "the current session.", "next_frame"),
+              "the current session (with base_frame: its first body pose).", "next_frame"),
     Setting("camera_frame", "", "Child frame id (camera optical frame). Empty: the image header's frame_id.",
-            "next_frame"),
-    Setting("publish_tf", True, "Broadcast world_frame -> camera_frame on /tf.", "next_frame"),
+              "next_frame"),
+    Setting("publish_tf", True, "Broadcast world_frame -> camera_frame on /tf (with base_frame: -> base_frame, "
+            "with odom_frame: -> odom_frame), unless that frame already has another parent.", "next_frame"),
     Setting("path_max_length", 10000, "Poses kept in ~/path (oldest dropped first).", "next_frame",
             range=(1, 10_000_000)),
     Setting("trajectory_path", "lingbot_trajectory.tum", "File ~/save_trajectory writes (TUM format: "
@@ -138,8 +140,9 @@ SETTINGS: tuple[Setting, ...] = (
             "next_frame", range=(0.0, 1.0e6)),
     Setting("publish_map", False, "Accumulate the session's points in a bounded voxel map and publish it on "
             "~/map_points every map_period s. Runs the depth head.", "next_frame"),
-    Setting("map_voxel_size", 0.01, "Voxel edge of the map in the model's (normalised) units; one fused "
-            "point per voxel. A change empties the map.", "next_frame", range=(1.0e-4, 100.0)),
+    Setting("map_voxel_size", 0.01, "Voxel edge of the map in the world's unit (the model's normalised one; "
+            "metres with a metric scale_source); one fused point per voxel. A change empties the map.", "next_frame",
+            range=(1.0e-4, 100.0)),
     Setting("map_max_points", 500000, "Voxels kept in the map; beyond it the voxels seen longest ago, then "
             "the least confident, are dropped first (memory stays bounded on runs of hours).", "next_frame",
             range=(1000, 50_000_000)),
@@ -155,6 +158,51 @@ SETTINGS: tuple[Setting, ...] = (
     # --- diagnostics timer
     Setting("diagnostics_period", 1.0, "Seconds between /diagnostics messages.", "timer", range=(0.05, 60.0)),
 )
+
+# --- on a robot: its TF tree (REP 103 / REP 105) and a metric scale (core/scale.py). The frames and the
+# scale source define the world the node publishes and the tree it joins: set at start (read-only).
+ROBOT_SETTINGS: tuple[Setting, ...] = (
+    Setting("base_frame", "", "Robot body frame (e.g. base_link). Set: base_frame -> camera frame is looked up "
+            "in TF at each image stamp and the BODY pose is published; the world is the body pose of the "
+            "session's first frame (x forward, z up on a level start). Empty: the camera pose.", "startup"),
+    Setting("odom_frame", "", "With base_frame: publish world_frame -> odom_frame on /tf (REP 105's map -> "
+            "odom), so that world -> odom -> base equals the estimate at each image stamp; the robot's odometry "
+            "stays the only publisher of odom_frame -> base_frame.", "startup"),
+    Setting("tf_timeout", 0.1, "Seconds to wait for a transform at an image stamp. A frame whose transform "
+            "does not come is still processed by the model, publishes no pose and ends NO_TRANSFORM.",
+            "next_frame", range=(0.0, 10.0)),
+    Setting("scale_source", "model", "Unit of the published world: model (the model's own, not metres), "
+            "depth (a depth camera registered to the colour image, topic 'depth'), odometry (travel of "
+            "base_frame in odom_frame) or fixed (scale_factor). Until a depth/odometry scale locks, nothing "
+            "metric is published.", "startup", choices=SCALE_SOURCES),
+    Setting("scale_factor", 1.0, "Metres per model unit when scale_source is fixed.", "startup",
+            range=(1.0e-6, 1.0e6)),
+    Setting("depth_sync_slop", 0.02, "Seconds: the largest stamp difference of a colour/depth pair "
+            "(message_filters ApproximateTimeSynchronizer), scale_source depth.", "startup", range=(0.0, 1.0)),
+    Setting("scale_min_samples", 5, "Stored keyframes whose sensor/model depth ratios must agree (within 5 %) "
+            "before a depth scale locks.", "next_frame", range=(1, 1000)),
+    Setting("scale_min_travel", 0.5, "Metres the body must travel in odom_frame before an odometry scale "
+            "locks.", "next_frame", range=(0.0, 1000.0)),
+)
+SETTINGS = SETTINGS + ROBOT_SETTINGS
+
+
+def robot_problems(values: dict) -> list[str]:
+    """Reasons why the robot settings in ``values`` cannot work together (empty: they can)."""
+    problems: list[str] = []
+    world, base, odom = values.get("world_frame", ""), values.get("base_frame", ""), values.get("odom_frame", "")
+    for name, frame in (("base_frame", base), ("odom_frame", odom)):
+        if frame and frame == world:
+            problems.append(f"{name} must differ from world_frame ({world!r})")
+    if odom and not base:
+        problems.append("odom_frame needs base_frame (the frame the robot's odometry moves: odom_frame -> base_frame)")
+    if odom and odom == base:
+        problems.append("odom_frame must differ from base_frame")
+    if values.get("scale_source") == "odometry" and not (base and odom):
+        problems.append("scale_source odometry needs base_frame and odom_frame (the travel of base_frame in "
+                        "odom_frame)")
+    return problems
+
 SETTING_NAMES = tuple(s.name for s in SETTINGS)
 SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The settings that are RuntimeConfig / StreamConfig fields of the same name. The depth head
@@ -181,7 +229,8 @@ def applies_of_field(field_name: str) -> str:
 def configs_from_values(values: dict) -> tuple[RuntimeConfig, StreamConfig]:
     """Setting values -> the core's dataclasses (one to one)."""
     runtime = RuntimeConfig(**{k: values[k] for k in RUNTIME_FIELDS})
-    with_depth = any(bool(values.get(k, False)) for k in DEPTH_OUTPUTS)
+    # the depth head also runs for a depth-camera scale (the ratio is sensor depth over model depth)
+    with_depth = any(bool(values.get(k, False)) for k in DEPTH_OUTPUTS) or values.get("scale_source") == "depth"
     stream = StreamConfig(with_depth=with_depth, **{k: values[k] for k in STREAM_FIELDS})
     return runtime, stream
 
@@ -213,6 +262,7 @@ def validate_values(values: dict, *, resolve: bool = True) -> list[str]:
             problems.append("world_frame must not be empty")
         if values.get("camera_frame") and values["camera_frame"] == values["world_frame"]:
             problems.append("camera_frame must differ from world_frame")
+    problems += robot_problems(values)
     if "trajectory_path" in values and not values["trajectory_path"].strip():
         problems.append("trajectory_path must not be empty")
     if resolve and not problems:
@@ -226,4 +276,5 @@ def validate_values(values: dict, *, resolve: bool = True) -> list[str]:
 
 
 __all__ = ["APPLIES", "DEPTH_OUTPUTS", "RUNTIME_FIELDS", "SETTINGS", "SETTINGS_BY_NAME", "SETTING_NAMES",
-           "STREAM_FIELDS", "Setting", "applies_of_field", "configs_from_values", "defaults", "validate_values"]
+           "STREAM_FIELDS", "Setting", "applies_of_field", "configs_from_values", "defaults", "validate_values",
+           "ROBOT_SETTINGS", "robot_problems"]

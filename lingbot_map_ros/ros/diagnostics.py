@@ -1,10 +1,10 @@
 """The node's /diagnostics message, built from a snapshot of its numbers.
 
 The node copies what it knows into a ``DiagnosticsSnapshot`` under its lock; ``diagnostic_array``
-turns that into the four statuses (input, inference, kv cache, backend) with their levels, messages
-and key/values. Keeping the judgement (what counts as a warning or an error, and for how long) out
-of the node means the node's thread and lock handling and the operator-facing wording can change
-independently.
+turns that into the statuses (input, inference, kv cache, backend, and on a robot tf and scale)
+with their levels, messages and key/values. Keeping the judgement (what counts as a warning or an
+error, and for how long) out of the node means the node's thread and lock handling and the
+operator-facing wording can change independently.
 """
 from __future__ import annotations
 
@@ -18,9 +18,11 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 
 from ..core.config import StreamConfig
 from ..core.results import CacheSnapshot
+from .frames import DROP_COUNTERS  # the counters of frames that ended without a pose, one per final status
 
 if TYPE_CHECKING:
     from ..core.results import SessionInfo
+    from .robot_frames import RobotReport
 
 DIAG_PREFIX = "lingbot_map: "
 RATE_WINDOW_S = 5.0  # input rate over the last seconds; also how long silence or a rejection warns
@@ -32,8 +34,6 @@ ERROR_HOLD_S = 10.0  # the inference status stays ERROR this long after an error
 OVERHEAD_PARTS = ("convert", "handoff", "preprocess", "ready_wait", "publish", "session_bookkeeping",
                   "inference_thread_minus_model", "in_node_minus_model")
 REJECT_KINDS = ("unsupported", "data_length", "zero_size", "resolution_changed", "preprocessing_failed")
-# The counters of frames that ended without a pose, one per final FrameStatus other than PROCESSED.
-DROP_COUNTERS = ("dropped_queue", "rejected", "refused", "failed", "dropped_reset", "dropped_inactive", "non_finite")
 COUNTER_NAMES = ("received", "processed", *DROP_COUNTERS, "errors", "sessions_started", "parameter_sessions",
                  "resets", "non_finite_sessions", "failure_sessions", "policy_sessions", "time_jump_sessions",
                  "qos_messages_lost", "qos_incompatible")
@@ -85,6 +85,7 @@ class DiagnosticsSnapshot:
     # last pushed frames: (stamp ns, preprocess start, preprocess end, push start, push end), ms
     timeline: Sequence[tuple] = ()
     overlapped: int = 0  # frames preprocessed while the previous frame was inside the model
+    robot: Optional[RobotReport] = None  # the TF tree and the scale (None: no tf / scale statuses)
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -221,9 +222,73 @@ def _backend_status(d: DiagnosticsSnapshot) -> DiagnosticStatus:
     ])
 
 
+def _tf_status(d: DiagnosticsSnapshot, t: RobotReport) -> DiagnosticStatus:
+    """The node in the robot's TF tree: which edge it publishes, a child with another parent (ERROR,
+    with the fix), a transform that did not come (WARN naming the link), a transform that jumped."""
+    if not t.publish_tf:
+        level, msg = DiagnosticStatus.OK, "publish_tf is false: nothing published on /tf"
+    else:
+        level, msg = DiagnosticStatus.OK, (f"publishing {t.edge}" if t.edge else "no frame placed yet")
+    if t.now - t.last_jump_time < RATE_WINDOW_S:
+        level, msg = DiagnosticStatus.WARN, t.last_jump
+    if t.now - t.missing_time < RATE_WINDOW_S:
+        level, msg = DiagnosticStatus.WARN, (f"no transform {t.missing_link} at the image stamps: frames end "
+                                             f"NO_TRANSFORM ({t.missing_reason})")
+    if t.conflicts:
+        level = DiagnosticStatus.ERROR
+        msg = "; ".join(f"{child} already has the parent {parent}: nothing published for it on /tf. Fix: {fix}"
+                        for child, (parent, fix) in sorted(t.conflicts.items()))
+    return _status(d, "tf", level, msg, [
+        ("world_frame", t.world_frame), ("base_frame", t.base_frame or "-"), ("odom_frame", t.odom_frame or "-"),
+        ("published_edge", t.edge or "-"), ("publish_tf", t.publish_tf),
+        ("parent_conflicts", "; ".join(f"{c} <- {p}" for c, (p, _) in sorted(t.conflicts.items())) or "-"),
+        ("frames_no_transform", t.no_transform), ("last_missing_link", t.missing_link or "-"),
+        ("last_missing_reason", t.missing_reason or "-"), ("tf_jumps", t.tf_jumps),
+        ("last_tf_jump", t.last_jump or "-"),
+        # what placing a frame (lookups, scale, frame algebra, depth scaling) costs the inference thread
+        ("tf_scale_median_ms", f"{t.cost_ms[0]:.3f}"), ("tf_scale_p90_ms", f"{t.cost_ms[1]:.3f}"),
+        ("tf_scale_max_ms", f"{t.cost_ms[2]:.3f}"),
+        ("tf_scale_cpu_median_ms", f"{t.cost_cpu_ms[0]:.3f}"), ("tf_scale_cpu_p90_ms", f"{t.cost_cpu_ms[1]:.3f}"),
+        ("tf_scale_cpu_max_ms", f"{t.cost_cpu_ms[2]:.3f}"),
+    ])
+
+
+def _scale_status(d: DiagnosticsSnapshot, t: RobotReport) -> DiagnosticStatus:
+    """The world's unit: model units (said, not metres), estimating (WARN: nothing metric published),
+    locked (metres), re-estimating after a window switch (the locked scale still applies)."""
+    from ..core.scale import ESTIMATING, MODEL_UNITS, RE_ESTIMATING
+
+    s = t.scale
+    spread = f"{100 * s.spread:.2f} %" if s.spread == s.spread else "-"
+    if s.state == MODEL_UNITS:
+        level, msg = DiagnosticStatus.OK, "model units (scale_source model): poses, depth and points are NOT metres"
+    elif s.state == ESTIMATING:
+        progress = (f"{s.travel_m:.2f} of {s.needed_travel_m:.2f} m travelled" if s.source == "odometry"
+                    else f"{s.samples} keyframe ratios, {s.needed} must agree")
+        level, msg = DiagnosticStatus.WARN, (f"estimating from {s.source} ({progress}): nothing metric is "
+                                             "published until it locks" + (f"; {s.problem}" if s.problem else ""))
+    else:
+        level, msg = DiagnosticStatus.OK, f"locked: {s.value:.6g} m per model unit ({s.source}, spread {spread})"
+        if s.state == RE_ESTIMATING:
+            msg += "; re-estimating after a window switch" + (f" ({s.problem})" if s.problem else "")
+    kv: list[tuple[str, object]] = [
+        ("source", s.source), ("state", s.state), ("value", f"{s.value:.6g}" if s.value == s.value else "-"),
+        ("spread", spread), ("samples", s.samples), ("samples_needed", s.needed),
+        ("travel_m", f"{s.travel_m:.3f}"), ("travel_needed_m", f"{s.needed_travel_m:.3f}"),
+        ("re_estimates_locked", s.relocks), ("metric", s.metric), ("problem", s.problem or "-"),
+    ]
+    kv += [(f"rejected_{k.replace(' ', '_')}", n) for k, n in sorted(s.rejected.items())]
+    if s.source == "depth":
+        kv += [(f"depth_{k}", n) for k, n in sorted(t.depth_counts.items())]
+        kv.append(("depth_last_problem", t.depth_problem or "-"))
+    return _status(d, "scale", level, msg, kv)
+
+
 def diagnostic_array(d: DiagnosticsSnapshot, stamp: TimeMsg) -> DiagnosticArray:
-    """The /diagnostics message for ``d``: input, inference, kv cache and backend, in that order."""
+    """The /diagnostics message for ``d``: input, inference, kv cache, backend, tf and scale, in that order."""
     array = DiagnosticArray()
     array.header.stamp = stamp
     array.status = [_input_status(d), _inference_status(d), _cache_status(d), _backend_status(d)]
+    if d.robot is not None:
+        array.status += [_tf_status(d, d.robot), _scale_status(d, d.robot)]
     return array

@@ -26,10 +26,23 @@ from std_msgs.msg import Header
 from lingbot_map_ros.msg import FrameStatus
 
 from . import messages as rosmsg
-from .diagnostics import DROP_COUNTERS
 
 if TYPE_CHECKING:
     from ..core.results import FrameResult
+
+# The one table of final statuses other than PROCESSED and the counter each one moves (a field of
+# ``Counters``, a ``frames_<name>`` key of /diagnostics); ``FrameLedger.finish`` reads it.
+FINAL_STATUS_COUNTERS: dict[int, str] = {
+    FrameStatus.DROPPED_QUEUE: "dropped_queue",
+    FrameStatus.REJECTED_INPUT: "rejected",
+    FrameStatus.REFUSED_POLICY: "refused",
+    FrameStatus.FAILED_INFERENCE: "failed",
+    FrameStatus.DROPPED_RESET: "dropped_reset",
+    FrameStatus.DROPPED_INACTIVE: "dropped_inactive",
+    FrameStatus.NON_FINITE_OUTPUT: "non_finite",
+    FrameStatus.NO_TRANSFORM: "no_transform",
+}
+DROP_COUNTERS = tuple(FINAL_STATUS_COUNTERS.values())
 
 
 class InputRejected(ValueError):
@@ -75,7 +88,7 @@ class Counters:
 
     received: int = 0
     processed: int = 0
-    # final statuses other than PROCESSED (diagnostics.DROP_COUNTERS names them)
+    # final statuses other than PROCESSED (FINAL_STATUS_COUNTERS maps each status to its field)
     dropped_queue: int = 0
     rejected: int = 0
     refused: int = 0
@@ -83,6 +96,7 @@ class Counters:
     dropped_reset: int = 0
     dropped_inactive: int = 0
     non_finite: int = 0
+    no_transform: int = 0
     errors: int = 0  # errors of any kind (inference, commands), for diagnostics
     rejected_by_kind: collections.Counter = field(default_factory=collections.Counter)
     sessions_started: int = 0
@@ -149,8 +163,10 @@ class FrameLedger:
             self.last_frame_time = now
 
     # ------------------------------------------------------------------ final statuses
-    def finish(self, header: Header, status: int, counter: str, reason: str) -> None:
-        """The one way a frame that produced no pose ends: its counter, then its final FrameStatus."""
+    def finish(self, header: Header, status: int, reason: str) -> None:
+        """The one way a frame that produced no pose ends: the counter of ``status``
+        (``FINAL_STATUS_COUNTERS``), then its final FrameStatus with ``reason``."""
+        counter = FINAL_STATUS_COUNTERS[status]
         with self.lock:
             setattr(self.c, counter, getattr(self.c, counter) + 1)
         self.interim(header, status, reason)
@@ -160,7 +176,7 @@ class FrameLedger:
         with self.lock:
             self.c.dropped_since_diag += 1
             self.c.last_drop_time = time.monotonic()
-        self.finish(header, FrameStatus.DROPPED_QUEUE, "dropped_queue", reason)
+        self.finish(header, FrameStatus.DROPPED_QUEUE, reason)
 
     def reject(self, header: Header, kind: str, reason: str) -> None:
         """Bad input: REJECTED_INPUT, counted per kind, logged throttled per kind (a camera sending
@@ -170,7 +186,7 @@ class FrameLedger:
             self.c.rejected_by_kind[kind] += 1
             self.c.last_reject_reason = reason
             self.c.last_reject_time = time.monotonic()
-        self.finish(header, FrameStatus.REJECTED_INPUT, "rejected", reason)
+        self.finish(header, FrameStatus.REJECTED_INPUT, reason)
         now = time.monotonic()
         with self.lock:
             due = now - self._reject_log_times.get(kind, -1e9) >= 2.0
@@ -184,9 +200,10 @@ class FrameLedger:
             self._log.warning(f"rejected frame (stamp {stamp_sec(header.stamp):.3f}): {reason}{more}")
 
     def processed(self, r: FrameResult, frame: Frame, session_id: int,
-                  publish_ms: float) -> tuple[rosmsg.FrameCounts, float]:
-        """The frame's outputs are out: count it, record its timings, send PROCESSED. Returns the
-        counters as they stand now and the node overhead of the frame (both for its CacheStats)."""
+                  publish_ms: float, note: str = "") -> tuple[rosmsg.FrameCounts, float]:
+        """The frame's outputs are out: count it, record its timings, send PROCESSED (with ``note``
+        as its reason when some outputs were withheld). Returns the counters as they stand now and
+        the node overhead of the frame (both for its CacheStats)."""
         overhead_ms = frame.convert_ms + frame.preprocess_ms + publish_ms
         with self.lock:
             self.c.processed += 1
@@ -203,7 +220,7 @@ class FrameLedger:
             counts = self._counts()
             self.last_result_info = {"frame_index": int(r.frame_index), "rope_frame_index": int(r.rope_frame_index),
                                      "is_keyframe": bool(r.is_keyframe), "stamp": stamp_sec(frame.header.stamp)}
-        self._status_pub.publish(rosmsg.processed_status(r, frame.header, session_id))
+        self._status_pub.publish(rosmsg.processed_status(r, frame.header, session_id, note))
         return counts, overhead_ms
 
     def interim(self, header: Header, status: int, reason: str) -> None:

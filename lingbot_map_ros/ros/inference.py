@@ -160,7 +160,7 @@ class InferenceWorker:
                     if not self._context_ok():
                         return  # shutting down: publishers are gone
                     self._ledger.record_error(f"inference failed: {type(exc).__name__}: {exc}", exc)
-                    self._ledger.finish(frame.header, FrameStatus.FAILED_INFERENCE, "failed",
+                    self._ledger.finish(frame.header, FrameStatus.FAILED_INFERENCE,
                                         f"inference error: {type(exc).__name__}: {exc}")
 
     # ------------------------------------------------------------------ one frame
@@ -191,11 +191,11 @@ class InferenceWorker:
         if isinstance(failure, InferenceFailed):  # the manager started a new session (on_session_start)
             reason = f"inference failed: {failure}"
             self._ledger.record_error(reason + "; a new session was started", detail=failure.detail)
-            self._ledger.finish(frame.header, FrameStatus.FAILED_INFERENCE, "failed", reason)
+            self._ledger.finish(frame.header, FrameStatus.FAILED_INFERENCE, reason)
             return
         if failure is not None:  # a SessionError (SessionStopped included): the policy refuses it
             self._log.warning(f"frame refused by the session: {failure}", throttle_duration_sec=5.0)
-            self._ledger.finish(frame.header, FrameStatus.REFUSED_POLICY, "refused", str(failure))
+            self._ledger.finish(frame.header, FrameStatus.REFUSED_POLICY, str(failure))
             self._view.update(manager)
             return
         if len(results) == 1:
@@ -224,7 +224,7 @@ class InferenceWorker:
         reason = f"non-finite model output ({', '.join(bad)}): nothing published"
         self._ledger.note_non_finite(reason)
         self._log.error(f"frame {stamp_sec(frame.header.stamp):.3f}: {reason}", throttle_duration_sec=5.0)
-        self._ledger.finish(frame.header, FrameStatus.NON_FINITE_OUTPUT, "non_finite", reason)
+        self._ledger.finish(frame.header, FrameStatus.NON_FINITE_OUTPUT, reason)
         limit = int(self._values["max_non_finite_frames"])
         if self._consecutive_non_finite >= limit:
             self._consecutive_non_finite = 0
@@ -267,7 +267,7 @@ class InferenceWorker:
         """The manager started a session (its listener): the frames it discarded end DROPPED_RESET,
         then everything that follows a new world frame."""
         for frame in start.discarded:
-            self._ledger.finish(frame.header, FrameStatus.DROPPED_RESET, "dropped_reset",
+            self._ledger.finish(frame.header, FrameStatus.DROPPED_RESET,
                                 f"buffered for the scale frames, then discarded: {start.reason}")
         self.started_session(start.reason, SESSION_COUNTERS[start.cause])
 
@@ -289,9 +289,9 @@ class InferenceWorker:
         DROPPED_RESET, and the model is freed."""
         frame = self.queue.frames.take()
         if frame is not None:
-            self._ledger.finish(frame.header, FrameStatus.DROPPED_INACTIVE, "dropped_inactive", why)
+            self._ledger.finish(frame.header, FrameStatus.DROPPED_INACTIVE, why)
         for stamp in self.manager.pending_stamps():
-            self._ledger.finish(stamp.header, FrameStatus.DROPPED_RESET, "dropped_reset",
+            self._ledger.finish(stamp.header, FrameStatus.DROPPED_RESET,
                                 "buffered for the scale frames when the model was freed")
         self.manager.release()
         self._view.clear()

@@ -1,14 +1,22 @@
-"""The image subscription: which topic, which QoS, what the middleware reports, and the image callback.
+"""Where frames enter: the image subscription (topic, QoS, middleware events, the image callback) and,
+for a depth-camera scale, the depth subscription paired with the colour frames by stamp.
 
 The callback runs on the executor thread and stays cheap: count the frame, convert the message to
 RGB (every structural check lives in ``image_io``), ask the session's input size
 (``InputSize.check``) and hand the frame on. Anything it cannot use ends here as REJECTED_INPUT, so a
 bad frame never waits in a queue. Frames received while the node is not active end DROPPED_INACTIVE.
+
+Depth (``DepthPairing``): colour frames never wait for their depth partner. The callback hands each
+accepted frame's stamp to a ``message_filters.ApproximateTimeSynchronizer`` that pairs it with the
+depth topic within ``depth_sync_slop``; a pair's depth is read under the model's depth grid and kept
+by colour stamp until the frame's result asks for it (``take``), by when it has long arrived.
 """
 from __future__ import annotations
 
+import collections
+import threading
 import time
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Optional
 
 import rclpy.qos
 from rclpy.event_handler import SubscriptionEventCallbacks
@@ -17,8 +25,170 @@ from sensor_msgs.msg import CompressedImage, Image
 
 from lingbot_map_ros.msg import FrameStatus
 
-from .frames import Frame, FrameLedger, InputRejected
+from .frames import Frame, FrameLedger, InputRejected, stamp_sec
 from .input_size import InputSize
+
+DEPTH_QUEUE = 10  # messages per topic the synchronizer holds while it looks for a partner
+DEPTH_KEPT = 64  # paired depth grids kept for the results to come (each ~50 kB)
+
+
+def _stamp_ns(header) -> int:
+    return int(header.stamp.sec) * 10**9 + int(header.stamp.nanosec)
+
+
+class _ColourStamp:
+    """What the synchronizer gets of a colour frame: its header (all it reads) and its image size,
+    not the image (the synchronizer's queue would otherwise hold DEPTH_QUEUE camera images)."""
+
+    __slots__ = ("header", "wh")
+
+    def __init__(self, header, wh: tuple[int, int]):
+        self.header, self.wh = header, wh
+
+
+class DepthPairing:
+    """The depth topic (``depth``, or ``depth/compressed`` with ``image_transport: compressed``),
+    paired with the colour frames by header stamp; the node's depth scale reads it.
+
+    ``wanted()`` says whether a scale round is open: only then is a pair's depth decoded. Bad input
+    is counted per kind and logged once (``counts``, ``/diagnostics``), never per frame: depth of
+    another encoding, size or aspect ratio, depth without a colour partner, colour without depth.
+    """
+
+    def __init__(self, node, values: Mapping, wanted: Callable[[], bool]):
+        from .depth_io import GridCache
+
+        self._node = node
+        self._values = values
+        self._wanted = wanted
+        self._grid = GridCache()
+        self._lock = threading.Lock()
+        self._sub = None
+        self._sync = None
+        self._colour_in = None
+        self.topic = ""
+        self._kept: collections.OrderedDict = collections.OrderedDict()  # colour stamp ns -> grid [h', w']
+        self._waiting_depth: collections.OrderedDict = collections.OrderedDict()  # depth stamps not paired yet
+        self._waiting_colour: collections.OrderedDict = collections.OrderedDict()
+        self.counts: collections.Counter = collections.Counter()  # received, paired, and the bad kinds
+        self.last_problem = ""
+        self._logged: set[str] = set()
+
+    @property
+    def subscribed(self) -> bool:
+        return self._sub is not None
+
+    def resolve_topic(self) -> str:
+        node = self._node
+        if self._values["image_transport"] != "compressed":
+            return node.resolve_topic_name("depth")
+        explicit = node.resolve_topic_name("depth/compressed")
+        if explicit != node.resolve_topic_name("depth/compressed", only_expand=True):
+            return explicit
+        return node.resolve_topic_name("depth") + "/compressed"
+
+    def subscribe(self, qos) -> None:
+        """(Re-)create the depth subscription and the synchronizer (same QoS as the colour topic)."""
+        import message_filters
+
+        self.unsubscribe()
+        self.topic = self.resolve_topic()
+        compressed = self._values["image_transport"] == "compressed"
+        self._sub = message_filters.Subscriber(self._node, CompressedImage if compressed else Image, self.topic,
+                                               qos_profile=qos)
+        self._sub.registerCallback(self._on_depth)  # first: it sees every depth message before the pairing
+        self._colour_in = message_filters.SimpleFilter()
+        self._sync = message_filters.ApproximateTimeSynchronizer(
+            [self._colour_in, self._sub], DEPTH_QUEUE, float(self._values["depth_sync_slop"]))
+        self._sync.registerCallback(self._on_pair)
+
+    def unsubscribe(self) -> None:
+        if self._sub is not None:
+            self._node.destroy_subscription(self._sub.sub)
+            self._sub = self._sync = self._colour_in = None
+
+    # ------------------------------------------------------------------ executor thread
+    def colour(self, header, wh: tuple[int, int]) -> None:
+        """An accepted colour frame (from the image callback): offer its stamp for pairing."""
+        colour_in = self._colour_in
+        if colour_in is None:
+            return
+        with self._lock:
+            self._remember(self._waiting_colour, _stamp_ns(header))
+        colour_in.signalMessage(_ColourStamp(header, wh))  # may pair at once (depth came first)
+
+    def _on_depth(self, msg) -> None:
+        with self._lock:
+            self.counts["received"] += 1
+            self._remember(self._waiting_depth, _stamp_ns(msg.header))
+
+    def _remember(self, waiting: collections.OrderedDict, ns: int) -> None:
+        waiting[ns] = True
+        while len(waiting) > DEPTH_KEPT:
+            waiting.popitem(last=False)
+
+    def _on_pair(self, colour: _ColourStamp, depth) -> None:
+        c_ns, d_ns = _stamp_ns(colour.header), _stamp_ns(depth.header)
+        slop_ns = int(float(self._values["depth_sync_slop"]) * 1e9)
+        with self._lock:
+            self.counts["paired"] += 1
+            self._waiting_colour.pop(c_ns, None)
+            self._waiting_depth.pop(d_ns, None)
+            # both streams arrive in stamp order: what is older than this pair by more than the slop
+            # will never find a partner now
+            lost_depth = self._expire(self._waiting_depth, c_ns - slop_ns)
+            lost_colour = self._expire(self._waiting_colour, d_ns - slop_ns)
+        if lost_depth:
+            self._bad("unpaired_depth", f"{lost_depth} depth image(s) without a colour partner within "
+                                        f"depth_sync_slop {self._values['depth_sync_slop']} s (stamps of "
+                                        f"{self.topic} and the colour topic differ?)", lost_depth)
+        if lost_colour:
+            self._bad("colour_without_depth", f"{lost_colour} colour frame(s) without a depth partner on "
+                                              f"{self.topic} within depth_sync_slop", lost_colour)
+        if not self._wanted():
+            return
+        from .depth_io import BadDepth, compressed_depth_grid, image_depth_grid
+
+        try:
+            if isinstance(depth, CompressedImage):
+                grid = compressed_depth_grid(depth, colour.wh, self._grid)
+            else:
+                grid = image_depth_grid(depth, colour.wh, self._grid)
+        except BadDepth as exc:
+            self._bad(f"bad_{exc.kind}", f"depth image at {stamp_sec(depth.header.stamp):.3f} not used: {exc}")
+            return
+        with self._lock:
+            self._kept[c_ns] = grid
+            while len(self._kept) > DEPTH_KEPT:
+                self._kept.popitem(last=False)
+
+    @staticmethod
+    def _expire(waiting: collections.OrderedDict, before_ns: int) -> int:
+        old = [ns for ns in waiting if ns < before_ns]
+        for ns in old:
+            del waiting[ns]
+        return len(old)
+
+    def _bad(self, kind: str, text: str, n: int = 1) -> None:
+        """Counted every time, logged once per kind: a steady fault must not flood the log."""
+        with self._lock:
+            self.counts[kind] += n
+            self.last_problem = text
+            first = kind not in self._logged
+            self._logged.add(kind)
+        if first:
+            self._node.get_logger().warning(text + " (reported once; counted in /diagnostics 'scale')")
+
+    # ------------------------------------------------------------------ inference thread
+    def take(self, header) -> Optional[object]:
+        """The sensor depth (metres, under the model grid) paired with the colour frame ``header``,
+        once; None when there is none (yet)."""
+        with self._lock:
+            return self._kept.pop(_stamp_ns(header), None)
+
+    def report(self) -> tuple[dict, str]:
+        with self._lock:
+            return dict(self.counts), self.last_problem
 
 
 class ImageIntake:
@@ -29,7 +199,8 @@ class ImageIntake:
     """
 
     def __init__(self, node, values: Mapping, ledger: FrameLedger, input_size: InputSize,
-                 sink: Callable[[Frame], None], is_active: Callable[[], bool], state_label: Callable[[], str]):
+                 sink: Callable[[Frame], None], is_active: Callable[[], bool], state_label: Callable[[], str],
+                 depth: Optional[DepthPairing] = None):
         from .image_io import UnsupportedImage, message_to_rgb
 
         self._node = node
@@ -42,6 +213,7 @@ class ImageIntake:
         self._message_to_rgb = message_to_rgb
         self._unsupported_image = UnsupportedImage
         self._sub = None
+        self.depth = depth  # the depth topic's pairing, subscribed with the images for scale_source depth
         self.topic = self.resolve_topic()
 
     @property
@@ -75,11 +247,15 @@ class ImageIntake:
             message_lost=self._on_messages_lost, incompatible_qos=self._on_incompatible_qos,
             incompatible_type=self._on_incompatible_type)
         self._sub = self._node.create_subscription(msg_type, self.topic, self.on_image, qos, event_callbacks=events)
+        if self.depth is not None and self._values["scale_source"] == "depth":
+            self.depth.subscribe(qos)
 
     def unsubscribe(self) -> None:
         if self._sub is not None:
             self._node.destroy_subscription(self._sub)
             self._sub = None
+        if self.depth is not None:
+            self.depth.unsubscribe()
 
     # ------------------------------------------------------------------ middleware events
     def _on_messages_lost(self, info) -> None:
@@ -102,7 +278,7 @@ class ImageIntake:
         t0 = time.perf_counter()
         self._ledger.received()
         if not self._is_active():
-            self._ledger.finish(msg.header, FrameStatus.DROPPED_INACTIVE, "dropped_inactive",
+            self._ledger.finish(msg.header, FrameStatus.DROPPED_INACTIVE,
                                 f"the node is {self._state_label()}: activate it to process frames")
             return
         try:
@@ -110,8 +286,10 @@ class ImageIntake:
         except InputRejected as exc:
             self._ledger.reject(msg.header, exc.kind, str(exc))
             return
-        self._sink(Frame(header=msg.header, rgb=rgb, wh=(int(rgb.shape[1]), int(rgb.shape[0])), received=t0,
-                         convert_ms=(time.perf_counter() - t0) * 1e3))
+        wh = (int(rgb.shape[1]), int(rgb.shape[0]))
+        if self.depth is not None:
+            self.depth.colour(msg.header, wh)
+        self._sink(Frame(header=msg.header, rgb=rgb, wh=wh, received=t0, convert_ms=(time.perf_counter() - t0) * 1e3))
 
     def _convert(self, msg):
         """The message as RGB uint8 [H0, W0, 3] of the session's size, or ``InputRejected``."""

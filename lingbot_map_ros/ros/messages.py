@@ -7,7 +7,7 @@ be checked without a running node.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
 
 import numpy as np
 from builtin_interfaces.msg import Time as TimeMsg
@@ -49,11 +49,14 @@ def pose_stamped(c2w: np.ndarray, stamp: TimeMsg, world_frame: str) -> PoseStamp
     return pose
 
 
-def odometry(pose: PoseStamped, child_frame: str) -> Odometry:
-    """``pose`` as Odometry of ``child_frame``.
+def odometry(pose: PoseStamped, child_frame: str,
+             twist: Optional[tuple[np.ndarray, np.ndarray]] = None) -> Odometry:
+    """``pose`` as Odometry of ``child_frame``; ``twist`` = (linear, angular) [3] each, in the child
+    frame (REP 105), when the node can give one (consecutive metric poses).
 
-    The model's output is scale-free: there is no covariance estimate and no twist, so both
-    covariances are marked unknown (-1 in the first element) and REP 105 users read the pose only.
+    There is no covariance estimate: both covariances are marked unknown (-1 in the first element,
+    the rest 0), so that no filter fuses them with a confidence they do not have. A consumer that
+    fuses this (robot_localization) must be given covariances of its own.
     """
     odom = Odometry()
     odom.header = pose.header
@@ -61,6 +64,10 @@ def odometry(pose: PoseStamped, child_frame: str) -> Odometry:
     odom.pose.pose = pose.pose
     odom.pose.covariance[0] = -1.0
     odom.twist.covariance[0] = -1.0
+    if twist is not None:
+        lin, ang = twist
+        odom.twist.twist.linear.x, odom.twist.twist.linear.y, odom.twist.twist.linear.z = (float(v) for v in lin)
+        odom.twist.twist.angular.x, odom.twist.twist.angular.y, odom.twist.twist.angular.z = (float(v) for v in ang)
     return odom
 
 
@@ -81,6 +88,20 @@ def tf_message(pose: PoseStamped, child_frame: str) -> TFMessage:
     t.x, t.y, t.z = pose.pose.position.x, pose.pose.position.y, pose.pose.position.z
     tf.transform.rotation = pose.pose.orientation
     return TFMessage(transforms=[tf])
+
+
+def transform_stamped(matrix: np.ndarray, stamp: TimeMsg, parent: str, child: str) -> TransformStamped:
+    """``parent -> child`` (the pose [4, 4] of ``child`` in ``parent``) at ``stamp``, for /tf."""
+    m = np.asarray(matrix, dtype=np.float64)
+    tf = TransformStamped()
+    tf.header.stamp = stamp
+    tf.header.frame_id = parent
+    tf.child_frame_id = child
+    t = tf.transform.translation
+    t.x, t.y, t.z = float(m[0, 3]), float(m[1, 3]), float(m[2, 3])
+    r = tf.transform.rotation
+    r.x, r.y, r.z, r.w = (float(v) for v in quaternion_xyzw_from_matrix(m[:3, :3]))
+    return tf
 
 
 def depth_image(depth: np.ndarray, stamp: TimeMsg, frame_id: str) -> Image:
@@ -104,11 +125,13 @@ def frame_status(header: Header, status: int, reason: str, session_id: int) -> F
     return msg
 
 
-def processed_status(result: FrameResult, header: Header, session_id: int) -> FrameStatus:
-    """The PROCESSED status of the image with ``header``, with the model's raw pose encoding."""
+def processed_status(result: FrameResult, header: Header, session_id: int, note: str = "") -> FrameStatus:
+    """The PROCESSED status of the image with ``header``, with the model's raw pose encoding (``note``:
+    what was withheld, e.g. while a metric scale is estimated)."""
     msg = FrameStatus()
     msg.header = header
     msg.status = FrameStatus.PROCESSED
+    msg.reason = note
     msg.session_id = session_id
     msg.frame_index = int(result.frame_index)
     msg.pose_enc = [float(v) for v in np.asarray(result.pose_enc, dtype=np.float64).reshape(9)]

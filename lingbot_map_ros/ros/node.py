@@ -9,6 +9,8 @@ starts, stops and frees them on each transition. Each piece has one job and a mo
 * ``inference``: the inference thread, the only user of the session manager (frames, commands,
   new sessions, failures);
 * ``outputs``: what a processed frame publishes, the path and the trajectory;
+* ``robot_frames`` and ``transforms``: where a result goes in the robot's TF tree (tf2) and in which
+  unit (the metric scale); ``intake.DepthPairing``: the depth camera paired with the colour frames;
 * ``frames``: the frame counters and the one place a frame gets its final FrameStatus;
 * ``parameter_callbacks`` and ``services``: ``ros2 param set``, ``~/reset``, ``~/save_trajectory``;
 * ``diagnostics`` (what /diagnostics says), ``messages`` (how results look as ROS messages),
@@ -53,7 +55,7 @@ from lingbot_map_ros.msg import FrameStatus
 from .diagnostics import COUNTER_NAMES, DIAG_PREFIX, DiagnosticsSnapshot, diagnostic_array
 from .frames import Frame, FrameLedger, InputRejected
 from .input_size import InputSize
-from .intake import ImageIntake
+from .intake import DepthPairing, ImageIntake
 from .outputs import FALLBACK_CAMERA_FRAME, PATH_EVERY_FRAME, PATH_MIN_PERIOD, ResultPublisher
 from .parameter_callbacks import ParameterHandler
 from .parameters import (
@@ -113,9 +115,13 @@ class LingBotMapNode(LifecycleNode):
         self._input_size = InputSize(lambda: FramePreprocessor(fast_resize=bool(self._values["fast_resize"])))
         self._session_view = SessionView()
         self._timeline = PipelineTimeline(origin=time.perf_counter())
-        self._outputs = ResultPublisher(self, self._values, self._ledger)
+        # The robot's frames and scale: the depth topic's pairing (scale_source depth) feeds the scale
+        # that ResultPublisher's RobotFrames applies; tf2's listener runs from here on, in every state.
+        self._depth = DepthPairing(self, self._values, wanted=lambda: self._outputs.robot.wants_depth)
+        self._outputs = ResultPublisher(self, self._values, self._ledger, depth=self._depth)
         self._intake = ImageIntake(self, self._values, self._ledger, self._input_size, sink=self._offer,
-                                   is_active=lambda: self._active, state_label=lambda: self._state_label)
+                                   is_active=lambda: self._active, state_label=lambda: self._state_label,
+                                   depth=self._depth)
         # Plain publishers: /diagnostics must report every state; frames are gated by _active.
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics",
                                                QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE))
@@ -198,8 +204,7 @@ class LingBotMapNode(LifecycleNode):
             self._stage.stop("the node was deactivated")
         frame = self._worker.queue.frames.take() if self._worker is not None else None
         if frame is not None:
-            self._ledger.finish(frame.header, FrameStatus.DROPPED_INACTIVE, "dropped_inactive",
-                                "the node was deactivated")
+            self._ledger.finish(frame.header, FrameStatus.DROPPED_INACTIVE, "the node was deactivated")
         self.get_logger().info("inactive: frames are counted and dropped until activated again")
         return super().on_deactivate(state)
 
@@ -255,8 +260,7 @@ class LingBotMapNode(LifecycleNode):
         if stage is not None and stage.running:
             stage.offer(frame)
         else:  # cannot happen while active (activate starts the stage first); never lose a frame
-            self._ledger.finish(frame.header, FrameStatus.DROPPED_INACTIVE, "dropped_inactive",
-                                "no preprocessing thread is running")
+            self._ledger.finish(frame.header, FrameStatus.DROPPED_INACTIVE, "no preprocessing thread is running")
 
     def _submit(self, command: tuple, wait: float = 0.0) -> Optional[str]:
         worker = self._worker
@@ -283,6 +287,7 @@ class LingBotMapNode(LifecycleNode):
         view = self._session_view.read()  # the inference thread's latest snapshot of the session
         configured = view.info is not None
         timeline, overlapped = self._timeline.read()
+        robot = self._outputs.robot.report()
         ledger = self._ledger
         with ledger.lock:
             c = ledger.c
@@ -305,7 +310,7 @@ class LingBotMapNode(LifecycleNode):
                 window_index=view.window_index, window_switches=view.window_switches, info=view.info,
                 checkpoint=view.runtime.checkpoint if configured else self._values["checkpoint"],
                 lifecycle_state=self._state_label, configure_error=self._configure_error,
-                timeline=timeline, overlapped=overlapped,
+                timeline=timeline, overlapped=overlapped, robot=robot,
             )
             c.dropped_since_diag = c.rejected_since_diag = 0
         self._diag_pub.publish(diagnostic_array(snapshot, self.get_clock().now().to_msg()))

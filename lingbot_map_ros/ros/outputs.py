@@ -1,13 +1,18 @@
 """What the node publishes for a frame that produced a pose, and the session's trajectory.
 
-Runs on the inference thread, after the session returned a finite ``FrameResult``: ``~/pose``,
-``~/odom``, ``~/path`` (throttled once it is long), ``/tf``, ``~/depth``, the reconstruction outputs,
-then the frame's PROCESSED status (through the ledger) and its ``~/cache_stats``. The trajectory it
-keeps is what ``~/save_trajectory`` writes; both it and the path restart with every session.
+Runs on the inference thread, after the session returned a finite ``FrameResult``. First the
+robot's frames and the scale decide where the result goes (``robot_frames.RobotFrames.place``): a
+missing transform ends the frame NO_TRANSFORM, a scale still being estimated withholds its pose
+outputs. Then ``~/pose``, ``~/odom``, ``~/path`` (throttled once it is long), ``/tf`` (one edge,
+through tf2), ``~/depth``, the reconstruction outputs, all in ``world_frame`` and in the world's unit
+(metres once a metric scale is locked), then the frame's PROCESSED status (through the ledger) and
+its ``~/cache_stats``. The trajectory it keeps is what ``~/save_trajectory`` writes; both it and the
+path restart with every session.
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 import time
 from typing import TYPE_CHECKING, Mapping, Optional
@@ -18,12 +23,13 @@ from nav_msgs.msg import Odometry, Path
 from rclpy.qos import QoSProfile, QoSReliabilityPolicy
 from sensor_msgs.msg import Image
 from std_msgs.msg import Header
-from tf2_msgs.msg import TFMessage
 
-from lingbot_map_ros.msg import CacheStats
+from lingbot_map_ros.msg import CacheStats, FrameStatus
 
 from . import messages as rosmsg
 from .frames import Frame, FrameLedger, stamp_sec
+from .robot_frames import RobotFrames, Withheld
+from .transforms import FrameTree, NoTransform
 
 if TYPE_CHECKING:
     from ..core.results import FrameResult
@@ -37,22 +43,22 @@ class ResultPublisher:
     """The per-frame output topics, the bounded path and trajectory of the current session.
 
     ``recon`` (a ``ReconstructionPublisher``, set by the node between configure and cleanup)
-    publishes depth confidence, camera info, points and the map after the pose.
+    publishes depth confidence, camera info, points and the map after the pose. ``robot`` places
+    each result in the TF tree and the world's unit (``depth``: the depth topic's pairing).
     """
 
-    def __init__(self, node, values: Mapping, ledger: FrameLedger):
+    def __init__(self, node, values: Mapping, ledger: FrameLedger, depth=None):
         self._node = node
         self._values = values
         self._ledger = ledger
         self.recon = None
+        self.robot = RobotFrames(node, values, FrameTree(node), depth)
         reliable10 = QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE)
         self._pose_pub = node.create_publisher(PoseStamped, "~/pose", reliable10)
         self._odom_pub = node.create_publisher(Odometry, "~/odom", reliable10)
         self._path_pub = node.create_publisher(Path, "~/path", reliable10)
         self._stats_pub = node.create_publisher(CacheStats, "~/cache_stats", reliable10)
         self._depth_pub = node.create_publisher(Image, "~/depth", reliable10)
-        self._tf_pub = node.create_publisher(
-            TFMessage, "/tf", QoSProfile(depth=100, reliability=QoSReliabilityPolicy.RELIABLE))
         self._lock = threading.Lock()  # path and trajectory (inference thread <-> ~/save_trajectory)
         self._path: collections.deque = collections.deque(maxlen=int(values["path_max_length"]))
         # (stamp seconds, c2w) of the current session, bounded: a window-policy session never ends
@@ -62,10 +68,12 @@ class ResultPublisher:
         self._warned_no_frame_id = False
 
     def clear(self) -> None:
-        """A new session (new world frame): the path and the trajectory start empty."""
+        """A new session (new world frame): the path and the trajectory start empty, the robot's world
+        and scale start over."""
         with self._lock:
             self._path.clear()
             self._trajectory.clear()
+        self.robot.begin_session()
 
     def trajectory(self) -> tuple[list, Optional[int]]:
         """A copy of the current session's (stamp seconds, c2w) list and that session's id."""
@@ -97,12 +105,26 @@ class ResultPublisher:
             self.clear()
             self._published_session = session_id
         world = values["world_frame"]
-        child = self.camera_frame(header)
-        c2w = np.asarray(r.c2w, dtype=np.float64)
+        camera_frame = self.camera_frame(header)
+        # what placing costs the inference thread: wall time and its own CPU time (the latter is not
+        # inflated by other threads or processes taking the core or the GIL meanwhile)
+        t_place, c_place = time.perf_counter(), time.thread_time()
+        placed = self.robot.place(r, header, camera_frame, session_id)
+        place_ms, place_cpu_ms = (time.perf_counter() - t_place) * 1e3, (time.thread_time() - c_place) * 1e3
+        if isinstance(placed, NoTransform):  # the model has processed it; nothing of it can be placed
+            frame.model_image = None
+            self._ledger.finish(header, FrameStatus.NO_TRANSFORM, str(placed))
+            return
+        if isinstance(placed, Withheld):  # processed, no metric scale yet: its pose outputs are held back
+            self.robot.record_cost(place_ms, place_cpu_ms)
+            frame.model_image = None
+            self._finish_processed(r, frame, session_id, manager, world, t0, note=placed.reason)
+            return
+        pose_matrix = placed.pose
 
-        pose = rosmsg.pose_stamped(c2w, header.stamp, world)
+        pose = rosmsg.pose_stamped(pose_matrix, header.stamp, world)
         self._pose_pub.publish(pose)
-        self._odom_pub.publish(rosmsg.odometry(pose, child))
+        self._odom_pub.publish(rosmsg.odometry(pose, placed.child, placed.twist))
 
         with self._lock:
             if self._path.maxlen != int(values["path_max_length"]):
@@ -110,7 +132,7 @@ class ResultPublisher:
             self._path.append(pose)
             if self._trajectory.maxlen != int(values["trajectory_max_length"]):
                 self._trajectory = collections.deque(self._trajectory, maxlen=int(values["trajectory_max_length"]))
-            self._trajectory.append((stamp_sec(header.stamp), c2w.copy()))
+            self._trajectory.append((stamp_sec(header.stamp), pose_matrix.copy()))
             path_poses = None
             now = time.monotonic()
             # A long Path costs ~4 ms per 1000 poses to send: every frame up to PATH_EVERY_FRAME poses,
@@ -122,17 +144,30 @@ class ResultPublisher:
         if path_poses is not None:
             self._path_pub.publish(rosmsg.path_message(pose.header, path_poses))
 
-        if values["publish_tf"]:
-            self._tf_pub.publish(rosmsg.tf_message(pose, child))
+        if placed.tf is not None:
+            self.robot.tree.send(placed.tf[0], placed.tf[1], header.stamp, placed.tf[2])
 
-        if values["publish_depth"] and r.depth is not None:
-            self._depth_pub.publish(rosmsg.depth_image(r.depth, header.stamp, child))
         recon = self.recon
-        if recon is not None:  # depth confidence, camera info, points, map (after the pose)
-            recon.publish(r, frame.model_image, header, child, world)
+        depth = r.depth
+        t_scale, c_scale = time.perf_counter(), time.thread_time()
+        depth_wanted = any(bool(values[k]) for k in ("publish_depth", "publish_points", "publish_map"))
+        if depth is not None and placed.depth_factor != 1.0 and depth_wanted:
+            depth = (depth * np.float32(placed.depth_factor)).astype(np.float32)  # metres when metric
+        self.robot.record_cost(place_ms + (time.perf_counter() - t_scale) * 1e3,
+                               place_cpu_ms + (time.thread_time() - c_scale) * 1e3)
+        if values["publish_depth"] and depth is not None:
+            self._depth_pub.publish(rosmsg.depth_image(depth, header.stamp, camera_frame))
+        if recon is not None:  # depth confidence, camera info, points, map (after the pose), in the world's unit
+            recon.publish(dataclasses.replace(r, c2w=placed.camera, depth=depth), frame.model_image, header,
+                          camera_frame, world)
         frame.model_image = None
+        self._finish_processed(r, frame, session_id, manager, world, t0)
 
+    def _finish_processed(self, r: FrameResult, frame: Frame, session_id: int, manager, world: str, t0: float,
+                          note: str = "") -> None:
+        """PROCESSED (through the ledger, with ``note`` when outputs were withheld), then ~/cache_stats."""
+        header = frame.header
         publish_ms = (time.perf_counter() - t0) * 1e3
-        counts, overhead_ms = self._ledger.processed(r, frame, session_id, publish_ms)
+        counts, overhead_ms = self._ledger.processed(r, frame, session_id, publish_ms, note)
         self._stats_pub.publish(rosmsg.cache_stats(r, header.stamp, world, session_id, counts, overhead_ms,
                                                    manager.info))

@@ -85,7 +85,7 @@ class PreprocessStage:
 
     def _drop(self, frame: Optional[Frame], reason: str) -> None:
         if frame is not None and self._context_ok():
-            self._ledger.finish(frame.header, FrameStatus.DROPPED_INACTIVE, "dropped_inactive", reason)
+            self._ledger.finish(frame.header, FrameStatus.DROPPED_INACTIVE, reason)
 
     def _loop(self) -> None:
         while True:
