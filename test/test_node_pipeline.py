@@ -286,7 +286,7 @@ class BufferingManager(FakeManager):
 def test_stamps_that_jump_back_start_a_new_session_and_every_frame_ends_once(rig):
     node, ledger, input_size = rig["node"], rig["ledger"], rig["input_size"]
     rig["gate"].set()
-    values = {"path_max_length": 10, "trajectory_max_length": 10, "max_non_finite_frames": 3}
+    values = dict(defaults(), path_max_length=10, trajectory_max_length=10, max_non_finite_frames=3)
     manager = BufferingManager()
     worker = InferenceWorker(node, manager, values, ledger, input_size, ResultPublisher(node, values, ledger),
                              SessionView(), PipelineTimeline(time.perf_counter()),

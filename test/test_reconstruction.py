@@ -501,6 +501,7 @@ def test_launch_rviz_argument(tmp_path, monkeypatch):
         monkeypatch.setenv("AMENT_PREFIX_PATH", str(prefix))
         ctx = LaunchContext()
         ctx.launch_configurations["rviz"] = value
+        ctx.launch_configurations["world_frame"] = mod.RVIZ_FIXED_FRAME  # the config's own fixed frame
         return mod._rviz(ctx)
 
     empty = tmp_path / "empty_prefix"
@@ -512,6 +513,8 @@ def test_launch_rviz_argument(tmp_path, monkeypatch):
     (fake / "share" / "ament_index" / "resource_index" / "packages").mkdir(parents=True)
     (fake / "share" / "ament_index" / "resource_index" / "packages" / "rviz2").write_text("")
     (fake / "share" / "rviz2").mkdir()
+    (fake / "share" / "ament_index" / "resource_index" / "packages" / "lingbot_map_ros").write_text("")
+    (fake / "share" / "lingbot_map_ros").mkdir()
     started = actions("true", fake)
     assert len(started) == 1 and isinstance(started[0], Node)
     assert started[0].node_executable == "rviz2"

@@ -19,8 +19,8 @@ from std_msgs.msg import Header  # noqa: E402
 from lingbot_map_ros.core.config import RuntimeConfig, StreamConfig  # noqa: E402
 from lingbot_map_ros.core.preprocess import FramePreprocessor  # noqa: E402
 from lingbot_map_ros.core.scale import DEPTH_SAMPLE_STRIDE, LOCKED, RE_ESTIMATING  # noqa: E402
+from lingbot_map_ros.core.session_manager import SessionManager  # noqa: E402
 from lingbot_map_ros.core.settings import defaults  # noqa: E402
-from lingbot_map_ros.core.stream import make_session  # noqa: E402
 from lingbot_map_ros.ros.robot_frames import Placement, RobotFrames, Withheld  # noqa: E402
 from lingbot_map_ros.tools.node_client import SyntheticCamera  # noqa: E402
 
@@ -77,7 +77,7 @@ def test_window_switches_re_estimate_the_scale_without_a_jump(one_torch_thread):
     robot = RobotFrames(node, values, _Tree(), depth)
     stream = StreamConfig(scale_frames=2, sliding_window=3, camera_iterations=1, with_depth=True,
                           long_run_policy="window", max_stored_frames=6, overlap_frames=2)
-    session = make_session(RuntimeConfig(model_preset="tiny", device="cpu"), stream, log=lambda m: None)
+    session = SessionManager(RuntimeConfig(model_preset="tiny", device="cpu"), stream, log=lambda m: None)
     cam = SyntheticCamera(64, 48, seed=2)
     pre = FramePreprocessor()
     robot.begin_session()
