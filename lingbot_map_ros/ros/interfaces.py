@@ -145,7 +145,8 @@ class TfEdge:
 
 
 TF_EDGES: tuple[TfEdge, ...] = (
-    TfEdge("world_frame", "camera_frame", "the image header's `frame_id`", "`publish_tf` (default true)",
+    TfEdge("world_frame", "camera_frame", "the image header's `frame_id` (`lingbot_camera` when that is empty too)",
+           "`publish_tf` (default true)",
            "the image's stamp"),
 )
 
