@@ -128,7 +128,7 @@ def launch_arguments(launch_file: Path = LAUNCH_FILE) -> list[LaunchArgument]:
 
 
 def render_launch_arguments() -> str:
-    rows = [[code(a.name), code(a.default_cell) if a.default_cell else '""', a.description]
+    rows = [[code(a.name), code(a.default_cell or '""'), a.description]
             for a in launch_arguments()]
     return table(["argument", "default", "meaning"], rows)
 
