@@ -183,12 +183,12 @@ def test_every_import_the_documentation_shows_works() -> None:
 
 @pytest.mark.slow
 def test_the_readme_core_example_runs() -> None:
-    """The "Core without ROS" example, with the tiny preset and random frames in place of the checkpoint
-    and the user's frames: it must run and print one line per frame."""
+    """The "core without ROS" example (docs/reference.md), with the tiny preset and random frames in place
+    of the checkpoint and the user's frames: it must run and print one line per frame."""
     import re
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme[readme.index("## Core without ROS"):]
+    reference = (Path(__file__).resolve().parents[1] / "docs" / "reference.md").read_text()
+    section = reference[reference.index("## The core without ROS"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert 'RuntimeConfig(checkpoint="/models/lingbot-map.pt")' in code and "my_frames" in code
     code = code.replace(

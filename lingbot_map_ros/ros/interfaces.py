@@ -1,0 +1,173 @@
+"""The node's ROS interfaces as one table: every topic it subscribes to or publishes, every service it
+offers and every TF edge it broadcasts, with the type, the QoS, when it is used and what it carries.
+
+Why a table of its own: the README's topic, service and TF tables are generated from it
+(``scripts/readme_tables.py``), and ``test/test_interfaces.py`` starts the real node and checks that
+its publishers, subscriptions and services are exactly these rows (names, types, reliability,
+durability), so the documentation cannot drift from the node. The publishers themselves are created
+where they are used (``outputs.py``, ``reconstruction.py``, ``frames.py``, ``node.py``,
+``services.py``, ``intake.py``); this module only describes them.
+
+Plain data: no rclpy, so the README generator runs anywhere.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+NODE_NAME = "lingbot_map"
+
+# QoS of a row, as the README shows it. "qos_reliability": the image subscription follows that parameter.
+QOS_TEXT = {
+    "reliable": "reliable",
+    "latched": "reliable, transient local (latched)",
+    "qos_reliability": "`qos_reliability`: best effort (sensor data, default) or reliable",
+    "": "",
+}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One topic or service of the node."""
+
+    kind: str  # "subscription", "publisher" or "service"
+    name: str  # as the node names it: relative ("image"), private ("~/pose") or absolute ("/tf")
+    type: str  # ROS type, e.g. "sensor_msgs/msg/Image"
+    qos: str  # a key of QOS_TEXT ("" for services)
+    when: str  # when it carries something
+    what: str
+    # The endpoint exists only while every (setting, value) pair holds (empty: whatever the settings).
+    only_if: tuple[tuple[str, object], ...] = ()
+    # True: created by configure and removed by cleanup (the model's outputs and the image input);
+    # False: from the node's start to its end, in every lifecycle state.
+    configured_only: bool = False
+
+    def exists_with(self, values: Mapping[str, object]) -> bool:
+        return all(values.get(name) == value for name, value in self.only_if)
+
+
+ENDPOINTS: tuple[Endpoint, ...] = (
+    # --- in
+    Endpoint("subscription", "image", "sensor_msgs/msg/Image", "qos_reliability",
+             "`image_transport: raw` (default)",
+             "the camera: rgb8, bgr8, rgba8, bgra8, mono8 and their 16-bit forms; bayer and yuv422 through "
+             "cv_bridge. Remap it: `-r image:=/camera/color/image_raw`",
+             only_if=(("image_transport", "raw"),), configured_only=True),
+    Endpoint("subscription", "image/compressed", "sensor_msgs/msg/CompressedImage", "qos_reliability",
+             "`image_transport: compressed`",
+             "JPEG or PNG. Remapping `image` also moves `image/compressed`, as image_transport does",
+             only_if=(("image_transport", "compressed"),), configured_only=True),
+    # --- out, per frame
+    Endpoint("publisher", "~/pose", "geometry_msgs/msg/PoseStamped", "reliable",
+             "every processed frame (after the scale frames)",
+             "camera (optical frame) pose in `world_frame`, stamped with the image's stamp"),
+    Endpoint("publisher", "~/odom", "nav_msgs/msg/Odometry", "reliable", "with `~/pose`",
+             "the same pose; `child_frame_id` = camera frame; covariance unknown (-1), no twist"),
+    Endpoint("publisher", "~/path", "nav_msgs/msg/Path", "reliable",
+             "with every pose up to 1000 poses, then at most twice a second",
+             "the current session's poses, at most `path_max_length`"),
+    Endpoint("publisher", "/tf", "tf2_msgs/msg/TFMessage", "reliable", "with `~/pose`, when `publish_tf`",
+             "`world_frame` -> camera frame (see the TF table)"),
+    Endpoint("publisher", "~/frame_status", "lingbot_map_ros/msg/FrameStatus", "reliable",
+             "once per received frame (BUFFERED before it while the scale frames are collected)",
+             "the frame's final status and its reason: PROCESSED, DROPPED_QUEUE, REJECTED_INPUT, REFUSED_POLICY, "
+             "DROPPED_RESET, DROPPED_INACTIVE, NON_FINITE_OUTPUT, FAILED_INFERENCE; the raw 9-number pose encoding"),
+    Endpoint("publisher", "~/cache_stats", "lingbot_map_ros/msg/CacheStats", "reliable",
+             "every processed frame",
+             "frame counters (received = processed + dropped + pending), KV-cache pages and frames, RoPE index, "
+             "latency, backend"),
+    Endpoint("publisher", "/diagnostics", "diagnostic_msgs/msg/DiagnosticArray", "reliable",
+             "every `diagnostics_period` s, in every lifecycle state",
+             "four statuses: `lingbot_map: input`, `inference`, `kv cache`, `backend`"),
+    # --- out, reconstruction (the depth head runs when any of publish_depth/points/map is on)
+    Endpoint("publisher", "~/depth", "sensor_msgs/msg/Image", "reliable", "`publish_depth`",
+             "32FC1 depth (z along the optical axis) at the model input size, camera frame, image stamp"),
+    Endpoint("publisher", "~/depth_confidence", "sensor_msgs/msg/Image", "reliable", "`publish_depth`",
+             "32FC1 confidence of `~/depth` (>= 1)", configured_only=True),
+    Endpoint("publisher", "~/camera_info", "sensor_msgs/msg/CameraInfo", "reliable", "`publish_depth`",
+             "the intrinsics estimated for the frame at the depth image's size (no distortion)",
+             configured_only=True),
+    Endpoint("publisher", "~/points", "sensor_msgs/msg/PointCloud2", "reliable",
+             "`publish_points`, while someone subscribes",
+             "the frame's depth in `world_frame`: x y z, rgb, confidence (every `points_stride`-th pixel)",
+             configured_only=True),
+    Endpoint("publisher", "~/map_points", "sensor_msgs/msg/PointCloud2", "latched",
+             "`publish_map`, every `map_period` s",
+             "the session's bounded voxel map in `world_frame` (same fields)", configured_only=True),
+    # --- services
+    Endpoint("service", "~/reset", "std_srvs/srv/Trigger", "", "configured (else it answers why not)",
+             "start a new session: KV cache emptied, new world frame from the next frame, path and trajectory "
+             "restart"),
+    Endpoint("service", "~/save_trajectory", "std_srvs/srv/Trigger", "", "any time",
+             "write the current session's poses to `trajectory_path` (TUM: stamp tx ty tz qx qy qz qw), "
+             "atomically"),
+    Endpoint("service", "~/save_map", "std_srvs/srv/Trigger", "", "any time",
+             "write the voxel map (`publish_map`) to `map_path` as binary PLY, atomically", configured_only=True),
+)
+
+# The managed node's lifecycle interface (rclpy's LifecycleNode): what `ros2 lifecycle` and a
+# lifecycle manager use.
+LIFECYCLE: tuple[Endpoint, ...] = (
+    Endpoint("service", "~/change_state", "lifecycle_msgs/srv/ChangeState", "", "always", "trigger a transition"),
+    Endpoint("service", "~/get_state", "lifecycle_msgs/srv/GetState", "", "always", "the current state"),
+    Endpoint("service", "~/get_available_states", "lifecycle_msgs/srv/GetAvailableStates", "", "always", ""),
+    Endpoint("service", "~/get_available_transitions", "lifecycle_msgs/srv/GetAvailableTransitions", "",
+             "always", ""),
+    Endpoint("service", "~/get_transition_graph", "lifecycle_msgs/srv/GetAvailableTransitions", "", "always", ""),
+    Endpoint("publisher", "~/transition_event", "lifecycle_msgs/msg/TransitionEvent", "reliable", "each transition",
+             ""),
+)
+
+# What every rclpy node has (parameter services, type descriptions, logging, parameter events).
+STANDARD: tuple[Endpoint, ...] = tuple(
+    Endpoint("service", f"~/{name}", f"rcl_interfaces/srv/{srv}", "", "always", "")
+    for name, srv in (("describe_parameters", "DescribeParameters"), ("get_parameter_types", "GetParameterTypes"),
+                      ("get_parameters", "GetParameters"), ("list_parameters", "ListParameters"),
+                      ("set_parameters", "SetParameters"), ("set_parameters_atomically", "SetParametersAtomically"))
+) + (
+    Endpoint("service", "~/get_type_description", "type_description_interfaces/srv/GetTypeDescription", "",
+             "always", ""),
+    Endpoint("publisher", "/rosout", "rcl_interfaces/msg/Log", "latched", "always", ""),
+    Endpoint("publisher", "/parameter_events", "rcl_interfaces/msg/ParameterEvent", "reliable", "always", ""),
+)
+
+
+@dataclass(frozen=True)
+class TfEdge:
+    """One transform the node broadcasts. ``parent``/``child`` name settings; ``child_fallback`` is what
+    the child is when its setting is empty."""
+
+    parent: str  # a setting name
+    child: str  # a setting name
+    child_fallback: str  # used when the child setting is empty
+    when: str
+    stamp: str
+
+
+TF_EDGES: tuple[TfEdge, ...] = (
+    TfEdge("world_frame", "camera_frame", "the image header's `frame_id` (`lingbot_camera` when that is empty too)",
+           "`publish_tf` (default true)",
+           "the image's stamp"),
+)
+
+
+def resolve(name: str, namespace: str = "/", node_name: str = NODE_NAME,
+            remaps: Optional[Mapping[str, str]] = None) -> str:
+    """The absolute name of a row's ``name`` for a node ``node_name`` in ``namespace``, after ``remaps``
+    (``{"image": "/camera/image_raw"}``; as image_transport does, a remapped ``image`` also moves
+    ``image/compressed``)."""
+    remaps = dict(remaps or {})
+    ns = "/" + namespace.strip("/") if namespace.strip("/") else ""
+    if name in remaps:
+        return remaps[name]
+    if name.endswith("/compressed") and name[: -len("/compressed")] in remaps:
+        return remaps[name[: -len("/compressed")]] + "/compressed"
+    if name.startswith("/"):
+        return name
+    if name.startswith("~/"):
+        return f"{ns}/{node_name}/{name[2:]}"
+    return f"{ns}/{name}"
+
+
+__all__ = ["ENDPOINTS", "LIFECYCLE", "NODE_NAME", "QOS_TEXT", "STANDARD", "TF_EDGES", "Endpoint", "TfEdge",
+           "resolve"]
