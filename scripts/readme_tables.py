@@ -173,7 +173,8 @@ def render_tf() -> str:
         default = SETTINGS_BY_NAME[name].default
         return code(name) + (f" (default `{default}`)" if default else "")
 
-    rows = [[frame(e.parent), f"{code(e.child)}, when empty {e.child_fallback}", e.when, e.stamp] for e in TF_EDGES]
+    rows = [[frame(e.parent), code(e.child) + (f", when empty {e.child_fallback}" if e.child_fallback != "-" else ""),
+             e.when, e.stamp] for e in TF_EDGES]
     return table(["parent", "child", "when", "stamp"], rows)
 
 

@@ -57,28 +57,46 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              "`image_transport: compressed`",
              "JPEG or PNG. Remapping `image` also moves `image/compressed`, as image_transport does",
              only_if=(("image_transport", "compressed"),), configured_only=True),
+    Endpoint("subscription", "depth", "sensor_msgs/msg/Image", "qos_reliability",
+             "`scale_source: depth` with `image_transport: raw`",
+             "a depth image registered to the colour image (16UC1 mm or 32FC1 m), paired by stamp "
+             "(`depth_sync_slop`): the metric scale. Remap it to the camera's aligned depth",
+             only_if=(("scale_source", "depth"), ("image_transport", "raw")), configured_only=True),
+    Endpoint("subscription", "depth/compressed", "sensor_msgs/msg/CompressedImage", "qos_reliability",
+             "`scale_source: depth` with `image_transport: compressed`",
+             "the same as compressedDepth PNG",
+             only_if=(("scale_source", "depth"), ("image_transport", "compressed")), configured_only=True),
+    Endpoint("subscription", "/tf", "tf2_msgs/msg/TFMessage", "reliable", "always",
+             "the robot's transforms (tf2 listener): `base_frame` -> camera at the image stamp, `odom_frame` -> "
+             "`base_frame`, and the parents the one-parent check looks at"),
+    Endpoint("subscription", "/tf_static", "tf2_msgs/msg/TFMessage", "latched", "always",
+             "the robot's static transforms (the camera's mounting)"),
     # --- out, per frame
     Endpoint("publisher", "~/pose", "geometry_msgs/msg/PoseStamped", "reliable",
              "every processed frame (after the scale frames)",
-             "camera (optical frame) pose in `world_frame`, stamped with the image's stamp"),
+             "the camera (optical frame) pose, or with `base_frame` the body pose, in `world_frame`, stamped with "
+             "the image's stamp; metric once the scale is locked (`scale_source`)"),
     Endpoint("publisher", "~/odom", "nav_msgs/msg/Odometry", "reliable", "with `~/pose`",
-             "the same pose; `child_frame_id` = camera frame; covariance unknown (-1), no twist"),
+             "the same pose; `child_frame_id` = `base_frame` (else the camera frame); covariance unknown (-1); "
+             "a twist from consecutive poses when the scale is metric"),
     Endpoint("publisher", "~/path", "nav_msgs/msg/Path", "reliable",
              "with every pose up to 1000 poses, then at most twice a second",
              "the current session's poses, at most `path_max_length`"),
     Endpoint("publisher", "/tf", "tf2_msgs/msg/TFMessage", "reliable", "with `~/pose`, when `publish_tf`",
-             "`world_frame` -> camera frame (see the TF table)"),
+             "one edge per frame, `world_frame` -> camera, base or odometry frame (see the TF table); never a "
+             "second parent for a frame"),
     Endpoint("publisher", "~/frame_status", "lingbot_map_ros/msg/FrameStatus", "reliable",
              "once per received frame (BUFFERED before it while the scale frames are collected)",
              "the frame's final status and its reason: PROCESSED, DROPPED_QUEUE, REJECTED_INPUT, REFUSED_POLICY, "
-             "DROPPED_RESET, DROPPED_INACTIVE, NON_FINITE_OUTPUT, FAILED_INFERENCE; the raw 9-number pose encoding"),
+             "DROPPED_RESET, DROPPED_INACTIVE, NON_FINITE_OUTPUT, FAILED_INFERENCE, NO_TRANSFORM; the raw 9-number "
+             "pose encoding"),
     Endpoint("publisher", "~/cache_stats", "lingbot_map_ros/msg/CacheStats", "reliable",
              "every processed frame",
              "frame counters (received = processed + dropped + pending), KV-cache pages and frames, RoPE index, "
              "latency, backend"),
     Endpoint("publisher", "/diagnostics", "diagnostic_msgs/msg/DiagnosticArray", "reliable",
              "every `diagnostics_period` s, in every lifecycle state",
-             "four statuses: `lingbot_map: input`, `inference`, `kv cache`, `backend`"),
+             "six statuses: `lingbot_map: input`, `inference`, `kv cache`, `backend`, `tf`, `scale`"),
     # --- out, reconstruction (the depth head runs when any of publish_depth/points/map is on)
     Endpoint("publisher", "~/depth", "sensor_msgs/msg/Image", "reliable", "`publish_depth`",
              "32FC1 depth (z along the optical axis) at the model input size, camera frame, image stamp"),
@@ -142,12 +160,21 @@ class TfEdge:
     child_fallback: str  # used when the child setting is empty
     when: str
     stamp: str
+    # The edge is the one the node broadcasts while each (setting, is set) pair holds.
+    only_if: tuple[tuple[str, bool], ...] = ()
+
+    def exists_with(self, values: Mapping[str, object]) -> bool:
+        return all(bool(values.get(name)) == is_set for name, is_set in self.only_if)
 
 
 TF_EDGES: tuple[TfEdge, ...] = (
     TfEdge("world_frame", "camera_frame", "the image header's `frame_id` (`lingbot_camera` when that is empty too)",
-           "`publish_tf` (default true)",
-           "the image's stamp"),
+           "`publish_tf` (default true), `base_frame` empty", "the image's stamp", only_if=(("base_frame", False),)),
+    TfEdge("world_frame", "base_frame", "-", "`publish_tf`, `base_frame` set, `odom_frame` empty: the body pose",
+           "the image's stamp", only_if=(("base_frame", True), ("odom_frame", False))),
+    TfEdge("world_frame", "odom_frame", "-", "`publish_tf`, `base_frame` and `odom_frame` set: the map -> odom "
+           "correction over the robot's own odometry (REP 105)", "the image's stamp",
+           only_if=(("base_frame", True), ("odom_frame", True))),
 )
 
 
