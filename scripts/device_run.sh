@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run of record (device machine, nvidia-h200): GPU correctness tests, then the benchmark
 # benchmark table. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
-#   bash scripts/device_run.sh [final|split|record|perf|quick|full|long]
+#   bash scripts/device_run.sh [check|explore|final|split|record|perf|quick|full|long]
 # Everything it prints also lands in $OUT (gpu_tests.log, bench.txt, long.txt) and the JIT-compiled
 # FlashInfer kernels are copied to $OUT/*.so so a later call can skip compiling (put each one at
 # .fi_aot/<name>/<name>.so and carry .fi_aot).
@@ -15,7 +15,13 @@ BENCH=(python3 -m lingbot_map_ros.tools.bench --model-preset full --device cuda 
 # back as .inductor_cache/inductor_cache.tgz to skip most of the compile in a later call.
 export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_cache
 if [ -f .inductor_cache/inductor_cache.tgz ]; then mkdir -p "$TORCHINDUCTOR_CACHE_DIR" && tar -xzf .inductor_cache/inductor_cache.tgz -C "$TORCHINDUCTOR_CACHE_DIR"; fi
-if [ "$MODE" = explore ]; then
+if [ "$MODE" = check ]; then
+  # the manager-driven session on the GPU (no FlashInfer carried: its tests skip, the default kernel on
+  # Hopper is sdpa:split): GPU tests, then the default variant with the kernel profile and camera only
+  timeout 300 python3 -m pytest test/test_gpu.py test/test_gpu_faults.py -q -s -p no:cacheprovider 2>&1 | grep -v DEBUG | tee "$OUT/gpu_tests.log" | tail -30
+  timeout 150 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto --profile 2>&1 | tee "$OUT/bench_auto.txt"
+  timeout 80 "${BENCH[@]}" --frames 208 --heads camera --variants auto 2>&1 | tee "$OUT/bench_auto_camera.txt"
+elif [ "$MODE" = explore ]; then
   # the frame step's levers, first look: GPU tests of the manager-driven session, the host gap of the
   # default path (host work the device waits for), and Inductor-autotuned GEMMs in the fused blocks
   timeout 200 python3 -m pytest test/test_gpu.py test/test_gpu_faults.py -q -s -p no:cacheprovider 2>&1 | grep -v DEBUG | tee "$OUT/gpu_tests.log" | tail -25
@@ -58,7 +64,7 @@ elif [ "$MODE" = perf ] || [ "$MODE" = record ]; then
 elif [ "$MODE" != long ] && [ "$MODE" != final ]; then
   timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
-if [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ]; then
+if [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ]; then
   :  # done above
 elif [ "$MODE" = quick ]; then
   "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"
