@@ -88,6 +88,9 @@ class StreamingSession:
         self._kv: Optional[PagedKVCache] = None  # allocated for the first frame's size
         self._camera_kv: Optional[CameraKVCache] = None
         self._kv_hw: Optional[tuple[int, int]] = None
+        # False: localization against the map in the cache - every frame gets a pose, none is stored
+        # (a non-keyframe's step: the cache's map bytes, page table and counters stay as they are)
+        self.mapping = True
         self._new_session_state()
 
     # ------------------------------------------------------------------ public API
@@ -129,6 +132,9 @@ class StreamingSession:
             )
         if self._phase1_done:
             return self._process_phase2(image, stamp)
+        if not self.mapping:
+            raise SessionError("mapping is off and the session has no map yet (no scale frames): load a "
+                               "session or turn mapping on")
         self._image_hw = hw
         self._pending.append(_PendingFrame(image, stamp))
         if len(self._pending) >= self.stream_cfg.scale_frames:
@@ -195,6 +201,69 @@ class StreamingSession:
             if st.special_pages_capacity and st.special_pages >= 0.9 * st.special_pages_capacity:
                 out.append(f"special pages {st.special_pages} of {st.special_pages_capacity}")
         return out
+
+    # ------------------------------------------------------------------ saved sessions
+    def state_problem(self) -> str:
+        """Why the session cannot be saved now ("" when it can): a map exists and no step is half done."""
+        if not self._phase1_done or self._kv is None or self._camera_kv is None:
+            return (f"the session has no map yet ({len(self._pending)} of {self.stream_cfg.scale_frames} scale "
+                    "frames buffered): nothing to save")
+        return ""
+
+    def state_dict(self) -> dict:
+        """The streaming state machine and the caches' layout as JSON data; the K/V themselves come
+        from ``block_tensors`` / ``camera_tensor``. Raises ``SessionError`` with ``state_problem``."""
+        problem = self.state_problem()
+        if problem:
+            raise SessionError(problem)
+        assert self._kv is not None and self._camera_kv is not None and self._image_hw is not None
+        return {
+            "image_hw": list(self._image_hw), "frame_index": self._frame_index, "stored": self._stored,
+            "scale_count": self._scale_count, "kf_origin": self._kf_origin,
+            "last_visible_keys": self._last_visible_keys, "keyframe_interval": self.stream_cfg.keyframe_interval,
+            "global_cache": self._kv.state_dict(), "camera_cache": self._camera_kv.state_dict(),
+        }
+
+    @property
+    def num_cache_blocks(self) -> int:
+        return self.model_cfg.depth
+
+    def block_tensors(self, block: int) -> dict[str, torch.Tensor]:
+        assert self._kv is not None
+        return self._kv.block_tensors(block)
+
+    def camera_tensor(self) -> torch.Tensor:
+        assert self._camera_kv is not None
+        return self._camera_kv.stored_tensor()
+
+    def check_state(self, state: dict) -> list[str]:
+        """Why a saved state cannot go into this session (empty: it can); allocates the caches for
+        its frame size (the pools every session of that size uses) but changes no frame state."""
+        hw = (int(state["image_hw"][0]), int(state["image_hw"][1]))
+        try:
+            self._ensure_caches(hw)
+        except SessionError as exc:
+            return [str(exc)]
+        assert self._kv is not None and self._camera_kv is not None
+        return self._kv.check_state(state["global_cache"]) + self._camera_kv.check_state(state["camera_cache"])
+
+    def load_state(self, state: dict, block_tensors: Callable[[int], dict], camera: torch.Tensor) -> None:
+        """Continue a saved session: counters, keyframe phase and both caches restored in place (the
+        preallocated pools and their addresses stay, so captured CUDA graphs are replayed as after a
+        window switch: their plan comes from the page table at every step). Raises ``ValueError``
+        when the state does not fit (``check_state``)."""
+        problems = self.check_state(state)
+        if problems:
+            raise ValueError("; ".join(problems))
+        assert self._kv is not None and self._camera_kv is not None
+        self._new_session_state()
+        self._kv.load_state(state["global_cache"], block_tensors)
+        self._camera_kv.load_state(state["camera_cache"], camera)
+        self._image_hw = (int(state["image_hw"][0]), int(state["image_hw"][1]))
+        self._phase1_done = True
+        self._frame_index, self._stored = int(state["frame_index"]), int(state["stored"])
+        self._scale_count, self._kf_origin = int(state["scale_count"]), int(state["kf_origin"])
+        self._last_visible_keys = int(state["last_visible_keys"])
 
     # ------------------------------------------------------------------ internals
     def _new_session_state(self) -> None:
@@ -288,7 +357,7 @@ class StreamingSession:
         return processed
 
     def _process_phase2(self, image: torch.Tensor, stamp: Any) -> list[Processed]:
-        is_kf = self._is_keyframe(self._frame_index)
+        is_kf = self.mapping and self._is_keyframe(self._frame_index)
         f = self._stored
         # Never feed f >= max_frame_num (the official model crashes there, docs/model.md §16 #3); the
         # long-run policy acts before the configured stored-frame limit is passed.

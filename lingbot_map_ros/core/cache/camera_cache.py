@@ -148,6 +148,36 @@ class CameraKVCache:
             self._length += num_frames
         self._step = None
 
+    def state_dict(self) -> dict:
+        """Shapes and the stored length (JSON data); the K/V come from ``stored_tensor``."""
+        if self._step is not None:
+            raise RuntimeError("state_dict() while a step is open")
+        return {"num_iterations": self.num_iterations, "num_blocks": self.num_blocks, "num_heads": self.num_heads,
+                "head_dim": self.head_dim, "length": self._length}
+
+    def stored_tensor(self) -> torch.Tensor:
+        """The stored frames' K/V on the host: ``[iterations, blocks, 2, length, H, D]``."""
+        return self._storage[:, :, :, : self._length].cpu()
+
+    def check_state(self, state: dict) -> list[str]:
+        """Why a saved camera cache cannot go into this one (empty: it can)."""
+        problems = [f"camera cache {key} {state[key]} != {getattr(self, key)}"
+                    for key in ("num_iterations", "num_blocks", "num_heads", "head_dim")
+                    if int(state[key]) != getattr(self, key)]
+        if int(state["length"]) + 1 > self.capacity:
+            problems.append(f"camera cache holds {state['length']} frames, this one {self.capacity - 1}")
+        return problems
+
+    def load_state(self, state: dict, stored: torch.Tensor) -> None:
+        """Restore in place (``stored``: ``stored_tensor``'s tensor, any device)."""
+        problems = self.check_state(state)
+        if problems:
+            raise ValueError("; ".join(problems))
+        length = int(state["length"])
+        self._step = None
+        self._storage[:, :, :, :length].copy_(stored.to(self.device, self.dtype))  # [I, B, 2, L, H, D]
+        self._length = length
+
     def reset(self) -> None:
         """Forget every frame (storage kept; slots are rewritten before they become visible)."""
         self._length = 0

@@ -228,6 +228,63 @@ class PagedKVCache:
             self.table.rollback()
         self._step = None
 
+    # ------------------------------------------------------------------ saved sessions
+
+    def state_dict(self) -> dict:
+        """Shapes and page table (JSON data); the K/V of the stored frames come from ``block_tensors``."""
+        if self._step is not None:
+            raise RuntimeError("state_dict() while a step is open")
+        return {"num_blocks": self.num_blocks, "num_heads": self.num_heads, "head_dim": self.head_dim,
+                "dtype": str(self.dtype).replace("torch.", ""), "table": self.table.state_dict()}
+
+    def block_tensors(self, block: int) -> dict[str, torch.Tensor]:
+        """What one block holds of the map, on the host: only the pages in use, never the whole pool.
+
+        ``patch`` [2, scale + window, page, H, D] in the table's order (scale pages, then the window
+        oldest first); ``special`` [2, special_tokens, H, D], the packed special stream of every
+        stored frame (evicted ones included)."""
+        pages = torch.tensor(self.table.scale_pages + self.table.window_pages, dtype=torch.long, device=self.device)
+        kv = self._storage[block]  # [2, pages, page, H, D]
+        first = self.table.num_patch_pages * self.page_size
+        flat = kv.view(2, -1, self.num_heads, self.head_dim)  # [2, pages*page, H, D]
+        return {"patch": kv.index_select(1, pages).cpu(),  # [2, n, page, H, D]
+                "special": flat[:, first:first + self.table.special_tokens].cpu()}  # [2, specials, H, D]
+
+    def check_state(self, state: dict) -> list[str]:
+        """Why a saved cache cannot go into this one (empty: it can); nothing changes."""
+        problems = [f"global cache {key} {state[key]} != {getattr(self, key)}"
+                    for key in ("num_blocks", "num_heads", "head_dim") if int(state[key]) != getattr(self, key)]
+        dtype = str(self.dtype).replace("torch.", "")
+        if state["dtype"] != dtype:
+            problems.append(f"KV cache dtype {state['dtype']} != {dtype}")
+        t = self.table  # a probe table of the same pools checks the saved one without touching ours
+        probe = PageTable(scale_frames=t.scale_frames, sliding_window=t.sliding_window, page_size=t.page_size,
+                          num_patch_pages=t.num_patch_pages, special_pages=t.special_pages,
+                          specials_per_frame=t.specials_per_frame, allocation=t.allocation)
+        try:
+            probe.load_state_dict(state["table"])
+        except (ValueError, KeyError, TypeError) as exc:
+            problems.append(f"page table: {exc}")
+        return problems
+
+    def load_state(self, state: dict, block_tensors) -> None:
+        """Restore a saved cache in place: the page table, then each block's pages written straight
+        into the preallocated storage (``block_tensors(b)``: ``block_tensors``' dict, any device) -
+        no second pool is allocated and every storage address stays (captured CUDA graphs stay valid)."""
+        problems = self.check_state(state)
+        if problems:
+            raise ValueError("; ".join(problems))
+        pages = torch.tensor(self.table.load_state_dict(state["table"]), dtype=torch.long, device=self.device)
+        self._step, self._write_slots, self.last_step_visible_keys = None, None, 0
+        first = self.table.num_patch_pages * self.page_size
+        specials = self.table.special_tokens
+        for block in range(self.num_blocks):
+            saved = block_tensors(block)
+            kv = self._storage[block]  # [2, pages, page, H, D]
+            kv.index_copy_(1, pages, saved["patch"].to(self.device, self.dtype))  # [2, n, page, H, D]
+            flat = kv.view(2, -1, self.num_heads, self.head_dim)
+            flat[:, first:first + specials].copy_(saved["special"].to(self.device, self.dtype))
+
     def reset(self) -> None:
         """Forget every frame. Pages are not zeroed: a slot is always written before it is visible."""
         self.table.reset()
