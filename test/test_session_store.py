@@ -294,7 +294,8 @@ def _child_slow_save(session: str) -> None:
 def test_a_save_killed_half_way_leaves_the_previous_session_loadable(saved, tmp_path):
     good, frames, following = saved
     path = copy_session(good, tmp_path / "s")
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_session_store as t; t._child_slow_save(sys.argv[2])")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_session_store as t; "
+            "t._child_slow_save(sys.argv[2])")
     proc = subprocess.Popen([sys.executable, "-c", code, str(Path(__file__).parent), str(path)],
                             stdout=subprocess.PIPE, text=True)
     try:

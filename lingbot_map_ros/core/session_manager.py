@@ -45,8 +45,15 @@ from .model import LingBotMap, build_model
 from .results import CacheSnapshot, FrameResult, SessionInfo
 from .runtime import ResolvedRuntime, resolve_runtime
 from .session_errors import SessionError, SessionStopped, StoredFrameLimit
-from .session_store import (SessionFileError, identity_problems, read_group, read_manifest, verify_files,
-                            weights_identity, write_session)
+from .session_store import (
+    SessionFileError,
+    identity_problems,
+    read_group,
+    read_manifest,
+    verify_files,
+    weights_identity,
+    write_session,
+)
 from .settings import applies_of_field
 from .stream import Processed, StreamingSession
 
