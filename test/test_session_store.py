@@ -394,3 +394,36 @@ def test_load_starts_a_session_the_listener_hears(saved):
     report = manager.load(str(good))
     assert [s.cause for s in heard] == [SessionCause.LOADED] and report.session_id == 1 == manager.session_id
     assert "20 frames" in report.message()
+
+
+# ------------------------------------------------------------------------------- other pools
+def test_a_cache_loads_into_other_pools_with_the_same_attention():
+    """Saved with the official pools and LIFO order, loaded into tight pools with the ``lowest``
+    order (what the GPU's dense backends use) and the reverse: the next step attends identically."""
+    from lingbot_map_ros.core.cache import PagedKVCache
+
+    g = torch.Generator().manual_seed(3)
+    common = dict(num_blocks=2, num_heads=2, head_dim=8, page_size=4, scale_frames=2, sliding_window=3,
+                  max_frame_num=40, dtype=torch.float32, device="cpu")
+    official = PagedKVCache(**common)
+    tight = PagedKVCache(**common, num_patch_pages=6, special_pages=12, allocation="lowest")
+    tokens = official.tokens_per_frame
+
+    def step(cache, frames, store, qkv=None):
+        cache.begin_step(frames, store=store)
+        n = frames * tokens
+        q, k, v = qkv if qkv is not None else (torch.randn(n, 2, 8, generator=g) for _ in range(3))
+        out = [cache(b, q, k, v) for b in range(2)]
+        cache.end_step()
+        return out
+
+    for source, target in ((official, tight), (tight, official)):
+        source.reset()
+        step(source, 2, True)
+        for i in range(7):  # keyframes and non-keyframes, evictions
+            step(source, 1, i % 3 != 2)
+        target.load_state(source.state_dict(), source.block_tensors)
+        assert target.stats().frames_evicted == source.stats().frames_evicted > 0
+        qkv = tuple(torch.randn(tokens, 2, 8, generator=g) for _ in range(3))
+        for a, b in zip(step(source, 1, True, qkv), step(target, 1, True, qkv)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
