@@ -427,3 +427,21 @@ def test_a_cache_loads_into_other_pools_with_the_same_attention():
         qkv = tuple(torch.randn(tokens, 2, 8, generator=g) for _ in range(3))
         for a, b in zip(step(source, 1, True, qkv), step(target, 1, True, qkv)):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_session_of_another_frame_size_loads_and_a_refusal_keeps_the_current_caches(saved, tmp_path):
+    """Loading a session made at another frame size checks it without building caches for it: a
+    refusal leaves the running session's caches, and a good one replaces them."""
+    good, frames, following = saved
+    big = manager_for("tiny")
+    push_all(big, [torch.rand(3, 2 * H, W) for _ in range(6)])
+    big.save(str(tmp_path / "big"))
+    damaged = copy_session(tmp_path / "big", tmp_path / "damaged")
+    edit_manifest(damaged, lambda m: m["session"]["global_cache"]["table"].update(frames_stored=1))
+    manager = manager_for("tiny")
+    push_all(manager, frames[:20])
+    with pytest.raises(SessionFileError, match="inconsistent page table"):
+        manager.load(str(damaged))
+    assert_session_kept(manager, frames, following)
+    manager.load(str(tmp_path / "big"))
+    assert manager.push(torch.rand(3, 2 * H, W))[0].image_hw == (2 * H, W)

@@ -28,13 +28,17 @@ import numpy as np
 import torch
 
 from .cache import CacheFull, CameraKVCache, PagedKVCache
-from .cache.factory import build_camera_cache, build_global_cache
+from .cache.camera_cache import camera_state_problems
+from .cache.factory import build_camera_cache, build_global_cache, camera_cache_shape, pool_layout
+from .cache.paged import cache_state_problems
+from .cache.pages import PageTable
 from .config import (
     PATCH_SIZE,
     SPECIAL_TOKENS_PER_FRAME,
     ModelConfig,
     StreamConfig,
     replace,
+    special_pages_capacity,
     stored_frame_limit,
     validate_stream,
 )
@@ -237,15 +241,26 @@ class StreamingSession:
         return self._camera_kv.stored_tensor()
 
     def check_state(self, state: dict) -> list[str]:
-        """Why a saved state cannot go into this session (empty: it can); allocates the caches for
-        its frame size (the pools every session of that size uses) but changes no frame state."""
+        """Why a saved state cannot go into this session (empty: it can). Nothing changes: for a frame
+        size the session has no caches for, the caches it would build are checked without building them."""
         hw = (int(state["image_hw"][0]), int(state["image_hw"][1]))
-        try:
-            self._ensure_caches(hw)
-        except SessionError as exc:
-            return [str(exc)]
-        assert self._kv is not None and self._camera_kv is not None
-        return self._kv.check_state(state["global_cache"]) + self._camera_kv.check_state(state["camera_cache"])
+        if self._kv is not None and self._camera_kv is not None and self._kv_hw == hw:
+            return self._kv.check_state(state["global_cache"]) + self._camera_kv.check_state(state["camera_cache"])
+        cfg, scfg = self.model_cfg, self.stream_cfg
+        rows = SPECIAL_TOKENS_PER_FRAME + max(hw) // PATCH_SIZE  # spatial RoPE rows (as _ensure_caches)
+        if hw[0] % PATCH_SIZE or hw[1] % PATCH_SIZE or rows > scfg.max_frame_num:
+            return [f"frame size {hw[1]}x{hw[0]} does not fit this session (patch {PATCH_SIZE}, max_frame_num "
+                    f"{scfg.max_frame_num})"]
+        page_size = (hw[0] // PATCH_SIZE) * (hw[1] // PATCH_SIZE)
+        layout = pool_layout(self.runtime, scfg, page_size)
+        table = PageTable(scale_frames=scfg.scale_frames, sliding_window=scfg.sliding_window, page_size=page_size,
+                          num_patch_pages=layout.num_patch_pages,
+                          special_pages=layout.special_pages or special_pages_capacity(scfg.max_frame_num, page_size),
+                          allocation=layout.allocation)
+        camera = camera_cache_shape(self.runtime, cfg, scfg)
+        return (cache_state_problems(state["global_cache"], num_blocks=cfg.depth, num_heads=cfg.num_heads,
+                                     head_dim=cfg.head_dim, dtype=self.dtype, table=table)
+                + camera_state_problems(state["camera_cache"], **camera))
 
     def load_state(self, state: dict, block_tensors: Callable[[int], dict], camera: torch.Tensor) -> None:
         """Continue a saved session: counters, keyframe phase and both caches restored in place (the
@@ -255,6 +270,7 @@ class StreamingSession:
         problems = self.check_state(state)
         if problems:
             raise ValueError("; ".join(problems))
+        self._ensure_caches((int(state["image_hw"][0]), int(state["image_hw"][1])))  # the pools stay when they fit
         assert self._kv is not None and self._camera_kv is not None
         self._new_session_state()
         self._kv.load_state(state["global_cache"], block_tensors)

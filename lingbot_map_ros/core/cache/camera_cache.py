@@ -161,12 +161,8 @@ class CameraKVCache:
 
     def check_state(self, state: dict) -> list[str]:
         """Why a saved camera cache cannot go into this one (empty: it can)."""
-        problems = [f"camera cache {key} {state[key]} != {getattr(self, key)}"
-                    for key in ("num_iterations", "num_blocks", "num_heads", "head_dim")
-                    if int(state[key]) != getattr(self, key)]
-        if int(state["length"]) + 1 > self.capacity:
-            problems.append(f"camera cache holds {state['length']} frames, this one {self.capacity - 1}")
-        return problems
+        return camera_state_problems(state, num_iterations=self.num_iterations, num_blocks=self.num_blocks,
+                                     num_heads=self.num_heads, head_dim=self.head_dim, capacity=self.capacity)
 
     def load_state(self, state: dict, stored: torch.Tensor) -> None:
         """Restore in place (``stored``: ``stored_tensor``'s tensor, any device)."""
@@ -184,4 +180,15 @@ class CameraKVCache:
         self._step = None
 
 
-__all__ = ["CameraKVCache"]
+def camera_state_problems(state: dict, *, num_iterations: int, num_blocks: int, num_heads: int, head_dim: int,
+                          capacity: int) -> list[str]:
+    """Why a saved camera cache cannot go into a cache of these shapes (empty: it can); needs no storage."""
+    have = {"num_iterations": num_iterations, "num_blocks": num_blocks, "num_heads": num_heads, "head_dim": head_dim}
+    problems = [f"camera cache {key} {state[key]} != {value}" for key, value in have.items()
+                if int(state[key]) != value]
+    if int(state["length"]) + 1 > capacity:  # + 1: the scratch slot of a non-keyframe
+        problems.append(f"camera cache holds {state['length']} frames, this one {capacity - 1}")
+    return problems
+
+
+__all__ = ["CameraKVCache", "camera_state_problems"]

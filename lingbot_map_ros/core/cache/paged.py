@@ -252,20 +252,8 @@ class PagedKVCache:
 
     def check_state(self, state: dict) -> list[str]:
         """Why a saved cache cannot go into this one (empty: it can); nothing changes."""
-        problems = [f"global cache {key} {state[key]} != {getattr(self, key)}"
-                    for key in ("num_blocks", "num_heads", "head_dim") if int(state[key]) != getattr(self, key)]
-        dtype = str(self.dtype).replace("torch.", "")
-        if state["dtype"] != dtype:
-            problems.append(f"KV cache dtype {state['dtype']} != {dtype}")
-        t = self.table  # a probe table of the same pools checks the saved one without touching ours
-        probe = PageTable(scale_frames=t.scale_frames, sliding_window=t.sliding_window, page_size=t.page_size,
-                          num_patch_pages=t.num_patch_pages, special_pages=t.special_pages,
-                          specials_per_frame=t.specials_per_frame, allocation=t.allocation)
-        try:
-            probe.load_state_dict(state["table"])
-        except (ValueError, KeyError, TypeError) as exc:
-            problems.append(f"page table: {exc}")
-        return problems
+        return cache_state_problems(state, num_blocks=self.num_blocks, num_heads=self.num_heads,
+                                    head_dim=self.head_dim, dtype=self.dtype, table=self.table)
 
     def load_state(self, state: dict, block_tensors) -> None:
         """Restore a saved cache in place: the page table, then each block's pages written straight
@@ -293,4 +281,26 @@ class PagedKVCache:
         self.last_step_visible_keys = 0
 
 
-__all__ = ["PagedKVCache"]
+def cache_state_problems(state: dict, *, num_blocks: int, num_heads: int, head_dim: int, dtype: torch.dtype,
+                         table: PageTable) -> list[str]:
+    """Why a saved global cache cannot go into a cache of these shapes and this table's pools (empty:
+    it can); ``table`` is not changed (a probe of the same pools takes the saved state). No storage
+    is needed, so a session can check a saved state for a frame size it has no caches for yet."""
+    have = {"num_blocks": num_blocks, "num_heads": num_heads, "head_dim": head_dim}
+    problems = [f"global cache {key} {state[key]} != {value}" for key, value in have.items()
+                if int(state[key]) != value]
+    name = str(dtype).replace("torch.", "")
+    if state["dtype"] != name:
+        problems.append(f"KV cache dtype {state['dtype']} != {name}")
+    probe = PageTable(scale_frames=table.scale_frames, sliding_window=table.sliding_window,
+                      page_size=table.page_size, num_patch_pages=table.num_patch_pages,
+                      special_pages=table.special_pages, specials_per_frame=table.specials_per_frame,
+                      allocation=table.allocation)
+    try:
+        probe.load_state_dict(state["table"])
+    except (ValueError, KeyError, TypeError) as exc:
+        problems.append(f"page table: {exc}")
+    return problems
+
+
+__all__ = ["PagedKVCache", "cache_state_problems"]
