@@ -445,3 +445,35 @@ def test_a_session_of_another_frame_size_loads_and_a_refusal_keeps_the_current_c
     assert_session_kept(manager, frames, following)
     manager.load(str(tmp_path / "big"))
     assert manager.push(torch.rand(3, 2 * H, W))[0].image_hw == (2 * H, W)
+
+
+# ------------------------------------------------------------------------------- offline tool
+def test_offline_second_recording_continues_in_the_world_of_the_first(tmp_path, capsys):
+    """``--save-session`` after recording 1, ``--load-session`` for recording 2 = one run over both;
+    ``--no-mapping`` localizes recording 2 without storing a frame."""
+    from lingbot_map_ros.tools import offline
+
+    g = torch.Generator().manual_seed(11)
+    first, second = (torch.rand(n, 3, H, W, generator=g).numpy() for n in (12, 8))
+    for name, frames in (("first", first), ("second", second), ("both", np.concatenate([first, second]))):
+        np.save(tmp_path / f"{name}.npy", frames)
+    common = ["--model-preset", "tiny", "--device", "cpu", "--dtype", "float32", "--attention-backend", "sdpa",
+              "--scale-frames", "2", "--sliding-window", "3", "--keyframe-interval", "2",
+              "--max-stored-frames", "8", "--overlap-frames", "3", "--seed", "4", "--quiet"]
+    run = lambda *args: offline.main(common + list(args))  # noqa: E731
+    assert run("--frames", str(tmp_path / "both.npy"), "--out", str(tmp_path / "both.npz")) == 0
+    assert run("--frames", str(tmp_path / "first.npy"), "--out", str(tmp_path / "1.npz"),
+               "--save-session", str(tmp_path / "s")) == 0
+    assert run("--frames", str(tmp_path / "second.npy"), "--out", str(tmp_path / "2.npz"),
+               "--load-session", str(tmp_path / "s")) == 0
+    both, resumed = np.load(tmp_path / "both.npz"), np.load(tmp_path / "2.npz")
+    for key in ("pose_enc", "c2w", "frame_index", "is_keyframe", "window_index"):
+        np.testing.assert_array_equal(resumed[key], both[key][12:], err_msg=key)
+    assert run("--frames", str(tmp_path / "second.npy"), "--out", str(tmp_path / "3.npz"),
+               "--load-session", str(tmp_path / "s"), "--no-mapping") == 0
+    local = np.load(tmp_path / "3.npz")
+    assert not local["is_keyframe"].any() and np.isfinite(local["c2w"]).all()
+    assert local["frame_index"].tolist() == list(range(12, 20))
+    assert run("--frames", str(tmp_path / "second.npy"), "--out", str(tmp_path / "4.npz"),
+               "--load-session", str(tmp_path / "nothing")) == 2
+    assert "--load-session: " in capsys.readouterr().err and not (tmp_path / "4.npz").exists()
