@@ -306,6 +306,9 @@ def test_a_save_killed_half_way_leaves_the_previous_session_loadable(saved, tmp_
     manager = manager_for("tiny")
     assert manager.load(str(path)).frames == 20  # the old session, not the 30 frames of the killed save
     assert_session_kept(manager, frames, following)
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # the killed writer's folder
+    manager.save(str(path))  # the next save removes it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
 
 
 def test_a_save_killed_between_its_renames_is_recovered(saved, tmp_path):

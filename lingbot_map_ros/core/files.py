@@ -132,6 +132,21 @@ def recover_directory(path: PathLike) -> bool:
     return True
 
 
+def _remove_stale_temporaries(path: Path) -> None:
+    """Temporary folders of writers that were killed (their pid is gone): removed before a new write."""
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        try:
+            pid = int(tmp.name[len(path.name) + 2:].split(".")[0])
+        except ValueError:
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:
+            pass  # alive (another user's process, say): left alone
+
+
 @contextlib.contextmanager
 def atomic_directory(path: PathLike) -> Iterator[Path]:
     """``with atomic_directory(d) as tmp: write files into tmp``: the folder ``d`` is replaced by
@@ -142,11 +157,13 @@ def atomic_directory(path: PathLike) -> Iterator[Path]:
     ``.d.previous``, the new folder renamed to ``d``, then the parked one removed. A kill between
     those two renames leaves no ``d`` and the complete old folder parked: ``recover_directory``
     (called here first, and by readers) puts it back. The files inside are written with
-    ``atomic_open`` too, so a kill during the writing leaves only a hidden ``.tmp`` folder.
+    ``atomic_open`` too, so a kill during the writing leaves only a hidden ``.tmp`` folder, which the
+    next write removes (its writer's pid is gone).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     recover_directory(path)
+    _remove_stale_temporaries(path)
     tmp = temporary_name(path)
     tmp.mkdir(mode=0o777)
     try:
