@@ -480,3 +480,26 @@ def test_offline_second_recording_continues_in_the_world_of_the_first(tmp_path, 
     assert run("--frames", str(tmp_path / "second.npy"), "--out", str(tmp_path / "4.npz"),
                "--load-session", str(tmp_path / "nothing")) == 2
     assert "--load-session: " in capsys.readouterr().err and not (tmp_path / "4.npz").exists()
+
+
+# ------------------------------------------------------------------------------- metric scale
+def test_a_locked_and_a_re_estimating_scale_continue_after_a_load():
+    """ScaleEstimator.state_dict through JSON: the lock (map, relocks) and an open round's anchor come
+    back, so the next lock continues from the same anchor as without the save."""
+    from lingbot_map_ros.core.scale import LOCKED, RE_ESTIMATING, DepthSample, ScaleEstimator
+
+    est = ScaleEstimator("depth", min_samples=2)
+    for _ in range(2):
+        est.add_depth(DepthSample(2.0, 1.0))
+    est.start_window(np.array([0.3, -1.0, 4.0]))
+    copy = ScaleEstimator("depth", min_samples=2)
+    copy.load_state(json.loads(json.dumps(est.state_dict())))
+    assert copy.status().state == RE_ESTIMATING and copy.map.factor == est.map.factor
+    for e in (est, copy):
+        for _ in range(2):
+            e.add_depth(DepthSample(2.2, 1.0))
+    assert copy.status().state == LOCKED and copy.status().relocks == est.status().relocks == 1
+    np.testing.assert_array_equal(copy.map.offset, est.map.offset)
+    other = ScaleEstimator("odometry")
+    other.load_state(est.state_dict())  # another source decides its own unit: nothing taken
+    assert other.map is None
