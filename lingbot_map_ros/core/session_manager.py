@@ -23,6 +23,11 @@ the benchmarks), and it is the only code that builds a model or a ``StreamingSes
   session** on the same model (a changed ``long_run_policy`` swaps the policy object);
   ``keyframe_interval`` or the depth head: **from the next frame**, same session.
 
+* **saved sessions** - ``save(path, extra)`` writes the session (the KV cache is the map) with each
+  class's own state dict through ``session_store.py``; ``load(path)`` checks everything first (a
+  refusal keeps the current session), then replaces the session in place as one more new session
+  (``SessionCause.LOADED``) that continues exactly; ``mapping = False`` localizes (nothing stored).
+
 Session ids are monotonic over everything above. Not thread-safe by design: one thread (the node's
 inference thread) owns the manager; other threads read ``view()`` snapshots.
 """
