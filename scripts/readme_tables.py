@@ -41,6 +41,7 @@ APPLIES_CELL = {
     "subscription": "re-subscribes",
     "timer": "at once",
     "startup": "read-only (set at start)",
+    "configure": "next configure",
 }
 DIRECTION = {"subscription": "in", "publisher": "out"}
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import stat
 from pathlib import Path
 from typing import IO, Iterator, Optional, Union
@@ -115,4 +116,72 @@ def atomic_write_text(path: PathLike, text: str, *, encoding: str = "utf-8", par
         f.write(text)
 
 
-__all__ = ["atomic_open", "atomic_write_bytes", "atomic_write_text", "temporary_name"]
+def _previous_name(path: Path) -> Path:
+    """Where ``atomic_directory`` parks the old folder for the instant between its two renames."""
+    return path.with_name(f".{path.name}.previous")
+
+
+def recover_directory(path: PathLike) -> bool:
+    """Undo an ``atomic_directory`` that was killed between its two renames: ``path`` is missing and
+    the previous folder is parked next to it. Returns True when it put the previous folder back."""
+    path = Path(path)
+    parked = _previous_name(path)
+    if path.exists() or not parked.is_dir():
+        return False
+    os.rename(parked, path)
+    return True
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Temporary folders of writers that were killed (their pid is gone): removed before a new write."""
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        try:
+            pid = int(tmp.name[len(path.name) + 2:].split(".")[0])
+        except ValueError:
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:
+            pass  # alive (another user's process, say): left alone
+
+
+@contextlib.contextmanager
+def atomic_directory(path: PathLike) -> Iterator[Path]:
+    """``with atomic_directory(d) as tmp: write files into tmp``: the folder ``d`` is replaced by
+    ``tmp``, complete, when the block ends without an exception; on any exception the temporary
+    folder is removed and ``d`` is left as it was.
+
+    A folder cannot be renamed over a non-empty one, so an existing ``d`` is first parked as
+    ``.d.previous``, the new folder renamed to ``d``, then the parked one removed. A kill between
+    those two renames leaves no ``d`` and the complete old folder parked: ``recover_directory``
+    (called here first, and by readers) puts it back. The files inside are written with
+    ``atomic_open`` too, so a kill during the writing leaves only a hidden ``.tmp`` folder, which the
+    next write removes (its writer's pid is gone).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    recover_directory(path)
+    _remove_stale_temporaries(path)
+    tmp = temporary_name(path)
+    tmp.mkdir(mode=0o777)
+    try:
+        yield tmp
+        parked = _previous_name(path)
+        if parked.exists():
+            shutil.rmtree(parked)
+        if path.exists():
+            os.rename(path, parked)
+        os.rename(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            recover_directory(path)  # the second rename failed: the old folder goes back
+        raise
+    shutil.rmtree(_previous_name(path), ignore_errors=True)
+    _fsync_folder(path.parent)
+
+
+__all__ = ["atomic_directory", "atomic_open", "atomic_write_bytes", "atomic_write_text", "recover_directory",
+           "temporary_name"]

@@ -198,6 +198,26 @@ class LongRunPolicy:
         return out
 
 
+    def next_frame_index(self, session: StreamingSession) -> int:
+        """The ``frame_index`` the next frame handed out gets."""
+        return session.frames_pushed
+
+    # ------------------------------------------------------------------ saved sessions
+    def state_dict(self) -> dict:
+        """The policy's state as JSON data (its tensors: ``state_tensors``)."""
+        return {"name": self.name, "window_index": self.window_index, "window_switches": self.window_switches}
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def load_state(self, state: dict, tensors: dict[str, torch.Tensor]) -> None:
+        """Continue from ``state_dict``/``state_tensors`` of a policy of the same name."""
+        if state["name"] != self.name:
+            raise ValueError(f"long_run_policy {state['name']!r} != {self.name!r}")
+        self.window_index = int(state["window_index"])
+        self.window_switches = int(state["window_switches"])
+
+
 class StopPolicy(LongRunPolicy):
     """At the limit the session refuses frames (``SessionStopped``, the node's ``REFUSED_POLICY``)
     until reset: for a user who wants one world frame and no silent change of it."""
@@ -222,6 +242,13 @@ class StopPolicy(LongRunPolicy):
 
     def reset(self, stream: StreamConfig) -> None:
         self.stopped = False
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "stopped": self.stopped}
+
+    def load_state(self, state: dict, tensors: dict[str, torch.Tensor]) -> None:
+        super().load_state(state, tensors)
+        self.stopped = bool(state["stopped"])
 
     def warnings(self, out: list[str]) -> list[str]:
         if self.stopped:
@@ -321,6 +348,52 @@ class WindowPolicy(LongRunPolicy):
         self._start_next_window(session)
         # the re-fed overlap (>= scale_frames frames) finished phase 1: the frame is a phase-2 frame now
         return AtLimit(LimitAction.PUSH_AGAIN, f"window {self.window_index} started")
+
+    def next_frame_index(self, session: StreamingSession) -> int:
+        return self._published
+
+    # ------------------------------------------------------------------ saved sessions
+    def state_dict(self) -> dict:
+        """The chain (Sim(3), frames handed out, the pending switch note) and the overlap buffer's
+        poses; the overlap's images and depths are ``state_tensors``. The overlap stamps are not
+        kept: re-fed frames only feed the alignment, their stamps are never handed out."""
+        sim = self._sim3
+        overlap = list(self._overlap)
+        return {
+            **super().state_dict(),
+            "sim3": {"scale": sim.scale, "rot": sim.rot.tolist(), "trans": sim.trans.tolist()},
+            "published": self._published, "switch_note": self._switch_note,
+            "overlap_maxlen": self._overlap.maxlen,
+            "overlap_c2w": [f.c2w.tolist() for f in overlap],
+            "overlap_keyframe": [bool(f.is_keyframe) for f in overlap],
+            "overlap_depth": bool(overlap) and all(f.depth is not None for f in overlap),
+        }
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        overlap = list(self._overlap)
+        if not overlap:
+            return {}
+        out = {"overlap_images": torch.stack([f.image for f in overlap]).contiguous()}  # [N, 3, H, W]
+        if all(f.depth is not None for f in overlap):
+            out["overlap_depth"] = torch.from_numpy(np.stack([f.depth for f in overlap]))  # [N, H, W]
+        return out
+
+    def load_state(self, state: dict, tensors: dict[str, torch.Tensor]) -> None:
+        super().load_state(state, tensors)
+        sim = state["sim3"]
+        self._sim3 = Sim3(float(sim["scale"]), np.asarray(sim["rot"], dtype=np.float64),
+                          np.asarray(sim["trans"], dtype=np.float64))
+        self._published = int(state["published"])
+        self._switch_note = state["switch_note"]
+        self.last_alignment = None  # diagnostics of a switch before the save: not kept
+        self._overlap = deque(maxlen=int(state["overlap_maxlen"]))
+        images = tensors.get("overlap_images")
+        depth = tensors.get("overlap_depth") if state["overlap_depth"] else None
+        for i, (c2w, is_kf) in enumerate(zip(state["overlap_c2w"], state["overlap_keyframe"])):
+            assert images is not None
+            self._overlap.append(_OverlapFrame(
+                images[i].clone(), None, np.asarray(c2w, dtype=np.float64),
+                None if depth is None else depth[i].numpy().copy(), bool(is_kf)))
 
     # ------------------------------------------------------------------ window switch
     def _reset_chain(self, overlap_frames: int) -> None:

@@ -313,6 +313,29 @@ class ScaleEstimator:
         self._round_open = False
         self._last_reason = ""
 
+    # ------------------------------------------------------------------ saved sessions
+    def state_dict(self) -> dict:
+        """The lock (map, spread, relocks) as JSON data, for a saved session. An open round's samples
+        are not kept: a resumed round starts afresh (while a locked map keeps being applied)."""
+        m = self._map
+        return {"source": self.source, "map": None if m is None else {"factor": m.factor, "offset": m.offset.tolist()},
+                "spread": None if math.isnan(self._spread) else self._spread, "relocks": self.relocks,
+                "round_open": self._round_open,
+                "anchor": None if self._anchor is None else np.asarray(self._anchor).tolist()}
+
+    def load_state(self, state: dict) -> None:
+        """Continue a saved session's scale; a saved state of another ``scale_source`` is ignored (the
+        node's source decides what the world's unit is)."""
+        if state.get("source") != self.source:
+            return
+        m = state["map"]
+        self._map = None if m is None else MetricMap(float(m["factor"]), np.asarray(m["offset"], np.float64))
+        self._spread = math.nan if state["spread"] is None else float(state["spread"])
+        self.relocks = int(state["relocks"])
+        anchor = state.get("anchor")
+        self._start_round(anchor=None if anchor is None else np.asarray(anchor, np.float64))
+        self._round_open = bool(state["round_open"]) and self.source in ("depth", "odometry")
+
     # ------------------------------------------------------------------ report
     def problem(self) -> str:
         """Why the open round has not locked, once it has tried long enough to tell; "" otherwise."""

@@ -23,12 +23,20 @@ the benchmarks), and it is the only code that builds a model or a ``StreamingSes
   session** on the same model (a changed ``long_run_policy`` swaps the policy object);
   ``keyframe_interval`` or the depth head: **from the next frame**, same session.
 
+* **saved sessions** - ``save(path, extra)`` writes the session (the KV cache is the map) with each
+  class's own state dict through ``session_store.py``; ``load(path)`` checks everything first (a
+  refusal keeps the current session), then replaces the session in place as one more new session
+  (``SessionCause.LOADED``) that continues exactly; ``mapping = False`` localizes (nothing stored).
+
 Session ids are monotonic over everything above. Not thread-safe by design: one thread (the node's
 inference thread) owns the manager; other threads read ``view()`` snapshots.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
+import json
+import time
 import traceback
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional
@@ -42,6 +50,15 @@ from .model import LingBotMap, build_model
 from .results import CacheSnapshot, FrameResult, SessionInfo
 from .runtime import ResolvedRuntime, resolve_runtime
 from .session_errors import SessionError, SessionStopped, StoredFrameLimit
+from .session_store import (
+    SessionFileError,
+    identity_problems,
+    read_group,
+    read_manifest,
+    verify_files,
+    weights_identity,
+    write_session,
+)
 from .settings import applies_of_field
 from .stream import Processed, StreamingSession
 
@@ -58,6 +75,7 @@ class SessionCause(str, enum.Enum):
     FAILURE = "failure"  # the model raised
     NON_FINITE = "non_finite"  # the caller saw non-finite outputs in a row
     TIME_JUMP = "time_jump"  # the caller saw the stamps go back
+    LOADED = "loaded"  # a saved session replaced the current one (``load``)
 
 
 @dataclass(frozen=True)
@@ -126,6 +144,43 @@ class ManagerView:
     snapshot: CacheSnapshot = field(default_factory=CacheSnapshot)
     warnings: tuple[str, ...] = ()
     last_start: Optional[SessionStart] = None
+
+
+@dataclass(frozen=True)
+class SaveReport:
+    """What ``SessionManager.save`` wrote."""
+
+    path: str
+    frames: int  # frames handed out in the saved world frame (the next frame's index)
+    stored: int  # frames stored in the KV cache of the current window
+    bytes: int
+    seconds: float
+
+    def message(self) -> str:
+        return (f"saved session to {self.path}: {self.frames} frames ({self.stored} stored in the cache), "
+                f"{self.bytes / 2**20:.1f} MiB in {self.seconds:.2f} s")
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What ``SessionManager.load`` restored; ``extra``: the caller's own state saved with it."""
+
+    path: str
+    frames: int
+    stored: int
+    session_id: int
+    seconds: float
+    extra: dict = field(default_factory=dict)
+    start: Optional["SessionStart"] = None
+
+    def message(self) -> str:
+        return (f"loaded session {self.path}: {self.frames} frames ({self.stored} stored), continuing as "
+                f"session {self.session_id} in {self.seconds:.2f} s")
+
+
+# the StreamConfig fields a saved cache is bound to (keyframe_interval and the depth head are not)
+SESSION_GEOMETRY = ("scale_frames", "sliding_window", "camera_iterations", "max_frame_num", "max_stored_frames",
+                    "long_run_policy", "overlap_frames")
 
 
 def session_info(runtime: ResolvedRuntime, cfg: ModelConfig, model: Any, *, random_weights: bool) -> SessionInfo:
@@ -309,6 +364,87 @@ class SessionManager:
             snapshot=self.snapshot(), warnings=tuple(self.warnings()), last_start=self.last_start,
         )
 
+    # ------------------------------------------------------------------ mapping and saved sessions
+    @property
+    def mapping(self) -> bool:
+        """False: localization - frames get poses against the map, nothing is stored."""
+        return self._session.mapping
+
+    @mapping.setter
+    def mapping(self, on: bool) -> None:
+        self._session.mapping = bool(on)
+
+    def identity(self) -> dict:
+        """What a saved session is bound to: the weights, the model's shapes, the cache geometry, the dtype."""
+        runtime, cfg = self.runtime, self._loaded.cfg
+        identity = {
+            "weights": weights_identity(runtime.checkpoint, cfg.preset, runtime.seed, self.info.random_weights),
+            "model": dataclasses.asdict(cfg),
+            "geometry": {k: getattr(self.stream_cfg, k) for k in SESSION_GEOMETRY},
+            "dtype": str(self._session.dtype).replace("torch.", ""),
+        }
+        return json.loads(json.dumps(identity))  # as it reads back from the manifest (tuples are lists)
+
+    def save(self, path: str, extra: Optional[dict] = None) -> SaveReport:
+        """Write the current session to the folder ``path`` (``core/session_store.py``); nothing in
+        the session changes. ``SessionError`` when there is no map yet, ``SessionFileError`` when it
+        cannot be written (the previous folder there is then intact)."""
+        start = time.perf_counter()
+        session = self._session
+        state = session.state_dict()  # SessionError: nothing to save yet
+        manifest = {
+            "identity": self.identity(), "session": state, "policy": self.policy.state_dict(),
+            "mapping": self.mapping, "extra": dict(extra or {}),
+            "frames": self._frames_handed_out(), "saved_on": str(session.device),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        groups = [(f"global_{b:03d}", lambda b=b: session.block_tensors(b)) for b in range(session.num_cache_blocks)]
+        groups += [("camera", lambda: {"kv": session.camera_tensor()}), ("policy", self.policy.state_tensors)]
+        size = write_session(path, manifest, groups)
+        return SaveReport(str(path), manifest["frames"], session.frames_stored, size, time.perf_counter() - start)
+
+    def load(self, path: str) -> LoadReport:
+        """Replace the current session by the one saved at ``path``: the next frame continues it exactly.
+
+        Everything is checked before the current session changes - not a session, damaged (CRC),
+        a newer format, another checkpoint / model shape / geometry / dtype - and refused with
+        ``SessionFileError`` naming the reason (or the fields that differ); the current session is
+        then kept. The caches are written in place into the preallocated pools."""
+        start = time.perf_counter()
+        manifest = read_manifest(path)
+        problems = identity_problems(manifest["identity"], self.identity())
+        if problems:
+            raise SessionFileError(f"session {path!r} was made with other settings: " + "; ".join(problems))
+        verify_files(path, manifest)
+        session_problems = self._session.check_state(manifest["session"])
+        if session_problems:
+            raise SessionFileError(f"session {path!r} does not fit this session: " + "; ".join(session_problems))
+        policy_tensors = read_group(path, manifest, "policy")
+        camera = read_group(path, manifest, "camera")["kv"]
+        # from here on the current session is replaced: a failure leaves a fresh, empty session
+        discarded = self.pending_stamps()
+        self._session_id = session_id = self._session_id + 1
+        self._session.reset(session_id)
+        self.policy.reset(self._session.stream_cfg)
+        try:
+            self._session.load_state(manifest["session"], lambda b: read_group(path, manifest, f"global_{b:03d}"),
+                                     camera)
+            self.policy.load_state(manifest["policy"], policy_tensors)
+        except BaseException:
+            self._session.reset(session_id)
+            self.policy.reset(self._session.stream_cfg)
+            raise
+        reason = f"session loaded from {path}"
+        self.last_start = session_start = SessionStart(session_id, SessionCause.LOADED, reason, tuple(discarded))
+        if self.on_new_session is not None:
+            self.on_new_session(session_start)
+        return LoadReport(str(path), int(manifest["frames"]), self._session.frames_stored, session_id,
+                          time.perf_counter() - start, dict(manifest.get("extra") or {}), session_start)
+
+    def _frames_handed_out(self) -> int:
+        """The next frame's ``frame_index`` in the current world frame."""
+        return self.policy.next_frame_index(self._session)
+
     # ------------------------------------------------------------------ frames
     def push(self, frame: torch.Tensor | np.ndarray, stamp: Any = None) -> list[FrameResult]:
         """Frames processed now, in the world frame. ``SessionError`` for a frame refused (nothing
@@ -376,7 +512,9 @@ class SessionManager:
             discarded = self.pending_stamps()
             self._adopt_policy(stream)
             self._loaded, self.runtime = loaded, runtime
+            mapping = self._session.mapping
             self._session = StreamingSession(loaded.model, loaded.cfg, stream, loaded.runtime, self._log)
+            self._session.mapping = mapping
             start = self._start_session(f"parameters {list(runtime_changes)} changed (new model)",
                                         SessionCause.PARAMETERS, discarded=discarded)
             return ApplyResult(Change.NEW_MODEL, runtime_changes, start.discarded)
@@ -432,7 +570,8 @@ class SessionManager:
 
 
 __all__ = [
-    "ApplyResult", "Change", "InferenceFailed", "LoadedModel", "ManagerView", "SessionCause", "SessionManager",
+    "ApplyResult", "Change", "InferenceFailed", "LoadReport", "LoadedModel", "ManagerView", "SaveReport",
+    "SESSION_GEOMETRY", "SessionCause", "SessionManager",
     "SessionStart", "cast_for_inference", "changed_fields", "load_model", "model_change_problems",
     "session_info", "settings_problems",
 ]

@@ -27,6 +27,7 @@ APPLIES = {
     "subscription": "a change re-creates the image subscription",
     "timer": "applies at once",
     "startup": "read-only",
+    "configure": "read at the next configure transition",
 }
 
 
@@ -184,7 +185,21 @@ ROBOT_SETTINGS: tuple[Setting, ...] = (
     Setting("scale_min_travel", 0.5, "Metres the body must travel in odom_frame before an odometry scale "
             "locks.", "next_frame", range=(0.0, 1000.0)),
 )
-SETTINGS = SETTINGS + ROBOT_SETTINGS
+
+# --- saved sessions (docs/sessions.md): the map (the model's KV cache) kept across restarts
+SESSION_SETTINGS: tuple[Setting, ...] = (
+    Setting("session_path", "lingbot_session", "Folder ~/save_session writes and ~/load_session reads (the KV "
+            "cache's pages in use, the counters, the long-run chain, the trajectory: docs/sessions.md).",
+            "next_frame"),
+    Setting("initial_session", "", "A saved session loaded at configure: the node resumes in its world. A "
+            "folder that is not a session, is damaged or was made with another checkpoint, model shape, cache "
+            "geometry or dtype fails the configure transition with the reason. Empty: start a new session.",
+            "configure"),
+    Setting("mapping", True, "false: localization - every frame gets a pose in the current (e.g. loaded) "
+            "map and nothing is stored, the KV cache stays as it is; true again: mapping continues. "
+            "Applies from the next frame.", "next_frame"),
+)
+SETTINGS = SETTINGS + ROBOT_SETTINGS + SESSION_SETTINGS
 
 
 def robot_problems(values: dict) -> list[str]:
@@ -265,6 +280,8 @@ def validate_values(values: dict, *, resolve: bool = True) -> list[str]:
     problems += robot_problems(values)
     if "trajectory_path" in values and not values["trajectory_path"].strip():
         problems.append("trajectory_path must not be empty")
+    if "session_path" in values and not values["session_path"].strip():
+        problems.append("session_path must not be empty")
     if resolve and not problems:
         try:  # device/dtype/backend combinations that cannot run here (e.g. cuda on a CPU machine)
             from .runtime import resolve_runtime
@@ -277,4 +294,4 @@ def validate_values(values: dict, *, resolve: bool = True) -> list[str]:
 
 __all__ = ["APPLIES", "DEPTH_OUTPUTS", "RUNTIME_FIELDS", "SETTINGS", "SETTINGS_BY_NAME", "SETTING_NAMES",
            "STREAM_FIELDS", "Setting", "applies_of_field", "configs_from_values", "defaults", "validate_values",
-           "ROBOT_SETTINGS", "robot_problems"]
+           "ROBOT_SETTINGS", "SESSION_SETTINGS", "robot_problems"]

@@ -28,13 +28,17 @@ import numpy as np
 import torch
 
 from .cache import CacheFull, CameraKVCache, PagedKVCache
-from .cache.factory import build_camera_cache, build_global_cache
+from .cache.camera_cache import camera_state_problems
+from .cache.factory import build_camera_cache, build_global_cache, camera_cache_shape, pool_layout
+from .cache.paged import cache_state_problems
+from .cache.pages import PageTable
 from .config import (
     PATCH_SIZE,
     SPECIAL_TOKENS_PER_FRAME,
     ModelConfig,
     StreamConfig,
     replace,
+    special_pages_capacity,
     stored_frame_limit,
     validate_stream,
 )
@@ -88,6 +92,9 @@ class StreamingSession:
         self._kv: Optional[PagedKVCache] = None  # allocated for the first frame's size
         self._camera_kv: Optional[CameraKVCache] = None
         self._kv_hw: Optional[tuple[int, int]] = None
+        # False: localization against the map in the cache - every frame gets a pose, none is stored
+        # (a non-keyframe's step: the cache's map bytes, page table and counters stay as they are)
+        self.mapping = True
         self._new_session_state()
 
     # ------------------------------------------------------------------ public API
@@ -129,6 +136,9 @@ class StreamingSession:
             )
         if self._phase1_done:
             return self._process_phase2(image, stamp)
+        if not self.mapping:
+            raise SessionError("mapping is off and the session has no map yet (no scale frames): load a "
+                               "session or turn mapping on")
         self._image_hw = hw
         self._pending.append(_PendingFrame(image, stamp))
         if len(self._pending) >= self.stream_cfg.scale_frames:
@@ -195,6 +205,81 @@ class StreamingSession:
             if st.special_pages_capacity and st.special_pages >= 0.9 * st.special_pages_capacity:
                 out.append(f"special pages {st.special_pages} of {st.special_pages_capacity}")
         return out
+
+    # ------------------------------------------------------------------ saved sessions
+    def state_problem(self) -> str:
+        """Why the session cannot be saved now ("" when it can): a map exists and no step is half done."""
+        if not self._phase1_done or self._kv is None or self._camera_kv is None:
+            return (f"the session has no map yet ({len(self._pending)} of {self.stream_cfg.scale_frames} scale "
+                    "frames buffered): nothing to save")
+        return ""
+
+    def state_dict(self) -> dict:
+        """The streaming state machine and the caches' layout as JSON data; the K/V themselves come
+        from ``block_tensors`` / ``camera_tensor``. Raises ``SessionError`` with ``state_problem``."""
+        problem = self.state_problem()
+        if problem:
+            raise SessionError(problem)
+        assert self._kv is not None and self._camera_kv is not None and self._image_hw is not None
+        return {
+            "image_hw": list(self._image_hw), "frame_index": self._frame_index, "stored": self._stored,
+            "scale_count": self._scale_count, "kf_origin": self._kf_origin,
+            "last_visible_keys": self._last_visible_keys, "keyframe_interval": self.stream_cfg.keyframe_interval,
+            "global_cache": self._kv.state_dict(), "camera_cache": self._camera_kv.state_dict(),
+        }
+
+    @property
+    def num_cache_blocks(self) -> int:
+        return self.model_cfg.depth
+
+    def block_tensors(self, block: int) -> dict[str, torch.Tensor]:
+        assert self._kv is not None
+        return self._kv.block_tensors(block)
+
+    def camera_tensor(self) -> torch.Tensor:
+        assert self._camera_kv is not None
+        return self._camera_kv.stored_tensor()
+
+    def check_state(self, state: dict) -> list[str]:
+        """Why a saved state cannot go into this session (empty: it can). Nothing changes: for a frame
+        size the session has no caches for, the caches it would build are checked without building them."""
+        hw = (int(state["image_hw"][0]), int(state["image_hw"][1]))
+        if self._kv is not None and self._camera_kv is not None and self._kv_hw == hw:
+            return self._kv.check_state(state["global_cache"]) + self._camera_kv.check_state(state["camera_cache"])
+        cfg, scfg = self.model_cfg, self.stream_cfg
+        rows = SPECIAL_TOKENS_PER_FRAME + max(hw) // PATCH_SIZE  # spatial RoPE rows (as _ensure_caches)
+        if hw[0] % PATCH_SIZE or hw[1] % PATCH_SIZE or rows > scfg.max_frame_num:
+            return [f"frame size {hw[1]}x{hw[0]} does not fit this session (patch {PATCH_SIZE}, max_frame_num "
+                    f"{scfg.max_frame_num})"]
+        page_size = (hw[0] // PATCH_SIZE) * (hw[1] // PATCH_SIZE)
+        layout = pool_layout(self.runtime, scfg, page_size)
+        table = PageTable(scale_frames=scfg.scale_frames, sliding_window=scfg.sliding_window, page_size=page_size,
+                          num_patch_pages=layout.num_patch_pages,
+                          special_pages=layout.special_pages or special_pages_capacity(scfg.max_frame_num, page_size),
+                          allocation=layout.allocation)
+        camera = camera_cache_shape(self.runtime, cfg, scfg)
+        return (cache_state_problems(state["global_cache"], num_blocks=cfg.depth, num_heads=cfg.num_heads,
+                                     head_dim=cfg.head_dim, dtype=self.dtype, table=table)
+                + camera_state_problems(state["camera_cache"], **camera))
+
+    def load_state(self, state: dict, block_tensors: Callable[[int], dict], camera: torch.Tensor) -> None:
+        """Continue a saved session: counters, keyframe phase and both caches restored in place (the
+        preallocated pools and their addresses stay, so captured CUDA graphs are replayed as after a
+        window switch: their plan comes from the page table at every step). Raises ``ValueError``
+        when the state does not fit (``check_state``)."""
+        problems = self.check_state(state)
+        if problems:
+            raise ValueError("; ".join(problems))
+        self._ensure_caches((int(state["image_hw"][0]), int(state["image_hw"][1])))  # the pools stay when they fit
+        assert self._kv is not None and self._camera_kv is not None
+        self._new_session_state()
+        self._kv.load_state(state["global_cache"], block_tensors)
+        self._camera_kv.load_state(state["camera_cache"], camera)
+        self._image_hw = (int(state["image_hw"][0]), int(state["image_hw"][1]))
+        self._phase1_done = True
+        self._frame_index, self._stored = int(state["frame_index"]), int(state["stored"])
+        self._scale_count, self._kf_origin = int(state["scale_count"]), int(state["kf_origin"])
+        self._last_visible_keys = int(state["last_visible_keys"])
 
     # ------------------------------------------------------------------ internals
     def _new_session_state(self) -> None:
@@ -288,7 +373,7 @@ class StreamingSession:
         return processed
 
     def _process_phase2(self, image: torch.Tensor, stamp: Any) -> list[Processed]:
-        is_kf = self._is_keyframe(self._frame_index)
+        is_kf = self.mapping and self._is_keyframe(self._frame_index)
         f = self._stored
         # Never feed f >= max_frame_num (the official model crashes there, docs/model.md §16 #3); the
         # long-run policy acts before the configured stored-frame limit is passed.

@@ -39,6 +39,7 @@ SESSION_COUNTERS: dict[SessionCause, Optional[str]] = {
     SessionCause.FAILURE: "failure_sessions",
     SessionCause.NON_FINITE: "non_finite_sessions",
     SessionCause.TIME_JUMP: TIME_JUMP_COUNTER,
+    SessionCause.LOADED: None,  # ~/load_session, initial_session: the log and last_new_session_reason say so
 }
 
 
@@ -177,6 +178,7 @@ class InferenceWorker:
             self._ledger.reject(frame.header, exc.kind, str(exc))
             return
         frame.push_start = time.perf_counter()
+        manager.mapping = bool(self._values["mapping"])  # false: localize against the map, store nothing
         before = manager.last_start
         try:
             results, failure = manager.push(frame.model_image, stamp=frame), None
@@ -239,6 +241,10 @@ class InferenceWorker:
                 box["result"] = f"session {self.manager.session_id} started (new world frame)"
             elif kind == "apply":
                 box["result"] = self._apply_parameters(arg)
+            elif kind == "save_session":
+                box["result"] = self.save_session(arg)
+            elif kind == "load_session":
+                box["result"] = self.load_session(arg)
         except Exception as exc:
             self._ledger.record_error(f"{kind} failed: {type(exc).__name__}: {exc}", exc)
             box["result"] = f"error: {exc}"
@@ -261,6 +267,26 @@ class InferenceWorker:
         if result.change is Change.NEXT_FRAME:
             self._view.update(manager)
         return result.change.value  # a new session or model reached on_session_start already
+
+    # ------------------------------------------------------------------ saved sessions
+    def save_session(self, path: str) -> str:
+        """``~/save_session`` (on this thread, between two frames): the map and the node's world."""
+        report = self.manager.save(path, extra=self._outputs.session_state())
+        self._log.info(report.message())
+        return report.message()
+
+    def load_session(self, path: str) -> str:
+        """``~/load_session`` / ``initial_session``: replace the session (refused: the current one is
+        kept, ``SessionFileError`` with the reason); poses, ``~/path`` and the trajectory continue."""
+        report = self.manager.load(path)  # on_session_start has run: outputs cleared, counters noted
+        self._outputs.restore_session(report.extra, report.session_id)
+        self._view.update(self.manager)
+        saved_world = report.extra.get("world_frame")
+        if saved_world and saved_world != self._values["world_frame"]:
+            self._log.warning(f"session {path} was saved with world_frame {saved_world!r}, publishing in "
+                              f"{self._values['world_frame']!r}")
+        self._log.info(report.message())
+        return report.message()
 
     # ------------------------------------------------------------------ sessions
     def on_session_start(self, start: SessionStart) -> None:

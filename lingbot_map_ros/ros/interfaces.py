@@ -121,6 +121,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              "atomically"),
     Endpoint("service", "~/save_map", "std_srvs/srv/Trigger", "", "any time",
              "write the voxel map (`publish_map`) to `map_path` as binary PLY, atomically", configured_only=True),
+    Endpoint("service", "~/save_session", "std_srvs/srv/Trigger", "", "configured (else it answers why not)",
+             "write the session (the KV cache's map, counters, long-run chain, trajectory) to the folder "
+             "`session_path`, atomically; the message says where, how many frames and bytes"),
+    Endpoint("service", "~/load_session", "std_srvs/srv/Trigger", "", "configured (else it answers why not)",
+             "replace the session by the one in `session_path`: poses, `~/path` and `~/save_trajectory` continue "
+             "in its world; refused with the reason (the current session kept) when it is not a session, is "
+             "damaged or was made with other settings"),
 )
 
 # The managed node's lifecycle interface (rclpy's LifecycleNode): what `ros2 lifecycle` and a

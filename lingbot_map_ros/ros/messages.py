@@ -36,6 +36,22 @@ class FrameCounts(NamedTuple):
     pending: int  # received, no final status yet (received == processed + dropped + pending)
 
 
+def pose_row(pose: PoseStamped) -> list:
+    """A pose as plain data for a saved session: [sec, nanosec, x, y, z, qx, qy, qz, qw] (exact)."""
+    p, o = pose.pose.position, pose.pose.orientation
+    return [int(pose.header.stamp.sec), int(pose.header.stamp.nanosec), p.x, p.y, p.z, o.x, o.y, o.z, o.w]
+
+
+def pose_from_row(row: list, world_frame: str) -> PoseStamped:
+    """``pose_row`` back into a message in ``world_frame``."""
+    pose = PoseStamped()
+    pose.header.stamp = TimeMsg(sec=int(row[0]), nanosec=int(row[1]))
+    pose.header.frame_id = world_frame
+    p, o = pose.pose.position, pose.pose.orientation
+    p.x, p.y, p.z, o.x, o.y, o.z, o.w = (float(v) for v in row[2:9])
+    return pose
+
+
 def pose_stamped(c2w: np.ndarray, stamp: TimeMsg, world_frame: str) -> PoseStamped:
     """The camera pose (a 4x4 camera-to-world matrix) in ``world_frame`` at ``stamp``."""
     m = np.asarray(c2w, dtype=np.float64)

@@ -40,6 +40,7 @@ DROPPED_QUEUE), so the node never falls behind the camera.
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Optional
 
@@ -130,7 +131,8 @@ class LingBotMapNode(LifecycleNode):
                                         submit_apply=lambda changed: self._submit(("apply", changed)))
         self._node_services = NodeServices(self, self._values, configured=lambda: self._manager is not None,
                                       submit_reset=lambda reason, wait: self._submit(("reset", reason), wait),
-                                      state_label=lambda: self._state_label, trajectory=self._outputs.trajectory)
+                                      state_label=lambda: self._state_label, trajectory=self._outputs.trajectory,
+                                      submit=self._submit)
         self._diag_timer = self.create_timer(float(self._values["diagnostics_period"]), self._publish_diagnostics)
         self.add_on_set_parameters_callback(self._params.on_set)
         self.add_post_set_parameters_callback(self._params.on_set_post)
@@ -171,6 +173,12 @@ class LingBotMapNode(LifecycleNode):
         self._stage = PreprocessStage(self._values, self._ledger, self._input_size, sink=self._worker.offer,
                                       context_ok=self.context.ok)
         self._worker.started_session("configured", counter=None)
+        if self._values["initial_session"]:  # a bad session fails the transition: the node stays unconfigured
+            try:
+                self._worker.load_session(os.path.abspath(os.path.expanduser(self._values["initial_session"])))
+            except Exception as exc:  # noqa: BLE001 - not a session, damaged, other settings, unreadable
+                self._teardown()
+                return self._configure_failed(f"initial_session: {exc}")
         self._worker.start()
         self._intake.subscribe()
         info = manager.info

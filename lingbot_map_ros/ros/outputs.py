@@ -80,6 +80,27 @@ class ResultPublisher:
         with self._lock:
             return list(self._trajectory), self._published_session
 
+    def session_state(self) -> dict:
+        """The trajectory and the path so far, the world frame and the robot's state, for a saved
+        session (``~/save_session``)."""
+        with self._lock:
+            trajectory = [[float(t), np.asarray(m, np.float64).reshape(-1).tolist()] for t, m in self._trajectory]
+            path = [rosmsg.pose_row(p) for p in self._path]
+        return {"world_frame": str(self._values["world_frame"]), "trajectory": trajectory, "path": path,
+                "robot": self.robot.session_state()}
+
+    def restore_session(self, state: dict, session_id: int) -> None:
+        """After a loaded session's start: ``~/path`` and ``~/save_trajectory`` continue from its poses."""
+        poses = [(float(t), np.asarray(m, np.float64).reshape(4, 4)) for t, m in state.get("trajectory", [])]
+        world = str(self._values["world_frame"])
+        with self._lock:
+            self._trajectory = collections.deque(poses, maxlen=int(self._values["trajectory_max_length"]))
+            self._path = collections.deque((rosmsg.pose_from_row(row, world) for row in state.get("path", [])),
+                                           maxlen=int(self._values["path_max_length"]))
+            self._published_session = session_id
+        if state.get("robot"):
+            self.robot.restore_session(state["robot"], session_id)
+
     def camera_frame(self, header: Header) -> str:
         if self._values["camera_frame"]:
             return self._values["camera_frame"]

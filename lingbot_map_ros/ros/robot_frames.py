@@ -266,6 +266,30 @@ class RobotFrames:
             self._reset_session()
             self._session = None
 
+    def session_state(self) -> dict:
+        """What a saved session needs to continue in the same world: the window, the session's first
+        camera pose and extrinsic, the world's body pose (base_frame) and the scale."""
+        def matrix(m):
+            return None if m is None else np.asarray(m, np.float64).tolist()
+
+        with self._lock:
+            first = None if self._first is None else [matrix(self._first[0]), matrix(self._first[1])]
+            return {"window": self._window, "first": first, "world": matrix(self._world),
+                    "scale": self.scale.state_dict()}
+
+    def restore_session(self, state: dict, session_id: int) -> None:
+        """Continue the saved world as session ``session_id`` (after ``begin_session``)."""
+        with self._lock:
+            self._session = session_id
+            self._window = int(state.get("window", 0))
+            first = state.get("first")
+            self._first = None if first is None else (np.asarray(first[0], np.float64),
+                                                      np.asarray(first[1], np.float64))
+            world = state.get("world")
+            self._world = None if world is None else np.asarray(world, np.float64)
+            if state.get("scale"):
+                self.scale.load_state(state["scale"])
+
     def _reset_session(self) -> None:
         self._window = 0
         self._first = self._world = self._previous = None

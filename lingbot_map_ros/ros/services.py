@@ -1,9 +1,10 @@
-"""``~/reset`` and ``~/save_trajectory`` (executor thread).
+"""``~/reset``, ``~/save_trajectory``, ``~/save_session`` and ``~/load_session`` (executor thread).
 
 ``~/reset`` never touches the session itself: it queues a command for the inference thread and
-waits for it (up to 30 s), so the reset lands between two frames. ``~/save_trajectory`` copies the
-trajectory under its lock and writes a TUM file through a temporary file and a rename, so a crash
-or a SIGTERM never leaves half a file behind.
+waits for it (up to 30 s), so the reset lands between two frames; ``~/save_session`` and
+``~/load_session`` run the same way on ``session_path`` (up to 600 s: a full session is gigabytes).
+``~/save_trajectory`` copies the trajectory under its lock and writes a TUM file through a temporary
+file and a rename, so a crash or a SIGTERM never leaves half a file behind.
 """
 from __future__ import annotations
 
@@ -16,28 +17,49 @@ from std_srvs.srv import Trigger
 from ..core.trajectory import write_tum
 
 RESET_WAIT_S = 30.0
+SESSION_WAIT_S = 600.0
 
 
 class NodeServices:
-    """The node's two Trigger services.
+    """The node's Trigger services.
 
     ``configured()`` says whether a model is loaded; ``submit_reset(reason, wait)`` queues a reset
     and returns its result (None when it has not run within ``wait``); ``state_label()`` names the
     lifecycle state for a refusal; ``trajectory()`` returns the current session's (stamp, c2w) list
-    and its id.
+    and its id; ``submit(command, wait)`` runs a command on the inference thread and returns its
+    result (``"error: ..."`` when it raised).
     """
 
     def __init__(self, node, values: Mapping, configured: Callable[[], bool],
                  submit_reset: Callable[[str, float], Optional[str]],
-                 state_label: Callable[[], str], trajectory: Callable[[], tuple[list, Optional[int]]]):
+                 state_label: Callable[[], str], trajectory: Callable[[], tuple[list, Optional[int]]],
+                 submit: Callable[[tuple, float], Optional[str]]):
         self._node = node
         self._values = values
         self._configured = configured
         self._submit_reset = submit_reset
         self._state_label = state_label
         self._trajectory = trajectory
+        self._submit = submit
         node.create_service(Trigger, "~/reset", self.on_reset)
         node.create_service(Trigger, "~/save_trajectory", self.on_save_trajectory)
+        node.create_service(Trigger, "~/save_session", lambda req, res: self._on_session("save_session", res))
+        node.create_service(Trigger, "~/load_session", lambda req, res: self._on_session("load_session", res))
+
+    def _on_session(self, kind: str, response):
+        """Save or load ``session_path`` on the inference thread; its refusal reason is the message."""
+        if not self._configured():
+            response.success = False
+            response.message = f"the node is {self._state_label()}: configure it first"
+            return response
+        path = os.path.abspath(os.path.expanduser(self._values["session_path"]))
+        result = self._submit((kind, path), SESSION_WAIT_S)
+        if result is None:
+            response.success, response.message = False, f"{kind} of {path} did not finish within {SESSION_WAIT_S:.0f} s"
+        else:
+            response.success = not result.startswith("error: ")
+            response.message = result
+        return response
 
     def on_reset(self, request, response):
         if not self._configured():

@@ -6,7 +6,10 @@ Used for replaying recordings and for the parity check against the official impl
 Reconstruction exports: ``--with-depth`` also stores ``depth``/``depth_conf`` ``[S, H, W]``
 in the ``.npz``; ``--ply map.ply`` writes the fused voxel map (the node's ``~/map_points`` rules);
 ``--colmap DIR`` writes COLMAP text (cameras, poses, the fused points) plus the model-input frames
-the cameras refer to (``DIR/images``). Both run the depth head. Frames are read one at a time
+the cameras refer to (``DIR/images``). Both run the depth head. Saved sessions (docs/sessions.md):
+``--save-session DIR`` writes the session (the KV cache's map) after the run; ``--load-session DIR``
+continues a saved one, so a second recording is processed in the world of the first (``--no-mapping``:
+localization only, the loaded map is not changed). Frames are read one at a time
 (an ``.npy`` is memory-mapped) and only frames still waiting for their result are kept.
 """
 from __future__ import annotations
@@ -68,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ply", default="", help="write the fused points (voxel map) as binary PLY")
     g.add_argument("--colmap", default="", help="write COLMAP text (cameras.txt, images.txt, points3D.txt, images/) "
                    "into this folder")
+    g = p.add_argument_group("saved sessions (docs/sessions.md)")
+    g.add_argument("--save-session", default="", metavar="DIR", help="after the run, save the session (the map) "
+                   "to this folder, atomically")
+    g.add_argument("--load-session", default="", metavar="DIR", help="continue the session saved in this folder: "
+                   "poses in its world, frame numbering continued")
+    g.add_argument("--no-mapping", action="store_true", help="with --load-session: localization only, no frame is "
+                   "stored (the loaded map stays as it is)")
     add_session_options(p)
     # the node's unprojection and map settings: same names, defaults and ranges (the settings table)
     add_session_options(p, names=RECON_OPTIONS, with_depth=False)
@@ -98,6 +108,10 @@ def check_outputs(args: argparse.Namespace) -> None:
         raise UsageError(f"--max-frames must be >= 0 (got {args.max_frames})")
     if args.fps < 0:
         raise UsageError(f"--fps must be >= 0 (got {args.fps:g})")
+    if args.no_mapping and not args.load_session:
+        raise UsageError("--no-mapping needs --load-session (localization needs a map)")
+    if args.save_session and not Path(args.save_session).expanduser().absolute().parent.is_dir():
+        raise UsageError(f"--save-session {args.save_session}: its parent folder does not exist")
     if args.stamps and not args.images:
         raise UsageError("--stamps goes with --images (videos and bags carry their own stamps)")
     if args.ply or args.colmap:
@@ -183,6 +197,17 @@ def _run(args: argparse.Namespace, source) -> int:
     except (ValueError, OSError, RuntimeError) as exc:  # a bad checkpoint (keys, shapes, unsafe pickle)
         msg = str(exc).replace("set allow_unsafe_checkpoint:=true", "pass --allow-unsafe-checkpoint")
         return fail(PROG, f"--checkpoint {args.checkpoint}: {msg}" if args.checkpoint else msg)
+    from ..core.session_store import SessionFileError
+
+    history: list = []  # the trajectory of a loaded session, saved again with --save-session
+    if args.load_session:
+        try:
+            report = manager.load(args.load_session)
+        except SessionFileError as exc:
+            return fail(PROG, f"--load-session: {exc}")
+        history = list(report.extra.get("trajectory", []))
+        say(report.message())
+    manager.mapping = not args.no_mapping
     say(f"{source.description}; stamps from {source.stamps_from}")
     results: list[FrameResult] = []
     dropped = 0
@@ -243,6 +268,12 @@ def _run(args: argparse.Namespace, source) -> int:
         say(f"figure -> {args.plot}")
     if recon is not None:
         recon.finish(results, say)
+    if args.save_session and not interrupted:
+        trajectory = history + [[float(r.stamp), np.asarray(r.c2w, np.float64).reshape(-1).tolist()] for r in results]
+        try:
+            say(manager.save(args.save_session, extra={"trajectory": trajectory}).message())
+        except (SessionError, SessionFileError) as exc:
+            error = error or f"--save-session: {exc}"
     wall = time.perf_counter() - start
     written = ", ".join(x for x in (args.out, args.tum, args.plot) if x)
     if interrupted:

@@ -148,10 +148,47 @@ class CameraKVCache:
             self._length += num_frames
         self._step = None
 
+    def state_dict(self) -> dict:
+        """Shapes and the stored length (JSON data); the K/V come from ``stored_tensor``."""
+        if self._step is not None:
+            raise RuntimeError("state_dict() while a step is open")
+        return {"num_iterations": self.num_iterations, "num_blocks": self.num_blocks, "num_heads": self.num_heads,
+                "head_dim": self.head_dim, "length": self._length}
+
+    def stored_tensor(self) -> torch.Tensor:
+        """The stored frames' K/V on the host: ``[iterations, blocks, 2, length, H, D]``."""
+        return self._storage[:, :, :, : self._length].cpu()
+
+    def check_state(self, state: dict) -> list[str]:
+        """Why a saved camera cache cannot go into this one (empty: it can)."""
+        return camera_state_problems(state, num_iterations=self.num_iterations, num_blocks=self.num_blocks,
+                                     num_heads=self.num_heads, head_dim=self.head_dim, capacity=self.capacity)
+
+    def load_state(self, state: dict, stored: torch.Tensor) -> None:
+        """Restore in place (``stored``: ``stored_tensor``'s tensor, any device)."""
+        problems = self.check_state(state)
+        if problems:
+            raise ValueError("; ".join(problems))
+        length = int(state["length"])
+        self._step = None
+        self._storage[:, :, :, :length].copy_(stored.to(self.device, self.dtype))  # [I, B, 2, L, H, D]
+        self._length = length
+
     def reset(self) -> None:
         """Forget every frame (storage kept; slots are rewritten before they become visible)."""
         self._length = 0
         self._step = None
 
 
-__all__ = ["CameraKVCache"]
+def camera_state_problems(state: dict, *, num_iterations: int, num_blocks: int, num_heads: int, head_dim: int,
+                          capacity: int) -> list[str]:
+    """Why a saved camera cache cannot go into a cache of these shapes (empty: it can); needs no storage."""
+    have = {"num_iterations": num_iterations, "num_blocks": num_blocks, "num_heads": num_heads, "head_dim": head_dim}
+    problems = [f"camera cache {key} {state[key]} != {value}" for key, value in have.items()
+                if int(state[key]) != value]
+    if int(state["length"]) + 1 > capacity:  # + 1: the scratch slot of a non-keyframe
+        problems.append(f"camera cache holds {state['length']} frames, this one {capacity - 1}")
+    return problems
+
+
+__all__ = ["CameraKVCache", "camera_state_problems"]

@@ -114,19 +114,24 @@ def build_global_cache(rt: ResolvedRuntime, model: ModelConfig, stream: StreamCo
     return cache
 
 
+def camera_cache_shape(rt: ResolvedRuntime, model: ModelConfig, stream: StreamConfig) -> dict:
+    """The camera-head trunk cache's shapes (what a saved one is checked against)."""
+    return dict(num_iterations=stream.camera_iterations, num_blocks=model.camera_trunk_depth,
+                num_heads=model.camera_num_heads, head_dim=model.camera_head_dim,
+                # stored frames never exceed max_stored_frames (the long-run policy acts first), plus one
+                # scratch slot for a non-keyframe; a tight capacity keeps the graph's masked attention short
+                capacity=min(stream.max_frame_num, stream.max_stored_frames + 1))
+
+
 def build_camera_cache(rt: ResolvedRuntime, model: ModelConfig, stream: StreamConfig) -> CameraKVCache:
     """The camera-head trunk cache (fp32, the head's dtype); static buffers when graphs are on."""
-    return CameraKVCache(
-        num_iterations=stream.camera_iterations, num_blocks=model.camera_trunk_depth,
-        num_heads=model.camera_num_heads, head_dim=model.camera_head_dim,
-        # stored frames never exceed max_stored_frames (the long-run policy acts first), plus one
-        # scratch slot for a non-keyframe; a tight capacity keeps the graph's masked attention short
-        capacity_frames=min(stream.max_frame_num, stream.max_stored_frames + 1),
-        dtype=torch.float32, device=rt.device, static=rt.cuda_graphs,
-    )
+    shape = camera_cache_shape(rt, model, stream)
+    capacity = shape.pop("capacity")
+    return CameraKVCache(**shape, capacity_frames=capacity, dtype=torch.float32, device=rt.device,
+                         static=rt.cuda_graphs)
 
 
 __all__ = [
-    "build_camera_cache", "build_global_cache", "make_eager_backend", "make_single_frame_backend",
+    "build_camera_cache", "camera_cache_shape", "build_global_cache", "make_eager_backend", "make_single_frame_backend",
     "max_stored_frames", "pool_layout", "PoolLayout", "reads_whole_storage",
 ]

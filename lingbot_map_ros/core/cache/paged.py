@@ -228,6 +228,51 @@ class PagedKVCache:
             self.table.rollback()
         self._step = None
 
+    # ------------------------------------------------------------------ saved sessions
+
+    def state_dict(self) -> dict:
+        """Shapes and page table (JSON data); the K/V of the stored frames come from ``block_tensors``."""
+        if self._step is not None:
+            raise RuntimeError("state_dict() while a step is open")
+        return {"num_blocks": self.num_blocks, "num_heads": self.num_heads, "head_dim": self.head_dim,
+                "dtype": str(self.dtype).replace("torch.", ""), "table": self.table.state_dict()}
+
+    def block_tensors(self, block: int) -> dict[str, torch.Tensor]:
+        """What one block holds of the map, on the host: only the pages in use, never the whole pool.
+
+        ``patch`` [2, scale + window, page, H, D] in the table's order (scale pages, then the window
+        oldest first); ``special`` [2, special_tokens, H, D], the packed special stream of every
+        stored frame (evicted ones included)."""
+        pages = torch.tensor(self.table.scale_pages + self.table.window_pages, dtype=torch.long, device=self.device)
+        kv = self._storage[block]  # [2, pages, page, H, D]
+        first = self.table.num_patch_pages * self.page_size
+        flat = kv.view(2, -1, self.num_heads, self.head_dim)  # [2, pages*page, H, D]
+        return {"patch": kv.index_select(1, pages).cpu(),  # [2, n, page, H, D]
+                "special": flat[:, first:first + self.table.special_tokens].cpu()}  # [2, specials, H, D]
+
+    def check_state(self, state: dict) -> list[str]:
+        """Why a saved cache cannot go into this one (empty: it can); nothing changes."""
+        return cache_state_problems(state, num_blocks=self.num_blocks, num_heads=self.num_heads,
+                                    head_dim=self.head_dim, dtype=self.dtype, table=self.table)
+
+    def load_state(self, state: dict, block_tensors) -> None:
+        """Restore a saved cache in place: the page table, then each block's pages written straight
+        into the preallocated storage (``block_tensors(b)``: ``block_tensors``' dict, any device) -
+        no second pool is allocated and every storage address stays (captured CUDA graphs stay valid)."""
+        problems = self.check_state(state)
+        if problems:
+            raise ValueError("; ".join(problems))
+        pages = torch.tensor(self.table.load_state_dict(state["table"]), dtype=torch.long, device=self.device)
+        self._step, self._write_slots, self.last_step_visible_keys = None, None, 0
+        first = self.table.num_patch_pages * self.page_size
+        specials = self.table.special_tokens
+        for block in range(self.num_blocks):
+            saved = block_tensors(block)
+            kv = self._storage[block]  # [2, pages, page, H, D]
+            kv.index_copy_(1, pages, saved["patch"].to(self.device, self.dtype))  # [2, n, page, H, D]
+            flat = kv.view(2, -1, self.num_heads, self.head_dim)
+            flat[:, first:first + specials].copy_(saved["special"].to(self.device, self.dtype))
+
     def reset(self) -> None:
         """Forget every frame. Pages are not zeroed: a slot is always written before it is visible."""
         self.table.reset()
@@ -236,4 +281,26 @@ class PagedKVCache:
         self.last_step_visible_keys = 0
 
 
-__all__ = ["PagedKVCache"]
+def cache_state_problems(state: dict, *, num_blocks: int, num_heads: int, head_dim: int, dtype: torch.dtype,
+                         table: PageTable) -> list[str]:
+    """Why a saved global cache cannot go into a cache of these shapes and this table's pools (empty:
+    it can); ``table`` is not changed (a probe of the same pools takes the saved state). No storage
+    is needed, so a session can check a saved state for a frame size it has no caches for yet."""
+    have = {"num_blocks": num_blocks, "num_heads": num_heads, "head_dim": head_dim}
+    problems = [f"global cache {key} {state[key]} != {value}" for key, value in have.items()
+                if int(state[key]) != value]
+    name = str(dtype).replace("torch.", "")
+    if state["dtype"] != name:
+        problems.append(f"KV cache dtype {state['dtype']} != {name}")
+    probe = PageTable(scale_frames=table.scale_frames, sliding_window=table.sliding_window,
+                      page_size=table.page_size, num_patch_pages=table.num_patch_pages,
+                      special_pages=table.special_pages, specials_per_frame=table.specials_per_frame,
+                      allocation=table.allocation)
+    try:
+        probe.load_state_dict(state["table"])
+    except (ValueError, KeyError, TypeError) as exc:
+        problems.append(f"page table: {exc}")
+    return problems
+
+
+__all__ = ["PagedKVCache", "cache_state_problems"]

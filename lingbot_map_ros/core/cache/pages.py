@@ -290,6 +290,53 @@ class PageTable:
         self._frames_stored = undo.frames_stored_before
         self._undo = None
 
+    # ------------------------------------------------------------ saved sessions
+
+    def state_dict(self) -> dict:
+        """The table as plain JSON data (``core/session_store.py`` writes it into the manifest)."""
+        if self._undo is not None:
+            raise RuntimeError("state_dict() during a deferred append: end the step first")
+        return {
+            "page_size": self.page_size, "scale_frames": self.scale_frames, "sliding_window": self.sliding_window,
+            "specials_per_frame": self.specials_per_frame, "num_patch_pages": self.num_patch_pages,
+            "special_pages": self.special_pages, "allocation": self.allocation,
+            "scale": list(self._scale), "window": list(self._window), "free": list(self._free),
+            "special_tokens": self._special_tokens, "frames_stored": self._frames_stored,
+        }
+
+    def load_state_dict(self, state: dict) -> list[int]:
+        """Restore a saved table; returns the pages the saved scale + window pages go to, in order.
+
+        The same pools and allocation order: every page id and the free-list order come back exactly
+        (the next frames take the same pages as in the saved run). Other pools (a session saved with
+        the GPU's tight pools, loaded on a CPU): the stored pages are laid out afresh as a prefix -
+        attention reads the visible pages in the table's order, not by their ids, so results match.
+        Raises ``ValueError`` (table unchanged) when the geometry differs or the pools are too small."""
+        for key in ("page_size", "scale_frames", "sliding_window", "specials_per_frame"):
+            if int(state[key]) != getattr(self, key):
+                raise ValueError(f"page table {key} {state[key]} != {getattr(self, key)}")
+        scale, window = [int(p) for p in state["scale"]], [int(p) for p in state["window"]]
+        special_tokens, frames_stored = int(state["special_tokens"]), int(state["frames_stored"])
+        stored = len(scale) + len(window)
+        if stored + 1 > self.num_patch_pages or special_tokens > self.special_tokens_capacity:
+            raise ValueError(f"{stored} pages and {special_tokens} special tokens do not fit pools of "
+                             f"{self.num_patch_pages} pages / {self.special_tokens_capacity} special slots")
+        if frames_stored < stored or special_tokens != frames_stored * self.specials_per_frame:
+            raise ValueError(f"inconsistent page table: {frames_stored} frames, {stored} pages, "
+                             f"{special_tokens} special tokens")
+        same_pools = (int(state["num_patch_pages"]) == self.num_patch_pages
+                      and state["allocation"] == self.allocation)
+        if same_pools:
+            free = [int(p) for p in state["free"]]
+            if sorted(free + scale + window) != list(range(self.num_patch_pages)):
+                raise ValueError("inconsistent page table: pages lost or duplicated")
+        else:
+            scale, window = list(range(len(scale))), list(range(len(scale), stored))
+            free = list(range(self.num_patch_pages - 1, stored - 1, -1))  # pop order stored, stored+1, ...
+        self._free, self._scale, self._window = free, scale, deque(window)
+        self._special_tokens, self._frames_stored, self._undo = special_tokens, frames_stored, None
+        return scale + window
+
     # --------------------------------------------------------------- queries
 
     def visible_pages(self) -> list[int]:

@@ -1,0 +1,173 @@
+"""The on-disk format of a saved session (docs/sessions.md): one folder, a JSON manifest and safetensors.
+
+For a feed-forward streaming model the KV cache is the map: the scale frames, the window of
+keyframes and the special tokens of every frame seen. A saved session is that cache plus the state
+that makes the next frame continue exactly (page table, RoPE/frame counters, the long-run policy's
+Sim(3) chain and overlap frames) and whatever the caller adds (``extra``: the node's trajectory,
+world frame, metric scale state). Layout::
+
+    <session>/manifest.json            format + version, identity, states, per-file size + CRC-32
+    <session>/global_000.safetensors   block 0 of the global cache: its pages in use + special stream
+    ...
+    <session>/camera.safetensors       the camera-head cache's stored frames
+    <session>/policy.safetensors       the long-run policy's tensors (the window's overlap frames)
+
+Only pages in use are written, never the preallocated pools; tensors are written from host copies,
+so a folder saved on a GPU loads on a CPU and the reverse. The folder is written as a whole
+(``files.atomic_directory``): a reader sees the previous session or the complete new one. Every file
+carries its size and CRC-32 in the manifest, so a truncated or damaged file is refused before
+anything is loaded. This module knows the format only; what goes in it is each class's own
+``state_dict`` (``SessionManager.save`` / ``load`` put it together).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zlib
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+
+from .files import atomic_directory, atomic_open, atomic_write_text, recover_directory
+
+FORMAT = "lingbot_map_session"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+SUFFIX = ".safetensors"
+_READ_CHUNK = 1 << 24  # 16 MiB per read while checking a file's CRC
+
+
+class SessionFileError(ValueError):
+    """A path that cannot be loaded as a session (or written as one); the message says why."""
+
+
+def write_session(path: str | os.PathLike, manifest: dict, groups: Iterable[tuple[str, Callable[[], dict]]],
+                  writer: Optional[Callable[..., Any]] = None) -> int:
+    """Write ``manifest`` and one safetensors file per group (``groups``: name, and a function that
+    returns that file's tensors, called one at a time so that only one file is in host memory).
+    Returns the bytes written. Raises ``SessionFileError`` with the reason (disk full, read-only, ...);
+    the previous folder at ``path`` is then left as it was. ``writer``: the file opener (tests)."""
+    from safetensors.torch import save as safetensors_bytes
+
+    path = Path(path)
+    writer = writer or atomic_open
+    files: dict[str, dict] = {}
+    try:
+        with atomic_directory(path) as tmp:
+            for name, make in groups:
+                data = safetensors_bytes({k: v.contiguous() for k, v in make().items()})
+                with writer(tmp / (name + SUFFIX), "wb") as f:
+                    f.write(data)
+                files[name] = {"bytes": len(data), "crc32": zlib.crc32(data)}
+                del data
+            manifest = {**manifest, "format": FORMAT, "format_version": FORMAT_VERSION, "files": files}
+            atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    except OSError as exc:
+        raise SessionFileError(f"cannot write session {str(path)!r}: {exc.strerror or exc}") from None
+    return sum(f["bytes"] for f in files.values()) + (path / MANIFEST).stat().st_size
+
+
+def read_manifest(path: str | os.PathLike) -> dict:
+    """The manifest of the session at ``path``; ``SessionFileError`` when it is not one, is damaged,
+    or was written by a newer format version."""
+    path = Path(path)
+    try:
+        recover_directory(path)  # a save killed between its two renames
+    except OSError:
+        pass
+    if not path.is_dir():
+        raise SessionFileError(f"{str(path)!r} is not a session (no such folder)")
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SessionFileError(f"{str(path)!r} is not a session (no {MANIFEST})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SessionFileError(f"{str(path / MANIFEST)!r} is damaged: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise SessionFileError(f"{str(path)!r} is not a session ({MANIFEST} is not a {FORMAT} manifest)")
+    version = manifest.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise SessionFileError(f"{str(path)!r} has format version {version!r}; this package reads up to "
+                               f"{FORMAT_VERSION} (a newer package wrote it)")
+    for key in ("identity", "session", "policy", "files"):
+        if key not in manifest:
+            raise SessionFileError(f"{str(path / MANIFEST)!r} is damaged: no {key!r}")
+    return manifest
+
+
+def verify_files(path: str | os.PathLike, manifest: dict) -> None:
+    """Every file of the manifest present, of its size and CRC-32; ``SessionFileError`` naming the first
+    one that is not (read in chunks: nothing is kept in memory)."""
+    for name, meta in manifest["files"].items():
+        file = Path(path) / (name + SUFFIX)
+        try:
+            size = file.stat().st_size
+            if size != meta["bytes"]:
+                raise SessionFileError(f"session file {file.name} is truncated or damaged: {size} bytes, "
+                                       f"the manifest says {meta['bytes']}")
+            crc = 0
+            with open(file, "rb") as f:
+                while chunk := f.read(_READ_CHUNK):
+                    crc = zlib.crc32(chunk, crc)
+        except OSError as exc:
+            raise SessionFileError(f"session file {file.name}: {exc.strerror or exc}") from None
+        if crc != meta["crc32"]:
+            raise SessionFileError(f"session file {file.name} is damaged (CRC-32 {crc:08x}, the manifest "
+                                   f"says {meta['crc32']:08x})")
+
+
+def read_group(path: str | os.PathLike, manifest: dict, name: str) -> dict[str, torch.Tensor]:
+    """The tensors of one file, on the host (the caller moves them where they go); after ``verify_files``."""
+    from safetensors.torch import load as safetensors_load
+
+    meta = manifest["files"].get(name)
+    if meta is None:
+        raise SessionFileError(f"the session has no file {name + SUFFIX}")
+    data = (Path(path) / (name + SUFFIX)).read_bytes()
+    if len(data) != meta["bytes"]:  # its CRC was checked by verify_files just before: the size suffices here
+        raise SessionFileError(f"session file {name + SUFFIX} changed while it was loaded")
+    return safetensors_load(data)
+
+
+def identity_problems(saved: dict, current: dict) -> list[str]:
+    """Each field of the identity (checkpoint, model shape, stream geometry, dtype) that differs."""
+    problems: list[str] = []
+    for section in sorted(set(saved) | set(current)):
+        a, b = saved.get(section), current.get(section)
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b)):
+                if a.get(key) != b.get(key):
+                    problems.append(f"{section}.{key}: saved {a.get(key)!r}, this node {b.get(key)!r}")
+        elif a != b:
+            problems.append(f"{section}: saved {a!r}, this node {b!r}")
+    return problems
+
+
+_HASHES: dict[tuple[str, int, int], str] = {}
+
+
+def file_sha256(path: str) -> str:
+    """SHA-256 of a checkpoint's content (hashed once per file version in this process)."""
+    real = os.path.realpath(os.path.expanduser(path))
+    st = os.stat(real)
+    key = (real, st.st_size, st.st_mtime_ns)
+    if key not in _HASHES:
+        h = hashlib.sha256()
+        with open(real, "rb") as f:
+            while chunk := f.read(_READ_CHUNK):
+                h.update(chunk)
+        _HASHES[key] = h.hexdigest()
+    return _HASHES[key]
+
+
+def weights_identity(checkpoint: str, preset: str, seed: int, random_weights: Optional[bool] = None) -> str:
+    """What the weights are: ``sha256:<hex>`` of the checkpoint file, or ``random:<preset>:seed=<n>``."""
+    if checkpoint and random_weights is not True:
+        return "sha256:" + file_sha256(checkpoint)
+    return f"random:{preset}:seed={seed}"
+
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST", "SessionFileError", "file_sha256", "identity_problems",
+           "read_group", "read_manifest", "verify_files", "weights_identity", "write_session"]
