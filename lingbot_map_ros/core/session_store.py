@@ -119,16 +119,23 @@ def verify_files(path: str | os.PathLike, manifest: dict) -> None:
 
 
 def read_group(path: str | os.PathLike, manifest: dict, name: str) -> dict[str, torch.Tensor]:
-    """The tensors of one file, on the host (the caller moves them where they go); after ``verify_files``."""
-    from safetensors.torch import load as safetensors_load
+    """The tensors of one file, on the host (the caller moves them where they go); after ``verify_files``.
+
+    The file is memory-mapped (``load_file``), not read into a bytes object and parsed: the pages
+    ``verify_files`` just read are still in the page cache, and the copy into the pools reads them
+    once (about 10× the rate of parsing a bytes object, 6.8 GB for the full model at 8 + 64 frames)."""
+    from safetensors.torch import load_file
 
     meta = manifest["files"].get(name)
     if meta is None:
         raise SessionFileError(f"the session has no file {name + SUFFIX}")
-    data = (Path(path) / (name + SUFFIX)).read_bytes()
-    if len(data) != meta["bytes"]:  # its CRC was checked by verify_files just before: the size suffices here
-        raise SessionFileError(f"session file {name + SUFFIX} changed while it was loaded")
-    return safetensors_load(data)
+    file = Path(path) / (name + SUFFIX)
+    try:
+        if file.stat().st_size != meta["bytes"]:  # its CRC was checked by verify_files: the size suffices here
+            raise SessionFileError(f"session file {name + SUFFIX} changed while it was loaded")
+        return load_file(str(file))
+    except OSError as exc:
+        raise SessionFileError(f"session file {file.name}: {exc.strerror or exc}") from None
 
 
 def identity_problems(saved: dict, current: dict) -> list[str]:
