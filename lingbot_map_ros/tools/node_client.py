@@ -118,14 +118,17 @@ class NodeProcess:
             if self._log:
                 self._log.write(line + "\n")
                 self._log.flush()
+            if self._echo:
+                # echoed before a waiter is woken, in one write with its newline: print() writes the
+                # text and the newline separately, and the waiter's own line landed between the two
+                sys.stdout.write(self._prefix + line + "\n")
+                sys.stdout.flush()
             if "ready:" in line:
                 self.ready.set()
             reason = failure_reason(line)
             if reason and self.failure is None:
                 self.failure = reason
                 self.ready.set()  # stop waiting at once: the node told us why it will never be ready
-            if self._echo:
-                print(self._prefix + line, flush=True)
         self.ready.set()  # process ended: do not wait forever
 
     def output(self) -> str:
