@@ -141,6 +141,7 @@ class StreamConfig:
     image_width: int = limited(MODEL_WIDTH_PX, range=(16 * PATCH_SIZE, MODEL_WIDTH_PX))  # a multiple of 14
     gpu_memory_budget: float = limited(0.0, range=(0.0, 10_000.0))  # GB; 0: free memory at configure - margin
     fit_window: bool = False  # True: the largest sliding_window <= the configured one that fits the budget
+    depth_chunk: int = 8  # frames per depth-head call in phase 1 (not a setting: the budget lowers it)
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,7 @@ def validate_stream(cfg: StreamConfig) -> list[str]:
     between fields."""
     problems = limit_problems(cfg)
     if cfg.image_width % PATCH_SIZE:
-        problems.append(f"image_width must be a multiple of {PATCH_SIZE} (got {cfg.image_width})")
+        problems.append(f"image_width {cfg.image_width} is not a multiple of the {PATCH_SIZE}-px patch")
     if cfg.max_frame_num < cfg.scale_frames + 2:
         problems.append(
             f"max_frame_num ({cfg.max_frame_num}) must exceed scale_frames + 1 ({cfg.scale_frames + 1})"

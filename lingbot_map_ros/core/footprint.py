@@ -131,10 +131,10 @@ def aggregator_step_bytes(cfg: ModelConfig, rt: ResolvedRuntime, frames: int, pa
     return images + max(dino, block + held + token_maps + kv_write + gathered + scores)
 
 
-def depth_head_bytes(cfg: ModelConfig, frames: int, height: int, width: int) -> int:
-    """Live activations of the depth head (fp32) over ``frames`` frames in chunks of
-    ``DEPTH_FRAME_CHUNK``: the full-resolution output stage dominates."""
-    n = min(frames, DEPTH_FRAME_CHUNK)
+def depth_head_bytes(cfg: ModelConfig, frames: int, height: int, width: int, chunk: int = DEPTH_FRAME_CHUNK) -> int:
+    """Live activations of the depth head (fp32) over ``frames`` frames in calls of ``chunk`` frames:
+    the full-resolution output stage dominates."""
+    n = min(frames, max(1, chunk))
     f = cfg.depth_features
     page_size = page_size_of(height, width)
     fullres = n * height * width * 4 * (DEPTH_FULLRES_COPIES * f // 2 + DEPTH_OUTPUT_HIDDEN)
@@ -186,7 +186,7 @@ def footprint(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig, heigh
     phase1 = aggregator_step_bytes(cfg, rt, s, page_size, s * (page_size + SPECIAL_TOKENS_PER_FRAME), eager_sdpa)
     visible = (s + stream.sliding_window + 1) * page_size + SPECIAL_TOKENS_PER_FRAME * stream.max_stored_frames
     frame = aggregator_step_bytes(cfg, rt, 1, page_size, visible, eager_sdpa and not rt.cuda_graphs)
-    depth1 = depth_head_bytes(cfg, s, height, width) if stream.with_depth else 0
+    depth1 = depth_head_bytes(cfg, s, height, width, stream.depth_chunk) if stream.with_depth else 0
     depth_frame = depth_head_bytes(cfg, 1, height, width) if stream.with_depth else 0
     graphs = rt.cuda_graphs and rt.device.type == "cuda"
     graph_pool = frame + depth_frame if graphs else 0
@@ -202,7 +202,7 @@ def footprint(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig, heigh
         FootprintPart("cuda_graph_pool", graph_pool, True, "one-frame step's activations, held by the graphs"),
         FootprintPart("phase1_step", phase1, False, f"{s} scale frames together ({s * (page_size + 6)} tokens)"),
         FootprintPart("phase1_depth_head", depth1, False,
-                      f"depth head over {min(s, DEPTH_FRAME_CHUNK)} frames at a time" if depth1 else "depth off"),
+                      f"depth head over {min(s, stream.depth_chunk)} frames at a time" if depth1 else "depth off"),
         FootprintPart("frame_step", frame, False, f"one frame, {visible} visible keys"),
         FootprintPart("frame_depth_head", depth_frame, False, "one frame" if depth_frame else "depth off"),
     )

@@ -76,6 +76,13 @@ class MemoryBudget:
         fp = self.predict(cfg, rt, stream)
         if fits(fp, budget):
             return stream, ""
+        if stream.with_depth:  # phase 1's depth head in smaller calls: the same numbers in less memory
+            for chunk in (4, 2, 1):
+                if chunk < stream.depth_chunk:
+                    stream = replace(stream, depth_chunk=chunk)
+                    fp = self.predict(cfg, rt, stream)
+                    if fits(fp, budget):
+                        return stream, ""
         if not stream.fit_window:
             raise MemoryBudgetExceeded(budget_problem(fp, budget, f"sliding_window {stream.sliding_window}")
                                        + "; lower sliding_window or image_width, or set fit_window true")

@@ -445,6 +445,8 @@ class SessionManager:
         if stream.keyframe_interval != old.keyframe_interval:
             self._session.set_keyframe_interval(stream.keyframe_interval)
             self._log(f"keyframe_interval {old.keyframe_interval} -> {stream.keyframe_interval} from the next frame")
+        if stream.depth_chunk != old.depth_chunk:  # the budget's choice of frames per depth-head call
+            self._session.stream_cfg = replace(self._session.stream_cfg, depth_chunk=stream.depth_chunk)
         if stream.with_depth != old.with_depth:
             # the depth head reads the same tokens: no cache change, so no new session
             self._session.stream_cfg = replace(self._session.stream_cfg, with_depth=stream.with_depth)

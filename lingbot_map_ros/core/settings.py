@@ -231,7 +231,7 @@ def defaults() -> dict[str, Any]:
 
 def applies_of_field(field_name: str) -> str:
     """What a change of a RuntimeConfig/StreamConfig field needs (``with_depth``: from the next frame)."""
-    if field_name == "with_depth":
+    if field_name in ("with_depth", "depth_chunk"):
         return "next_frame"
     return SETTINGS_BY_NAME[field_name].applies
 
