@@ -112,7 +112,8 @@ class LingBotMapNode(LifecycleNode):
         self._t_start = time.monotonic()
 
         self._ledger = FrameLedger(self, session_id=self._current_session_id)
-        self._input_size = InputSize(lambda: FramePreprocessor(fast_resize=bool(self._values["fast_resize"])))
+        self._input_size = InputSize(lambda: FramePreprocessor(fast_resize=bool(self._values["fast_resize"]),
+                                                               width=int(self._values["image_width"])))
         self._session_view = SessionView()
         self._timeline = PipelineTimeline(origin=time.perf_counter())
         # The robot's frames and scale: the depth topic's pairing (scale_source depth) feeds the scale
