@@ -138,3 +138,31 @@ def test_budget_lowers_the_phase1_depth_chunk_before_the_window():
     assert footprint(cfg, rt, stream, 224, 224).total > one  # scale_frames 2: chunk 8 holds both frames
     manager = SessionManager(runtime, replace(stream, gpu_memory_budget=one / GB), log=lambda m: None)
     assert manager.stream_cfg.depth_chunk == 1 and manager.stream_cfg.sliding_window == 4
+
+
+def test_an_fp32_checkpoint_is_cast_before_it_moves(monkeypatch):
+    """Loading fp32 weights into the bf16 aggregator never moves an fp32 copy to the device: every
+    tensor that changes device already has its final dtype (the meta device stands in for the GPU)."""
+    from lingbot_map_ros.core.model import LingBotMap, build_model
+    from lingbot_map_ros.core.model.checkpoint import apply_state_dict
+
+    source, _ = build_model(model_config("tiny"), seed=3)
+    state = source.state_dict()
+    assert all(t.dtype == torch.float32 for t in state.values() if t.is_floating_point())
+    with torch.device("meta"):
+        model = LingBotMap(model_config("tiny"), enable_depth=True)
+    model.aggregator.to(torch.bfloat16)
+    moves: list[tuple[torch.dtype, torch.dtype]] = []
+    real_to = torch.Tensor.to
+
+    def spy(self, *args, **kwargs):
+        out = real_to(self, *args, **kwargs)
+        if out.device != self.device:
+            moves.append((self.dtype, out.dtype))
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "to", spy)
+    apply_state_dict(model, state, device="meta")
+    assert moves and all(before == after for before, after in moves), moves
+    assert (torch.float32, torch.bfloat16) not in moves
+    assert next(model.aggregator.parameters()).dtype == torch.bfloat16
