@@ -224,11 +224,11 @@ def fits(fp: Footprint, budget_bytes: float) -> bool:
 
 
 def largest_fitting_window(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig, height: int, width: int,
-                           budget_bytes: float, acceptable=lambda s: True) -> Optional[int]:
-    """The largest ``sliding_window`` up to the configured one whose footprint fits the budget and
-    that ``acceptable`` (the settings' own rules) takes; None when not even a window of 1 fits."""
+                           budget_bytes: float) -> Optional[int]:
+    """The largest ``sliding_window`` up to the configured one whose footprint fits the budget; None
+    when not even a window of 1 fits."""
     lo, hi, best = 1, stream.sliding_window, None
-    while lo <= hi:  # footprint and the settings' rules are monotonic in the window
+    while lo <= hi:  # the footprint grows with the window
         mid = (lo + hi) // 2
         candidate = replace(stream, sliding_window=mid)
         if fits(footprint(cfg, rt, candidate, height, width), budget_bytes):
@@ -236,8 +236,6 @@ def largest_fitting_window(cfg: ModelConfig, rt: ResolvedRuntime, stream: Stream
             lo = mid + 1
         else:
             hi = mid - 1
-    while best is not None and best >= 1 and not acceptable(replace(stream, sliding_window=best)):
-        best = best - 1 if best > 1 else None
     return best
 
 

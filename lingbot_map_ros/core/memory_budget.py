@@ -68,9 +68,10 @@ class MemoryBudget:
         return footprint(cfg, rt, stream, h, w)
 
     def fit(self, cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig,
-            acceptable: Callable[[StreamConfig], bool]) -> tuple[StreamConfig, str]:
+            rules: Callable[[StreamConfig], list[str]]) -> tuple[StreamConfig, str]:
         """``(stream, "")`` when it fits; with ``fit_window`` the largest window that fits and the
         warning that says so; else ``MemoryBudgetExceeded`` with what does not fit and by how much.
+        ``rules``: the settings' own reasons against a window (the long-run policy's overlap, say).
         Changes nothing (``adopt`` records the choice of the settings in use)."""
         budget = self.bytes_for(stream, rt.device)
         fp = self.predict(cfg, rt, stream)
@@ -87,12 +88,16 @@ class MemoryBudget:
             raise MemoryBudgetExceeded(budget_problem(fp, budget, f"sliding_window {stream.sliding_window}")
                                        + "; lower sliding_window or image_width, or set fit_window true")
         h, w = worst_case_height(stream.image_width), stream.image_width
-        best = largest_fitting_window(cfg, rt, stream, h, w, budget, acceptable)
+        best = largest_fitting_window(cfg, rt, stream, h, w, budget)
         if best is None:
             smallest = footprint(cfg, rt, replace(stream, sliding_window=1), h, w)
             raise MemoryBudgetExceeded("fit_window: not even sliding_window 1 fits: "
                                        + budget_problem(smallest, budget, "sliding_window 1"))
         fitted = replace(stream, sliding_window=best)
+        problems = rules(fitted)
+        if problems:  # the rules only tighten for smaller windows: no smaller one can do better
+            raise MemoryBudgetExceeded(f"fit_window: sliding_window {best} is the largest that fits the memory "
+                                       f"budget ({budget / GB:.2f} GB), but: " + "; ".join(problems))
         need = footprint(cfg, rt, fitted, h, w).total
         return fitted, (f"fit_window: sliding_window {best} instead of {stream.sliding_window} fits the memory "
                         f"budget ({need / GB:.2f} of {budget / GB:.2f} GB; window {stream.sliding_window} needs "

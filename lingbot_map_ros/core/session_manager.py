@@ -303,7 +303,7 @@ class SessionManager:
                     stream: StreamConfig) -> StreamConfig:
         """``stream`` as it fits the budget (``fit_window``: its window shrunk, warned); raises
         ``MemoryBudgetExceeded`` with the numbers."""
-        fitted, warning = self._memory.fit(cfg, rt, stream, lambda s: not settings_problems(runtime, s))
+        fitted, warning = self._memory.fit(cfg, rt, stream, lambda s: settings_problems(runtime, s))
         if warning:
             self._warn(warning)
         return fitted
@@ -313,7 +313,7 @@ class SessionManager:
         try:
             same_model = not changed_fields(self.runtime, runtime)
             cfg, rt = (self._loaded.cfg, self._loaded.runtime) if same_model else self._preview(runtime)
-            self._memory.fit(cfg, rt, stream, lambda s: not settings_problems(runtime, s))
+            self._memory.fit(cfg, rt, stream, lambda s: settings_problems(runtime, s))
         except ValueError as exc:
             return [str(exc)]
         return []
