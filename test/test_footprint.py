@@ -166,3 +166,15 @@ def test_an_fp32_checkpoint_is_cast_before_it_moves(monkeypatch):
     assert moves and all(before == after for before, after in moves), moves
     assert (torch.float32, torch.bfloat16) not in moves
     assert next(model.aggregator.parameters()).dtype == torch.bfloat16
+
+
+def test_bench_footprint_prints_the_table_without_a_gpu(capsys):
+    from lingbot_map_ros.tools import bench
+
+    assert bench.main(["--footprint", "--width", "392", "--height", "294", "--sliding-window", "32",
+                       "--heads", "camera,depth+camera"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| **peak** |") == 2 and "preset full, 392x294, bfloat16, cuda" in out
+    cfg, rt = model_config("full"), assumed_runtime("cuda", torch.bfloat16)
+    want = footprint(cfg, rt, StreamConfig(sliding_window=32, with_depth=True), 294, 392).total
+    assert f"**{want / GB:.3f}**" in out
