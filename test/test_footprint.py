@@ -178,3 +178,22 @@ def test_bench_footprint_prints_the_table_without_a_gpu(capsys):
     cfg, rt = model_config("full"), assumed_runtime("cuda", torch.bfloat16)
     want = footprint(cfg, rt, StreamConfig(sliding_window=32, with_depth=True), 294, 392).total
     assert f"**{want / GB:.3f}**" in out
+
+
+@pytest.mark.parametrize("kernel", ["split", "cudnn", "flash"])
+def test_pools_of_the_one_frame_kernels_match_the_built_cache(kernel):
+    """The tight pools of the dense one-frame kernels (what an H200 runs) and the official ones."""
+    from lingbot_map_ros.core.cache import factory
+    from lingbot_map_ros.core.runtime import resolve_for
+
+    cfg = model_config("tiny")
+    rt = resolve_for(torch.device("cpu"), torch.float32, backend="sdpa")
+    object.__setattr__(rt, "cuda_graphs", True)  # the CUDA layout, built on the CPU
+    object.__setattr__(rt, "sdpa_kernel", kernel)
+    for window, (h, w) in ((3, (168, 224)), (7, (210, 280))):
+        stream = StreamConfig(scale_frames=2, sliding_window=window, max_frame_num=64, max_stored_frames=40)
+        page_size = (h // 14) * (w // 14)
+        cache = factory.build_global_cache(rt, cfg, stream, page_size)
+        fp = footprint(cfg, rt, stream, h, w)
+        assert fp.part("patch_pool") + fp.part("special_pool") == cache.nbytes, (kernel, window)
+        assert fp.part("camera_cache") == factory.build_camera_cache(rt, cfg, stream).nbytes
