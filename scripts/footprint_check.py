@@ -96,7 +96,7 @@ def part_b(base, runtime_cfg: RuntimeConfig, args) -> None:
     for cap in args.caps:
         if device.type == "cuda":
             torch.cuda.set_per_process_memory_fraction(min(1.0, cap * GB / total), device)
-        for width in args.widths:
+        for width in args.b_widths:
             height = model_input_height(640, 480, width)
             stream = StreamConfig(with_depth=True, image_width=width, gpu_memory_budget=cap, fit_window=True)
             fresh(device)
@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heads", default="camera,depth+camera")
     p.add_argument("--frames", type=int, default=60, help="part a: steady frames per row")
     p.add_argument("--caps", default="8,4", help="part b: GB caps")
+    p.add_argument("--b-widths", default="518,392,280,224", help="part b: widths tried in turn until one fits")
     p.add_argument("--long-frames", type=int, default=2000, help="part b: frames per cap")
     p.add_argument("--compile-blocks", default="off", choices=("auto", "on", "off"),
                    help="off by default: compiling per width would take most of the time limit")
@@ -143,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     args.windows = [int(v) for v in args.windows.split(",")]
     args.heads = [h for h in args.heads.split(",") if h]
     args.caps = [float(v) for v in args.caps.split(",")]
+    args.b_widths = [int(v) for v in args.b_widths.split(",")]
     runtime_cfg = RuntimeConfig(model_preset=args.preset, device=args.device, dtype=args.dtype,
                                 compile_blocks=args.compile_blocks)
     base = load_model(runtime_cfg, log=lambda m: None)
