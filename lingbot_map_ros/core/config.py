@@ -136,6 +136,12 @@ class StreamConfig:
     long_run_policy: str = limited("window", choices=LONG_RUN_POLICIES)
     max_stored_frames: int = limited(320, range=(2, 1_000_000))  # stored frames per session before the policy acts
     overlap_frames: int = limited(16, range=(1, 4096))  # frames carried into the next window (policy "window")
+    # Memory (docs/memory.md): the model input width, the budget the footprint must fit, and whether
+    # the sliding window shrinks to fit it.
+    image_width: int = limited(MODEL_WIDTH_PX, range=(16 * PATCH_SIZE, MODEL_WIDTH_PX))  # a multiple of 14
+    gpu_memory_budget: float = limited(0.0, range=(0.0, 10_000.0))  # GB; 0: free memory at configure - margin
+    fit_window: bool = False  # True: the largest sliding_window <= the configured one that fits the budget
+    depth_chunk: int = 8  # frames per depth-head call in phase 1 (not a setting: the budget lowers it)
 
 
 @dataclass(frozen=True)
@@ -166,6 +172,8 @@ def validate_stream(cfg: StreamConfig) -> list[str]:
     """Reasons why ``cfg`` cannot run; empty when it can: each field's limits, then the rules
     between fields."""
     problems = limit_problems(cfg)
+    if cfg.image_width % PATCH_SIZE:
+        problems.append(f"image_width {cfg.image_width} is not a multiple of the {PATCH_SIZE}-px patch")
     if cfg.max_frame_num < cfg.scale_frames + 2:
         problems.append(
             f"max_frame_num ({cfg.max_frame_num}) must exceed scale_frames + 1 ({cfg.scale_frames + 1})"
@@ -190,11 +198,12 @@ def validate_runtime(cfg: RuntimeConfig) -> list[str]:
     return problems
 
 
-def model_input_height(width0: int, height0: int) -> int:
-    """Resized height before the centre crop (docs/model.md §2.1 step 3), evaluated as the official code does."""
+def model_input_height(width0: int, height0: int, width: int = MODEL_WIDTH_PX) -> int:
+    """Resized height before the centre crop (docs/model.md §2.1 step 3) at model width ``width``,
+    evaluated as the official code does (its ``target_size`` is the width)."""
     if width0 <= 0 or height0 <= 0:
         raise ValueError(f"image size must be positive (got {width0}x{height0})")
-    return round(height0 * (MODEL_WIDTH_PX / width0) / PATCH_SIZE) * PATCH_SIZE
+    return round(height0 * (width / width0) / PATCH_SIZE) * PATCH_SIZE
 
 
 def stored_frame_limit(stream: StreamConfig) -> int:

@@ -53,22 +53,25 @@ class ResolutionChanged(ValueError):
         )
 
 
-def model_size(width0: int, height0: int) -> tuple[int, int, int]:
-    """Model input ``(H, W, crop_offset_y)`` for a ``width0 x height0`` camera image (docs/model.md §2.1).
+def model_size(width0: int, height0: int, width: int = MODEL_WIDTH_PX) -> tuple[int, int, int]:
+    """Model input ``(H, W, crop_offset_y)`` for a ``width0 x height0`` camera image (docs/model.md §2.1)
+    at model width ``width`` (a multiple of 14; 518 is the official size).
 
-    ``H`` is the resized height (``config.model_input_height``) capped at 518 by a centre crop whose
-    first kept row is ``crop_offset_y`` (0 without crop). ``W`` is always 518.
+    ``H`` is the resized height (``config.model_input_height``) capped at ``width`` by a centre crop
+    whose first kept row is ``crop_offset_y`` (0 without crop). ``W`` is always ``width``.
     """
-    new_h = model_input_height(width0, height0)
+    if width <= 0 or width % PATCH_SIZE:
+        raise ValueError(f"model width must be a positive multiple of {PATCH_SIZE} (got {width})")
+    new_h = model_input_height(width0, height0, width)
     if new_h < PATCH_SIZE:
         # Extremely wide images round to 0 patch rows; the model cannot take an empty image.
         raise ValueError(
-            f"image {width0}x{height0} is too wide: resized to width {MODEL_WIDTH_PX} it would be "
+            f"image {width0}x{height0} is too wide: resized to width {width} it would be "
             f"{new_h} px high (< one {PATCH_SIZE}-px patch row)"
         )
-    if new_h > MODEL_WIDTH_PX:
-        return MODEL_WIDTH_PX, MODEL_WIDTH_PX, (new_h - MODEL_WIDTH_PX) // 2
-    return new_h, MODEL_WIDTH_PX, 0
+    if new_h > width:
+        return width, width, (new_h - width) // 2
+    return new_h, width, 0
 
 
 def _cv_ready(a: np.ndarray) -> np.ndarray:
@@ -149,8 +152,10 @@ class FramePreprocessor:
     from the official ones.
     """
 
-    def __init__(self, fast_resize: bool = False) -> None:
+    def __init__(self, fast_resize: bool = False, width: int = MODEL_WIDTH_PX) -> None:
+        """``width``: the model input width (``image_width``; 518 is the official size)."""
         self.fast_resize = fast_resize
+        self.width = width
         self._input_wh: Optional[tuple[int, int]] = None
         self._new_h = 0
         self._hw_crop: tuple[int, int, int] = (0, 0, 0)
@@ -189,8 +194,8 @@ class FramePreprocessor:
         """
         wh = (int(width0), int(height0))
         if self._input_wh is None:
-            self._hw_crop = model_size(*wh)  # raises for impossible sizes before anything is adopted
-            self._new_h = model_input_height(*wh)
+            self._hw_crop = model_size(*wh, self.width)  # raises for impossible sizes before anything is adopted
+            self._new_h = model_input_height(*wh, self.width)
             self._input_wh = wh
         elif wh != self._input_wh:
             raise ResolutionChanged(self._input_wh, wh)
@@ -213,7 +218,7 @@ class FramePreprocessor:
     def _resize(self, rgb: np.ndarray) -> np.ndarray:
         """[H0, W0, 3] uint8 -> [new_h, 518, 3] uint8, a fresh writable array."""
         h0, w0 = rgb.shape[:2]
-        size = (MODEL_WIDTH_PX, self._new_h)  # (width, height) for PIL and OpenCV alike
+        size = (self.width, self._new_h)  # (width, height) for PIL and OpenCV alike
         if self.fast_resize:
             if size == (w0, h0):
                 return rgb.copy()

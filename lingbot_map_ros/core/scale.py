@@ -74,13 +74,14 @@ def _median(values) -> float:
 
 # ------------------------------------------------------------------------------------------- depth
 def depth_grid_indices(colour_wh: tuple[int, int], depth_wh: tuple[int, int],
-                       stride: int = DEPTH_SAMPLE_STRIDE) -> tuple[np.ndarray, np.ndarray]:
+                       stride: int = DEPTH_SAMPLE_STRIDE, width: int = MODEL_WIDTH_PX) -> tuple[np.ndarray, np.ndarray]:
     """Rows and columns of a sensor depth image (``depth_wh``, registered to a ``colour_wh`` camera
     image) under the model depth map's pixels ``[stride // 2 :: stride]`` in y and x.
 
-    The model image is the colour image resized to width 518 (``model_input_height`` rows), then
-    centre-cropped to at most 518 rows (``preprocess.model_size``); a model pixel centre ``(i, j)``
-    sits at colour ``((j + 0.5) W0 / 518, (i + crop + 0.5) H0 / new_h)``. Nearest sensor pixel, no
+    The model image is the colour image resized to the model width ``width`` (518 unless
+    ``image_width`` says otherwise; ``model_input_height`` rows), then centre-cropped to at most
+    ``width`` rows (``preprocess.model_size``); a model pixel centre ``(i, j)`` sits at colour
+    ``((j + 0.5) W0 / width, (i + crop + 0.5) H0 / new_h)``. Nearest sensor pixel, no
     interpolation: a hole stays a hole instead of being averaged into its neighbours.
     Raises ``ValueError`` for a depth image of another aspect ratio (not registered to the colour).
     """
@@ -93,12 +94,12 @@ def depth_grid_indices(colour_wh: tuple[int, int], depth_wh: tuple[int, int],
                          "it is not registered to it (use the depth topic aligned to the colour camera)")
     from .preprocess import model_size  # late: preprocess imports torch and PIL
 
-    new_h = model_input_height(w0, h0)
-    model_h, _, crop = model_size(w0, h0)
+    new_h = model_input_height(w0, h0, width)
+    model_h, _, crop = model_size(w0, h0, width)
     i = np.arange(stride // 2, model_h, stride)
-    j = np.arange(stride // 2, MODEL_WIDTH_PX, stride)
+    j = np.arange(stride // 2, width, stride)
     rows = np.minimum(((i + crop + 0.5) * hd / new_h).astype(np.int64), hd - 1)
-    cols = np.minimum(((j + 0.5) * wd / MODEL_WIDTH_PX).astype(np.int64), wd - 1)
+    cols = np.minimum(((j + 0.5) * wd / width).astype(np.int64), wd - 1)
     return rows, cols
 
 

@@ -46,6 +46,7 @@ import torch
 
 from .config import ModelConfig, RuntimeConfig, StreamConfig, model_config, replace, validate_runtime, validate_stream
 from .long_run import LimitAction, LongRunPolicy, Refeed, Sim3, WindowAlignment, make_policy, policy_class
+from .memory_budget import MemoryBudget, MemoryReport, allocated_bytes
 from .model import LingBotMap, build_model
 from .results import CacheSnapshot, FrameResult, SessionInfo
 from .runtime import ResolvedRuntime, resolve_runtime
@@ -144,6 +145,9 @@ class ManagerView:
     snapshot: CacheSnapshot = field(default_factory=CacheSnapshot)
     warnings: tuple[str, ...] = ()
     last_start: Optional[SessionStart] = None
+    memory: Optional[MemoryReport] = None  # predicted next to allocated (docs/memory.md)
+    # the budget check of settings not applied yet (the node refuses a parameter change with it)
+    memory_problems: Optional[Callable[[RuntimeConfig, StreamConfig], list[str]]] = None
 
 
 @dataclass(frozen=True)
@@ -180,7 +184,7 @@ class LoadReport:
 
 # the StreamConfig fields a saved cache is bound to (keyframe_interval and the depth head are not)
 SESSION_GEOMETRY = ("scale_frames", "sliding_window", "camera_iterations", "max_frame_num", "max_stored_frames",
-                    "long_run_policy", "overlap_frames")
+                    "long_run_policy", "overlap_frames", "image_width")
 
 
 def session_info(runtime: ResolvedRuntime, cfg: ModelConfig, model: Any, *, random_weights: bool) -> SessionInfo:
@@ -271,21 +275,31 @@ class SessionManager:
     """The sessions of one camera stream, and the one place that starts them or applies settings."""
 
     def __init__(self, runtime: RuntimeConfig, stream: StreamConfig, log: Callable[[str], None] = print,
-                 load: Optional[Callable[[RuntimeConfig, Callable[[str], None]], LoadedModel]] = None) -> None:
+                 load: Optional[Callable[[RuntimeConfig, Callable[[str], None]], LoadedModel]] = None,
+                 warn: Optional[Callable[[str], None]] = None) -> None:
         """Checks the settings, builds the model and the first session (raises with the reason when
         it cannot). ``load`` builds the model: ``load_model`` unless given (the benchmark hands in one
-        that reuses a built model, tests stand-in models)."""
+        that reuses a built model, tests stand-in models). ``warn``: where a fitted window is
+        reported (default ``log``)."""
         problems = settings_problems(runtime, stream)
         if problems:
             raise ValueError("; ".join(problems))
         self._log = log
+        self._warn = warn if warn is not None else log
         self._load = load if load is not None else load_model
+        self._memory = MemoryBudget()
+        requested = stream
+        if load is None:  # the budget is checked before anything is allocated
+            stream = self._fit_memory(*self._preview(runtime), runtime, stream)
         # Called with every SessionStart after the first session (the node counts them, renews its
         # input size, clears its path and map); set it once the listener exists.
         self.on_new_session: Optional[Callable[[SessionStart], None]] = None
         self.policy: LongRunPolicy = make_policy(stream)
         self.runtime = runtime
         self._loaded = self._load(runtime, log)
+        if load is not None:
+            stream = self._fit_memory(self._loaded.cfg, self._loaded.runtime, runtime, stream)
+        self._memory.adopt(requested, stream)
         self._session = StreamingSession(self._loaded.model, self._loaded.cfg, stream, self._loaded.runtime, log)
         self._session_id = 0
         self.last_start = SessionStart(0, SessionCause.STARTED, "first session")
@@ -333,7 +347,39 @@ class SessionManager:
         return self._session.snapshot()
 
     def warnings(self) -> list[str]:
-        return list(self.policy.warnings(self._session.warnings()))
+        return list(self.policy.warnings(self._session.warnings())) + self._memory.warning()
+
+    # ------------------------------------------------------------------ memory (docs/memory.md)
+    def _preview(self, runtime: RuntimeConfig) -> tuple[ModelConfig, ResolvedRuntime]:
+        """The model shapes and resolved runtime of ``runtime``, nothing built."""
+        return model_config(runtime.resolved_preset()), resolve_runtime(runtime)
+
+    def _fit_memory(self, cfg: ModelConfig, rt: ResolvedRuntime, runtime: RuntimeConfig,
+                    stream: StreamConfig) -> StreamConfig:
+        """``stream`` as it fits the budget (``fit_window``: its window shrunk, warned); raises
+        ``MemoryBudgetExceeded`` with the numbers."""
+        fitted, warning = self._memory.fit(cfg, rt, stream, lambda s: settings_problems(runtime, s))
+        if warning:
+            self._warn(warning)
+        return fitted
+
+    def memory_problems(self, runtime: RuntimeConfig, stream: StreamConfig) -> list[str]:
+        """Why these settings would not fit the budget ([]: they fit); changes nothing."""
+        try:
+            same_model = not changed_fields(self.runtime, runtime)
+            cfg, rt = (self._loaded.cfg, self._loaded.runtime) if same_model else self._preview(runtime)
+            self._memory.fit(cfg, rt, stream, lambda s: settings_problems(runtime, s))
+        except ValueError as exc:
+            return [str(exc)]
+        return []
+
+    def memory_report(self) -> MemoryReport:
+        session = self._session
+        hw = session._kv_hw  # the session's frame size once its caches exist
+        predicted = self._memory.predict(self._loaded.cfg, self._loaded.runtime, self.stream_cfg, hw).total
+        allocated = allocated_bytes(session.device, self._loaded.model, [session._kv, session._camera_kv])
+        return MemoryReport(predicted, allocated, self._memory.bytes_for(self.stream_cfg, session.device),
+                            self._memory.fitted_window, self._memory.configured_window)
 
     # the long-run window chain (a policy without windows: window 0, no switches, identity)
     @property
@@ -362,6 +408,7 @@ class SessionManager:
             session_id=self.session_id, runtime=self.runtime, stream_cfg=self.stream_cfg, info=self.info,
             buffered=self.buffered, window_index=self.window_index, window_switches=self.window_switches,
             snapshot=self.snapshot(), warnings=tuple(self.warnings()), last_start=self.last_start,
+            memory=self.memory_report(), memory_problems=self.memory_problems,
         )
 
     # ------------------------------------------------------------------ mapping and saved sessions
@@ -506,9 +553,13 @@ class SessionManager:
         problems = settings_problems(runtime, stream)
         if problems:
             raise ValueError("; ".join(problems))
+        requested = stream
         runtime_changes = changed_fields(self.runtime, runtime)
+        preview = self._preview(runtime) if runtime_changes else (self._loaded.cfg, self._loaded.runtime)
+        stream = self._fit_memory(*preview, runtime, stream)  # refused with the numbers: nothing changes
         if runtime_changes:
             loaded = self._load(runtime, self._log)  # may raise: the old model keeps running
+            self._memory.adopt(requested, stream)
             discarded = self.pending_stamps()
             self._adopt_policy(stream)
             self._loaded, self.runtime = loaded, runtime
@@ -518,6 +569,7 @@ class SessionManager:
             start = self._start_session(f"parameters {list(runtime_changes)} changed (new model)",
                                         SessionCause.PARAMETERS, discarded=discarded)
             return ApplyResult(Change.NEW_MODEL, runtime_changes, start.discarded)
+        self._memory.adopt(requested, stream)
         old = self._session.stream_cfg
         stream_changes = changed_fields(old, stream)
         session_changes = tuple(f for f in stream_changes if applies_of_field(f) == "session")
@@ -531,6 +583,8 @@ class SessionManager:
         if stream.keyframe_interval != old.keyframe_interval:
             self._session.set_keyframe_interval(stream.keyframe_interval)
             self._log(f"keyframe_interval {old.keyframe_interval} -> {stream.keyframe_interval} from the next frame")
+        if stream.depth_chunk != old.depth_chunk:  # the budget's choice of frames per depth-head call
+            self._session.stream_cfg = replace(self._session.stream_cfg, depth_chunk=stream.depth_chunk)
         if stream.with_depth != old.with_depth:
             # the depth head reads the same tokens: no cache change, so no new session
             self._session.stream_cfg = replace(self._session.stream_cfg, with_depth=stream.with_depth)

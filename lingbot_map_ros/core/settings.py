@@ -105,6 +105,15 @@ SETTINGS: tuple[Setting, ...] = (
             "policy acts (the model was trained on ~320 views).", "session"),
     _field(StreamConfig, "overlap_frames", "Frames carried into the next window when "
             "long_run_policy is 'window'.", "session"),
+    # --- memory (docs/memory.md): the footprint must fit the budget at configure and at every change
+    _field(StreamConfig, "image_width", "Model input width in pixels (a multiple of 14, 224..518; 518 is the "
+            "official size). Images are resized to it keeping their aspect, then centre-cropped to at most "
+            "square.", "session"),
+    _field(StreamConfig, "gpu_memory_budget", "GB the session may allocate (weights, caches, activations). 0: the "
+            "free device memory at configure minus a margin; on the CPU 0 means no limit. Settings that do not "
+            "fit are refused with the numbers.", "session"),
+    _field(StreamConfig, "fit_window", "Shrink sliding_window to the largest value that fits "
+            "gpu_memory_budget (a WARN and the diagnostics say which), instead of refusing.", "session"),
     # --- from the next frame, same session
     _field(StreamConfig, "keyframe_interval", "Every N-th frame after the scale frames is stored "
             "in the KV cache; the others get a pose but are forgotten. Applies from the next frame.",
@@ -225,7 +234,8 @@ SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 RUNTIME_FIELDS = ("checkpoint", "model_preset", "device", "dtype", "attention_backend", "flashinfer_kernel",
                   "sdpa_kernel", "cuda_graphs", "compile_blocks", "autocast", "seed", "allow_unsafe_checkpoint")
 STREAM_FIELDS = ("scale_frames", "sliding_window", "keyframe_interval", "camera_iterations", "max_frame_num",
-                 "long_run_policy", "max_stored_frames", "overlap_frames")
+                 "long_run_policy", "max_stored_frames", "overlap_frames",
+                 "image_width", "gpu_memory_budget", "fit_window")  # the last three: memory (docs/memory.md)
 CORE_FIELDS = frozenset(RUNTIME_FIELDS + STREAM_FIELDS)
 DEPTH_OUTPUTS = ("publish_depth", "publish_points", "publish_map")
 
@@ -236,7 +246,7 @@ def defaults() -> dict[str, Any]:
 
 def applies_of_field(field_name: str) -> str:
     """What a change of a RuntimeConfig/StreamConfig field needs (``with_depth``: from the next frame)."""
-    if field_name == "with_depth":
+    if field_name in ("with_depth", "depth_chunk"):
         return "next_frame"
     return SETTINGS_BY_NAME[field_name].applies
 

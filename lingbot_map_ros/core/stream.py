@@ -438,6 +438,8 @@ class StreamingSession:
         The caches are the session's current ones; rebuilding them drops the captured graph."""
         # fusion None keeps what the caller set (the benchmark's kernel profile runs eager steps fused)
         fused = fused_blocks(fusion) if fusion is not None else contextlib.nullcontext()
+        if hasattr(self.model.depth_head, "frame_chunk"):  # frames per depth-head call (the budget's choice)
+            self.model.depth_head.frame_chunk = self.stream_cfg.depth_chunk
         compute = self.dtype if self.runtime.autocast else torch.float32
         with torch.inference_mode(), _autocast(self.device, compute), fused:
             return self.model(

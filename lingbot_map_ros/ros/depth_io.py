@@ -36,15 +36,18 @@ class BadDepth(ValueError):
 class GridCache:
     """The sampling indices per (colour size, depth size): computed once, reused for every pair."""
 
-    def __init__(self, stride: int = DEPTH_SAMPLE_STRIDE):
+    def __init__(self, stride: int = DEPTH_SAMPLE_STRIDE, width: Callable[[], int] = lambda: 518):
+        """``width``: the model input width now (the ``image_width`` parameter)."""
         self.stride = stride
+        self._width = width
         self._cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     def indices(self, colour_wh: tuple[int, int], depth_wh: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-        key = (tuple(colour_wh), tuple(depth_wh))
+        width = int(self._width())
+        key = (tuple(colour_wh), tuple(depth_wh), width)
         if key not in self._cache:
             try:
-                self._cache[key] = depth_grid_indices(colour_wh, depth_wh, self.stride)
+                self._cache[key] = depth_grid_indices(colour_wh, depth_wh, self.stride, width)
             except ValueError as exc:
                 raise BadDepth("size", str(exc)) from None
             if len(self._cache) > 8:  # sizes only change with the camera: keep a few

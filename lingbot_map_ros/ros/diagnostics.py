@@ -21,6 +21,7 @@ from ..core.results import CacheSnapshot
 from .frames import DROP_COUNTERS  # the counters of frames that ended without a pose, one per final status
 
 if TYPE_CHECKING:
+    from ..core.memory_budget import MemoryReport
     from ..core.results import SessionInfo
     from .robot_frames import RobotReport
 
@@ -86,6 +87,7 @@ class DiagnosticsSnapshot:
     timeline: Sequence[tuple] = ()
     overlapped: int = 0  # frames preprocessed while the previous frame was inside the model
     robot: Optional[RobotReport] = None  # the TF tree and the scale (None: no tf / scale statuses)
+    memory: Optional[MemoryReport] = None  # predicted next to allocated (None: no model loaded)
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -192,8 +194,18 @@ def _cache_status(d: DiagnosticsSnapshot) -> DiagnosticStatus:
         ("rope_frame_index", d.last_result.get("rope_frame_index", "-")), ("max_frame_num", cfg.max_frame_num),
         ("max_stored_frames", cfg.max_stored_frames), ("long_run_policy", cfg.long_run_policy),
         ("kv_mbytes", f"{snap.kv_bytes / 2**20:.1f}"),
-        ("window_index", d.window_index), ("window_switches", d.window_switches),
+        ("window_index", d.window_index), ("window_switches", d.window_switches), *_memory_values(d.memory),
     ])
+
+
+def _memory_values(m: Optional[MemoryReport]) -> list[tuple[str, object]]:
+    """The footprint's prediction next to what is allocated (docs/memory.md), GB."""
+    if m is None:
+        return []
+    return [("memory_predicted_gb", f"{m.predicted / 1e9:.3f}"), ("memory_allocated_gb", f"{m.allocated / 1e9:.3f}"),
+            ("memory_budget_gb", f"{m.budget / 1e9:.3f}" if m.budget else "none"),
+            ("sliding_window_configured", m.configured_window),
+            ("sliding_window_fitted", m.fitted_window if m.fitted_window is not None else "-")]
 
 
 def _backend_status(d: DiagnosticsSnapshot) -> DiagnosticStatus:

@@ -61,7 +61,7 @@ class DepthPairing:
         self._node = node
         self._values = values
         self._wanted = wanted
-        self._grid = GridCache()
+        self._grid = GridCache(width=lambda: int(values.get("image_width", 518)))
         self._lock = threading.Lock()
         self._sub = None
         self._sync = None

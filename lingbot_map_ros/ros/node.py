@@ -113,7 +113,8 @@ class LingBotMapNode(LifecycleNode):
         self._t_start = time.monotonic()
 
         self._ledger = FrameLedger(self, session_id=self._current_session_id)
-        self._input_size = InputSize(lambda: FramePreprocessor(fast_resize=bool(self._values["fast_resize"])))
+        self._input_size = InputSize(lambda: FramePreprocessor(fast_resize=bool(self._values["fast_resize"]),
+                                                               width=int(self._values["image_width"])))
         self._session_view = SessionView()
         self._timeline = PipelineTimeline(origin=time.perf_counter())
         # The robot's frames and scale: the depth topic's pairing (scale_source depth) feeds the scale
@@ -157,7 +158,8 @@ class LingBotMapNode(LifecycleNode):
             f"dtype {runtime.dtype}, backend {runtime.attention_backend}); stream {stream}"
         )
         try:
-            manager = self._session_manager_cls(runtime, stream, log=self.get_logger().info)
+            manager = self._session_manager_cls(runtime, stream, log=self.get_logger().info,
+                                                warn=self.get_logger().warning)
         except Exception as exc:  # noqa: BLE001 - any failure of the model build fails the transition
             return self._configure_failed(*build_failure(exc))
         self._manager = manager
@@ -318,7 +320,7 @@ class LingBotMapNode(LifecycleNode):
                 window_index=view.window_index, window_switches=view.window_switches, info=view.info,
                 checkpoint=view.runtime.checkpoint if configured else self._values["checkpoint"],
                 lifecycle_state=self._state_label, configure_error=self._configure_error,
-                timeline=timeline, overlapped=overlapped, robot=robot,
+                timeline=timeline, overlapped=overlapped, robot=robot, memory=view.memory,
             )
             c.dropped_since_diag = c.rejected_since_diag = 0
         self._diag_pub.publish(diagnostic_array(snapshot, self.get_clock().now().to_msg()))
@@ -329,9 +331,13 @@ def build_failure(exc: BaseException) -> tuple[str, Optional[BaseException]]:
 
     A refused checkpoint (``CheckpointError``: not a checkpoint, wrong keys, unsafe pickle) is the
     user's input, fully explained by its message: no traceback (forty lines of loader frames would
-    bury it). Anything else is unexpected and keeps its type and traceback."""
+    bury it). So is a geometry that does not fit the memory budget (``MemoryBudgetExceeded``, with its
+    numbers). Anything else is unexpected and keeps its type and traceback."""
+    from ..core.memory_budget import MemoryBudgetExceeded
     from ..core.model.checkpoint import CheckpointError
 
+    if isinstance(exc, MemoryBudgetExceeded):
+        return f"does not fit the memory budget: {exc}", None
     if isinstance(exc, CheckpointError):
         return f"cannot build the model: {exc}", None
     return f"cannot build the model: {type(exc).__name__}: {exc}", exc

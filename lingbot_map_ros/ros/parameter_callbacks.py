@@ -49,7 +49,12 @@ class ParameterHandler:
         problems = validate_values(values)
         if problems:
             return SetParametersResult(successful=False, reason="; ".join(problems))
-        runtime = configs_from_values(values)[0]
+        runtime, stream = configs_from_values(values)
+        check_memory = self._get_view().memory_problems
+        if check_memory is not None:  # a change that would not fit the memory budget (docs/memory.md)
+            problems = check_memory(runtime, stream)
+            if problems:
+                return SetParametersResult(successful=False, reason="; ".join(problems))
         running = self._get_view().runtime
         if running is not None and runtime != running and runtime != configs_from_values(self._values)[0]:
             # A new model: check the file, its keys and shapes, the device and its memory now.

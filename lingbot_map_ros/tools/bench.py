@@ -225,6 +225,26 @@ def _num(value: float, spec: str) -> str:
     return "-" if value != value else format(value, spec)
 
 
+def footprint_tables(runtime_cfg: RuntimeConfig, stream_cfg: StreamConfig, args: argparse.Namespace) -> str:
+    """``--footprint``: the footprint table per head setting, for a device that need not be here."""
+    from ..core.config import model_config
+    from ..core.footprint import assumed_runtime, footprint
+
+    device = "cuda" if args.device == "auto" else args.device
+    on_cuda = device.startswith("cuda")
+    dtype_name = runtime_cfg.dtype if runtime_cfg.dtype != "auto" else ("bfloat16" if on_cuda else "float32")
+    backend = "flashinfer" if runtime_cfg.attention_backend == "flashinfer" else "sdpa"
+    kernel = runtime_cfg.sdpa_kernel if runtime_cfg.sdpa_kernel != "auto" else "split"
+    rt = assumed_runtime(device, getattr(torch, dtype_name), backend=backend, sdpa_kernel=kernel,
+                         cuda_graphs=runtime_cfg.cuda_graphs, autocast=runtime_cfg.autocast)
+    cfg = model_config(runtime_cfg.resolved_preset() if runtime_cfg.model_preset else "full")
+    tables = []
+    for heads in [h for h in args.heads.split(",") if h]:
+        stream = dataclasses.replace(stream_cfg, with_depth=heads == "depth+camera")
+        tables.append(footprint(cfg, rt, stream, args.height, args.width).table())
+    return "\n\n".join(tables)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="lingbot_map_bench", description=__doc__.splitlines()[0])
     add_session_options(p)
@@ -237,9 +257,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report-every", type=int, default=0, help="print the recent median and memory every N frames")
     p.add_argument("--profile", action="store_true", help="print GPU kernel time by category (first head setting)")
     p.add_argument("--profile-variant", default="", help="the variant to profile (default: the first)")
+    p.add_argument("--footprint", action="store_true",
+                   help="print the predicted memory of each head setting at --width x --height and exit: no GPU "
+                        "needed (--device auto = cuda; docs/memory.md)")
     args = p.parse_args(argv)
     check_session_args(p, args)
     runtime_cfg = runtime_from_args(args)
+    if args.footprint:
+        print(footprint_tables(runtime_cfg, stream_from_args(args), args))
+        return 0
     if runtime_cfg.checkpoint and not os.path.isfile(os.path.expanduser(runtime_cfg.checkpoint)):
         p.error(f"--checkpoint {runtime_cfg.checkpoint}: no such file")
     try:

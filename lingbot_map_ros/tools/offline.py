@@ -125,15 +125,17 @@ def check_outputs(args: argparse.Namespace) -> None:
 
 def frame_source(args: argparse.Namespace):
     """The checked input (``frame_sources.FrameSource``); ``SourceError`` (one line) when unusable."""
+    from ..core.preprocess import FramePreprocessor
     from . import frame_sources
 
     if args.frames:
         return frame_sources.open_npy(args.frames)
+    prep = FramePreprocessor(width=getattr(args, "image_width", 518))  # the node's preprocessing at --image-width
     if args.images:
-        return frame_sources.open_images(args.images, stamps_file=args.stamps, fps=args.fps)
+        return frame_sources.open_images(args.images, stamps_file=args.stamps, fps=args.fps, preprocessor=prep)
     if args.video:
-        return frame_sources.open_video(args.video, fps=args.fps)
-    return frame_sources.open_bag(args.bag, topic=args.topic)
+        return frame_sources.open_video(args.video, fps=args.fps, preprocessor=prep)
+    return frame_sources.open_bag(args.bag, topic=args.topic, preprocessor=prep)
 
 
 def save_results(results: list[FrameResult], out: str, tum: str = "", with_depth: bool = False) -> None:

@@ -21,12 +21,12 @@ from typing import Optional
 
 import torch
 
-from ..config import SPECIAL_TOKENS_PER_FRAME, ModelConfig, StreamConfig
+from ..config import SPECIAL_TOKENS_PER_FRAME, ModelConfig, StreamConfig, special_pages_capacity
 from ..runtime import ResolvedRuntime
 from .backend import AttentionBackend
 from .camera_cache import CameraKVCache
 from .paged import PagedKVCache
-from .pages import PageTable
+from .pages import EXTRA_PATCH_PAGES, PageTable
 from .sdpa_backend import SdpaBackend, StaticSdpaBackend
 
 
@@ -37,10 +37,10 @@ def max_stored_frames(stream: StreamConfig) -> int:
 
 @dataclass(frozen=True)
 class PoolLayout:
-    """Page pools and allocation order of a global cache; None = the official default size."""
+    """Page pools and allocation order of a global cache (the cache and ``core/footprint.py`` read them)."""
 
-    num_patch_pages: Optional[int] = None
-    special_pages: Optional[int] = None
+    num_patch_pages: int
+    special_pages: int
     allocation: str = "lifo"
 
 
@@ -52,8 +52,9 @@ def reads_whole_storage(rt: ResolvedRuntime) -> bool:
 def pool_layout(rt: ResolvedRuntime, stream: StreamConfig, page_size: int) -> PoolLayout:
     """The pools ``PagedKVCache`` gets. The dense one-frame backends read whole pools, so theirs hold
     exactly what can be visible; the split backend also needs the stored pages kept as a prefix."""
-    if not reads_whole_storage(rt):
-        return PoolLayout()
+    if not reads_whole_storage(rt):  # the official pools
+        return PoolLayout(stream.scale_frames + stream.sliding_window + EXTRA_PATCH_PAGES,
+                          special_pages_capacity(stream.max_frame_num, page_size))
     patch = stream.scale_frames + stream.sliding_window + 1
     special = max(1, math.ceil(SPECIAL_TOKENS_PER_FRAME * max_stored_frames(stream) / page_size))
     return PoolLayout(patch, special, "lowest" if rt.sdpa_kernel == "split" else "lifo")
@@ -114,13 +115,18 @@ def build_global_cache(rt: ResolvedRuntime, model: ModelConfig, stream: StreamCo
     return cache
 
 
+def camera_cache_capacity(stream: StreamConfig) -> int:
+    """Frames the camera-head cache holds: stored frames never exceed max_stored_frames (the long-run
+    policy acts first), plus one scratch slot for a non-keyframe; a tight capacity keeps the graph's
+    masked attention short."""
+    return min(stream.max_frame_num, stream.max_stored_frames + 1)
+
+
 def camera_cache_shape(rt: ResolvedRuntime, model: ModelConfig, stream: StreamConfig) -> dict:
     """The camera-head trunk cache's shapes (what a saved one is checked against)."""
     return dict(num_iterations=stream.camera_iterations, num_blocks=model.camera_trunk_depth,
                 num_heads=model.camera_num_heads, head_dim=model.camera_head_dim,
-                # stored frames never exceed max_stored_frames (the long-run policy acts first), plus one
-                # scratch slot for a non-keyframe; a tight capacity keeps the graph's masked attention short
-                capacity=min(stream.max_frame_num, stream.max_stored_frames + 1))
+                capacity=camera_cache_capacity(stream))
 
 
 def build_camera_cache(rt: ResolvedRuntime, model: ModelConfig, stream: StreamConfig) -> CameraKVCache:
@@ -132,6 +138,7 @@ def build_camera_cache(rt: ResolvedRuntime, model: ModelConfig, stream: StreamCo
 
 
 __all__ = [
-    "build_camera_cache", "camera_cache_shape", "build_global_cache", "make_eager_backend", "make_single_frame_backend",
+    "build_camera_cache", "build_global_cache", "camera_cache_capacity", "camera_cache_shape", "make_eager_backend",
+    "make_single_frame_backend",
     "max_stored_frames", "pool_layout", "PoolLayout", "reads_whole_storage",
 ]

@@ -271,7 +271,9 @@ def apply_state_dict(
     for key, target in expected.items():
         value = sd[key]
         if meta:
-            value = value.to(device=target_device, dtype=target.dtype)
+            # cast on the CPU, then move, one tensor at a time: an fp32 checkpoint loaded into a bf16
+            # aggregator never puts an fp32 copy of the weights on the GPU (docs/memory.md)
+            value = value.to(dtype=target.dtype).to(device=target_device)
         to_load[key] = value
     model.load_state_dict(to_load, strict=True, assign=meta)
     if meta:

@@ -128,6 +128,8 @@ class DPTDepthHead(nn.Module):
                 nn.Conv2d(out_channels[3], out_channels[3], 3, stride=2, padding=1),
             ]
         )
+        # frames per call (phase 1 has several): the memory budget lowers it (docs/memory.md)
+        self.frame_chunk = FRAME_CHUNK
         self.scratch = Scratch(out_channels, features)
         # 4 token maps per frame size; a few sizes' worth (least recently used dropped first)
         self._pe_cache: TableCache[tuple[Tensor, Tensor]] = TableCache(4 * SIZES_KEPT)
@@ -137,10 +139,11 @@ class DPTDepthHead(nn.Module):
         if len(token_list) != 4:
             raise ValueError(f"the DPT head needs 4 token maps (got {len(token_list)})")
         S = token_list[0].shape[0]
+        step = max(1, int(self.frame_chunk))  # frames per call: each frame's maps are independent
         depths, confs = [], []
         with torch.autocast(device_type=token_list[0].device.type, enabled=False):
-            for start in range(0, S, FRAME_CHUNK):
-                chunk = [t[start : start + FRAME_CHUNK].float() for t in token_list]
+            for start in range(0, S, step):
+                chunk = [t[start : start + step].float() for t in token_list]
                 d, c = self._forward_chunk(chunk, image_hw)
                 depths.append(d)
                 confs.append(c)

@@ -1,0 +1,129 @@
+"""The memory budget of a session manager: settings that do not fit are refused before anything is
+allocated, or (``fit_window``) the sliding window shrinks until they fit (docs/memory.md).
+
+The check runs on the footprint (``core/footprint.py``) at the configured width and the tallest
+input that width can give (a square: portrait images are centre-cropped to it), so whatever camera
+connects later, its sessions stay inside the budget: phase 1 of every new session, window switches
+(they reuse the caches) and every change ``SessionManager.apply`` accepts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from .config import ModelConfig, StreamConfig, replace
+from .footprint import GB, Footprint, budget_problem, fits, footprint, largest_fitting_window, worst_case_height
+from .runtime import ResolvedRuntime
+
+MEMORY_MARGIN_GB = 0.5  # kept free of an automatic budget: the CUDA context's growth, other processes' jitter
+
+
+class MemoryBudgetExceeded(ValueError):
+    """The settings do not fit the memory budget; the message has the numbers."""
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Predicted next to allocated, for the diagnostics (bytes; budget 0 = no limit)."""
+
+    predicted: int
+    allocated: int
+    budget: float
+    fitted_window: Optional[int] = None  # the window fit_window chose (None: the configured one fits)
+    configured_window: int = 0
+
+
+def device_free_bytes(device: torch.device) -> float:
+    """Free memory of ``device`` plus what this process holds already (released before a rebuild)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return float(free + torch.cuda.memory_allocated(device))
+
+
+class MemoryBudget:
+    """The budget of one manager: 0 GB means the free memory at the first check minus a margin on
+    CUDA (remembered, so the model the manager loads itself does not shrink it), no limit on the CPU."""
+
+    def __init__(self, free_bytes: Callable[[torch.device], float] = device_free_bytes) -> None:
+        self._free_bytes = free_bytes
+        self._auto: dict[str, float] = {}
+        self.fitted_window: Optional[int] = None
+        self.configured_window = 0
+
+    def bytes_for(self, stream: StreamConfig, device: torch.device) -> float:
+        if stream.gpu_memory_budget > 0:
+            return stream.gpu_memory_budget * GB
+        if device.type != "cuda":
+            return 0.0
+        key = str(device)
+        if key not in self._auto:
+            self._auto[key] = max(0.0, self._free_bytes(device) - MEMORY_MARGIN_GB * GB)
+        return self._auto[key]
+
+    def predict(self, cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig,
+                hw: Optional[tuple[int, int]] = None) -> Footprint:
+        """The footprint at ``hw`` (the session's frame size), else at the worst case of the width."""
+        h, w = hw if hw is not None else (worst_case_height(stream.image_width), stream.image_width)
+        return footprint(cfg, rt, stream, h, w)
+
+    def fit(self, cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig,
+            rules: Callable[[StreamConfig], list[str]]) -> tuple[StreamConfig, str]:
+        """``(stream, "")`` when it fits; with ``fit_window`` the largest window that fits and the
+        warning that says so; else ``MemoryBudgetExceeded`` with what does not fit and by how much.
+        ``rules``: the settings' own reasons against a window (the long-run policy's overlap, say).
+        Changes nothing (``adopt`` records the choice of the settings in use)."""
+        budget = self.bytes_for(stream, rt.device)
+        fp = self.predict(cfg, rt, stream)
+        if fits(fp, budget):
+            return stream, ""
+        if stream.with_depth:  # phase 1's depth head in smaller calls: the same numbers in less memory
+            for chunk in (4, 2, 1):
+                if chunk < stream.depth_chunk:
+                    stream = replace(stream, depth_chunk=chunk)
+                    fp = self.predict(cfg, rt, stream)
+                    if fits(fp, budget):
+                        return stream, ""
+        if not stream.fit_window:
+            raise MemoryBudgetExceeded(budget_problem(fp, budget, f"sliding_window {stream.sliding_window}")
+                                       + "; lower sliding_window or image_width, or set fit_window true")
+        h, w = worst_case_height(stream.image_width), stream.image_width
+        best = largest_fitting_window(cfg, rt, stream, h, w, budget)
+        if best is None:
+            smallest = footprint(cfg, rt, replace(stream, sliding_window=1), h, w)
+            raise MemoryBudgetExceeded("fit_window: not even sliding_window 1 fits: "
+                                       + budget_problem(smallest, budget, "sliding_window 1"))
+        fitted = replace(stream, sliding_window=best)
+        problems = rules(fitted)
+        if problems:  # the rules only tighten for smaller windows: no smaller one can do better
+            raise MemoryBudgetExceeded(f"fit_window: sliding_window {best} is the largest that fits the memory "
+                                       f"budget ({budget / GB:.2f} GB), but: " + "; ".join(problems))
+        need = footprint(cfg, rt, fitted, h, w).total
+        return fitted, (f"fit_window: sliding_window {best} instead of {stream.sliding_window} fits the memory "
+                        f"budget ({need / GB:.2f} of {budget / GB:.2f} GB; window {stream.sliding_window} needs "
+                        f"{fp.total / GB:.2f} GB)")
+
+    def adopt(self, requested: StreamConfig, fitted: StreamConfig) -> None:
+        """Record the window in use for the diagnostics."""
+        changed = fitted.sliding_window != requested.sliding_window
+        self.fitted_window = fitted.sliding_window if changed else None
+        self.configured_window = requested.sliding_window
+
+    def warning(self) -> list[str]:
+        if self.fitted_window is None:
+            return []
+        return [f"sliding_window fitted to {self.fitted_window} (configured {self.configured_window}) "
+                "for gpu_memory_budget"]
+
+
+def allocated_bytes(device: torch.device, model: torch.nn.Module, caches: list) -> int:
+    """What is allocated now: the CUDA allocator's count, or on the CPU the tensors' bytes (weights
+    and the caches' pools)."""
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    tensors = list(model.parameters()) + list(model.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors) + sum(c.nbytes for c in caches if c is not None)
+
+
+__all__ = ["MEMORY_MARGIN_GB", "MemoryBudget", "MemoryBudgetExceeded", "MemoryReport", "allocated_bytes",
+           "device_free_bytes"]
