@@ -89,13 +89,16 @@ def part_a(base, runtime_cfg: RuntimeConfig, args) -> None:
 def part_b(base, runtime_cfg: RuntimeConfig, args) -> None:
     device = base.runtime.device
     total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
+    cuda_index = 0  # set_per_process_memory_fraction wants an index, not torch.device("cuda")
+    if device.type == "cuda":
+        cuda_index = device.index if device.index is not None else torch.cuda.current_device()
     print(f"\n### b) small cards: fit_window, depth+camera, long_run_policy window, {args.long_frames} frames\n")
     print("| cap GB | width x height | window picked | depth chunk | peak GB | peak <= budget | window switches "
           "| ms/frame | result |")
     print("|---|---|---|---|---|---|---|---|---|")
     for cap in args.caps:
         if device.type == "cuda":
-            torch.cuda.set_per_process_memory_fraction(min(1.0, cap * GB / total), device)
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cap * GB / total), cuda_index)
         for width in args.b_widths:
             height = model_input_height(640, 480, width)
             stream = StreamConfig(with_depth=True, image_width=width, gpu_memory_budget=cap, fit_window=True)
@@ -121,7 +124,7 @@ def part_b(base, runtime_cfg: RuntimeConfig, args) -> None:
             del manager
             break  # the largest width that fits is the answer for this cap
     if device.type == "cuda":
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.set_per_process_memory_fraction(1.0, cuda_index)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,10 +42,12 @@ FLASHINFER_WORKSPACE_BYTES = 256 * 2**20  # per FlashInfer wrapper (cache/flashi
 # its activation, mlp_ratio x C each) - the busiest point of a block.
 BLOCK_LIVE_HIDDEN_COPIES = 2
 # The depth head's busiest point at full resolution: the upsampled output_conv1 map (F/2 channels)
-# held three times (the map, the two position-coded halves, their concatenation), and the refinenet1
-# map at 8x the patch grid (F channels) held twice while it is convolved.
-DEPTH_FULLRES_COPIES = 3
-DEPTH_REFINE_COPIES = 2
+# and the refinenet1 map at 8x the patch grid (F channels), in units of those maps. Calibrated on the
+# H200 (2026-12-02, full/bf16, widths 518/392/280 x windows 16/32/64, docs/benchmarks.md): counting
+# the tensors alive in the code gave 3 and 2 and over-predicted every depth row by 8-18 % (the head
+# frees its intermediates as it goes); 1.5 and 1.25 put all 18 rows within -1 %..+1 %.
+DEPTH_FULLRES_COPIES = 1.5
+DEPTH_REFINE_COPIES = 1.25
 
 
 @dataclass(frozen=True)
@@ -137,8 +139,8 @@ def depth_head_bytes(cfg: ModelConfig, frames: int, height: int, width: int, chu
     n = min(frames, max(1, chunk))
     f = cfg.depth_features
     page_size = page_size_of(height, width)
-    fullres = n * height * width * 4 * (DEPTH_FULLRES_COPIES * f // 2 + DEPTH_OUTPUT_HIDDEN)
-    refine = n * 64 * page_size * f * 4 * DEPTH_REFINE_COPIES  # 8x the patch grid in each direction
+    fullres = int(n * height * width * 4 * (DEPTH_FULLRES_COPIES * f / 2 + DEPTH_OUTPUT_HIDDEN))
+    refine = int(n * 64 * page_size * f * 4 * DEPTH_REFINE_COPIES)  # 8x the patch grid in each direction
     token_maps = 4 * n * page_size * cfg.camera_dim * 4  # the four token maps cast to fp32
     outputs = 2 * frames * height * width * 4  # depth and confidence of every frame
     return fullres + refine + token_maps + outputs
