@@ -28,17 +28,13 @@ import numpy as np
 import torch
 
 from .cache import CacheFull, CameraKVCache, PagedKVCache
-from .cache.camera_cache import camera_state_problems
-from .cache.factory import build_camera_cache, build_global_cache, camera_cache_shape, pool_layout
-from .cache.paged import cache_state_problems
-from .cache.pages import PageTable
+from .cache.factory import build_camera_cache, build_global_cache, saved_state_problems
 from .config import (
     PATCH_SIZE,
     SPECIAL_TOKENS_PER_FRAME,
     ModelConfig,
     StreamConfig,
     replace,
-    special_pages_capacity,
     stored_frame_limit,
     validate_stream,
 )
@@ -191,20 +187,7 @@ class StreamingSession:
     def warnings(self) -> list[str]:
         """Limits being approached, for the node's diagnostics (WARN before anything is hit); the
         long-run policy edits them (``LongRunPolicy.warnings``)."""
-        out: list[str] = []
-        cfg = self.stream_cfg
-        limit = stored_frame_limit(cfg)
-        if self._stored >= 0.9 * limit:
-            out.append(
-                f"stored frames {self._stored} of {limit} before the long-run policy '{cfg.long_run_policy}' acts"
-            )
-        if self._stored > TRAINING_RANGE_STORED_FRAMES:
-            out.append(f"{self._stored} stored frames exceed the ~{TRAINING_RANGE_STORED_FRAMES}-view training range")
-        if self._kv is not None:
-            st = self._kv.stats()
-            if st.special_pages_capacity and st.special_pages >= 0.9 * st.special_pages_capacity:
-                out.append(f"special pages {st.special_pages} of {st.special_pages_capacity}")
-        return out
+        return limit_warnings(self.stream_cfg, self._stored, self._kv)
 
     # ------------------------------------------------------------------ saved sessions
     def state_problem(self) -> str:
@@ -246,21 +229,7 @@ class StreamingSession:
         hw = (int(state["image_hw"][0]), int(state["image_hw"][1]))
         if self._kv is not None and self._camera_kv is not None and self._kv_hw == hw:
             return self._kv.check_state(state["global_cache"]) + self._camera_kv.check_state(state["camera_cache"])
-        cfg, scfg = self.model_cfg, self.stream_cfg
-        rows = SPECIAL_TOKENS_PER_FRAME + max(hw) // PATCH_SIZE  # spatial RoPE rows (as _ensure_caches)
-        if hw[0] % PATCH_SIZE or hw[1] % PATCH_SIZE or rows > scfg.max_frame_num:
-            return [f"frame size {hw[1]}x{hw[0]} does not fit this session (patch {PATCH_SIZE}, max_frame_num "
-                    f"{scfg.max_frame_num})"]
-        page_size = (hw[0] // PATCH_SIZE) * (hw[1] // PATCH_SIZE)
-        layout = pool_layout(self.runtime, scfg, page_size)
-        table = PageTable(scale_frames=scfg.scale_frames, sliding_window=scfg.sliding_window, page_size=page_size,
-                          num_patch_pages=layout.num_patch_pages,
-                          special_pages=layout.special_pages or special_pages_capacity(scfg.max_frame_num, page_size),
-                          allocation=layout.allocation)
-        camera = camera_cache_shape(self.runtime, cfg, scfg)
-        return (cache_state_problems(state["global_cache"], num_blocks=cfg.depth, num_heads=cfg.num_heads,
-                                     head_dim=cfg.head_dim, dtype=self.dtype, table=table)
-                + camera_state_problems(state["camera_cache"], **camera))
+        return saved_state_problems(self.runtime, self.model_cfg, self.stream_cfg, self.dtype, state, hw)
 
     def load_state(self, state: dict, block_tensors: Callable[[int], dict], camera: torch.Tensor) -> None:
         """Continue a saved session: counters, keyframe phase and both caches restored in place (the
@@ -455,52 +424,84 @@ class StreamingSession:
                 validate=validate,
             )
 
-    def _make_result(
-        self, out, j: int, *, stamp: Any, is_keyframe: bool, is_scale: bool, rope_index: int, latency_ms: float
-    ) -> FrameResult:
-        pose_enc, depth, conf = out
-        hw = self._image_hw
-        c2w, intrinsics = decode_pose_encoding(pose_enc[j].astype(np.float64), hw)
-        return FrameResult(
-            frame_index=self._frame_index,
-            session_id=self.session_id,
-            stamp=stamp,
-            pose_enc=pose_enc[j].astype(np.float32),
-            c2w=c2w,
-            intrinsics=intrinsics,
-            image_hw=hw,  # type: ignore[arg-type]
-            is_keyframe=is_keyframe,
-            is_scale_frame=is_scale,
-            rope_frame_index=rope_index,
-            cache=self._snapshot(visible_keys=self._last_visible_keys),
-            latency_ms=latency_ms,
-            depth=None if depth is None else depth[j],
-            depth_conf=None if conf is None else conf[j],
-        )
+    def _make_result(self, out, j: int, **flags: Any) -> FrameResult:
+        """Frame ``j`` of a model call's output (``flags``: stamp, is_keyframe, is_scale, rope_index,
+        latency_ms) as this session reports it."""
+        return frame_result(out, j, frame_index=self._frame_index, session_id=self.session_id,
+                            image_hw=self._image_hw, cache=self._snapshot(visible_keys=self._last_visible_keys),
+                            **flags)
 
     def _snapshot(self, visible_keys: int) -> CacheSnapshot:
-        if self._kv is None or self._camera_kv is None:
-            return CacheSnapshot(max_frame_num=self.stream_cfg.max_frame_num)
-        st = self._kv.stats()
-        return CacheSnapshot(
-            frames_stored=self._stored,
-            scale_frames=st.scale_frames,
-            window_frames=st.window_frames,
-            frames_evicted=st.frames_evicted,
-            page_size=st.page_size,
-            patch_pages_total=st.patch_pages_total,
-            scale_pages=st.scale_frames,
-            window_pages=st.window_frames,
-            free_pages=st.free_pages,
-            special_pages=st.special_pages,
-            special_pages_capacity=st.special_pages_capacity,
-            special_tokens=st.special_tokens,
-            visible_keys=visible_keys,
-            camera_cache_frames=self._camera_kv.length,
-            camera_cache_capacity=self._camera_kv.capacity,
-            max_frame_num=self.stream_cfg.max_frame_num,
-            kv_bytes=self._kv.nbytes + self._camera_kv.nbytes,
+        return cache_snapshot(self._kv, self._camera_kv, stored=self._stored, visible_keys=visible_keys,
+                              max_frame_num=self.stream_cfg.max_frame_num)
+
+
+def frame_result(out, j: int, *, frame_index: int, session_id: int, image_hw: Any, cache: CacheSnapshot,
+                 stamp: Any, is_keyframe: bool, is_scale: bool, rope_index: int, latency_ms: float) -> FrameResult:
+    """One frame's ``FrameResult`` from the model's outputs (``out``: pose_enc [S, 9], depth and
+    confidence [S, H, W] or None); the pose is decoded in float64."""
+    pose_enc, depth, conf = out
+    c2w, intrinsics = decode_pose_encoding(pose_enc[j].astype(np.float64), image_hw)
+    return FrameResult(
+        frame_index=frame_index,
+        session_id=session_id,
+        stamp=stamp,
+        pose_enc=pose_enc[j].astype(np.float32),
+        c2w=c2w,
+        intrinsics=intrinsics,
+        image_hw=image_hw,
+        is_keyframe=is_keyframe,
+        is_scale_frame=is_scale,
+        rope_frame_index=rope_index,
+        cache=cache,
+        latency_ms=latency_ms,
+        depth=None if depth is None else depth[j],
+        depth_conf=None if conf is None else conf[j],
+    )
+
+
+def limit_warnings(cfg: StreamConfig, stored: int, kv: Optional[PagedKVCache]) -> list[str]:
+    """The session's limits being approached (stored frames, the training range, special pages)."""
+    out: list[str] = []
+    limit = stored_frame_limit(cfg)
+    if stored >= 0.9 * limit:
+        out.append(
+            f"stored frames {stored} of {limit} before the long-run policy '{cfg.long_run_policy}' acts"
         )
+    if stored > TRAINING_RANGE_STORED_FRAMES:
+        out.append(f"{stored} stored frames exceed the ~{TRAINING_RANGE_STORED_FRAMES}-view training range")
+    if kv is not None:
+        st = kv.stats()
+        if st.special_pages_capacity and st.special_pages >= 0.9 * st.special_pages_capacity:
+            out.append(f"special pages {st.special_pages} of {st.special_pages_capacity}")
+    return out
+
+
+def cache_snapshot(kv: Optional[PagedKVCache], camera_kv: Optional[CameraKVCache], *, stored: int,
+                   visible_keys: int, max_frame_num: int) -> CacheSnapshot:
+    """The caches' statistics as one frame reports them (an empty snapshot before the caches exist)."""
+    if kv is None or camera_kv is None:
+        return CacheSnapshot(max_frame_num=max_frame_num)
+    st = kv.stats()
+    return CacheSnapshot(
+        frames_stored=stored,
+        scale_frames=st.scale_frames,
+        window_frames=st.window_frames,
+        frames_evicted=st.frames_evicted,
+        page_size=st.page_size,
+        patch_pages_total=st.patch_pages_total,
+        scale_pages=st.scale_frames,
+        window_pages=st.window_frames,
+        free_pages=st.free_pages,
+        special_pages=st.special_pages,
+        special_pages_capacity=st.special_pages_capacity,
+        special_tokens=st.special_tokens,
+        visible_keys=visible_keys,
+        camera_cache_frames=camera_kv.length,
+        camera_cache_capacity=camera_kv.capacity,
+        max_frame_num=max_frame_num,
+        kv_bytes=kv.nbytes + camera_kv.nbytes,
+    )
 
 
 def _autocast(device: torch.device, dtype: torch.dtype):

@@ -137,8 +137,32 @@ def build_camera_cache(rt: ResolvedRuntime, model: ModelConfig, stream: StreamCo
                          static=rt.cuda_graphs)
 
 
+def saved_state_problems(rt: ResolvedRuntime, model: ModelConfig, stream: StreamConfig, dtype: torch.dtype,
+                         state: dict, hw: tuple[int, int]) -> list[str]:
+    """Why a saved session's caches (``state``: a ``StreamingSession.state_dict``) of frame size ``hw``
+    cannot go into the caches these settings would build (empty: they can); checked without building
+    them, for a session whose caches do not exist yet or have another frame size."""
+    from ..config import PATCH_SIZE
+    from .camera_cache import camera_state_problems
+    from .paged import cache_state_problems
+
+    rows = SPECIAL_TOKENS_PER_FRAME + max(hw) // PATCH_SIZE  # spatial RoPE rows (as the session's caches)
+    if hw[0] % PATCH_SIZE or hw[1] % PATCH_SIZE or rows > stream.max_frame_num:
+        return [f"frame size {hw[1]}x{hw[0]} does not fit this session (patch {PATCH_SIZE}, max_frame_num "
+                f"{stream.max_frame_num})"]
+    page_size = (hw[0] // PATCH_SIZE) * (hw[1] // PATCH_SIZE)
+    layout = pool_layout(rt, stream, page_size)
+    table = PageTable(scale_frames=stream.scale_frames, sliding_window=stream.sliding_window, page_size=page_size,
+                      num_patch_pages=layout.num_patch_pages,
+                      special_pages=layout.special_pages or special_pages_capacity(stream.max_frame_num, page_size),
+                      allocation=layout.allocation)
+    return (cache_state_problems(state["global_cache"], num_blocks=model.depth, num_heads=model.num_heads,
+                                 head_dim=model.head_dim, dtype=dtype, table=table)
+            + camera_state_problems(state["camera_cache"], **camera_cache_shape(rt, model, stream)))
+
+
 __all__ = [
     "build_camera_cache", "build_global_cache", "camera_cache_capacity", "camera_cache_shape", "make_eager_backend",
     "make_single_frame_backend",
-    "max_stored_frames", "pool_layout", "PoolLayout", "reads_whole_storage",
+    "max_stored_frames", "pool_layout", "PoolLayout", "reads_whole_storage", "saved_state_problems",
 ]
