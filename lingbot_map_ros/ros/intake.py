@@ -36,6 +36,17 @@ def _stamp_ns(header) -> int:
     return int(header.stamp.sec) * 10**9 + int(header.stamp.nanosec)
 
 
+def transport_topic(node, base: str, transport: str) -> str:
+    """The topic of ``base`` (``image`` or ``depth``) for ``transport``. The image_transport convention:
+    remapping ``base`` also moves ``base/compressed``, unless ``base/compressed`` is remapped itself."""
+    if transport != "compressed":
+        return node.resolve_topic_name(base)
+    explicit = node.resolve_topic_name(base + "/compressed")
+    if explicit != node.resolve_topic_name(base + "/compressed", only_expand=True):
+        return explicit
+    return node.resolve_topic_name(base) + "/compressed"
+
+
 class _ColourStamp:
     """What the synchronizer gets of a colour frame: its header (all it reads) and its image size,
     not the image (the synchronizer's queue would otherwise hold DEPTH_QUEUE camera images)."""
@@ -79,13 +90,7 @@ class DepthPairing:
         return self._sub is not None
 
     def resolve_topic(self) -> str:
-        node = self._node
-        if self._values["image_transport"] != "compressed":
-            return node.resolve_topic_name("depth")
-        explicit = node.resolve_topic_name("depth/compressed")
-        if explicit != node.resolve_topic_name("depth/compressed", only_expand=True):
-            return explicit
-        return node.resolve_topic_name("depth") + "/compressed"
+        return transport_topic(self._node, "depth", self._values["image_transport"])
 
     def subscribe(self, qos) -> None:
         """(Re-)create the depth subscription and the synchronizer (same QoS as the colour topic)."""
@@ -221,15 +226,7 @@ class ImageIntake:
         return self._sub is not None
 
     def resolve_topic(self) -> str:
-        node = self._node
-        if self._values["image_transport"] != "compressed":
-            return node.resolve_topic_name("image")
-        # image_transport convention: remapping 'image' also moves 'image/compressed', unless
-        # 'image/compressed' is remapped itself.
-        explicit = node.resolve_topic_name("image/compressed")
-        if explicit != node.resolve_topic_name("image/compressed", only_expand=True):
-            return explicit
-        return node.resolve_topic_name("image") + "/compressed"
+        return transport_topic(self._node, "image", self._values["image_transport"])
 
     def subscribe(self) -> None:
         """(Re-)create the subscription from the current parameters."""
