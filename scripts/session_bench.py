@@ -95,6 +95,8 @@ def main() -> int:
         ("frames saved / stored", f"{saved.frames} / {saved.stored} (loaded {loaded_report.frames})"),
         ("size on disk", f"{saved.bytes / 2**20:.1f} MiB"),
         ("save", f"{save_s * 1e3:.0f} ms"),
+        ("  of which the copy between two frames", f"{saved.capture_seconds * 1e3:.0f} ms (the stream's pause; "
+                                                   "the node writes the copy while frames go on)"),
         ("load (into existing pools)", f"{load_s * 1e3:.0f} ms"),
         ("load (pools allocated first)", f"{first_load_s * 1e3:.0f} ms"),
         ("one window switch (re-feed overlap)", f"{switch_ms:.0f} ms ({args.overlap} overlap frames)"),

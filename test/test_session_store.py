@@ -503,3 +503,24 @@ def test_a_locked_and_a_re_estimating_scale_continue_after_a_load():
     other = ScaleEstimator("odometry")
     other.load_state(est.state_dict())  # another source decides its own unit: nothing taken
     assert other.map is None
+
+
+def test_a_capture_is_the_session_at_that_instant_while_frames_go_on(tmp_path):
+    """A save copies the session between two frames (``SessionCapture``) and writes the copy later:
+    the frames pushed before the write - pages rewritten, a window switch - must not reach the file
+    (on the CPU a pool's ``.cpu()`` is the pool itself; without the copy this test fails)."""
+    frames = frames_for(40)
+    at = 22  # the next frames still read the captured cache before the policy switches windows
+    manager = manager_for("tiny")
+    push_all(manager, frames[:at])
+    capture = manager.capture()
+    switches = manager.window_switches
+    rest = push_all(manager, frames[at:at + 12])  # the pools change under the capture
+    assert manager.window_switches > switches
+    report = capture.write(str(tmp_path / "s"))
+    assert report.frames == at and 0 < report.capture_seconds <= report.seconds
+    resumed = manager_for("tiny")
+    resumed.load(str(tmp_path / "s"))
+    expected, got = summary(rest), summary(push_all(resumed, frames[at:at + 12]))
+    for key, value in expected.items():
+        np.testing.assert_array_equal(got[key], value, err_msg=key)

@@ -159,10 +159,30 @@ class SaveReport:
     stored: int  # frames stored in the KV cache of the current window
     bytes: int
     seconds: float
+    capture_seconds: float = 0.0  # of which the copy between two frames (the stream's pause)
 
     def message(self) -> str:
         return (f"saved session to {self.path}: {self.frames} frames ({self.stored} stored in the cache), "
-                f"{self.bytes / 2**20:.1f} MiB in {self.seconds:.2f} s")
+                f"{self.bytes / 2**20:.1f} MiB in {self.seconds:.2f} s (the stream paused "
+                f"{self.capture_seconds:.2f} s)")
+
+
+@dataclass
+class SessionCapture:
+    """A session's memory at one instant, on the host (``SessionManager.capture``): what a save writes."""
+
+    manifest: dict
+    groups: list[tuple[str, dict[str, torch.Tensor]]]  # one safetensors file each
+    frames: int
+    stored: int
+    capture_seconds: float  # the copy: the only part that has to pause the stream
+
+    def write(self, path: str) -> SaveReport:
+        """Write it to the folder ``path`` atomically (any thread); ``SessionFileError`` with the reason."""
+        start = time.perf_counter()
+        size = write_session(path, self.manifest, [(name, lambda t=tensors: t) for name, tensors in self.groups])
+        return SaveReport(str(path), self.frames, self.stored, size,
+                          self.capture_seconds + time.perf_counter() - start, self.capture_seconds)
 
 
 @dataclass(frozen=True)
@@ -436,6 +456,14 @@ class SessionManager:
         """Write the current session to the folder ``path`` (``core/session_store.py``); nothing in
         the session changes. ``SessionError`` when there is no map yet, ``SessionFileError`` when it
         cannot be written (the previous folder there is then intact)."""
+        return self.capture(extra).write(path)
+
+    def capture(self, extra: Optional[dict] = None) -> SessionCapture:
+        """The current session's whole memory copied to the host now (``SessionError``: no map yet).
+
+        Only this copy has to happen between two frames; ``SessionCapture.write`` (the disk, seconds
+        for gigabytes) may then run on another thread while the session goes on. It costs the saved
+        bytes in host memory until the write is done."""
         start = time.perf_counter()
         session = self._session
         state = session.state_dict()  # SessionError: nothing to save yet
@@ -445,10 +473,12 @@ class SessionManager:
             "frames": self._frames_handed_out(), "saved_on": str(session.device),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        groups = [(f"global_{b:03d}", lambda b=b: session.block_tensors(b)) for b in range(session.num_cache_blocks)]
-        groups += [("camera", lambda: {"kv": session.camera_tensor()}), ("policy", self.policy.state_tensors)]
-        size = write_session(path, manifest, groups)
-        return SaveReport(str(path), manifest["frames"], session.frames_stored, size, time.perf_counter() - start)
+        groups = [(f"global_{b:03d}", session.block_tensors(b)) for b in range(session.num_cache_blocks)]
+        groups += [("camera", {"kv": session.camera_tensor()}), ("policy", self.policy.state_tensors())]
+        if session.device.type == "cpu":  # there .cpu() is the tensor itself: a view of a pool the next frame writes
+            groups = [(name, {k: v.clone() for k, v in tensors.items()}) for name, tensors in groups]
+        return SessionCapture(manifest, groups, int(manifest["frames"]), session.frames_stored,
+                              time.perf_counter() - start)
 
     def load(self, path: str) -> LoadReport:
         """Replace the current session by the one saved at ``path``: the next frame continues it exactly.
@@ -625,7 +655,7 @@ class SessionManager:
 
 __all__ = [
     "ApplyResult", "Change", "InferenceFailed", "LoadReport", "LoadedModel", "ManagerView", "SaveReport",
-    "SESSION_GEOMETRY", "SessionCause", "SessionManager",
+    "SESSION_GEOMETRY", "SessionCapture", "SessionCause", "SessionManager",
     "SessionStart", "cast_for_inference", "changed_fields", "load_model", "model_change_problems",
     "session_info", "settings_problems",
 ]

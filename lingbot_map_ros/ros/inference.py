@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Optional
 from lingbot_map_ros.msg import FrameStatus
 
 from ..core.session_errors import SessionError
-from ..core.session_manager import Change, InferenceFailed, ManagerView, SessionCause, SessionStart
+from ..core.session_manager import Change, InferenceFailed, ManagerView, SessionCapture, SessionCause, SessionStart
 from .frames import Frame, FrameLedger, InputRejected, LatestFrame, stamp_sec
 from .input_size import InputSize
 from .outputs import ResultPublisher
@@ -74,7 +74,7 @@ class WorkQueue:
         self._commands: list = []
         self._stop = False
 
-    def submit(self, command: tuple, wait: float = 0.0) -> Optional[str]:
+    def submit(self, command: tuple, wait: float = 0.0) -> Any:
         """Queue ``(kind, arg)``; with ``wait`` > 0 wait that long for its result (None: not yet)."""
         done = threading.Event()
         box: dict = {}
@@ -143,7 +143,7 @@ class InferenceWorker:
     def offer(self, frame: Frame) -> None:
         self.queue.frames.put(frame)
 
-    def submit(self, command: tuple, wait: float = 0.0) -> Optional[str]:
+    def submit(self, command: tuple, wait: float = 0.0) -> Any:
         return self.queue.submit(command, wait)
 
     def _loop(self) -> None:
@@ -242,7 +242,7 @@ class InferenceWorker:
             elif kind == "apply":
                 box["result"] = self._apply_parameters(arg)
             elif kind == "save_session":
-                box["result"] = self.save_session(arg)
+                box["result"] = self.capture_session()
             elif kind == "load_session":
                 box["result"] = self.load_session(arg)
         except Exception as exc:
@@ -269,11 +269,10 @@ class InferenceWorker:
         return result.change.value  # a new session or model reached on_session_start already
 
     # ------------------------------------------------------------------ saved sessions
-    def save_session(self, path: str) -> str:
-        """``~/save_session`` (on this thread, between two frames): the map and the node's world."""
-        report = self.manager.save(path, extra=self._outputs.session_state())
-        self._log.info(report.message())
-        return report.message()
+    def capture_session(self) -> SessionCapture:
+        """``~/save_session``, the part between two frames (this thread): the map and the node's world
+        copied to the host. The service writes the copy to disk while the frames go on."""
+        return self.manager.capture(extra=self._outputs.session_state())
 
     def load_session(self, path: str) -> str:
         """``~/load_session`` / ``initial_session``: replace the session (refused: the current one is

@@ -1,19 +1,23 @@
 """``~/reset``, ``~/save_trajectory``, ``~/save_session`` and ``~/load_session`` (executor thread).
 
 ``~/reset`` never touches the session itself: it queues a command for the inference thread and
-waits for it (up to 30 s), so the reset lands between two frames; ``~/save_session`` and
-``~/load_session`` run the same way on ``session_path`` (up to 600 s: a full session is gigabytes).
+waits for it (up to 30 s), so the reset lands between two frames; ``~/load_session`` runs the same
+way on ``session_path`` (up to 600 s: a full session is gigabytes). ``~/save_session`` has the
+inference thread copy the session to the host between two frames (``SessionCapture``, a fraction of
+a second) and writes the copy here, on the executor thread, while the frames go on.
 ``~/save_trajectory`` copies the trajectory under its lock and writes a TUM file through a temporary
 file and a rename, so a crash or a SIGTERM never leaves half a file behind.
 """
 from __future__ import annotations
 
 import os
-from typing import Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 from std_srvs.srv import Trigger
 
+from ..core.session_manager import SessionCapture
+from ..core.session_store import SessionFileError
 from ..core.trajectory import write_tum
 
 RESET_WAIT_S = 30.0
@@ -27,13 +31,13 @@ class NodeServices:
     and returns its result (None when it has not run within ``wait``); ``state_label()`` names the
     lifecycle state for a refusal; ``trajectory()`` returns the current session's (stamp, c2w) list
     and its id; ``submit(command, wait)`` runs a command on the inference thread and returns its
-    result (``"error: ..."`` when it raised).
+    result (``"error: ..."`` when it raised; a ``SessionCapture`` for a save).
     """
 
     def __init__(self, node, values: Mapping, configured: Callable[[], bool],
                  submit_reset: Callable[[str, float], Optional[str]],
                  state_label: Callable[[], str], trajectory: Callable[[], tuple[list, Optional[int]]],
-                 submit: Callable[[tuple, float], Optional[str]]):
+                 submit: Callable[[tuple, float], Any]):
         self._node = node
         self._values = values
         self._configured = configured
@@ -54,6 +58,12 @@ class NodeServices:
             return response
         path = os.path.abspath(os.path.expanduser(self._values["session_path"]))
         result = self._submit((kind, path), SESSION_WAIT_S)
+        if isinstance(result, SessionCapture):  # save: copied between two frames, written here
+            try:
+                result = result.write(path).message()
+                self._node.get_logger().info(result)
+            except SessionFileError as exc:
+                result = f"error: {exc}"
         if result is None:
             response.success, response.message = False, f"{kind} of {path} did not finish within {SESSION_WAIT_S:.0f} s"
         else:
