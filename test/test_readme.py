@@ -263,20 +263,25 @@ class Runner:
             write_fixtures(needs, self.scratch)
             self.made |= needs
         t0 = time.monotonic()
-        if "background" in o:
-            name = o["background"]
-            proc = Background(block.commands()[0], self.shell, name, cwd)
-            self.background[name] = proc
-            if "wait" in o:
-                proc.wait_for(o["wait"], timeout)
-        elif "each-line" in o:
-            for command in block.commands():
-                res = self.line_with_discovery_retry(command, cwd, timeout)
-                self.check(command, res, int(o.get("exit", 0)))
-        else:
-            self.check(block.code, self.foreground(block.code, cwd, timeout), int(o.get("exit", 0)))
-        for name in filter(None, str(o.get("stop", "")).split(",")):
-            self.stop(name)
+        try:
+            if "background" in o:
+                name = o["background"]
+                proc = Background(block.commands()[0], self.shell, name, cwd)
+                self.background[name] = proc
+                if "wait" in o:
+                    proc.wait_for(o["wait"], timeout)
+            elif "each-line" in o or len(block.commands()) == 1:  # one line: a ros2 verb may miss discovery
+                for command in block.commands():
+                    res = self.line_with_discovery_retry(command, cwd, timeout)
+                    self.check(command, res, int(o.get("exit", 0)))
+            else:
+                self.check(block.code, self.foreground(block.code, cwd, timeout), int(o.get("exit", 0)))
+        finally:
+            # a failed block still stops what it names: a node left running would answer the next
+            # block's commands under the same name (a second failure that is only this one's echo)
+            for name in filter(None, str(o.get("stop", "")).split(",")):
+                if name in self.background:
+                    self.stop(name)
         self.timings.append((block.id, time.monotonic() - t0))
 
     def check(self, code: str, res: Result, exit_code: int) -> None:
