@@ -52,13 +52,14 @@ from .results import CacheSnapshot, FrameResult, SessionInfo
 from .runtime import ResolvedRuntime, resolve_runtime
 from .session_errors import SessionError, SessionStopped, StoredFrameLimit
 from .session_store import (
+    SaveReport,
+    SessionCapture,
     SessionFileError,
     identity_problems,
     read_group,
     read_manifest,
     verify_files,
     weights_identity,
-    write_session,
 )
 from .settings import applies_of_field
 from .stream import Processed, StreamingSession
@@ -148,41 +149,6 @@ class ManagerView:
     memory: Optional[MemoryReport] = None  # predicted next to allocated (docs/memory.md)
     # the budget check of settings not applied yet (the node refuses a parameter change with it)
     memory_problems: Optional[Callable[[RuntimeConfig, StreamConfig], list[str]]] = None
-
-
-@dataclass(frozen=True)
-class SaveReport:
-    """What ``SessionManager.save`` wrote."""
-
-    path: str
-    frames: int  # frames handed out in the saved world frame (the next frame's index)
-    stored: int  # frames stored in the KV cache of the current window
-    bytes: int
-    seconds: float
-    capture_seconds: float = 0.0  # of which the copy between two frames (the stream's pause)
-
-    def message(self) -> str:
-        return (f"saved session to {self.path}: {self.frames} frames ({self.stored} stored in the cache), "
-                f"{self.bytes / 2**20:.1f} MiB in {self.seconds:.2f} s (the stream paused "
-                f"{self.capture_seconds:.2f} s)")
-
-
-@dataclass
-class SessionCapture:
-    """A session's memory at one instant, on the host (``SessionManager.capture``): what a save writes."""
-
-    manifest: dict
-    groups: list[tuple[str, dict[str, torch.Tensor]]]  # one safetensors file each
-    frames: int
-    stored: int
-    capture_seconds: float  # the copy: the only part that has to pause the stream
-
-    def write(self, path: str) -> SaveReport:
-        """Write it to the folder ``path`` atomically (any thread); ``SessionFileError`` with the reason."""
-        start = time.perf_counter()
-        size = write_session(path, self.manifest, [(name, lambda t=tensors: t) for name, tensors in self.groups])
-        return SaveReport(str(path), self.frames, self.stored, size,
-                          self.capture_seconds + time.perf_counter() - start, self.capture_seconds)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
@@ -41,6 +43,41 @@ _READ_CHUNK = 1 << 24  # 16 MiB per read while checking a file's CRC
 
 class SessionFileError(ValueError):
     """A path that cannot be loaded as a session (or written as one); the message says why."""
+
+
+@dataclass(frozen=True)
+class SaveReport:
+    """What a save wrote (``SessionCapture.write``, ``SessionManager.save``)."""
+
+    path: str
+    frames: int  # frames handed out in the saved world frame (the next frame's index)
+    stored: int  # frames stored in the KV cache of the current window
+    bytes: int
+    seconds: float
+    capture_seconds: float = 0.0  # of which the copy between two frames (the stream's pause)
+
+    def message(self) -> str:
+        return (f"saved session to {self.path}: {self.frames} frames ({self.stored} stored in the cache), "
+                f"{self.bytes / 2**20:.1f} MiB in {self.seconds:.2f} s (the stream paused "
+                f"{self.capture_seconds:.2f} s)")
+
+
+@dataclass
+class SessionCapture:
+    """A session's memory at one instant, on the host (``SessionManager.capture``): what a save writes."""
+
+    manifest: dict
+    groups: list[tuple[str, dict[str, torch.Tensor]]]  # one safetensors file each
+    frames: int
+    stored: int
+    capture_seconds: float  # the copy: the only part that has to pause the stream
+
+    def write(self, path: str) -> SaveReport:
+        """Write it to the folder ``path`` atomically (any thread); ``SessionFileError`` with the reason."""
+        start = time.perf_counter()
+        size = write_session(path, self.manifest, [(name, lambda t=tensors: t) for name, tensors in self.groups])
+        return SaveReport(str(path), self.frames, self.stored, size,
+                          self.capture_seconds + time.perf_counter() - start, self.capture_seconds)
 
 
 def write_session(path: str | os.PathLike, manifest: dict, groups: Iterable[tuple[str, Callable[[], dict]]],
@@ -176,5 +213,5 @@ def weights_identity(checkpoint: str, preset: str, seed: int, random_weights: Op
     return f"random:{preset}:seed={seed}"
 
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST", "SessionFileError", "file_sha256", "identity_problems",
-           "read_group", "read_manifest", "verify_files", "weights_identity", "write_session"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST", "SaveReport", "SessionCapture", "SessionFileError", "file_sha256",
+           "identity_problems", "read_group", "read_manifest", "verify_files", "weights_identity", "write_session"]

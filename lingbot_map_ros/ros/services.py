@@ -16,8 +16,7 @@ from typing import Any, Callable, Mapping, Optional
 import numpy as np
 from std_srvs.srv import Trigger
 
-from ..core.session_manager import SessionCapture
-from ..core.session_store import SessionFileError
+from ..core.session_store import SessionCapture, SessionFileError
 from ..core.trajectory import write_tum
 
 RESET_WAIT_S = 30.0
