@@ -15,13 +15,7 @@ import torch
 from test_paged_attention import SPECIALS, _dense_reference, drive_one_frame_backend
 
 from lingbot_map_ros.core.cache import PagedKVCache, factory
-from lingbot_map_ros.core.cache.split_backend import (
-    SplitPrefixBackend,
-    attend_with_lse,
-    key_ranges,
-    merge_partials,
-    usable_splits,
-)
+from lingbot_map_ros.core.cache.split_backend import SplitPrefixBackend, attend_with_lse, merge_partials
 from lingbot_map_ros.core.config import StreamConfig, model_config
 from lingbot_map_ros.core.runtime import resolve_for
 
@@ -29,13 +23,13 @@ H, D, BLOCKS = 2, 8, 2
 
 
 def _stream(page_size: int, dtype: torch.dtype, allocation: str, seed: int, steps: int = 18,
-            scale: int = 2, window: int = 3, kv_splits: int = 1) -> tuple[list[str], SplitPrefixBackend, PagedKVCache]:
+            scale: int = 2, window: int = 3) -> tuple[list[str], SplitPrefixBackend, PagedKVCache]:
     special_pages = -(-SPECIALS * (scale + steps + 1) // page_size)
     cache = PagedKVCache(BLOCKS, H, D, page_size, scale, window, max_frame_num=64, dtype=dtype, device="cpu",
                          num_patch_pages=scale + window + 1, special_pages=special_pages, allocation=allocation)
     split = SplitPrefixBackend(page_size=page_size, num_patch_pages=cache.table.num_patch_pages,
                                num_pages=cache.table.num_pages, num_heads=H, head_dim=D, dtype=dtype, device="cpu",
-                               kernel="cpu", kv_splits=kv_splits)
+                               kernel="cpu")
     seen = drive_one_frame_backend(cache, split, page_size=page_size, dtype=dtype, scale=scale, window=window,
                                    steps=steps, seed=seed, keyframe_share=0.6, heads=H, head_dim=D)
     return [mode for _, mode in seen], split, cache
@@ -43,10 +37,8 @@ def _stream(page_size: int, dtype: torch.dtype, allocation: str, seed: int, step
 
 @pytest.mark.parametrize("page_size", [5, 7])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("kv_splits", [1, 5], ids=["one-range", "five-ranges"])
-def test_split_backend_matches_float64_and_reads_the_full_prefix_unmasked(page_size: int, dtype: torch.dtype,
-                                                                           kv_splits: int) -> None:
-    modes, split, cache = _stream(page_size, dtype, "lowest", seed=page_size, kv_splits=kv_splits)
+def test_split_backend_matches_float64_and_reads_the_full_prefix_unmasked(page_size: int, dtype: torch.dtype) -> None:
+    modes, split, cache = _stream(page_size, dtype, "lowest", seed=page_size)
     # the window (3) fills after the first 3 keyframes; from then on every step reads the prefix unmasked
     first_full = modes.index("full")
     assert "filling" in modes[:first_full] and set(modes[first_full:]) == {"full"}
@@ -54,16 +46,13 @@ def test_split_backend_matches_float64_and_reads_the_full_prefix_unmasked(page_s
 
 
 @pytest.mark.parametrize("bucket_pages", [1, 2, 3])
-@pytest.mark.parametrize("kv_splits", [1, 3, 4])
-def test_filling_window_is_cut_at_bucket_boundaries(bucket_pages: int, kv_splits: int) -> None:
+def test_filling_window_is_cut_at_bucket_boundaries(bucket_pages: int) -> None:
     """A longer window (scale 2 + window 7 = 9 prefix pages): while it fills, the head read unmasked
-    is the last bucket boundary below the visible pages, leaving 1..bucket_pages of them masked; with
-    ``kv_splits`` the unmasked head is read as a batch of key ranges (3 for the full 9 pages, 4 asked)."""
+    is the last bucket boundary below the visible pages, leaving 1..bucket_pages of them masked."""
     gen = torch.Generator().manual_seed(bucket_pages)
     page, R = 4, 9
     be = SplitPrefixBackend(page_size=page, num_patch_pages=R + 1, num_pages=R + 1 + 3, num_heads=H, head_dim=D,
-                            dtype=torch.float64, device="cpu", kernel="cpu", bucket_pages=bucket_pages,
-                            kv_splits=kv_splits)
+                            dtype=torch.float64, device="cpu", kernel="cpu", bucket_pages=bucket_pages)
     k = torch.randn(R + 4, page, H, D, generator=gen, dtype=torch.float64)
     v = torch.randn(R + 4, page, H, D, generator=gen, dtype=torch.float64)
     q = torch.randn(SPECIALS + page, H, D, generator=gen, dtype=torch.float64)
@@ -76,7 +65,6 @@ def test_filling_window_is_cut_at_bucket_boundaries(bucket_pages: int, kv_splits
         torch.testing.assert_close(be.run((k, v), q), ref, atol=1e-10, rtol=1e-10)
         if m == R:
             assert (be.mode, be.head_pages) == ("full", R)
-            assert be._regions[0].splits == min(kv_splits, 3)
         else:
             assert be.mode == "filling" and be.head_pages % bucket_pages == 0 and 1 <= m - be.head_pages <= bucket_pages
             seen.add(be.head_pages)
@@ -141,19 +129,3 @@ def test_factory_pairs_the_split_backend_with_its_pools_and_allocation() -> None
     assert cache.table.allocation == "lowest" and cache.single_frame_backend.prefix_pages == 5
     official = resolve_for(torch.device("cpu"), torch.float32, backend="sdpa")
     assert factory.pool_layout(official, stream, 12).allocation == "lifo"
-
-
-def test_key_ranges_are_views_of_consecutive_keys_and_splits_divide() -> None:
-    storage = torch.randn(6, 5, H, D, dtype=torch.float64)  # [pages, page, H, D]
-    keys = storage.view(1, -1, H, D).transpose(1, 2)  # [1, H, 30, D], the backend's strided view
-    ranges = key_ranges(keys[:, :, 5:25], 4)  # [4, H, 5, D]
-    assert ranges.shape == (4, H, 5, D) and ranges.data_ptr() == keys[:, :, 5:].data_ptr()
-    for s in range(4):
-        torch.testing.assert_close(ranges[s], keys[0, :, 5 + 5 * s: 10 + 5 * s], rtol=0, atol=0)
-    with pytest.raises(ValueError, match="equal ranges"):
-        key_ranges(keys, 7)
-    assert [usable_splits(72, w) for w in (1, 4, 5, 7, 100)] == [1, 4, 4, 6, 72]
-    assert usable_splits(13, 4) == 1
-    with pytest.raises(ValueError, match="kv_splits"):
-        SplitPrefixBackend(page_size=4, num_patch_pages=3, num_pages=5, num_heads=H, head_dim=D,
-                           dtype=torch.float32, device="cpu", kernel="cpu", kv_splits=0)

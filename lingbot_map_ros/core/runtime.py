@@ -42,7 +42,6 @@ class ResolvedRuntime:
     compile_blocks: bool = False  # torch.compile-fused block bodies inside the graph step
     autotune: bool = False  # the fused blocks' GEMMs autotuned by Inductor (max-autotune; minutes to compile)
     autocast: bool = True  # official mixed precision (False: pure dtype, opt-in)
-    kv_splits: int = 1  # split kernel: key ranges its unmasked prefix is read as (one batched call)
     reasons: tuple[str, ...] = field(default=())  # one line per decision, for logs and diagnostics
 
     @property
@@ -50,8 +49,7 @@ class ResolvedRuntime:
         """The one-frame attention path in words, e.g. ``sdpa:cudnn+graph+compiled``."""
         kernel = self.flashinfer_kernel if self.backend == "flashinfer" else self.sdpa_kernel
         mode = "+graph" if self.cuda_graphs else "+eager"
-        ranges = f"+kv{self.kv_splits}" if kernel == "split" and self.cuda_graphs and self.kv_splits > 1 else ""
-        return f"{self.backend}:{kernel}{mode}{'+compiled' if self.compile_blocks else ''}{ranges}"
+        return f"{self.backend}:{kernel}{mode}{'+compiled' if self.compile_blocks else ''}"
 
     def summary(self) -> str:
         return f"{self.attention}, {str(self.dtype).replace('torch.', '')} on {self.device}: " + "; ".join(self.reasons)
@@ -128,9 +126,6 @@ def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> tupl
 # which one-frame SDPA kernel ``auto`` means where cuDNN runs.
 AUTO_SPLIT_ON_CAPABILITY = (9,)
 AUTO_SDPA_KERNEL = "split"
-# Key ranges the split kernel reads its unmasked prefix as (``SplitPrefixBackend(kv_splits=...)``);
-# 1 = one range (to be set from the H200 measurement in docs/benchmarks.md).
-AUTO_KV_SPLITS = 1
 
 
 def resolve_flashinfer_kernel(name: str, device: torch.device) -> str:
@@ -166,7 +161,6 @@ def resolve_for(
     compile_blocks: str | bool = "auto",
     autocast: bool = True,
     autotune: bool = False,
-    kv_splits: int = 0,
 ) -> ResolvedRuntime:
     """The one function that decides, for a concrete device and dtype. Raises ``ValueError`` (with
     the reason) for a combination that cannot run."""
@@ -193,12 +187,6 @@ def resolve_for(
     if chosen == "sdpa" and graphs:
         sk_why = "requested" if sdpa_kernel != "auto" else cudnn_reason or "auto"
         reasons.append(f"one-frame SDPA kernel {sk} ({sk_why})")
-    if kv_splits < 0:
-        raise ValueError(f"kv_splits must be >= 0 (0: auto; got {kv_splits})")
-    splits = kv_splits or AUTO_KV_SPLITS
-    if chosen == "sdpa" and graphs and sk == "split" and splits > 1:
-        why = "requested" if kv_splits else "auto: more thread blocks than one frame's query tiles give"
-        reasons.append(f"split prefix read as {splits} key ranges ({why})")
     switch = _switch(compile_blocks, "compile_blocks")
     compile_reason = ""
     if not graphs:
@@ -219,7 +207,7 @@ def resolve_for(
     return ResolvedRuntime(
         device=device, dtype=dtype, backend=chosen, backend_reason=backend_reason, flashinfer_kernel=fi_kernel,
         sdpa_kernel=sk, cuda_graphs=graphs, compile_blocks=fused, autotune=bool(autotune), autocast=bool(autocast),
-        kv_splits=splits, reasons=tuple(reasons),
+        reasons=tuple(reasons),
     )
 
 

@@ -93,7 +93,7 @@ def make_single_frame_backend(
 
         kernel = "cudnn" if rt.device.type == "cuda" else "cpu"  # cpu: only reached in tests
         return SplitPrefixBackend(page_size=page_size, num_patch_pages=table.num_patch_pages, num_pages=table.num_pages,
-                                  kernel=kernel, fuse_merge=rt.compile_blocks, kv_splits=rt.kv_splits, **common)
+                                  kernel=kernel, fuse_merge=rt.compile_blocks, **common)
     if rt.sdpa_kernel == "cudnn":
         from .dense_backend import MaskedDenseBackend
 

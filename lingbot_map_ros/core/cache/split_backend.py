@@ -32,12 +32,6 @@ them exactly.
 
 The merge is a handful of elementwise ops on ``[T, H, D]``; with ``fuse_merge`` it is one
 ``torch.compile``-d kernel (compiled in the warm-up before the graph capture).
-
-``kv_splits`` cuts an unmasked region into that many equal key ranges read by *one* call as a batch
-(a strided view of the same storage, no copy; the queries repeated per range): one frame's 1005
-queries x 16 heads give the kernel only a few query tiles per head, fewer thread blocks than the
-H200 has SMs, each walking all ~72k keys; as a batch of ``S`` ranges it has ``S`` times as many,
-each ``S`` times shorter. The ranges are more partials of the same exact merge.
 """
 from __future__ import annotations
 
@@ -79,27 +73,11 @@ def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
 
 
 def merge_partials(outs: list[Tensor], lses: list[Tensor]) -> Tensor:
-    """Attention over the union of disjoint key sets from the parts: outs ``[b_i, H, T, D]``, lses
-    ``[b_i, H, T]`` (``b_i`` key ranges of part ``i``; k parts in all) -> ``[T, H, D]`` in at least fp32."""
-    weights = torch.softmax(torch.cat(lses), dim=0).unsqueeze(-1)  # [k, H, T, 1]: exp(lse_i) / Σ exp(lse_j)
-    merged = (torch.cat([o.to(weights.dtype) for o in outs]) * weights).sum(0)  # [H, T, D]
-    return merged.transpose(0, 1)  # [T, H, D]
-
-
-def key_ranges(x: Tensor, splits: int) -> Tensor:
-    """``[1, H, N, D]`` (any strides) as ``[splits, H, N / splits, D]``: consecutive key ranges as a
-    batch, a view of the same memory."""
-    _, H, N, D = x.shape
-    if N % splits:
-        raise ValueError(f"{N} keys do not cut into {splits} equal ranges")
-    n = N // splits
-    s_batch, s_head, s_key, s_dim = x.stride()
-    return x.as_strided((splits, H, n, D), (n * s_key, s_head, s_key, s_dim))  # [S, H, n, D]
-
-
-def usable_splits(keys: int, wanted: int) -> int:
-    """The largest ``S <= wanted`` that cuts ``keys`` into equal ranges (1 always does)."""
-    return next(s for s in range(max(wanted, 1), 0, -1) if keys % s == 0)
+    """Attention over the union of disjoint key sets from the parts: k x ``[1, H, T, D]`` -> ``[T, H, D]``
+    in at least fp32."""
+    weights = torch.softmax(torch.stack(lses), dim=0).unsqueeze(-1)  # [k, 1, H, T, 1]: exp(lse_i) / Σ exp(lse_j)
+    merged = (torch.stack([o.to(weights.dtype) for o in outs]) * weights).sum(0)  # [1, H, T, D]
+    return merged[0].transpose(0, 1)  # [T, H, D]
 
 
 @functools.lru_cache(maxsize=1)
@@ -112,13 +90,11 @@ def _fused_merge() -> Callable[[list[Tensor], list[Tensor]], Tensor]:
 
 @dataclass(frozen=True)
 class _Region:
-    """Key slots ``[start, end)`` of a block's flat storage read by one kernel call; ``mask`` None =
-    unmasked; ``splits``: key ranges read as one batch (only unmasked regions are cut)."""
+    """Key slots ``[start, end)`` of a block's flat storage read by one kernel call; ``mask`` None = unmasked."""
 
     start: int
     end: int
     mask: Optional[Tensor]
-    splits: int = 1
 
 
 class SplitPrefixBackend(DenseStorageBackend):
@@ -138,13 +114,11 @@ class SplitPrefixBackend(DenseStorageBackend):
         kernel: str = "cudnn",
         fuse_merge: bool = False,
         bucket_pages: int = 0,
-        kv_splits: int = 1,
     ) -> None:
         """``num_patch_pages``: the patch pool (``scale + window + 1``; the prefix is all but its last
         page); ``num_pages``: patch + special pages of a block. ``kernel``: ``cudnn`` on the GPU,
         ``efficient`` (CUDA, any dtype) or ``cpu`` for tests. ``bucket_pages``: the filling prefix's
-        cut points (0: ``ceil(R / 8)``, so at most 8 filling graphs). ``kv_splits``: key ranges per
-        unmasked call (the largest divisor of its page count up to this; 1: one range)."""
+        cut points (0: ``ceil(R / 8)``, so at most 8 filling graphs)."""
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS} (got {kernel!r})")
         if num_patch_pages < 2 or num_pages <= num_patch_pages:
@@ -157,9 +131,6 @@ class SplitPrefixBackend(DenseStorageBackend):
         self.prefix_pages = num_patch_pages - 1  # R = scale + window
         self.prefix_slots = self.prefix_pages * page_size
         self.bucket_pages = bucket_pages or -(-self.prefix_pages // 8)
-        if kv_splits < 1:
-            raise ValueError(f"kv_splits must be >= 1 (got {kv_splits})")
-        self.kv_splits = kv_splits
         self._merge = _fused_merge() if fuse_merge else merge_partials
         # additive biases in the compute dtype (cuDNN reads the bias in q's dtype): 0 visible, -inf not.
         # Each masked region has a buffer of its own (a bias must start on an aligned address).
@@ -209,11 +180,8 @@ class SplitPrefixBackend(DenseStorageBackend):
         self._fill_mask(self._tail_mask, tail, ps if last_in_prefix else last_page_len)
         m = len(prefix)
         whole_pages_from_zero = not last_in_prefix and sorted(prefix) == list(range(m))
-        def unmasked(pages: int) -> _Region:
-            return _Region(0, pages * ps, None, usable_splits(pages, self.kv_splits))
-
         if prefix_keys == self.prefix_slots:
-            mode, head, regions = "full", R, [unmasked(R)]
+            mode, head, regions = "full", R, [_Region(0, self.prefix_slots, None)]
         elif prefix_keys == 0:
             mode, head, regions = "tail", 0, []
         elif whole_pages_from_zero:  # the filling window: 0 .. m-1, cut at a bucket boundary
@@ -222,7 +190,7 @@ class SplitPrefixBackend(DenseStorageBackend):
             end = min(head + b, R)
             self._fill_mask(self._bucket_mask, [p - head for p in prefix if p >= head], ps)
             bucket = _Region(head * ps, end * ps, self._bucket_mask[..., : (end - head) * ps])
-            mode, regions = "filling", ([unmasked(head)] if head else []) + [bucket]
+            mode, regions = "filling", ([_Region(0, head * ps, None)] if head else []) + [bucket]
         else:  # holes: one masked call over the whole prefix
             self._fill_mask(self._prefix_mask, prefix, last_page_len if last_in_prefix else ps)
             mode, head, regions = "masked", 0, [_Region(0, self.prefix_slots, self._prefix_mask)]
@@ -244,16 +212,12 @@ class SplitPrefixBackend(DenseStorageBackend):
         qh = q.to(k.dtype).transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
         outs, lses = [], []
         for r in self._regions:
-            kr, vr, qr = k[:, :, r.start:r.end], v[:, :, r.start:r.end], qh
-            if r.splits > 1:
-                kr, vr = key_ranges(kr, r.splits), key_ranges(vr, r.splits)  # [S, H, n, D]
-                qr = qh.expand(r.splits, -1, -1, -1).contiguous()  # [S, H, T, D]
-            out, lse = attend_with_lse(self.kernel, qr, kr, vr, r.mask)
-            outs.append(out)  # [S, H, T, D]
-            lses.append(lse)  # [S, H, T]
-        if len(outs) == 1 and outs[0].shape[0] == 1:
+            out, lse = attend_with_lse(self.kernel, qh, k[:, :, r.start:r.end], v[:, :, r.start:r.end], r.mask)
+            outs.append(out)  # [1, H, T, D]
+            lses.append(lse)  # [1, H, T]
+        if len(outs) == 1:
             return outs[0][0].transpose(0, 1).to(q.dtype)  # [T, H, D]
         return self._merge(outs, lses).to(q.dtype)  # [T, H, D]
 
 
-__all__ = ["SplitPrefixBackend", "attend_with_lse", "merge_partials", "key_ranges", "usable_splits", "KERNELS", "MODES"]
+__all__ = ["SplitPrefixBackend", "attend_with_lse", "merge_partials", "KERNELS", "MODES"]
