@@ -3,10 +3,13 @@
 One model (random weights: the cache's size and the timings do not depend on them), a session with
 ``--scale`` scale frames and a full ``--window`` of keyframes, saved to ``--dir``, loaded into a
 second manager over the same model (the load writes into that manager's preallocated pools), then
-both get the same next ``--next`` frames: the table gives the folder's size, the save and load
-times, one long-run window switch of the uninterrupted run for comparison (the other way to start
-over: re-feed the overlap), and the largest |Δ| of pose_enc between the resumed and the
-uninterrupted run (0 when the resume is exact; CUDA graphs and autocast run the same kernels).
+both get the same next ``--next`` frames. The table gives the folder's size; per staging (the copy
+in device memory, as the node makes it where it fits, and in host memory) the save's pause (the
+capture between two frames), its write, the load's reading and checking and its commit (the pause);
+one long-run window switch of the uninterrupted run for comparison (the other way to start over:
+re-feed the overlap); the largest |Δ| of pose_enc between the resumed and the uninterrupted run (0
+when the resume is exact; CUDA graphs and autocast run the same kernels); and the frame time while
+another thread writes a save, as the node's session services do.
 
     python3 scripts/session_bench.py --device cuda --dtype bfloat16 --preset full
     python3 scripts/session_bench.py --device cpu --dtype float32 --preset tiny   # dry run, seconds
@@ -15,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +34,45 @@ from lingbot_map_ros.core.session_manager import SessionManager, load_model
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def save_timed(manager: SessionManager, folder: Path, on_device: bool, device: torch.device):
+    """(report, pause s, write s): the capture between two frames, then the write."""
+    sync(device)
+    t0 = time.perf_counter()
+    capture = manager.capture(on_device=on_device)
+    sync(device)
+    pause_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    report = capture.write(str(folder))
+    return report, pause_s, time.perf_counter() - t0
+
+
+def frames_during_a_write(manager: SessionManager, frames, folder: Path, device: torch.device,
+                          alone: int = 30) -> tuple[float, float, float, int]:
+    """Median ms of a frame (mapping off: nothing stored, no window switch) alone, then while the
+    session is written by another thread as the node does (device copy where it fits); the max
+    during, and the frames pushed during the write."""
+    manager.mapping = False
+
+    def timed(frame) -> float:
+        t0 = time.perf_counter()
+        manager.push(frame)
+        sync(device)
+        return (time.perf_counter() - t0) * 1e3
+
+    base = [timed(frames[i % len(frames)]) for i in range(alone)]
+    capture = manager.capture()
+    writer = threading.Thread(target=capture.write, args=(str(folder),))
+    writer.start()
+    during = []
+    while writer.is_alive() and len(during) < 5000:
+        during.append(timed(frames[len(during) % len(frames)]))
+    writer.join()
+    manager.mapping = True
+    if not during:
+        return statistics.median(base), float("nan"), float("nan"), 0
+    return statistics.median(base), statistics.median(during), max(during), len(during)
 
 
 def main() -> int:
@@ -62,21 +106,21 @@ def main() -> int:
     filled = args.scale + args.window
     for f in frames[:filled]:
         a.push(f)
-    folder = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="lingbot_session_bench_")) / "session"
+    root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="lingbot_session_bench_"))
+    modes = ("host", "device") if device.type == "cuda" else ("host",)
+    timings: dict[str, dict[str, float]] = {}
     try:
-        sync(device)
-        t0 = time.perf_counter()
-        saved = a.save(str(folder))
-        sync(device)
-        save_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        b.load(str(folder))  # the first load allocates the pools for this frame size
-        sync(device)
-        first_load_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        loaded_report = b.load(str(folder))  # as on a running node: into the pools it has
-        sync(device)
-        load_s = time.perf_counter() - t0
+        b.load(str(save_timed(a, root / "warm", False, device)[0].path))  # b's pools for this frame size
+        for mode in modes:  # the last one loaded is what b continues from
+            report, pause_s, write_s = save_timed(a, root / mode, mode == "device", device)
+            t0 = time.perf_counter()
+            prepared = b.prepare_load(str(root / mode), on_device=mode == "device")
+            sync(device)
+            prepare_s = time.perf_counter() - t0
+            loaded_report = b.commit_load(prepared)
+            timings[mode] = dict(pause=pause_s, write=write_s, prepare=prepare_s, commit=loaded_report.pause_seconds,
+                                 staged=loaded_report.staged_on != "host")
+        saved = report
         delta = 0.0
         for f in frames[filled:filled + args.next]:
             ra, rb = a.push(f), b.push(f)
@@ -86,21 +130,31 @@ def main() -> int:
         for f in frames[filled + args.next:]:  # the next keyframe passes max_stored_frames: a window switch
             a.push(f)
         switch_ms = a.last_alignment.switch_ms if a.window_switches > switches and a.last_alignment else float("nan")
+        during = frames_during_a_write(a, frames[:8], root / "during", device)
     finally:
         if not args.dir:
-            shutil.rmtree(folder.parent, ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)
     rows = [
         ("model / dtype / device", f"{args.preset} / {args.dtype} / {device}"),
         ("frames (scale + window), size", f"{args.scale} + {args.window}, {w}x{h}"),
         ("frames saved / stored", f"{saved.frames} / {saved.stored} (loaded {loaded_report.frames})"),
         ("size on disk", f"{saved.bytes / 2**20:.1f} MiB"),
-        ("save", f"{save_s * 1e3:.0f} ms"),
-        ("  of which the copy between two frames", f"{saved.capture_seconds * 1e3:.0f} ms (the stream's pause; "
-                                                   "the node writes the copy while frames go on)"),
-        ("load (into existing pools)", f"{load_s * 1e3:.0f} ms"),
-        ("load (pools allocated first)", f"{first_load_s * 1e3:.0f} ms"),
+    ]
+    for mode, t in timings.items():
+        where = "device memory" if mode == "device" else "host memory"
+        rows += [
+            (f"save, copy in {where}: the stream's pause", f"{t['pause'] * 1e3:.1f} ms"),
+            ("  then the write (off the stream)", f"{t['write'] * 1e3:.0f} ms"),
+            (f"load, staged in {where}: read + check (off the stream)", f"{t['prepare'] * 1e3:.0f} ms"
+             + ("" if t["staged"] == (mode == "device") else " (NOT staged as asked)")),
+            ("  then the commit: the stream's pause", f"{t['commit'] * 1e3:.1f} ms"),
+            ("  save pause + load pause", f"{(t['pause'] + t['commit']) * 1e3:.1f} ms"),
+        ]
+    rows += [
         ("one window switch (re-feed overlap)", f"{switch_ms:.0f} ms ({args.overlap} overlap frames)"),
         (f"max |d pose_enc|, next {args.next} frames", f"{delta:.3g}"),
+        ("frame, mapping off: alone / during a write", f"{during[0]:.2f} / {during[1]:.2f} ms median, "
+                                                       f"{during[2]:.2f} ms max during ({during[3]} frames)"),
     ]
     width = max(len(k) for k, _ in rows)
     print(f"| {'quantity'.ljust(width)} | value |")

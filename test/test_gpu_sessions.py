@@ -7,6 +7,8 @@ the reverse).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -75,3 +77,41 @@ def test_a_session_moves_between_cuda_and_cpu(tmp_path):
         assert np.isfinite(moved).all()
         assert float(np.abs(moved - rest_gpu).max()) <= 2 * apart + 1e-5
         assert float(np.abs(moved - rest_cpu).max()) <= 2 * apart + 1e-5
+
+
+def test_a_capture_and_a_staged_load_stay_in_device_memory_and_resume_exactly(tmp_path):
+    """Where the device has room, a save's capture is a copy inside device memory (the stream's pause
+    is milliseconds) and the write moves it off the device while frames go on; a load is staged on the
+    device before its commit. The resumed session continues as the captured instant did."""
+    fs = frames(40)
+    a = manager("cuda", "bfloat16")
+    poses(a, fs[:20])
+    assert a.staging_fits(a.session.bytes_in_use())
+    capture = a.capture()
+    assert capture.ready is not None
+    assert all(t.is_cuda for name, group in capture.groups if name != "policy" for t in group.values())
+    following = poses(a, fs[20:30])  # the pools change (a window switch too) before the write
+    capture.write(str(tmp_path / "s"))
+    b = manager("cuda", "bfloat16")
+    poses(b, fs[:3])
+    prepared = b.prepare_load(str(tmp_path / "s"))
+    assert prepared.staged_on.startswith("cuda")
+    assert all(t.is_cuda for group in prepared.groups.values() for t in group.values())
+    report = b.commit_load(prepared)
+    assert report.staged_on.startswith("cuda") and report.pause_seconds < report.seconds
+    np.testing.assert_allclose(poses(b, fs[20:30]), following, rtol=0, atol=1e-6)
+
+
+def test_without_room_in_the_budget_the_copies_go_to_the_host(tmp_path):
+    probe = manager("cuda", "bfloat16")
+    poses(probe, frames(6))
+    need = probe.session.bytes_in_use()
+    budget_gb = (probe.budgeted_bytes() + need / 2) / 2**30  # the session fits, a copy of it beside it does not
+    tight = SessionManager(RuntimeConfig(device="cuda", dtype="bfloat16", model_preset="tiny", seed=3),
+                           dataclasses.replace(STREAM, gpu_memory_budget=budget_gb), log=lambda m: None)
+    poses(tight, frames(6))
+    assert not tight.staging_fits(tight.session.bytes_in_use())
+    capture = tight.capture()
+    assert capture.ready is None and all(not t.is_cuda for _, group in capture.groups for t in group.values())
+    capture.write(str(tmp_path / "s"))
+    assert tight.prepare_load(str(tmp_path / "s")).staged_on == "host"

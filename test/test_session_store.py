@@ -126,13 +126,20 @@ def test_full_preset_resumes_bit_identical_in_a_new_process(tmp_path):
 # ------------------------------------------------------------------------------- refusals
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """A tiny session saved after 20 frames, and the next frame's result of the uninterrupted run."""
+    """A tiny session saved after 20 frames, and the next frame's result of the uninterrupted run
+    (one torch thread, as the tests that compare with it: a module fixture is set up before their
+    ``one_torch_thread``, and another thread count may round differently)."""
     root = tmp_path_factory.mktemp("saved")
     frames = frames_for(24, seed=5)
-    manager = manager_for("tiny")
-    push_all(manager, frames[:20])
-    manager.save(str(root / "good"))
-    following = push_all(manager, frames[20:])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        manager = manager_for("tiny")
+        push_all(manager, frames[:20])
+        manager.save(str(root / "good"))
+        following = push_all(manager, frames[20:])
+    finally:
+        torch.set_num_threads(threads)
     return root / "good", frames, following
 
 
@@ -524,3 +531,76 @@ def test_a_capture_is_the_session_at_that_instant_while_frames_go_on(tmp_path):
     expected, got = summary(rest), summary(push_all(resumed, frames[at:at + 12]))
     for key, value in expected.items():
         np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+def test_the_writer_makes_safetensors_files_and_takes_their_crc(tmp_path):
+    """``write_tensors`` (the writer that leaves the interpreter lock to other threads) against the
+    library's reader, on fresh random tensors of every dtype a session holds, and the CRC-32 and
+    size against the file's bytes."""
+    from safetensors.torch import load_file
+
+    g = torch.Generator().manual_seed(int(time.time()) % 10_000)
+    tensors = {
+        "patch": torch.randn(2, 3, 5, 2, 4, generator=g).to(torch.bfloat16),
+        "special": torch.randn(2, 7, 2, 4, generator=g, dtype=torch.float64).to(torch.float16),
+        "a_f32": torch.randn(3, 1, generator=g),
+        "overlap_depth": torch.randn(11, generator=g, dtype=torch.float64),
+        "steps": torch.randint(-5, 5, (4,), generator=g),
+        "mask": torch.rand(6, generator=g) > 0.5,
+        "image": torch.randint(0, 255, (3, 2, 2), generator=g, dtype=torch.uint8),
+        "strided": torch.randn(4, 6, generator=g)[:, ::2],  # not contiguous
+        "empty": torch.zeros(0, 3),
+    }
+    path = tmp_path / "x.safetensors"
+    with open(path, "wb") as f:
+        size, crc = session_store.write_tensors(f, tensors)
+    data = path.read_bytes()
+    assert size == len(data) and crc == __import__("zlib").crc32(data)
+    assert (8 + int.from_bytes(data[:8], "little")) % 8 == 0  # tensors start 8-byte aligned
+    back = load_file(str(path))
+    assert sorted(back) == sorted(tensors)
+    for name, t in tensors.items():
+        assert back[name].dtype == t.dtype and back[name].shape == t.shape, name
+        torch.testing.assert_close(back[name], t, rtol=0, atol=0)
+
+
+def test_a_capture_is_written_once(tmp_path):
+    manager = manager_for("tiny")
+    push_all(manager, frames_for(6))
+    capture = manager.capture()
+    capture.write(str(tmp_path / "a"))
+    with pytest.raises(SessionFileError, match="written already"):
+        capture.write(str(tmp_path / "b"))
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_prepared_load_commits_between_frames_and_the_session_continues(saved):
+    """``prepare_load`` reads and checks while the current session goes on (the node does it off the
+    inference thread); ``commit_load`` then replaces the session between two frames: the next frames
+    equal the uninterrupted run of the saved session."""
+    good, frames, following = saved
+    manager = manager_for("tiny")
+    push_all(manager, frames[:5])
+    prepared = manager.prepare_load(str(good))
+    assert prepared.staged_on == "host" and manager.session_id == 0
+    push_all(manager, frames[5:9])  # the current session runs on between the two halves
+    report = manager.commit_load(prepared)
+    assert report.staged_on == "host" and 0 <= report.pause_seconds <= report.seconds
+    assert report.frames == 20 and manager.session_id == 1 and prepared.groups == {}
+    assert_session_kept(manager, frames, following)
+
+
+def test_a_commit_after_the_settings_changed_is_refused_and_the_session_kept(saved):
+    good, frames, following = saved
+    manager = manager_for("tiny")
+    prepared = manager.prepare_load(str(good))
+    manager.commit_load(prepared)  # the session of the fixture
+    again = manager.prepare_load(str(good))
+    sc = SCENARIOS["tiny"]
+    manager.apply(manager.runtime, StreamConfig(**{**sc["stream"], "sliding_window": 4}))  # a new session
+    session_id = manager.session_id
+    push_all(manager, frames[:3])
+    with pytest.raises(SessionFileError, match=r"no longer fits.*geometry\.sliding_window"):
+        manager.commit_load(again)
+    assert manager.session_id == session_id and manager.stream_cfg.sliding_window == 4
+    assert manager.snapshot().frames_stored == 3

@@ -45,19 +45,21 @@ import numpy as np
 import torch
 
 from .config import ModelConfig, RuntimeConfig, StreamConfig, model_config, replace, validate_runtime, validate_stream
+from .footprint import GB
 from .long_run import LimitAction, LongRunPolicy, Refeed, Sim3, WindowAlignment, make_policy, policy_class
-from .memory_budget import MemoryBudget, MemoryReport, allocated_bytes
+from .memory_budget import MEMORY_MARGIN_GB, MemoryBudget, MemoryReport, allocated_bytes
 from .model import LingBotMap, build_model
 from .results import CacheSnapshot, FrameResult, SessionInfo
 from .runtime import ResolvedRuntime, resolve_runtime
 from .session_errors import SessionError, SessionStopped, StoredFrameLimit
 from .session_store import (
+    PreparedSession,
     SaveReport,
     SessionCapture,
     SessionFileError,
     identity_problems,
-    read_group,
     read_manifest,
+    read_session,
     verify_files,
     weights_identity,
 )
@@ -162,10 +164,13 @@ class LoadReport:
     seconds: float
     extra: dict = field(default_factory=dict)
     start: Optional["SessionStart"] = None
+    pause_seconds: float = 0.0  # of which the commit between two frames (the stream's pause)
+    staged_on: str = "host"  # where the files were read to before the commit
 
     def message(self) -> str:
         return (f"loaded session {self.path}: {self.frames} frames ({self.stored} stored), continuing as "
-                f"session {self.session_id} in {self.seconds:.2f} s")
+                f"session {self.session_id} in {self.seconds:.2f} s (the stream paused {self.pause_seconds:.3f} s; "
+                f"staged on {self.staged_on})")
 
 
 # the StreamConfig fields a saved cache is bound to (keyframe_interval and the depth head are not)
@@ -424,65 +429,133 @@ class SessionManager:
         cannot be written (the previous folder there is then intact)."""
         return self.capture(extra).write(path)
 
-    def capture(self, extra: Optional[dict] = None) -> SessionCapture:
-        """The current session's whole memory copied to the host now (``SessionError``: no map yet).
+    def budgeted_bytes(self) -> int:
+        """The footprint the memory budget holds these settings to: at the configured width's tallest
+        frame (a new camera may start a session at any size while a copy of the old one is kept)."""
+        return int(self._memory.predict(self._loaded.cfg, self._loaded.runtime, self.stream_cfg).total)
+
+    def staging_fits(self, nbytes: int) -> bool:
+        """Whether a copy of ``nbytes`` may sit in device memory beside the session for a while (a
+        save's capture, a load's staged files): CUDA, ``budgeted_bytes`` plus the copy within the
+        memory budget, and the copy within the free memory less the margin."""
+        device = self._session.device
+        if device.type != "cuda" or nbytes <= 0:
+            return False
+        free, _ = torch.cuda.mem_get_info(device)
+        if nbytes > free - MEMORY_MARGIN_GB * GB:
+            return False
+        budget = self._memory.bytes_for(self.stream_cfg, device)
+        return not budget or self.budgeted_bytes() + nbytes <= budget
+
+    def capture(self, extra: Optional[dict] = None, on_device: Optional[bool] = None) -> SessionCapture:
+        """The current session's whole memory copied now (``SessionError``: no map yet).
 
         Only this copy has to happen between two frames; ``SessionCapture.write`` (the disk, seconds
-        for gigabytes) may then run on another thread while the session goes on. It costs the saved
-        bytes in host memory until the write is done."""
+        for gigabytes) may then run on another thread while the session goes on. The copy is made
+        in device memory where ``staging_fits`` (``on_device`` None; True/False force it): a copy
+        inside the device, milliseconds, and the write moves it to the host file by file; else it
+        is a copy to host memory, which the stream waits for (seconds for gigabytes)."""
         start = time.perf_counter()
         session = self._session
         state = session.state_dict()  # SessionError: nothing to save yet
+        if on_device is None:
+            on_device = self.staging_fits(session.bytes_in_use())
+        on_device = bool(on_device) and session.device.type == "cuda"
         manifest = {
             "identity": self.identity(), "session": state, "policy": self.policy.state_dict(),
             "mapping": self.mapping, "extra": dict(extra or {}),
             "frames": self._frames_handed_out(), "saved_on": str(session.device),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        groups = [(f"global_{b:03d}", session.block_tensors(b)) for b in range(session.num_cache_blocks)]
-        groups += [("camera", {"kv": session.camera_tensor()}), ("policy", self.policy.state_tensors())]
+        try:
+            groups = self._copy_groups(on_device)
+        except torch.OutOfMemoryError:  # the device filled up since the check: the host copy instead
+            on_device = False
+            groups = self._copy_groups(False)
         if session.device.type == "cpu":  # there .cpu() is the tensor itself: a view of a pool the next frame writes
             groups = [(name, {k: v.clone() for k, v in tensors.items()}) for name, tensors in groups]
+        ready = None
+        if on_device:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(session.device))
         return SessionCapture(manifest, groups, int(manifest["frames"]), session.frames_stored,
-                              time.perf_counter() - start)
+                              time.perf_counter() - start, ready, session.device if on_device else None)
 
-    def load(self, path: str) -> LoadReport:
-        """Replace the current session by the one saved at ``path``: the next frame continues it exactly.
+    def _copy_groups(self, on_device: bool) -> list[tuple[str, dict[str, torch.Tensor]]]:
+        """A copy of the session's tensors, one entry per file of the saved session."""
+        session = self._session
+        groups = [(f"global_{b:03d}", session.block_tensors(b, on_device)) for b in range(session.num_cache_blocks)]
+        return groups + [("camera", {"kv": session.camera_tensor(on_device)}), ("policy", self.policy.state_tensors())]
 
-        Everything is checked before the current session changes - not a session, damaged (CRC),
-        a newer format, another checkpoint / model shape / geometry / dtype - and refused with
-        ``SessionFileError`` naming the reason (or the fields that differ); the current session is
-        then kept. The caches are written in place into the preallocated pools."""
+    def prepare_load(self, path: str, on_device: Optional[bool] = None) -> PreparedSession:
+        """Read and check the session saved at ``path`` without touching the current one (any
+        thread): not a session, damaged (CRC), a newer format, another checkpoint / model shape /
+        geometry / dtype, a state that does not fit - each refused with ``SessionFileError`` naming
+        the reason (or the fields that differ). Its files are staged in device memory where
+        ``staging_fits`` (``on_device`` None), so ``commit_load`` is a copy inside the device."""
         start = time.perf_counter()
+        manifest = self._checked_manifest(path)
+        verify_files(path, manifest)
+        if on_device is None:
+            on_device = self.staging_fits(sum(int(f["bytes"]) for f in manifest["files"].values()))
+        device = self._session.device if on_device and self._session.device.type == "cuda" else None
+        try:
+            groups = read_session(path, manifest, device)
+        except torch.OutOfMemoryError:  # the device filled up since the check: commit from the mapped files
+            device, groups = None, read_session(path, manifest, None)
+        return PreparedSession(str(path), manifest, groups, str(device) if device is not None else "host",
+                               time.perf_counter() - start)
+
+    def _checked_manifest(self, path: str) -> dict:
+        """The manifest at ``path`` once the identity and the session state fit this manager."""
         manifest = read_manifest(path)
         problems = identity_problems(manifest["identity"], self.identity())
         if problems:
             raise SessionFileError(f"session {path!r} was made with other settings: " + "; ".join(problems))
-        verify_files(path, manifest)
         session_problems = self._session.check_state(manifest["session"])
         if session_problems:
             raise SessionFileError(f"session {path!r} does not fit this session: " + "; ".join(session_problems))
-        policy_tensors = read_group(path, manifest, "policy")
-        camera = read_group(path, manifest, "camera")["kv"]
+        return manifest
+
+    def commit_load(self, prepared: PreparedSession) -> LoadReport:
+        """Replace the current session by a prepared one (between two frames): the next frame
+        continues it exactly. The identity and state are checked again (settings may have changed
+        since ``prepare_load``; ``SessionFileError``, the current session kept); the caches are
+        written in place into the preallocated pools. The prepared tensors are released."""
+        start = time.perf_counter()
+        path, manifest, groups = prepared.path, prepared.manifest, prepared.groups
+        problems = identity_problems(manifest["identity"], self.identity())
+        problems += self._session.check_state(manifest["session"])
+        if problems:
+            raise SessionFileError(f"session {path!r} no longer fits this node's settings: " + "; ".join(problems))
         # from here on the current session is replaced: a failure leaves a fresh, empty session
         discarded = self.pending_stamps()
         self._session_id = session_id = self._session_id + 1
         self._session.reset(session_id)
         self.policy.reset(self._session.stream_cfg)
         try:
-            self._session.load_state(manifest["session"], lambda b: read_group(path, manifest, f"global_{b:03d}"),
-                                     camera)
-            self.policy.load_state(manifest["policy"], policy_tensors)
+            self._session.load_state(manifest["session"], lambda b: groups[f"global_{b:03d}"], groups["camera"]["kv"])
+            self.policy.load_state(manifest["policy"], groups["policy"])
         except BaseException:
             self._session.reset(session_id)
             self.policy.reset(self._session.stream_cfg)
             raise
+        finally:
+            if self._session.device.type == "cuda":  # the copies read the staged tensors: done before they go
+                torch.cuda.current_stream(self._session.device).synchronize()
+            prepared.groups = {}
         reason = f"session loaded from {path}"
         self.last_start = session_start = SessionStart(session_id, SessionCause.LOADED, reason, tuple(discarded))
         if self.on_new_session is not None:
             self.on_new_session(session_start)
+        pause = time.perf_counter() - start
         return LoadReport(str(path), int(manifest["frames"]), self._session.frames_stored, session_id,
-                          time.perf_counter() - start, dict(manifest.get("extra") or {}), session_start)
+                          prepared.seconds + pause, dict(manifest.get("extra") or {}), session_start,
+                          pause, prepared.staged_on)
+
+    def load(self, path: str, on_device: Optional[bool] = None) -> LoadReport:
+        """``prepare_load`` then ``commit_load``, on the calling thread."""
+        return self.commit_load(self.prepare_load(path, on_device))
 
     def _frames_handed_out(self) -> int:
         """The next frame's ``frame_index`` in the current world frame."""

@@ -13,7 +13,18 @@ world frame, metric scale state). Layout::
     <session>/policy.safetensors       the long-run policy's tensors (the window's overlap frames)
 
 Only pages in use are written, never the preallocated pools; tensors are written from host copies,
-so a folder saved on a GPU loads on a CPU and the reverse. The folder is written as a whole
+so a folder saved on a GPU loads on a CPU and the reverse.
+
+Saving and loading are each cut in two, so that the stream pauses only for a copy in device memory
+where the device has room for one (``SessionManager`` decides, it owns the memory budget): a save
+is ``capture`` (between two frames: the session copied on the device, milliseconds, or to the
+host) then ``SessionCapture.write`` (any thread: off the device on a copy stream of its own, to
+disk); a load is ``read_session`` (any thread: checked, read, staged on the device) then the
+manager's commit (between two frames: a copy inside device memory). The files are written here
+rather than by ``safetensors.torch.save``, which holds the interpreter lock for the whole
+serialisation (1.5 s per GB measured: the inference thread would stop with it); the layout is
+safetensors' own (an 8-byte header length, the JSON header, the raw tensors), read back with
+``safetensors.torch.load_file``, and the CRC-32 is taken while the bytes go out. The folder is written as a whole
 (``files.atomic_directory``): a reader sees the previous session or the complete new one. Every file
 carries its size and CRC-32 in the manifest, so a truncated or damaged file is refused before
 anything is loaded. This module knows the format only; what goes in it is each class's own
@@ -28,7 +39,7 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, BinaryIO, Callable, Iterable, Optional
 
 import torch
 
@@ -38,7 +49,10 @@ FORMAT = "lingbot_map_session"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SUFFIX = ".safetensors"
-_READ_CHUNK = 1 << 24  # 16 MiB per read while checking a file's CRC
+_READ_CHUNK = 1 << 24  # 16 MiB per read while checking a file's CRC (and per write)
+_SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.float64: "F64",
+                       torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+                       torch.uint8: "U8", torch.bool: "BOOL"}
 
 
 class SessionFileError(ValueError):
@@ -64,20 +78,77 @@ class SaveReport:
 
 @dataclass
 class SessionCapture:
-    """A session's memory at one instant, on the host (``SessionManager.capture``): what a save writes."""
+    """A session's memory at one instant (``SessionManager.capture``): what a save writes.
+
+    The tensors are copies, on the host or (``ready`` set) on the device: then ``write`` waits for
+    the event recorded after the copies and moves one file's tensors at a time to the host on a
+    stream of its own, so the frames that run meanwhile are not queued behind it, and each file's
+    device copy is released once it is on disk. A capture is written once."""
 
     manifest: dict
     groups: list[tuple[str, dict[str, torch.Tensor]]]  # one safetensors file each
     frames: int
     stored: int
     capture_seconds: float  # the copy: the only part that has to pause the stream
+    ready: Optional[torch.cuda.Event] = None  # recorded after the copies on the device (None: host copies)
+    device: Optional[torch.device] = None  # where the copies are
 
     def write(self, path: str) -> SaveReport:
         """Write it to the folder ``path`` atomically (any thread); ``SessionFileError`` with the reason."""
+        if self.groups is None:
+            raise SessionFileError("this capture was written already: capture the session again")
         start = time.perf_counter()
-        size = write_session(path, self.manifest, [(name, lambda t=tensors: t) for name, tensors in self.groups])
+        groups, self.groups = self.groups, None
+        copy_stream = None
+        if self.ready is not None:
+            copy_stream = torch.cuda.Stream(self.device)
+            copy_stream.wait_event(self.ready)
+
+        def to_host(index: int) -> dict[str, torch.Tensor]:
+            tensors = groups[index][1]
+            groups[index] = (groups[index][0], {})  # the device copy goes once this file is written
+            if copy_stream is None:
+                return tensors
+            with torch.cuda.stream(copy_stream):
+                return {k: v.to("cpu") for k, v in tensors.items()}  # waits for this copy only
+
+        files = [(name, lambda i=i: to_host(i)) for i, (name, _) in enumerate(groups)]
+        size = write_session(path, self.manifest, files)
         return SaveReport(str(path), self.frames, self.stored, size,
                           self.capture_seconds + time.perf_counter() - start, self.capture_seconds)
+
+
+def write_tensors(f: BinaryIO, tensors: dict[str, torch.Tensor]) -> tuple[int, int]:
+    """``tensors`` (on the host) as one safetensors file into ``f``; returns (bytes, CRC-32).
+
+    Header then each tensor's bytes, in slices of 16 MiB: file writes and CRC-32 both release the
+    interpreter lock, so other threads run on while gigabytes go out."""
+    header: dict[str, Any] = {}
+    offset = 0
+    names = sorted(tensors)
+    for name in names:
+        t = tensors[name]
+        if t.dtype not in _SAFETENSORS_DTYPES:
+            raise TypeError(f"tensor {name!r}: dtype {t.dtype} has no safetensors name")
+        nbytes = t.numel() * t.element_size()
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # the tensors start 8-byte aligned
+    first = len(head).to_bytes(8, "little") + head
+    f.write(first)
+    crc, size = zlib.crc32(first), len(first)
+    for name in names:
+        flat = tensors[name].contiguous().reshape(-1)
+        raw = flat.view(torch.uint8) if flat.dtype != torch.bool else flat.to(torch.uint8)  # [bytes]
+        data = memoryview(raw.numpy())
+        for begin in range(0, len(data), _READ_CHUNK):
+            chunk = data[begin:begin + _READ_CHUNK]
+            f.write(chunk)
+            crc = zlib.crc32(chunk, crc)
+        size += len(data)
+    return size, crc
 
 
 def write_session(path: str | os.PathLike, manifest: dict, groups: Iterable[tuple[str, Callable[[], dict]]],
@@ -86,19 +157,17 @@ def write_session(path: str | os.PathLike, manifest: dict, groups: Iterable[tupl
     returns that file's tensors, called one at a time so that only one file is in host memory).
     Returns the bytes written. Raises ``SessionFileError`` with the reason (disk full, read-only, ...);
     the previous folder at ``path`` is then left as it was. ``writer``: the file opener (tests)."""
-    from safetensors.torch import save as safetensors_bytes
-
     path = Path(path)
     writer = writer or atomic_open
     files: dict[str, dict] = {}
     try:
         with atomic_directory(path) as tmp:
             for name, make in groups:
-                data = safetensors_bytes({k: v.contiguous() for k, v in make().items()})
+                tensors = make()
                 with writer(tmp / (name + SUFFIX), "wb") as f:
-                    f.write(data)
-                files[name] = {"bytes": len(data), "crc32": zlib.crc32(data)}
-                del data
+                    size, crc = write_tensors(f, tensors)
+                files[name] = {"bytes": size, "crc32": crc}
+                del tensors
             manifest = {**manifest, "format": FORMAT, "format_version": FORMAT_VERSION, "files": files}
             atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     except OSError as exc:
@@ -175,6 +244,34 @@ def read_group(path: str | os.PathLike, manifest: dict, name: str) -> dict[str, 
         raise SessionFileError(f"session file {file.name}: {exc.strerror or exc}") from None
 
 
+@dataclass
+class PreparedSession:
+    """A saved session read and checked (``SessionManager.prepare_load``): what its commit copies in."""
+
+    path: str
+    manifest: dict
+    groups: dict[str, dict[str, torch.Tensor]]  # file name -> its tensors
+    staged_on: str  # "cuda:0" when the tensors were copied to the device, "host" (memory-mapped files)
+    seconds: float  # reading, checking and staging
+
+
+def read_session(path: str | os.PathLike, manifest: dict,
+                 device: Optional[torch.device] = None) -> dict[str, dict[str, torch.Tensor]]:
+    """Every file's tensors (after ``verify_files``), memory-mapped on the host, or with ``device``
+    copied there on a stream of their own (frames running meanwhile are not queued behind the
+    copies) and complete when this returns."""
+    names = list(manifest["files"])
+    if device is None or device.type != "cuda":
+        return {name: read_group(path, manifest, name) for name in names}
+    stream = torch.cuda.Stream(device)
+    groups: dict[str, dict[str, torch.Tensor]] = {}
+    with torch.cuda.stream(stream):
+        for name in names:
+            groups[name] = {k: v.to(device) for k, v in read_group(path, manifest, name).items()}
+    stream.synchronize()
+    return groups
+
+
 def identity_problems(saved: dict, current: dict) -> list[str]:
     """Each field of the identity (checkpoint, model shape, stream geometry, dtype) that differs."""
     problems: list[str] = []
@@ -213,5 +310,6 @@ def weights_identity(checkpoint: str, preset: str, seed: int, random_weights: Op
     return f"random:{preset}:seed={seed}"
 
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST", "SaveReport", "SessionCapture", "SessionFileError", "file_sha256",
-           "identity_problems", "read_group", "read_manifest", "verify_files", "weights_identity", "write_session"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST", "PreparedSession", "SaveReport", "SessionCapture",
+           "SessionFileError", "file_sha256", "identity_problems", "read_group", "read_manifest", "read_session",
+           "verify_files", "weights_identity", "write_session", "write_tensors"]

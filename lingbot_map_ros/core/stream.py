@@ -215,13 +215,19 @@ class StreamingSession:
     def num_cache_blocks(self) -> int:
         return self.model_cfg.depth
 
-    def block_tensors(self, block: int) -> dict[str, torch.Tensor]:
+    def block_tensors(self, block: int, on_device: bool = False) -> dict[str, torch.Tensor]:
         assert self._kv is not None
-        return self._kv.block_tensors(block)
+        return self._kv.block_tensors(block, on_device)
 
-    def camera_tensor(self) -> torch.Tensor:
+    def camera_tensor(self, on_device: bool = False) -> torch.Tensor:
         assert self._camera_kv is not None
-        return self._camera_kv.stored_tensor()
+        return self._camera_kv.stored_tensor(on_device)
+
+    def bytes_in_use(self) -> int:
+        """The bytes a save copies of both caches (0 before the caches exist)."""
+        if self._kv is None or self._camera_kv is None:
+            return 0
+        return self._kv.bytes_in_use() + self._camera_kv.bytes_in_use()
 
     def check_state(self, state: dict) -> list[str]:
         """Why a saved state cannot go into this session (empty: it can). Nothing changes: for a frame

@@ -22,6 +22,7 @@ from lingbot_map_ros.msg import FrameStatus
 
 from ..core.session_errors import SessionError
 from ..core.session_manager import Change, InferenceFailed, ManagerView, SessionCapture, SessionCause, SessionStart
+from ..core.session_store import PreparedSession
 from .frames import Frame, FrameLedger, InputRejected, LatestFrame, stamp_sec
 from .input_size import InputSize
 from .outputs import ResultPublisher
@@ -271,13 +272,18 @@ class InferenceWorker:
     # ------------------------------------------------------------------ saved sessions
     def capture_session(self) -> SessionCapture:
         """``~/save_session``, the part between two frames (this thread): the map and the node's world
-        copied to the host. The service writes the copy to disk while the frames go on."""
+        copied (in device memory where it has room, else to the host). The service writes the copy
+        to disk while the frames go on."""
         return self.manager.capture(extra=self._outputs.session_state())
 
-    def load_session(self, path: str) -> str:
-        """``~/load_session`` / ``initial_session``: replace the session (refused: the current one is
-        kept, ``SessionFileError`` with the reason); poses, ``~/path`` and the trajectory continue."""
-        report = self.manager.load(path)  # on_session_start has run: outputs cleared, counters noted
+    def load_session(self, source: str | PreparedSession) -> str:
+        """``~/load_session`` (a ``PreparedSession``: its commit) / ``initial_session`` (a path: read
+        and commit here): replace the session (refused: the current one is kept, ``SessionFileError``
+        with the reason); poses, ``~/path`` and the trajectory continue."""
+        manager = self.manager
+        # on_session_start has run by the time either returns: outputs cleared, counters noted
+        report = manager.load(source) if isinstance(source, str) else manager.commit_load(source)
+        path = report.path
         self._outputs.restore_session(report.extra, report.session_id)
         self._view.update(self.manager)
         saved_world = report.extra.get("world_frame")

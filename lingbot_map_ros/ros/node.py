@@ -47,7 +47,7 @@ from typing import Optional
 import rclpy
 import rclpy.exceptions
 from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.qos import QoSProfile, QoSReliabilityPolicy
 
@@ -133,7 +133,7 @@ class LingBotMapNode(LifecycleNode):
         self._node_services = NodeServices(self, self._values, configured=lambda: self._manager is not None,
                                       submit_reset=lambda reason, wait: self._submit(("reset", reason), wait),
                                       state_label=lambda: self._state_label, trajectory=self._outputs.trajectory,
-                                      submit=self._submit)
+                                      submit=self._submit, prepare_load=self._prepare_load)
         self._diag_timer = self.create_timer(float(self._values["diagnostics_period"]), self._publish_diagnostics)
         self.add_on_set_parameters_callback(self._params.on_set)
         self.add_post_set_parameters_callback(self._params.on_set_post)
@@ -272,6 +272,13 @@ class LingBotMapNode(LifecycleNode):
         else:  # cannot happen while active (activate starts the stage first); never lose a frame
             self._ledger.finish(frame.header, FrameStatus.DROPPED_INACTIVE, "no preprocessing thread is running")
 
+    def _prepare_load(self, path: str):
+        """``~/load_session``'s reading and checking (the session services' thread)."""
+        manager = self._manager
+        if manager is None:
+            raise RuntimeError("the node is not configured")
+        return manager.prepare_load(path)
+
     def _submit(self, command: tuple, wait: float = 0.0) -> Optional[str]:
         worker = self._worker
         return worker.submit(command, wait) if worker is not None else None
@@ -343,6 +350,13 @@ def build_failure(exc: BaseException) -> tuple[str, Optional[BaseException]]:
     return f"cannot build the model: {type(exc).__name__}: {exc}", exc
 
 
+def make_executor(context=None) -> MultiThreadedExecutor:
+    """The node's executor: two threads, one for the node's own callbacks (its default mutually
+    exclusive group: they run one at a time, as on a single thread) and one for the session services'
+    group (seconds of disk for a full session, ros/services.py), so frames keep coming meanwhile."""
+    return MultiThreadedExecutor(num_threads=2, context=context)
+
+
 def main(args=None) -> int:
     """``lingbot_map_node``: run the managed node until SIGINT/SIGTERM (exit 0); exit 2 when its
     parameters are invalid. With ``autostart`` (default) it configures and activates itself; a
@@ -358,7 +372,7 @@ def main(args=None) -> int:
     except (KeyboardInterrupt, ExternalShutdownException):
         rclpy.try_shutdown()
         return 0
-    executor = SingleThreadedExecutor()
+    executor = make_executor()
     executor.add_node(node)
     try:
         if node.autostart:

@@ -1,10 +1,13 @@
 """``~/reset``, ``~/save_trajectory``, ``~/save_session`` and ``~/load_session`` (executor thread).
 
 ``~/reset`` never touches the session itself: it queues a command for the inference thread and
-waits for it (up to 30 s), so the reset lands between two frames; ``~/load_session`` runs the same
-way on ``session_path`` (up to 600 s: a full session is gigabytes). ``~/save_session`` has the
-inference thread copy the session to the host between two frames (``SessionCapture``, a fraction of
-a second) and writes the copy here, on the executor thread, while the frames go on.
+waits for it (up to 30 s), so the reset lands between two frames. The two session services take
+seconds for a full session (gigabytes), so they run in a callback group of their own (the node
+spins a two-thread executor): the image callbacks and everything else go on meanwhile.
+``~/save_session`` has the inference thread copy the session between two frames (``SessionCapture``:
+inside device memory where it has room, milliseconds, else to the host) and writes the copy here.
+``~/load_session`` reads and checks ``session_path`` here (``prepare_load``: staged in device memory
+where it has room) and has the inference thread commit it between two frames.
 ``~/save_trajectory`` copies the trajectory under its lock and writes a TUM file through a temporary
 file and a rename, so a crash or a SIGTERM never leaves half a file behind.
 """
@@ -14,9 +17,10 @@ import os
 from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from std_srvs.srv import Trigger
 
-from ..core.session_store import SessionCapture, SessionFileError
+from ..core.session_store import PreparedSession, SessionCapture, SessionFileError
 from ..core.trajectory import write_tum
 
 RESET_WAIT_S = 30.0
@@ -30,13 +34,14 @@ class NodeServices:
     and returns its result (None when it has not run within ``wait``); ``state_label()`` names the
     lifecycle state for a refusal; ``trajectory()`` returns the current session's (stamp, c2w) list
     and its id; ``submit(command, wait)`` runs a command on the inference thread and returns its
-    result (``"error: ..."`` when it raised; a ``SessionCapture`` for a save).
+    result (``"error: ..."`` when it raised; a ``SessionCapture`` for a save); ``prepare_load(path)``
+    reads and checks a saved session (``SessionManager.prepare_load``) on the calling thread.
     """
 
     def __init__(self, node, values: Mapping, configured: Callable[[], bool],
                  submit_reset: Callable[[str, float], Optional[str]],
                  state_label: Callable[[], str], trajectory: Callable[[], tuple[list, Optional[int]]],
-                 submit: Callable[[tuple, float], Any]):
+                 submit: Callable[[tuple, float], Any], prepare_load: Callable[[str], PreparedSession]):
         self._node = node
         self._values = values
         self._configured = configured
@@ -44,19 +49,31 @@ class NodeServices:
         self._state_label = state_label
         self._trajectory = trajectory
         self._submit = submit
+        self._prepare_load = prepare_load
         node.create_service(Trigger, "~/reset", self.on_reset)
         node.create_service(Trigger, "~/save_trajectory", self.on_save_trajectory)
-        node.create_service(Trigger, "~/save_session", lambda req, res: self._on_session("save_session", res))
-        node.create_service(Trigger, "~/load_session", lambda req, res: self._on_session("load_session", res))
+        self.session_group = MutuallyExclusiveCallbackGroup()  # seconds of disk: off the image callbacks' thread
+        node.create_service(Trigger, "~/save_session", lambda req, res: self._on_session("save_session", res),
+                            callback_group=self.session_group)
+        node.create_service(Trigger, "~/load_session", lambda req, res: self._on_session("load_session", res),
+                            callback_group=self.session_group)
 
     def _on_session(self, kind: str, response):
-        """Save or load ``session_path`` on the inference thread; its refusal reason is the message."""
+        """Save or load ``session_path``; its refusal reason is the message."""
         if not self._configured():
             response.success = False
             response.message = f"the node is {self._state_label()}: configure it first"
             return response
         path = os.path.abspath(os.path.expanduser(self._values["session_path"]))
-        result = self._submit((kind, path), SESSION_WAIT_S)
+        command: tuple = (kind, path)
+        if kind == "load_session":
+            try:
+                command = (kind, self._prepare_load(path))  # read, checked and staged while frames go on
+            except Exception as exc:  # noqa: BLE001 - any refusal is the service's answer; the session is kept
+                response.success, response.message = False, f"error: {exc}"
+                self._node.get_logger().error(f"load_session refused: {exc}")
+                return response
+        result = self._submit(command, SESSION_WAIT_S)
         if isinstance(result, SessionCapture):  # save: copied between two frames, written here
             try:
                 result = result.write(path).message()

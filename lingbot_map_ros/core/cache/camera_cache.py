@@ -155,9 +155,15 @@ class CameraKVCache:
         return {"num_iterations": self.num_iterations, "num_blocks": self.num_blocks, "num_heads": self.num_heads,
                 "head_dim": self.head_dim, "length": self._length}
 
-    def stored_tensor(self) -> torch.Tensor:
-        """The stored frames' K/V on the host: ``[iterations, blocks, 2, length, H, D]``."""
-        return self._storage[:, :, :, : self._length].cpu()
+    def stored_tensor(self, on_device: bool = False) -> torch.Tensor:
+        """A copy of the stored frames' K/V, ``[iterations, blocks, 2, length, H, D]``, on the host or
+        (``on_device``) in new memory on the cache's device."""
+        stored = self._storage[:, :, :, : self._length]
+        return stored.clone() if on_device else stored.cpu()
+
+    def bytes_in_use(self) -> int:
+        """What ``stored_tensor`` copies."""
+        return self._storage[:, :, :, : self._length].numel() * self._storage.element_size()
 
     def check_state(self, state: dict) -> list[str]:
         """Why a saved camera cache cannot go into this one (empty: it can)."""

@@ -237,8 +237,15 @@ class PagedKVCache:
         return {"num_blocks": self.num_blocks, "num_heads": self.num_heads, "head_dim": self.head_dim,
                 "dtype": str(self.dtype).replace("torch.", ""), "table": self.table.state_dict()}
 
-    def block_tensors(self, block: int) -> dict[str, torch.Tensor]:
-        """What one block holds of the map, on the host: only the pages in use, never the whole pool.
+    def bytes_in_use(self) -> int:
+        """What ``block_tensors`` copies, summed over the blocks."""
+        pages = len(self.table.scale_pages) + len(self.table.window_pages)
+        tokens = pages * self.page_size + self.table.special_tokens
+        return self.num_blocks * 2 * tokens * self.num_heads * self.head_dim * self.dtype.itemsize
+
+    def block_tensors(self, block: int, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """A copy of what one block holds of the map: only the pages in use, never the whole pool; on
+        the host, or with ``on_device`` in new memory on the cache's device (no synchronisation).
 
         ``patch`` [2, scale + window, page, H, D] in the table's order (scale pages, then the window
         oldest first); ``special`` [2, special_tokens, H, D], the packed special stream of every
@@ -247,8 +254,11 @@ class PagedKVCache:
         kv = self._storage[block]  # [2, pages, page, H, D]
         first = self.table.num_patch_pages * self.page_size
         flat = kv.view(2, -1, self.num_heads, self.head_dim)  # [2, pages*page, H, D]
-        return {"patch": kv.index_select(1, pages).cpu(),  # [2, n, page, H, D]
-                "special": flat[:, first:first + self.table.special_tokens].cpu()}  # [2, specials, H, D]
+        patch = kv.index_select(1, pages)  # [2, n, page, H, D], a copy
+        special = flat[:, first:first + self.table.special_tokens]  # [2, specials, H, D], a view of the pool
+        if on_device:
+            return {"patch": patch, "special": special.clone()}
+        return {"patch": patch.cpu(), "special": special.cpu()}
 
     def check_state(self, state: dict) -> list[str]:
         """Why a saved cache cannot go into this one (empty: it can); nothing changes."""
