@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run of record (device machine, nvidia-h200): GPU correctness tests, then the benchmark
 # benchmark table. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
-#   bash scripts/device_run.sh [check|explore|final|split|record|perf|quick|full|long]
+#   bash scripts/device_run.sh [check|sessions|explore|final|split|record|perf|quick|full|long]
 # Everything it prints also lands in $OUT (gpu_tests.log, bench.txt, long.txt) and the JIT-compiled
 # FlashInfer kernels are copied to $OUT/*.so so a later call can skip compiling (put each one at
 # .fi_aot/<name>/<name>.so and carry .fi_aot).
@@ -21,6 +21,17 @@ if [ "$MODE" = check ]; then
   timeout 300 python3 -m pytest test/test_gpu.py test/test_gpu_faults.py -q -s -p no:cacheprovider 2>&1 | grep -v DEBUG | tee "$OUT/gpu_tests.log" | tail -30
   timeout 150 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto --profile 2>&1 | tee "$OUT/bench_auto.txt"
   timeout 80 "${BENCH[@]}" --frames 208 --heads camera --variants auto 2>&1 | tee "$OUT/bench_auto_camera.txt"
+elif [ "$MODE" = sessions ]; then
+  # saved sessions staged in device memory (the save's and the load's pauses, frames during a write),
+  # then the host-load row: the default variant alone and with half of the host's cores busy
+  timeout 200 python3 -m pytest test/test_gpu_sessions.py -q -s -p no:cacheprovider 2>&1 | grep -v DEBUG | tee "$OUT/gpu_sessions.log" | tail -8
+  timeout 240 python3 scripts/session_bench.py --device cuda --dtype bfloat16 --preset full 2>&1 | tee "$OUT/session.txt"
+  timeout 100 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto 2>&1 | tee "$OUT/bench_idle.txt"
+  BUSY=$(( $(nproc) / 2 )); PIDS=()
+  for _ in $(seq "$BUSY"); do timeout 150 python3 -c 'while True: pass' & PIDS+=($!); done
+  echo "host load: $BUSY busy processes of $(nproc) cores: ${PIDS[*]}"
+  timeout 100 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto 2>&1 | tee "$OUT/bench_loaded.txt"
+  kill "${PIDS[@]}" 2>/dev/null; wait "${PIDS[@]}" 2>/dev/null
 elif [ "$MODE" = explore ]; then
   # the frame step's levers, first look: GPU tests of the manager-driven session, the host gap of the
   # default path (host work the device waits for), and Inductor-autotuned GEMMs in the fused blocks
@@ -64,7 +75,7 @@ elif [ "$MODE" = perf ] || [ "$MODE" = record ]; then
 elif [ "$MODE" != long ] && [ "$MODE" != final ]; then
   timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
-if [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ]; then
+if [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ]; then
   :  # done above
 elif [ "$MODE" = quick ]; then
   "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"

@@ -110,7 +110,8 @@ def main() -> int:
     modes = ("host", "device") if device.type == "cuda" else ("host",)
     timings: dict[str, dict[str, float]] = {}
     try:
-        b.load(str(save_timed(a, root / "warm", False, device)[0].path))  # b's pools for this frame size
+        for f in frames[:args.scale + 1]:  # b's pools for this frame size (and its graphs), as on a running node
+            b.push(f)
         for mode in modes:  # the last one loaded is what b continues from
             report, pause_s, write_s = save_timed(a, root / mode, mode == "device", device)
             t0 = time.perf_counter()

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from lingbot_map_ros.core.config import RuntimeConfig, StreamConfig
+from lingbot_map_ros.core.footprint import GB
 from lingbot_map_ros.core.session_manager import SessionManager
 
 pytestmark = [
@@ -106,7 +107,7 @@ def test_without_room_in_the_budget_the_copies_go_to_the_host(tmp_path):
     probe = manager("cuda", "bfloat16")
     poses(probe, frames(6))
     need = probe.session.bytes_in_use()
-    budget_gb = (probe.budgeted_bytes() + need / 2) / 2**30  # the session fits, a copy of it beside it does not
+    budget_gb = (probe.budgeted_bytes() + need / 2) / GB  # the session fits, a copy of it beside it does not
     tight = SessionManager(RuntimeConfig(device="cuda", dtype="bfloat16", model_preset="tiny", seed=3),
                            dataclasses.replace(STREAM, gpu_memory_budget=budget_gb), log=lambda m: None)
     poses(tight, frames(6))
