@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run of record (device machine, nvidia-h200): GPU correctness tests, then the benchmark
 # benchmark table. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
-#   bash scripts/device_run.sh [check|sessions|explore|final|split|record|perf|quick|full|long]
+#   bash scripts/device_run.sh [check|window32|sessions|explore|final|split|record|perf|quick|full|long]
 # Everything it prints also lands in $OUT (gpu_tests.log, bench.txt, long.txt) and the JIT-compiled
 # FlashInfer kernels are copied to $OUT/*.so so a later call can skip compiling (put each one at
 # .fi_aot/<name>/<name>.so and carry .fi_aot).
@@ -18,9 +18,13 @@ if [ -f .inductor_cache/inductor_cache.tgz ]; then mkdir -p "$TORCHINDUCTOR_CACH
 if [ "$MODE" = check ]; then
   # the manager-driven session on the GPU (no FlashInfer carried: its tests skip, the default kernel on
   # Hopper is sdpa:split): GPU tests, then the default variant with the kernel profile and camera only
-  timeout 300 python3 -m pytest test/test_gpu.py test/test_gpu_faults.py -q -s -p no:cacheprovider 2>&1 | grep -v DEBUG | tee "$OUT/gpu_tests.log" | tail -30
+  timeout 360 python3 -m pytest test/test_gpu.py test/test_gpu_faults.py test/test_gpu_sessions.py -q -s -p no:cacheprovider 2>&1 | grep -v DEBUG | tee "$OUT/gpu_tests.log" | tail -30
   timeout 150 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto --profile 2>&1 | tee "$OUT/bench_auto.txt"
   timeout 80 "${BENCH[@]}" --frames 208 --heads camera --variants auto 2>&1 | tee "$OUT/bench_auto_camera.txt"
+elif [ "$MODE" = window32 ]; then
+  # why window 32 ran slower than window 64 at 518 px: attention per layer at both, the profile at 32
+  timeout 90 python3 scripts/attention_bench.py --window 32 --stored 208 2>&1 | grep -E "^\||keys" | tee "$OUT/attention_w32.txt"
+  timeout 150 "${BENCH[@]}" --sliding-window 32 --frames 208 --heads depth+camera --variants auto --profile 2>&1 | tee "$OUT/bench_w32.txt"
 elif [ "$MODE" = sessions ]; then
   # saved sessions staged in device memory (the save's and the load's pauses, frames during a write),
   # then the host-load row: the default variant alone and with half of the host's cores busy
@@ -75,7 +79,7 @@ elif [ "$MODE" = perf ] || [ "$MODE" = record ]; then
 elif [ "$MODE" != long ] && [ "$MODE" != final ]; then
   timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
-if [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ]; then
+if [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ]; then
   :  # done above
 elif [ "$MODE" = quick ]; then
   "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"

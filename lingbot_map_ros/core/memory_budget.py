@@ -109,6 +109,20 @@ class MemoryBudget:
         self.fitted_window = fitted.sliding_window if changed else None
         self.configured_window = requested.sliding_window
 
+    def staging_fits(self, nbytes: int, stream: StreamConfig, device: torch.device,
+                     budgeted: Callable[[], int]) -> bool:
+        """Whether a copy of ``nbytes`` may sit in device memory beside a session for a while (a
+        save's capture, a load's staged files): CUDA, the budgeted footprint (``budgeted()``, at the
+        width's tallest frame: a new camera may start a session at any size while the copy is kept)
+        plus the copy within the budget, and the copy within the free memory less the margin."""
+        if device.type != "cuda" or nbytes <= 0:
+            return False
+        free, _ = torch.cuda.mem_get_info(device)
+        if nbytes > free - MEMORY_MARGIN_GB * GB:
+            return False
+        budget = self.bytes_for(stream, device)
+        return not budget or budgeted() + nbytes <= budget
+
     def warning(self) -> list[str]:
         if self.fitted_window is None:
             return []

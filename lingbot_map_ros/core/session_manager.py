@@ -33,9 +33,7 @@ inference thread) owns the manager; other threads read ``view()`` snapshots.
 """
 from __future__ import annotations
 
-import dataclasses
 import enum
-import json
 import time
 import traceback
 from dataclasses import dataclass, field, fields
@@ -45,21 +43,22 @@ import numpy as np
 import torch
 
 from .config import ModelConfig, RuntimeConfig, StreamConfig, model_config, replace, validate_runtime, validate_stream
-from .footprint import GB
 from .long_run import LimitAction, LongRunPolicy, Refeed, Sim3, WindowAlignment, make_policy, policy_class
-from .memory_budget import MEMORY_MARGIN_GB, MemoryBudget, MemoryReport, allocated_bytes
+from .memory_budget import MemoryBudget, MemoryReport, allocated_bytes
 from .model import LingBotMap, build_model
 from .results import CacheSnapshot, FrameResult, SessionInfo
 from .runtime import ResolvedRuntime, resolve_runtime
 from .session_errors import SessionError, SessionStopped, StoredFrameLimit
 from .session_store import (
+    SESSION_GEOMETRY,
     PreparedSession,
     SaveReport,
     SessionCapture,
     SessionFileError,
+    checked_manifest,
     identity_problems,
-    read_manifest,
     read_session,
+    session_identity,
     verify_files,
     weights_identity,
 )
@@ -171,11 +170,6 @@ class LoadReport:
         return (f"loaded session {self.path}: {self.frames} frames ({self.stored} stored), continuing as "
                 f"session {self.session_id} in {self.seconds:.2f} s (the stream paused {self.pause_seconds:.3f} s; "
                 f"staged on {self.staged_on})")
-
-
-# the StreamConfig fields a saved cache is bound to (keyframe_interval and the depth head are not)
-SESSION_GEOMETRY = ("scale_frames", "sliding_window", "camera_iterations", "max_frame_num", "max_stored_frames",
-                    "long_run_policy", "overlap_frames", "image_width")
 
 
 def session_info(runtime: ResolvedRuntime, cfg: ModelConfig, model: Any, *, random_weights: bool) -> SessionInfo:
@@ -414,14 +408,10 @@ class SessionManager:
 
     def identity(self) -> dict:
         """What a saved session is bound to: the weights, the model's shapes, the cache geometry, the dtype."""
-        runtime, cfg = self.runtime, self._loaded.cfg
-        identity = {
-            "weights": weights_identity(runtime.checkpoint, cfg.preset, runtime.seed, self.info.random_weights),
-            "model": dataclasses.asdict(cfg),
-            "geometry": {k: getattr(self.stream_cfg, k) for k in SESSION_GEOMETRY},
-            "dtype": str(self._session.dtype).replace("torch.", ""),
-        }
-        return json.loads(json.dumps(identity))  # as it reads back from the manifest (tuples are lists)
+        runtime = self.runtime
+        return session_identity(weights_identity(runtime.checkpoint, self._loaded.cfg.preset, runtime.seed,
+                                                 self.info.random_weights),
+                                self._loaded.cfg, self.stream_cfg, self._session.dtype)
 
     def save(self, path: str, extra: Optional[dict] = None) -> SaveReport:
         """Write the current session to the folder ``path`` (``core/session_store.py``); nothing in
@@ -436,16 +426,8 @@ class SessionManager:
 
     def staging_fits(self, nbytes: int) -> bool:
         """Whether a copy of ``nbytes`` may sit in device memory beside the session for a while (a
-        save's capture, a load's staged files): CUDA, ``budgeted_bytes`` plus the copy within the
-        memory budget, and the copy within the free memory less the margin."""
-        device = self._session.device
-        if device.type != "cuda" or nbytes <= 0:
-            return False
-        free, _ = torch.cuda.mem_get_info(device)
-        if nbytes > free - MEMORY_MARGIN_GB * GB:
-            return False
-        budget = self._memory.bytes_for(self.stream_cfg, device)
-        return not budget or self.budgeted_bytes() + nbytes <= budget
+        save's capture, a load's staged files; ``MemoryBudget.staging_fits``)."""
+        return self._memory.staging_fits(nbytes, self.stream_cfg, self._session.device, self.budgeted_bytes)
 
     def capture(self, extra: Optional[dict] = None, on_device: Optional[bool] = None) -> SessionCapture:
         """The current session's whole memory copied now (``SessionError``: no map yet).
@@ -494,7 +476,7 @@ class SessionManager:
         the reason (or the fields that differ). Its files are staged in device memory where
         ``staging_fits`` (``on_device`` None), so ``commit_load`` is a copy inside the device."""
         start = time.perf_counter()
-        manifest = self._checked_manifest(path)
+        manifest = checked_manifest(path, self.identity(), self._session.check_state)
         verify_files(path, manifest)
         if on_device is None:
             on_device = self.staging_fits(sum(int(f["bytes"]) for f in manifest["files"].values()))
@@ -505,17 +487,6 @@ class SessionManager:
             device, groups = None, read_session(path, manifest, None)
         return PreparedSession(str(path), manifest, groups, str(device) if device is not None else "host",
                                time.perf_counter() - start)
-
-    def _checked_manifest(self, path: str) -> dict:
-        """The manifest at ``path`` once the identity and the session state fit this manager."""
-        manifest = read_manifest(path)
-        problems = identity_problems(manifest["identity"], self.identity())
-        if problems:
-            raise SessionFileError(f"session {path!r} was made with other settings: " + "; ".join(problems))
-        session_problems = self._session.check_state(manifest["session"])
-        if session_problems:
-            raise SessionFileError(f"session {path!r} does not fit this session: " + "; ".join(session_problems))
-        return manifest
 
     def commit_load(self, prepared: PreparedSession) -> LoadReport:
         """Replace the current session by a prepared one (between two frames): the next frame

@@ -32,6 +32,7 @@ anything is loaded. This module knows the format only; what goes in it is each c
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -272,6 +273,34 @@ def read_session(path: str | os.PathLike, manifest: dict,
     return groups
 
 
+# the StreamConfig fields a saved cache is bound to (keyframe_interval and the depth head are not)
+SESSION_GEOMETRY = ("scale_frames", "sliding_window", "camera_iterations", "max_frame_num", "max_stored_frames",
+                    "long_run_policy", "overlap_frames", "image_width")
+
+
+def session_identity(weights: str, cfg: Any, stream: Any, dtype: torch.dtype) -> dict:
+    """What a saved session is bound to: the weights (``weights_identity``), the model's shapes
+    (``ModelConfig``), the cache geometry (the ``SESSION_GEOMETRY`` fields of ``StreamConfig``), the dtype;
+    as it reads back from a manifest (tuples are lists)."""
+    identity = {"weights": weights, "model": dataclasses.asdict(cfg),
+                "geometry": {k: getattr(stream, k) for k in SESSION_GEOMETRY},
+                "dtype": str(dtype).replace("torch.", "")}
+    return json.loads(json.dumps(identity))
+
+
+def checked_manifest(path: str, identity: dict, state_problems: Callable[[dict], list[str]]) -> dict:
+    """The manifest at ``path`` once its identity equals ``identity`` and ``state_problems`` (the
+    session's ``check_state``) finds nothing; else ``SessionFileError`` naming what differs."""
+    manifest = read_manifest(path)
+    problems = identity_problems(manifest["identity"], identity)
+    if problems:
+        raise SessionFileError(f"session {path!r} was made with other settings: " + "; ".join(problems))
+    session_problems = state_problems(manifest["session"])
+    if session_problems:
+        raise SessionFileError(f"session {path!r} does not fit this session: " + "; ".join(session_problems))
+    return manifest
+
+
 def identity_problems(saved: dict, current: dict) -> list[str]:
     """Each field of the identity (checkpoint, model shape, stream geometry, dtype) that differs."""
     problems: list[str] = []
@@ -310,6 +339,7 @@ def weights_identity(checkpoint: str, preset: str, seed: int, random_weights: Op
     return f"random:{preset}:seed={seed}"
 
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST", "PreparedSession", "SaveReport", "SessionCapture",
-           "SessionFileError", "file_sha256", "identity_problems", "read_group", "read_manifest", "read_session",
-           "verify_files", "weights_identity", "write_session", "write_tensors"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST", "SESSION_GEOMETRY", "PreparedSession", "SaveReport",
+           "SessionCapture", "SessionFileError", "checked_manifest", "file_sha256", "identity_problems", "read_group",
+           "read_manifest", "read_session", "session_identity", "verify_files", "weights_identity", "write_session",
+           "write_tensors"]

@@ -123,11 +123,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              "write the voxel map (`publish_map`) to `map_path` as binary PLY, atomically", configured_only=True),
     Endpoint("service", "~/save_session", "std_srvs/srv/Trigger", "", "configured (else it answers why not)",
              "write the session (the KV cache's map, counters, long-run chain, trajectory) to the folder "
-             "`session_path`, atomically; the message says where, how many frames and bytes"),
+             "`session_path`, atomically, while frames go on (the stream pauses for a copy: milliseconds in GPU "
+             "memory where it has room); the message says where, how many frames and bytes, and the pause"),
     Endpoint("service", "~/load_session", "std_srvs/srv/Trigger", "", "configured (else it answers why not)",
              "replace the session by the one in `session_path`: poses, `~/path` and `~/save_trajectory` continue "
              "in its world; refused with the reason (the current session kept) when it is not a session, is "
-             "damaged or was made with other settings"),
+             "damaged or was made with other settings; read and checked while frames go on, then committed "
+             "between two frames"),
 )
 
 # The managed node's lifecycle interface (rclpy's LifecycleNode): what `ros2 lifecycle` and a
