@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run of record (device machine, nvidia-h200): GPU correctness tests, then the benchmark
 # benchmark table. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
-#   bash scripts/device_run.sh [check|window32|sessions|explore|final|split|record|perf|quick|full|long]
+#   bash scripts/device_run.sh [check|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
 # Everything it prints also lands in $OUT (gpu_tests.log, bench.txt, long.txt) and the JIT-compiled
 # FlashInfer kernels are copied to $OUT/*.so so a later call can skip compiling (put each one at
 # .fi_aot/<name>/<name>.so and carry .fi_aot).
@@ -21,6 +21,13 @@ if [ "$MODE" = check ]; then
   timeout 360 python3 -m pytest test/test_gpu.py test/test_gpu_faults.py test/test_gpu_sessions.py -q -s -p no:cacheprovider 2>&1 | grep -v DEBUG | tee "$OUT/gpu_tests.log" | tail -30
   timeout 150 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto --profile 2>&1 | tee "$OUT/bench_auto.txt"
   timeout 80 "${BENCH[@]}" --frames 208 --heads camera --variants auto 2>&1 | tee "$OUT/bench_auto_camera.txt"
+elif [ "$MODE" = autotune ]; then
+  # Inductor's GEMM templates autotuned in the fused blocks (max_autotune_gemm only), end to end with the
+  # kernel profile, and the host gap of the default path
+  export TORCHINDUCTOR_COMPILE_THREADS=$(nproc)
+  timeout 420 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto,sdpa:split+graph+autotune \
+      --profile --profile-variant sdpa:split+graph+autotune 2>&1 | grep -v "Warning\|warn\|softmax\|^$" | tee "$OUT/bench_autotune.txt"
+  timeout 90 python3 scripts/host_gap.py --frames 100 2>&1 | tee "$OUT/host_gap.txt"
 elif [ "$MODE" = window32 ]; then
   # why window 32 ran slower than window 64 at 518 px: attention per layer at both, the profile at 32
   timeout 90 python3 scripts/attention_bench.py --window 32 --stored 208 2>&1 | grep -E "^\||keys" | tee "$OUT/attention_w32.txt"
@@ -79,7 +86,7 @@ elif [ "$MODE" = perf ] || [ "$MODE" = record ]; then
 elif [ "$MODE" != long ] && [ "$MODE" != final ]; then
   timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
-if [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ]; then
+if [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ]; then
   :  # done above
 elif [ "$MODE" = quick ]; then
   "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"

@@ -120,7 +120,8 @@ def test_a_saved_session_resumes_in_a_new_node_in_the_same_world(tmp_path, ros_d
 
     # --- a new node that starts from the saved session
     node, listener, ctx = start(tmp_path, ros_domain_id, "-p", f"initial_session:={session}",
-                                "-p", f"trajectory_path:={tmp_path / 'b.tum'}", name="b")
+                                "-p", f"trajectory_path:={tmp_path / 'b.tum'}", "-p", "session_staging:=host",
+                                name="b")
     try:
         assert node.wait_ready(120), node.why_not_ready()
         assert listener.wait_connected(30)

@@ -196,6 +196,7 @@ ROBOT_SETTINGS: tuple[Setting, ...] = (
 )
 
 # --- saved sessions (docs/sessions.md): the map (the model's KV cache) kept across restarts
+SESSION_STAGING = ("auto", "host")
 SESSION_SETTINGS: tuple[Setting, ...] = (
     Setting("session_path", "lingbot_session", "Folder ~/save_session writes and ~/load_session reads (the KV "
             "cache's pages in use, the counters, the long-run chain, the trajectory: docs/sessions.md).",
@@ -204,6 +205,11 @@ SESSION_SETTINGS: tuple[Setting, ...] = (
             "folder that is not a session, is damaged or was made with another checkpoint, model shape, cache "
             "geometry or dtype fails the configure transition with the reason. Empty: start a new session.",
             "configure"),
+    Setting("session_staging", "auto", "Where ~/save_session's copy and ~/load_session's files wait: auto = in "
+            "GPU memory when a copy of the session fits gpu_memory_budget and the free memory (the stream pauses "
+            "milliseconds), else host memory; host = never a second copy on the GPU (a GPU shared with other "
+            "processes): the save pauses the stream for a copy to host memory and the load copies from the "
+            "mapped files (seconds for gigabytes: docs/sessions.md).", "next_frame", choices=SESSION_STAGING),
     Setting("mapping", True, "false: localization - every frame gets a pose in the current (e.g. loaded) "
             "map and nothing is stored, the KV cache stays as it is; true again: mapping continues. "
             "Applies from the next frame.", "next_frame"),

@@ -81,7 +81,10 @@ class StreamingSession:
         self.log = log
         self.session_id = 0  # set by the manager (``reset``): monotonic over every session it starts
         self.use_cuda_graphs = runtime.cuda_graphs  # the benchmark's kernel profile turns it off for a while
-        autotune = {"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON"} if runtime.autotune else None
+        # GEMM templates only (the pointwise and reduction kernels stay as fused by default): max_autotune
+        # also tunes every pointwise kernel, which did not finish compiling within a device call
+        autotune = ({"max_autotune_gemm": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
+                    if runtime.autotune else None)
         self._fusion: Optional[BlockFusion] = BlockFusion(compile_options=autotune) if runtime.compile_blocks else None
         self._graph_step: Optional[GraphedFrameStep] = None
         self._graph_key: Optional[tuple] = None

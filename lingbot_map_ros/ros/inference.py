@@ -26,7 +26,7 @@ from ..core.session_store import PreparedSession
 from .frames import Frame, FrameLedger, InputRejected, LatestFrame, stamp_sec
 from .input_size import InputSize
 from .outputs import ResultPublisher
-from .parameters import configs_from_values
+from .parameters import configs_from_values, staging_choice
 from .pipeline import PipelineTimeline
 from .time_jump import TIME_JUMP_COUNTER, TimeJumpDetector
 
@@ -274,7 +274,7 @@ class InferenceWorker:
         """``~/save_session``, the part between two frames (this thread): the map and the node's world
         copied (in device memory where it has room, else to the host). The service writes the copy
         to disk while the frames go on."""
-        return self.manager.capture(extra=self._outputs.session_state())
+        return self.manager.capture(extra=self._outputs.session_state(), on_device=staging_choice(self._values))
 
     def load_session(self, source: str | PreparedSession) -> str:
         """``~/load_session`` (a ``PreparedSession``: its commit) / ``initial_session`` (a path: read
@@ -282,7 +282,10 @@ class InferenceWorker:
         with the reason); poses, ``~/path`` and the trajectory continue."""
         manager = self.manager
         # on_session_start has run by the time either returns: outputs cleared, counters noted
-        report = manager.load(source) if isinstance(source, str) else manager.commit_load(source)
+        if isinstance(source, str):
+            report = manager.load(source, on_device=staging_choice(self._values))
+        else:
+            report = manager.commit_load(source)
         path = report.path
         self._outputs.restore_session(report.extra, report.session_id)
         self._view.update(self.manager)

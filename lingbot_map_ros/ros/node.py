@@ -66,6 +66,7 @@ from .parameters import (
     configs_from_values,
     declare_error,
     descriptor,
+    staging_choice,
     validate_values,
 )
 from .services import NodeServices
@@ -277,7 +278,7 @@ class LingBotMapNode(LifecycleNode):
         manager = self._manager
         if manager is None:
             raise RuntimeError("the node is not configured")
-        return manager.prepare_load(path)
+        return manager.prepare_load(path, on_device=staging_choice(self._values))
 
     def _submit(self, command: tuple, wait: float = 0.0) -> Optional[str]:
         worker = self._worker

@@ -8,6 +8,7 @@ enforces itself) and the additional constraints (allowed values, when a change a
 from __future__ import annotations
 
 import re
+from typing import Mapping, Optional
 
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
 
@@ -76,5 +77,12 @@ def declare_error(spec: Setting, exc: Exception) -> str:
     return f"parameter {spec.name}: {text}"
 
 
+def staging_choice(values: Mapping) -> Optional[bool]:
+    """``session_staging`` as ``SessionManager``'s ``on_device``: None (auto: device memory where a copy
+    fits) or False (host memory)."""
+    return False if values["session_staging"] == "host" else None
+
+
 __all__ = ["PARAMETERS", "PARAMETER_NAMES", "RUNTIME_FIELDS", "SPECS", "STREAM_FIELDS", "ParamSpec",
-           "configs_from_values", "declare_error", "descriptor", "validate_values"]
+           "configs_from_values", "declare_error", "descriptor", "staging_choice", "validate_values"]
+
