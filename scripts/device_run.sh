@@ -21,6 +21,8 @@ if [ "$MODE" = check ]; then
   timeout 360 python3 -m pytest test/test_gpu.py test/test_gpu_faults.py test/test_gpu_sessions.py -q -s -p no:cacheprovider 2>&1 | grep -v DEBUG | tee "$OUT/gpu_tests.log" | tail -30
   timeout 150 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto --profile 2>&1 | tee "$OUT/bench_auto.txt"
   timeout 80 "${BENCH[@]}" --frames 208 --heads camera --variants auto 2>&1 | tee "$OUT/bench_auto_camera.txt"
+  # attention per layer at window 32 (518 px ran slower at window 32 than at 64)
+  timeout 70 python3 scripts/attention_bench.py --window 32 2>&1 | grep -E "^\||keys" | tee "$OUT/attention_w32.txt"
 elif [ "$MODE" = autotune ]; then
   # Inductor's GEMM templates autotuned in the fused blocks (max_autotune_gemm only), end to end with the
   # kernel profile, and the host gap of the default path
