@@ -1,6 +1,7 @@
-"""``~/save_session`` and ``~/load_session`` do not stop the node's other callbacks: they run in a
-callback group of their own on the node's executor (``make_executor``), so while a save writes
-gigabytes (here: a write held open by the test) the image callbacks go on.
+"""``~/save_session`` and ``~/load_session`` do not stop the node's other callbacks: they are
+coroutines in a callback group of their own that await a thread doing the work, on the node's own
+executor (``make_executor``), so while a save writes gigabytes (here: a write held open by the test)
+the image callbacks go on.
 
 An rclpy node in this process carries the real ``NodeServices`` over stand-ins for the inference
 thread; a client in another context calls the services while a publisher feeds the node's

@@ -47,7 +47,7 @@ from typing import Optional
 import rclpy
 import rclpy.exceptions
 from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.qos import QoSProfile, QoSReliabilityPolicy
 
@@ -351,11 +351,11 @@ def build_failure(exc: BaseException) -> tuple[str, Optional[BaseException]]:
     return f"cannot build the model: {type(exc).__name__}: {exc}", exc
 
 
-def make_executor(context=None) -> MultiThreadedExecutor:
-    """The node's executor: two threads, one for the node's own callbacks (its default mutually
-    exclusive group: they run one at a time, as on a single thread) and one for the session services'
-    group (seconds of disk for a full session, ros/services.py), so frames keep coming meanwhile."""
-    return MultiThreadedExecutor(num_threads=2, context=context)
+def make_executor(context=None) -> SingleThreadedExecutor:
+    """The node's executor: one thread for every callback. The session services' seconds of disk run
+    on threads of their own that the services' coroutines await (ros/services.py), so frames keep
+    coming meanwhile."""
+    return SingleThreadedExecutor(context=context)
 
 
 def main(args=None) -> int:

@@ -2,8 +2,9 @@
 
 ``~/reset`` never touches the session itself: it queues a command for the inference thread and
 waits for it (up to 30 s), so the reset lands between two frames. The two session services take
-seconds for a full session (gigabytes), so they run in a callback group of their own (the node
-spins a two-thread executor): the image callbacks and everything else go on meanwhile.
+seconds for a full session (gigabytes), so their callbacks are coroutines in a callback group of
+their own: each hands its work to a thread of its own and awaits it, and the node's single-threaded
+executor runs the image callbacks and everything else meanwhile (``test/test_session_services.py``).
 ``~/save_session`` has the inference thread copy the session between two frames (``SessionCapture``:
 inside device memory where it has room, milliseconds, else to the host) and writes the copy here.
 ``~/load_session`` reads and checks ``session_path`` here (``prepare_load``: staged in device memory
@@ -14,10 +15,12 @@ file and a rename, so a crash or a SIGTERM never leaves half a file behind.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.task import Future
 from std_srvs.srv import Trigger
 
 from ..core.session_store import PreparedSession, SessionCapture, SessionFileError
@@ -52,14 +55,37 @@ class NodeServices:
         self._prepare_load = prepare_load
         node.create_service(Trigger, "~/reset", self.on_reset)
         node.create_service(Trigger, "~/save_trajectory", self.on_save_trajectory)
-        self.session_group = MutuallyExclusiveCallbackGroup()  # seconds of disk: off the image callbacks' thread
-        node.create_service(Trigger, "~/save_session", lambda req, res: self._on_session("save_session", res),
-                            callback_group=self.session_group)
-        node.create_service(Trigger, "~/load_session", lambda req, res: self._on_session("load_session", res),
-                            callback_group=self.session_group)
+        # a group of their own: while one awaits its thread, the node's default (mutually exclusive) group,
+        # the image callbacks' one, stays free; one session operation at a time
+        self.session_group = MutuallyExclusiveCallbackGroup()
+        node.create_service(Trigger, "~/save_session", self.on_save_session, callback_group=self.session_group)
+        node.create_service(Trigger, "~/load_session", self.on_load_session, callback_group=self.session_group)
+
+    async def on_save_session(self, request, response):
+        return await self._off_the_executor("save_session", response)
+
+    async def on_load_session(self, request, response):
+        return await self._off_the_executor("load_session", response)
+
+    async def _off_the_executor(self, kind: str, response):
+        """Run ``_on_session`` on a thread of its own and await it: the executor goes on meanwhile.
+
+        The future wakes the executor when it is done (its done callback is scheduled as a task),
+        so the coroutine resumes at once."""
+        done: Future = Future(executor=self._node.executor)
+        done.add_done_callback(lambda _: None)
+
+        def work() -> None:
+            try:
+                done.set_result(self._on_session(kind, response))
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting callback
+                done.set_exception(exc)
+
+        threading.Thread(target=work, name=f"lingbot_map_{kind}", daemon=True).start()
+        return await done
 
     def _on_session(self, kind: str, response):
-        """Save or load ``session_path``; its refusal reason is the message."""
+        """Save or load ``session_path`` (a thread of its own); its refusal reason is the message."""
         if not self._configured():
             response.success = False
             response.message = f"the node is {self._state_label()}: configure it first"
