@@ -8,7 +8,10 @@ with CUDA events as the median over rotating K/V sets (so L2 never holds the key
 TFLOP/s counts the visible keys only (4·T·N·H·D FLOP), so a kernel that reads masked slots pays
 for them in its rate.
 
-    python3 scripts/attention_bench.py [--stored 208] [--reps 30]
+    python3 scripts/attention_bench.py [--stored 208] [--reps 30] [--kv-splits 1,2,3,4,6,8] [--quick]
+
+``--kv-splits``: the split backend with its unmasked prefix read as a batch of that many key ranges
+(``SplitPrefixBackend(kv_splits=S)``), full window and filling; ``--quick``: only those rows.
 """
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ def main() -> int:
     p.add_argument("--max-stored", type=int, default=321)
     p.add_argument("--sets", type=int, default=4)
     p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--kv-splits", default="1,2,3,4,6,8", help="key ranges of the split backend's prefix")
+    p.add_argument("--quick", action="store_true", help="only the split backend per --kv-splits")
     args = p.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     torch.manual_seed(0)
@@ -121,6 +126,29 @@ def main() -> int:
             print(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
             results.append((name, float("nan"), float("nan"), float("nan"), False))
 
+    from lingbot_map_ros.core.cache.split_backend import SplitPrefixBackend, attend_with_lse
+    R = patch_pages - 1
+    visible_split = list(range(R)) + visible[len(visible) - -(-n_spec // PAGE):]
+    slots_split = visible_token_slots(visible_split, last, torch.arange(PAGE, device=dev))
+    assert slots_split.numel() == N
+    ref_split = reference(sets[0], slots_split)
+    filling = list(range(40)) + visible_split[R:]
+    ref_filling = reference(sets[0], visible_token_slots(filling, last, torch.arange(PAGE, device=dev)))
+    for S in (int(x) for x in args.kv_splits.split(",")):
+        sp_s = SplitPrefixBackend(page_size=PAGE, num_patch_pages=patch_pages, num_pages=num_pages, num_heads=H,
+                                  head_dim=D, dtype=dt, device=dev, kernel="cudnn", fuse_merge=True, kv_splits=S)
+        sp_s.plan(visible_split, last, T)
+        used = sp_s._regions[0].splits
+        bench(f"split, prefix as {used} key ranges (compiled merge, graph)", lambda: sp_s.plan(visible_split, last, T),
+              lambda kv: sp_s.run(kv, q), graph=True, ref_out=ref_split)
+        sp_s.plan(filling, last, T)
+        bench(f"split, filling 40 of 72, head {sp_s.head_pages} as {sp_s._regions[0].splits} ranges (graph)",
+              lambda: sp_s.plan(filling, last, T), lambda kv: sp_s.run(kv, q), graph=True, ref_out=ref_filling,
+              keys=sp_s.num_keys)
+    if args.quick:
+        _table(results)
+        return 0
+
     for kernel in ("cudnn",):
         be = MaskedDenseBackend(
             page_size=PAGE, num_pages=num_pages, num_heads=H, head_dim=D, dtype=dt, device=dev, kernel=kernel
@@ -148,12 +176,6 @@ def main() -> int:
 
     # The split backend: the page table's "lowest" allocation keeps the stored patch pages at 0..R-1,
     # so a keyframe step of a full window sees exactly that prefix + the specials (same key count N).
-    from lingbot_map_ros.core.cache.split_backend import SplitPrefixBackend, attend_with_lse
-    R = patch_pages - 1
-    visible_split = list(range(R)) + visible[len(visible) - -(-n_spec // PAGE):]
-    slots_split = visible_token_slots(visible_split, last, torch.arange(PAGE, device=dev))
-    assert slots_split.numel() == N
-    ref_split = reference(sets[0], slots_split)
     for fuse in (False, True):
         sp = SplitPrefixBackend(page_size=PAGE, num_patch_pages=patch_pages, num_pages=num_pages, num_heads=H,
                                 head_dim=D, dtype=dt, device=dev, kernel="cudnn", fuse_merge=fuse)
@@ -199,12 +221,16 @@ def main() -> int:
                                    use_cuda_graph=True, max_visible_pages=num_pages + 1, max_query_tokens=T)
             bench(f"flashinfer {kernel} paged (graph)", lambda: fi.plan(visible, last, T), lambda kv: fi.run(kv, q),
                   graph=True)
+    _table(results)
+    return 0
+
+
+def _table(results: list) -> None:
     print()
     print("| attention option | us/layer | TFLOP/s | rel. error vs fp32 | finite |")
     print("|---|---|---|---|---|")
     for name, us, tf, err, fin in results:
         print(f"| {name} | {us:.0f} | {tf:.0f} | {err:.2e} | {fin} |")
-    return 0
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ def make_caches(page_size, dtype, scale, window, kinds):
             cache.single_frame_backend = SplitPrefixBackend(
                 page_size=page_size, num_patch_pages=cache.table.num_patch_pages, num_pages=cache.table.num_pages,
                 num_heads=H, head_dim=D, dtype=dtype, device="cuda", kernel="cudnn",
-                fuse_merge=kind.endswith("fused"))
+                fuse_merge=kind.endswith("fused"), kv_splits=5 if kind.endswith("kv") else 1)  # kv: 5 ranges of 1 page
             caches[kind] = cache
         elif kind == "sdpa-static":
             static = StaticSdpaBackend(page_size=page_size, num_heads=H, head_dim=D,
@@ -136,8 +136,8 @@ def run_stream(page_size, dtype, kinds, steps=12, scale=2, window=3, seed=0):
 @pytest.mark.parametrize("page_size", [777, 999, 1036])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_sdpa_backends_match_float64(page_size, dtype):
-    worst, modes = run_stream(page_size, dtype, ["sdpa", "sdpa-static", "sdpa-cudnn", "sdpa-split", "sdpa-split-fused"],
-                              steps=16)
+    worst, modes = run_stream(page_size, dtype, ["sdpa", "sdpa-static", "sdpa-cudnn", "sdpa-split", "sdpa-split-fused",
+                                                 "sdpa-split-kv"], steps=16)
     limit = 1e-2 if dtype == torch.bfloat16 else 2e-3
     print(f"page {page_size} {dtype}: {worst}")
     assert all(err < limit for err in worst.values()), worst
@@ -187,21 +187,24 @@ def _tiny_bf16_manager(scfg, **runtime_kwargs):
     return SessionManager.around(model, cfg, scfg, runtime, log=lambda m: None)
 
 
-@pytest.mark.parametrize("graphs,compile_blocks,sdpa_kernel", [
-    (True, "off", "flash"),  # CUDA-graph replay of the static varlen-flash path
-    (True, "on", "cudnn"),  # + fused blocks, masked cuDNN
-    (True, "off", "split"),  # contiguous prefix + masked tail, merged by log-sum-exp
-    (True, "on", "split"),  # the same with fused blocks and the compiled merge
+@pytest.mark.parametrize("graphs,compile_blocks,sdpa_kernel,kv_splits", [
+    (True, "off", "flash", 0),  # CUDA-graph replay of the static varlen-flash path
+    (True, "on", "cudnn", 0),  # + fused blocks, masked cuDNN
+    (True, "off", "split", 1),  # contiguous prefix + masked tail, merged by log-sum-exp
+    (True, "on", "split", 1),  # the same with fused blocks and the compiled merge
+    (True, "on", "split", 5),  # the prefix (2 + 3 pages) read as 5 key ranges in one batched call
 ])
-def test_graphed_session_matches_eager_session(graphs, compile_blocks, sdpa_kernel):
+def test_graphed_session_matches_eager_session(graphs, compile_blocks, sdpa_kernel, kv_splits):
     """A tiny-preset bf16 stream: each one-frame path vs the eager session (gathered SDPA)."""
     eager, _ = _tiny_session_poses(cuda_graphs=False, compile_blocks="off")
-    poses, session = _tiny_session_poses(cuda_graphs=graphs, compile_blocks=compile_blocks, sdpa_kernel=sdpa_kernel)
+    poses, session = _tiny_session_poses(cuda_graphs=graphs, compile_blocks=compile_blocks, sdpa_kernel=sdpa_kernel,
+                                         kv_splits=kv_splits)
     if compile_blocks == "on":
         assert session._fusion is not None and session._fusion.calls > 0
     if sdpa_kernel == "split":
         backend = session._kv.single_frame_backend
         assert type(backend).__name__ == "SplitPrefixBackend" and backend.mode == "full"
+        assert backend.kv_splits == kv_splits
     rel = ((poses - eager).norm() / eager.norm()).item()
     print(f"{sdpa_kernel}+graph{'+compile' if compile_blocks == 'on' else ''} vs eager pose rel diff {rel:.2e}")
     assert torch.isfinite(poses).all() and rel < 2e-2

@@ -15,7 +15,13 @@ import torch
 from test_paged_attention import SPECIALS, _dense_reference, drive_one_frame_backend
 
 from lingbot_map_ros.core.cache import PagedKVCache, factory
-from lingbot_map_ros.core.cache.split_backend import SplitPrefixBackend, attend_with_lse, merge_partials
+from lingbot_map_ros.core.cache.split_backend import (
+    SplitPrefixBackend,
+    attend_with_lse,
+    key_ranges,
+    merge_partials,
+    usable_splits,
+)
 from lingbot_map_ros.core.config import StreamConfig, model_config
 from lingbot_map_ros.core.runtime import resolve_for
 
@@ -23,13 +29,13 @@ H, D, BLOCKS = 2, 8, 2
 
 
 def _stream(page_size: int, dtype: torch.dtype, allocation: str, seed: int, steps: int = 18,
-            scale: int = 2, window: int = 3) -> tuple[list[str], SplitPrefixBackend, PagedKVCache]:
+            scale: int = 2, window: int = 3, kv_splits: int = 1) -> tuple[list[str], SplitPrefixBackend, PagedKVCache]:
     special_pages = -(-SPECIALS * (scale + steps + 1) // page_size)
     cache = PagedKVCache(BLOCKS, H, D, page_size, scale, window, max_frame_num=64, dtype=dtype, device="cpu",
                          num_patch_pages=scale + window + 1, special_pages=special_pages, allocation=allocation)
     split = SplitPrefixBackend(page_size=page_size, num_patch_pages=cache.table.num_patch_pages,
                                num_pages=cache.table.num_pages, num_heads=H, head_dim=D, dtype=dtype, device="cpu",
-                               kernel="cpu")
+                               kernel="cpu", kv_splits=kv_splits)
     seen = drive_one_frame_backend(cache, split, page_size=page_size, dtype=dtype, scale=scale, window=window,
                                    steps=steps, seed=seed, keyframe_share=0.6, heads=H, head_dim=D)
     return [mode for _, mode in seen], split, cache
@@ -37,8 +43,10 @@ def _stream(page_size: int, dtype: torch.dtype, allocation: str, seed: int, step
 
 @pytest.mark.parametrize("page_size", [5, 7])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_split_backend_matches_float64_and_reads_the_full_prefix_unmasked(page_size: int, dtype: torch.dtype) -> None:
-    modes, split, cache = _stream(page_size, dtype, "lowest", seed=page_size)
+@pytest.mark.parametrize("kv_splits", [1, 5], ids=["one-range", "five-ranges"])
+def test_split_backend_matches_float64_and_reads_the_full_prefix_unmasked(page_size: int, dtype: torch.dtype,
+                                                                           kv_splits: int) -> None:
+    modes, split, cache = _stream(page_size, dtype, "lowest", seed=page_size, kv_splits=kv_splits)
     # the window (3) fills after the first 3 keyframes; from then on every step reads the prefix unmasked
     first_full = modes.index("full")
     assert "filling" in modes[:first_full] and set(modes[first_full:]) == {"full"}
@@ -46,13 +54,16 @@ def test_split_backend_matches_float64_and_reads_the_full_prefix_unmasked(page_s
 
 
 @pytest.mark.parametrize("bucket_pages", [1, 2, 3])
-def test_filling_window_is_cut_at_bucket_boundaries(bucket_pages: int) -> None:
+@pytest.mark.parametrize("kv_splits", [1, 3, 4])
+def test_filling_window_is_cut_at_bucket_boundaries(bucket_pages: int, kv_splits: int) -> None:
     """A longer window (scale 2 + window 7 = 9 prefix pages): while it fills, the head read unmasked
-    is the last bucket boundary below the visible pages, leaving 1..bucket_pages of them masked."""
+    is the last bucket boundary below the visible pages, leaving 1..bucket_pages of them masked; with
+    ``kv_splits`` the unmasked head is read as a batch of key ranges (3 for the full 9 pages, 4 asked)."""
     gen = torch.Generator().manual_seed(bucket_pages)
     page, R = 4, 9
     be = SplitPrefixBackend(page_size=page, num_patch_pages=R + 1, num_pages=R + 1 + 3, num_heads=H, head_dim=D,
-                            dtype=torch.float64, device="cpu", kernel="cpu", bucket_pages=bucket_pages)
+                            dtype=torch.float64, device="cpu", kernel="cpu", bucket_pages=bucket_pages,
+                            kv_splits=kv_splits)
     k = torch.randn(R + 4, page, H, D, generator=gen, dtype=torch.float64)
     v = torch.randn(R + 4, page, H, D, generator=gen, dtype=torch.float64)
     q = torch.randn(SPECIALS + page, H, D, generator=gen, dtype=torch.float64)
@@ -65,6 +76,7 @@ def test_filling_window_is_cut_at_bucket_boundaries(bucket_pages: int) -> None:
         torch.testing.assert_close(be.run((k, v), q), ref, atol=1e-10, rtol=1e-10)
         if m == R:
             assert (be.mode, be.head_pages) == ("full", R)
+            assert be._regions[0].splits == min(kv_splits, 3)
         else:
             assert be.mode == "filling" and be.head_pages % bucket_pages == 0 and 1 <= m - be.head_pages <= bucket_pages
             seen.add(be.head_pages)
@@ -129,3 +141,38 @@ def test_factory_pairs_the_split_backend_with_its_pools_and_allocation() -> None
     assert cache.table.allocation == "lowest" and cache.single_frame_backend.prefix_pages == 5
     official = resolve_for(torch.device("cpu"), torch.float32, backend="sdpa")
     assert factory.pool_layout(official, stream, 12).allocation == "lifo"
+
+
+def test_key_ranges_are_views_of_consecutive_keys_and_splits_divide() -> None:
+    storage = torch.randn(6, 5, H, D, dtype=torch.float64)  # [pages, page, H, D]
+    keys = storage.view(1, -1, H, D).transpose(1, 2)  # [1, H, 30, D], the backend's strided view
+    ranges = key_ranges(keys[:, :, 5:25], 4)  # [4, H, 5, D]
+    assert ranges.shape == (4, H, 5, D) and ranges.data_ptr() == keys[:, :, 5:].data_ptr()
+    for s in range(4):
+        torch.testing.assert_close(ranges[s], keys[0, :, 5 + 5 * s: 10 + 5 * s], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="equal ranges"):
+        key_ranges(keys, 7)
+    assert [usable_splits(72, w) for w in (1, 4, 5, 7, 100)] == [1, 4, 4, 6, 72]
+    assert usable_splits(13, 4) == 1
+    with pytest.raises(ValueError, match="kv_splits"):
+        SplitPrefixBackend(page_size=4, num_patch_pages=3, num_pages=5, num_heads=H, head_dim=D,
+                           dtype=torch.float32, device="cpu", kernel="cpu", kv_splits=0)
+
+
+def test_auto_key_ranges_follow_the_waves_of_thread_blocks() -> None:
+    """The wave model against what the H200 showed: 1005 queries x 16 heads (128 blocks of 128
+    queries, one wave on 132 SMs) want one range; 1042 queries (144 blocks: two waves, the call took
+    twice as long) want several, which end the call in fewer, shorter waves."""
+    from lingbot_map_ros.core.cache.split_backend import auto_kv_splits, waves_time
+
+    assert auto_kv_splits(1005, 16, 132, 72) == 1
+    assert waves_time(1, 144, 132) == 2.0 and waves_time(1, 128, 132) == 1.0
+    shapes = [(1042, 16, 132, 72), (594, 16, 132, 72), (306, 16, 132, 21), (1375, 16, 108, 40)]
+    for queries, heads, sms, pages in shapes:
+        blocks = -(-queries // 128) * heads
+        chosen = auto_kv_splits(queries, heads, sms, pages)
+        assert pages % chosen == 0 and 1 < chosen <= 12
+        times = {s: waves_time(s, blocks, sms) for s in range(1, 13) if pages % s == 0}
+        assert times[chosen] == min(times.values()) < times[1]
+    assert auto_kv_splits(1042, 16, 0, 72) == 1  # no SM count (the CPU kernel): one range
+    assert auto_kv_splits(1042, 16, 132, 13) == 1  # 13 pages: no divisor but 1 and 13 (> 12)

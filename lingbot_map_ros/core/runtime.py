@@ -42,6 +42,7 @@ class ResolvedRuntime:
     compile_blocks: bool = False  # torch.compile-fused block bodies inside the graph step
     autotune: bool = False  # the fused blocks' GEMMs autotuned by Inductor (max-autotune; minutes to compile)
     autocast: bool = True  # official mixed precision (False: pure dtype, opt-in)
+    kv_splits: int = 0  # split kernel: key ranges its unmasked prefix is read as (0: chosen per frame size)
     reasons: tuple[str, ...] = field(default=())  # one line per decision, for logs and diagnostics
 
     @property
@@ -49,7 +50,8 @@ class ResolvedRuntime:
         """The one-frame attention path in words, e.g. ``sdpa:cudnn+graph+compiled``."""
         kernel = self.flashinfer_kernel if self.backend == "flashinfer" else self.sdpa_kernel
         mode = "+graph" if self.cuda_graphs else "+eager"
-        return f"{self.backend}:{kernel}{mode}{'+compiled' if self.compile_blocks else ''}"
+        ranges = f"+kv{self.kv_splits}" if kernel == "split" and self.cuda_graphs and self.kv_splits > 1 else ""
+        return f"{self.backend}:{kernel}{mode}{'+compiled' if self.compile_blocks else ''}{ranges}"
 
     def summary(self) -> str:
         return f"{self.attention}, {str(self.dtype).replace('torch.', '')} on {self.device}: " + "; ".join(self.reasons)
@@ -161,6 +163,7 @@ def resolve_for(
     compile_blocks: str | bool = "auto",
     autocast: bool = True,
     autotune: bool = False,
+    kv_splits: int = 0,
 ) -> ResolvedRuntime:
     """The one function that decides, for a concrete device and dtype. Raises ``ValueError`` (with
     the reason) for a combination that cannot run."""
@@ -187,6 +190,11 @@ def resolve_for(
     if chosen == "sdpa" and graphs:
         sk_why = "requested" if sdpa_kernel != "auto" else cudnn_reason or "auto"
         reasons.append(f"one-frame SDPA kernel {sk} ({sk_why})")
+    if kv_splits < 0:
+        raise ValueError(f"kv_splits must be >= 0 (0: auto; got {kv_splits})")
+    if chosen == "sdpa" and graphs and sk == "split":
+        reasons.append(f"split prefix read as {kv_splits} key ranges (requested)" if kv_splits else
+                       "split prefix key ranges per frame size: the fewest waves of thread blocks on the SMs")
     switch = _switch(compile_blocks, "compile_blocks")
     compile_reason = ""
     if not graphs:
@@ -207,7 +215,7 @@ def resolve_for(
     return ResolvedRuntime(
         device=device, dtype=dtype, backend=chosen, backend_reason=backend_reason, flashinfer_kernel=fi_kernel,
         sdpa_kernel=sk, cuda_graphs=graphs, compile_blocks=fused, autotune=bool(autotune), autocast=bool(autocast),
-        reasons=tuple(reasons),
+        kv_splits=kv_splits, reasons=tuple(reasons),
     )
 
 

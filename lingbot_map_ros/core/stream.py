@@ -298,6 +298,10 @@ class StreamingSession:
         self._kv = build_global_cache(self.runtime, cfg, scfg, page_size)
         self._camera_kv = build_camera_cache(self.runtime, cfg, scfg)
         self._kv_hw = hw
+        splits = getattr(self._kv.single_frame_backend, "kv_splits", 1)
+        if splits > 1:
+            self.log(f"{hw[1]}x{hw[0]} frames: the split kernel reads its prefix as {splits} key ranges "
+                     "(fewer, fuller waves of thread blocks on the GPU)")
 
     def _graphed_step(self) -> GraphedFrameStep:
         """The captured one-frame step for the current size and head settings (built on first use)."""

@@ -41,10 +41,11 @@ class BenchRow:
 
 
 VARIANT_HELP = (
-    "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+autotune][+bf16]: BACKEND sdpa|flashinfer, KERNEL "
+    "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+autotune][+bf16][+kvN]: BACKEND sdpa|flashinfer, KERNEL "
     "split|cudnn|flash (sdpa) or fa2|fa3 (flashinfer); +compile = torch.compile-fused blocks in the graph step; "
     "+autotune = their GEMMs autotuned by Inductor (max-autotune, minutes to compile); "
-    "+bf16 = no autocast (opt-in numerics). e.g. sdpa:split+graph+compile,flashinfer:fa3+graph; "
+    "+bf16 = no autocast (opt-in numerics); +kvN = the split kernel's prefix read as N key ranges "
+    "(auto+kvN: the default with N). e.g. sdpa:split+graph+compile,flashinfer:fa3+graph; "
     "auto = the node's default parameters on this device"
 )
 
@@ -53,9 +54,12 @@ def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
     """Parse a variant name into the ``ResolvedRuntime`` it stands for (same resolver as the node).
 
     ``auto`` is what the node runs with its default parameters on this device."""
-    if variant == "auto":
-        return resolve_for(device, dtype)
     head, *flags = variant.replace("-bf16", "+bf16").split("+")
+    kv = [f for f in flags if f.startswith("kv") and f[2:].isdigit()]
+    kv_splits = int(kv[-1][2:]) if kv else 0
+    flags = [f for f in flags if f not in kv]
+    if head == "auto" and not flags:
+        return resolve_for(device, dtype, kv_splits=kv_splits)
     backend, _, kernel = head.partition(":")
     unknown = set(flags) - {"graph", "eager", "compile", "autotune", "bf16"}
     if unknown:
@@ -65,7 +69,7 @@ def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
     return resolve_for(device, dtype, backend=backend, flashinfer_kernel=fi_kernel, sdpa_kernel=sdpa_kernel,
                        cuda_graphs="eager" not in flags and device.type == "cuda",
                        compile_blocks="on" if {"compile", "autotune"} & set(flags) else "off",
-                       autotune="autotune" in flags, autocast="bf16" not in flags)
+                       autotune="autotune" in flags, autocast="bf16" not in flags, kv_splits=kv_splits)
 
 
 def _memory_bytes(device: torch.device) -> int:
@@ -143,7 +147,7 @@ def run_one(base: LoadedModel, runtime_cfg: RuntimeConfig, stream_cfg: StreamCon
     median = float(np.median(steady)) if steady.size else nan
     growth_ok = frames - 1 > mark and mark >= steady_start
     return BenchRow(
-        variant=variant if variant != "auto" else f"auto = {runtime.attention}",
+        variant=variant if not variant.startswith("auto") else f"{variant} = {runtime.attention}",
         backend=backend,
         heads=heads,
         frames=frames,

@@ -89,11 +89,15 @@ def make_single_frame_backend(
             max_visible_pages=patch_pages + -(-max_specials // page_size) + 1, max_query_tokens=tokens, **common,
         )
     if rt.sdpa_kernel == "split":
-        from .split_backend import SplitPrefixBackend
+        from .split_backend import SplitPrefixBackend, auto_kv_splits
 
         kernel = "cudnn" if rt.device.type == "cuda" else "cpu"  # cpu: only reached in tests
+        splits = rt.kv_splits
+        if not splits:  # the frame size decides: one frame's query tiles x heads against the SMs
+            sms = torch.cuda.get_device_properties(rt.device).multi_processor_count if kernel == "cudnn" else 0
+            splits = auto_kv_splits(tokens, model.num_heads, sms, table.num_patch_pages - 1)
         return SplitPrefixBackend(page_size=page_size, num_patch_pages=table.num_patch_pages, num_pages=table.num_pages,
-                                  kernel=kernel, fuse_merge=rt.compile_blocks, **common)
+                                  kernel=kernel, fuse_merge=rt.compile_blocks, kv_splits=splits, **common)
     if rt.sdpa_kernel == "cudnn":
         from .dense_backend import MaskedDenseBackend
 

@@ -32,10 +32,22 @@ them exactly.
 
 The merge is a handful of elementwise ops on ``[T, H, D]``; with ``fuse_merge`` it is one
 ``torch.compile``-d kernel (compiled in the warm-up before the graph capture).
+
+``kv_splits`` cuts an unmasked region into that many equal key ranges read by *one* call as a batch
+(a strided view of the same storage, no copy; the queries repeated per range). The ranges are more
+partials of the same exact merge. Why: cuDNN gives each thread block 128 queries of one head and
+walks it over every key, so one frame makes ``ceil(T / 128) x H`` blocks that each take the whole
+call. On an H200 (132 SMs) 1005 queries x 16 heads (518x378) are 128 blocks, one wave; 1042
+queries (518x392, a 4:3 camera) are 144 blocks, two waves, and the call takes twice as long (1.6 ms
+against 0.79 ms a layer, docs/benchmarks.md). As ``S`` ranges the call has ``S`` times as many
+blocks, each ``S`` times shorter, so the last wave is nearly full. ``auto_kv_splits`` picks ``S``
+from that count (measured at 518x378: one range is best there, and each extra range costs about
+0.8 %).
 """
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -73,11 +85,48 @@ def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
 
 
 def merge_partials(outs: list[Tensor], lses: list[Tensor]) -> Tensor:
-    """Attention over the union of disjoint key sets from the parts: k x ``[1, H, T, D]`` -> ``[T, H, D]``
-    in at least fp32."""
-    weights = torch.softmax(torch.stack(lses), dim=0).unsqueeze(-1)  # [k, 1, H, T, 1]: exp(lse_i) / Σ exp(lse_j)
-    merged = (torch.stack([o.to(weights.dtype) for o in outs]) * weights).sum(0)  # [1, H, T, D]
-    return merged[0].transpose(0, 1)  # [T, H, D]
+    """Attention over the union of disjoint key sets from the parts: outs ``[b_i, H, T, D]``, lses
+    ``[b_i, H, T]`` (``b_i`` key ranges of part ``i``; k parts in all) -> ``[T, H, D]`` in at least fp32."""
+    weights = torch.softmax(torch.cat(lses), dim=0).unsqueeze(-1)  # [k, H, T, 1]: exp(lse_i) / Σ exp(lse_j)
+    merged = (torch.cat([o.to(weights.dtype) for o in outs]) * weights).sum(0)  # [H, T, D]
+    return merged.transpose(0, 1)  # [T, H, D]
+
+
+def key_ranges(x: Tensor, splits: int) -> Tensor:
+    """``[1, H, N, D]`` (any strides) as ``[splits, H, N / splits, D]``: consecutive key ranges as a
+    batch, a view of the same memory."""
+    _, H, N, D = x.shape
+    if N % splits:
+        raise ValueError(f"{N} keys do not cut into {splits} equal ranges")
+    n = N // splits
+    s_batch, s_head, s_key, s_dim = x.stride()
+    return x.as_strided((splits, H, n, D), (n * s_key, s_head, s_key, s_dim))  # [S, H, n, D]
+
+
+QUERY_TILE = 128  # queries per thread block of cuDNN's fused attention on sm90 (one wave at 1005, two at 1042)
+SPLIT_OVERHEAD = 0.008  # per extra key range (H200, 518x378: 782 us a layer at 1 range, 845 at 8)
+MAX_AUTO_SPLITS = 12
+
+
+def waves_time(splits: int, blocks: int, sms: int) -> float:
+    """The time of one call read as ``splits`` key ranges, relative to one range in one full wave:
+    ``ceil(splits x blocks / sms)`` waves of blocks each ``1 / splits`` as long, plus the merge's share."""
+    return math.ceil(splits * blocks / sms) / splits * (1.0 + SPLIT_OVERHEAD * (splits - 1))
+
+
+def auto_kv_splits(num_queries: int, num_heads: int, num_sms: int, prefix_pages: int) -> int:
+    """The number of key ranges (a divisor of ``prefix_pages``, at most 12) with the least
+    ``waves_time`` for one frame's queries; 1 without an SM count (CPU)."""
+    if num_sms <= 0:
+        return 1
+    blocks = -(-num_queries // QUERY_TILE) * num_heads
+    candidates = [s for s in range(1, MAX_AUTO_SPLITS + 1) if prefix_pages % s == 0]
+    return min(candidates, key=lambda s: (waves_time(s, blocks, num_sms), s))
+
+
+def usable_splits(keys: int, wanted: int) -> int:
+    """The largest ``S <= wanted`` that cuts ``keys`` into equal ranges (1 always does)."""
+    return next(s for s in range(max(wanted, 1), 0, -1) if keys % s == 0)
 
 
 @functools.lru_cache(maxsize=1)
@@ -90,11 +139,13 @@ def _fused_merge() -> Callable[[list[Tensor], list[Tensor]], Tensor]:
 
 @dataclass(frozen=True)
 class _Region:
-    """Key slots ``[start, end)`` of a block's flat storage read by one kernel call; ``mask`` None = unmasked."""
+    """Key slots ``[start, end)`` of a block's flat storage read by one kernel call; ``mask`` None =
+    unmasked; ``splits``: key ranges read as one batch (only unmasked regions are cut)."""
 
     start: int
     end: int
     mask: Optional[Tensor]
+    splits: int = 1
 
 
 class SplitPrefixBackend(DenseStorageBackend):
@@ -114,11 +165,13 @@ class SplitPrefixBackend(DenseStorageBackend):
         kernel: str = "cudnn",
         fuse_merge: bool = False,
         bucket_pages: int = 0,
+        kv_splits: int = 1,
     ) -> None:
         """``num_patch_pages``: the patch pool (``scale + window + 1``; the prefix is all but its last
         page); ``num_pages``: patch + special pages of a block. ``kernel``: ``cudnn`` on the GPU,
         ``efficient`` (CUDA, any dtype) or ``cpu`` for tests. ``bucket_pages``: the filling prefix's
-        cut points (0: ``ceil(R / 8)``, so at most 8 filling graphs)."""
+        cut points (0: ``ceil(R / 8)``, so at most 8 filling graphs). ``kv_splits``: key ranges per
+        unmasked call (the largest divisor of its page count up to this; 1: one range)."""
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS} (got {kernel!r})")
         if num_patch_pages < 2 or num_pages <= num_patch_pages:
@@ -131,6 +184,9 @@ class SplitPrefixBackend(DenseStorageBackend):
         self.prefix_pages = num_patch_pages - 1  # R = scale + window
         self.prefix_slots = self.prefix_pages * page_size
         self.bucket_pages = bucket_pages or -(-self.prefix_pages // 8)
+        if kv_splits < 1:
+            raise ValueError(f"kv_splits must be >= 1 (got {kv_splits})")
+        self.kv_splits = kv_splits
         self._merge = _fused_merge() if fuse_merge else merge_partials
         # additive biases in the compute dtype (cuDNN reads the bias in q's dtype): 0 visible, -inf not.
         # Each masked region has a buffer of its own (a bias must start on an aligned address).
@@ -180,8 +236,11 @@ class SplitPrefixBackend(DenseStorageBackend):
         self._fill_mask(self._tail_mask, tail, ps if last_in_prefix else last_page_len)
         m = len(prefix)
         whole_pages_from_zero = not last_in_prefix and sorted(prefix) == list(range(m))
+        def unmasked(pages: int) -> _Region:
+            return _Region(0, pages * ps, None, usable_splits(pages, self.kv_splits))
+
         if prefix_keys == self.prefix_slots:
-            mode, head, regions = "full", R, [_Region(0, self.prefix_slots, None)]
+            mode, head, regions = "full", R, [unmasked(R)]
         elif prefix_keys == 0:
             mode, head, regions = "tail", 0, []
         elif whole_pages_from_zero:  # the filling window: 0 .. m-1, cut at a bucket boundary
@@ -190,7 +249,7 @@ class SplitPrefixBackend(DenseStorageBackend):
             end = min(head + b, R)
             self._fill_mask(self._bucket_mask, [p - head for p in prefix if p >= head], ps)
             bucket = _Region(head * ps, end * ps, self._bucket_mask[..., : (end - head) * ps])
-            mode, regions = "filling", ([_Region(0, head * ps, None)] if head else []) + [bucket]
+            mode, regions = "filling", ([unmasked(head)] if head else []) + [bucket]
         else:  # holes: one masked call over the whole prefix
             self._fill_mask(self._prefix_mask, prefix, last_page_len if last_in_prefix else ps)
             mode, head, regions = "masked", 0, [_Region(0, self.prefix_slots, self._prefix_mask)]
@@ -212,12 +271,17 @@ class SplitPrefixBackend(DenseStorageBackend):
         qh = q.to(k.dtype).transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
         outs, lses = [], []
         for r in self._regions:
-            out, lse = attend_with_lse(self.kernel, qh, k[:, :, r.start:r.end], v[:, :, r.start:r.end], r.mask)
-            outs.append(out)  # [1, H, T, D]
-            lses.append(lse)  # [1, H, T]
-        if len(outs) == 1:
+            kr, vr, qr = k[:, :, r.start:r.end], v[:, :, r.start:r.end], qh
+            if r.splits > 1:
+                kr, vr = key_ranges(kr, r.splits), key_ranges(vr, r.splits)  # [S, H, n, D]
+                qr = qh.expand(r.splits, -1, -1, -1).contiguous()  # [S, H, T, D]
+            out, lse = attend_with_lse(self.kernel, qr, kr, vr, r.mask)
+            outs.append(out)  # [S, H, T, D]
+            lses.append(lse)  # [S, H, T]
+        if len(outs) == 1 and outs[0].shape[0] == 1:
             return outs[0][0].transpose(0, 1).to(q.dtype)  # [T, H, D]
         return self._merge(outs, lses).to(q.dtype)  # [T, H, D]
 
 
-__all__ = ["SplitPrefixBackend", "attend_with_lse", "merge_partials", "KERNELS", "MODES"]
+__all__ = ["SplitPrefixBackend", "attend_with_lse", "auto_kv_splits", "merge_partials", "key_ranges", "usable_splits",
+           "waves_time", "KERNELS", "MODES"]
