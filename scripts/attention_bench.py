@@ -8,7 +8,7 @@ with CUDA events as the median over rotating K/V sets (so L2 never holds the key
 TFLOP/s counts the visible keys only (4·T·N·H·D FLOP), so a kernel that reads masked slots pays
 for them in its rate.
 
-    python3 scripts/attention_bench.py [--stored 208] [--reps 30] [--kv-splits 1,2,3,4,6,8] [--quick]
+    python3 scripts/attention_bench.py [--stored 208] [--reps 30] [--kv-splits 1,2,3,4,6,8] [--quick] [--page 999]
 
 ``--kv-splits``: the split backend with its unmasked prefix read as a batch of that many key ranges
 (``SplitPrefixBackend(kv_splits=S)``), full window and filling; ``--quick``: only those rows.
@@ -27,7 +27,8 @@ from lingbot_map_ros.core.cache.backend import visible_token_slots
 from lingbot_map_ros.core.cache.dense_backend import MaskedDenseBackend
 from lingbot_map_ros.core.cache.sdpa_backend import StaticSdpaBackend
 
-H, D, PAGE, SPECIALS = 16, 64, 999, 6
+H, D, SPECIALS = 16, 64, 6
+PAGE = 999  # patch tokens per frame (--page)
 
 
 def main() -> int:
@@ -40,7 +41,10 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--kv-splits", default="1,2,3,4,6,8", help="key ranges of the split backend's prefix")
     p.add_argument("--quick", action="store_true", help="only the split backend per --kv-splits")
+    p.add_argument("--page", type=int, default=999, help="patch tokens per frame (999: 518x378, 1036: 518x392)")
     args = p.parse_args()
+    global PAGE
+    PAGE = args.page
     dev, dt = torch.device("cuda"), torch.bfloat16
     torch.manual_seed(0)
     patch_pages = args.scale + args.window + 1

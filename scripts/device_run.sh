@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run of record (device machine, nvidia-h200): GPU correctness tests, then the benchmark
 # benchmark table. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
-#   bash scripts/device_run.sh [check|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
+#   bash scripts/device_run.sh [check|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
 # Everything it prints also lands in $OUT (gpu_tests.log, bench.txt, long.txt) and the JIT-compiled
 # FlashInfer kernels are copied to $OUT/*.so so a later call can skip compiling (put each one at
 # .fi_aot/<name>/<name>.so and carry .fi_aot).
@@ -23,6 +23,14 @@ if [ "$MODE" = check ]; then
   timeout 80 "${BENCH[@]}" --frames 208 --heads camera --variants auto 2>&1 | tee "$OUT/bench_auto_camera.txt"
   # attention per layer at window 32 (518 px ran slower at window 32 than at 64)
   timeout 70 python3 scripts/attention_bench.py --window 32 2>&1 | grep -E "^\||keys" | tee "$OUT/attention_w32.txt"
+elif [ "$MODE" = waves ]; then
+  # the split kernel's key ranges per frame size (auto_kv_splits' wave model): per layer at 518x392 (page
+  # 1036: 144 thread blocks, two waves on 132 SMs) and 518x378, then end to end auto (the model's choice)
+  # against one range (+kv1) at 518x392, 392x294 and 280x210
+  timeout 90 python3 scripts/attention_bench.py --quick --page 1036 --kv-splits 1,3,4,6,8,9 2>&1 | grep -E "^\||keys" | tee "$OUT/attention_1036.txt"
+  for HW in "392 518" "294 392" "210 280"; do set -- $HW
+    timeout 150 "${BENCH[@]}" --height "$1" --width "$2" --frames 208 --heads depth+camera --variants auto,auto+kv1 2>&1 | grep -E "^\||relative" | tee "$OUT/bench_waves_$2x$1.txt"
+  done
 elif [ "$MODE" = autotune ]; then
   # Inductor's GEMM templates autotuned in the fused blocks (max_autotune_gemm only), end to end with the
   # kernel profile, and the host gap of the default path
@@ -88,7 +96,7 @@ elif [ "$MODE" = perf ] || [ "$MODE" = record ]; then
 elif [ "$MODE" != long ] && [ "$MODE" != final ]; then
   timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
-if [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ]; then
+if [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ]; then
   :  # done above
 elif [ "$MODE" = quick ]; then
   "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"
