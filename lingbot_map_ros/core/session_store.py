@@ -87,7 +87,7 @@ class SessionCapture:
     device copy is released once it is on disk. A capture is written once."""
 
     manifest: dict
-    groups: list[tuple[str, dict[str, torch.Tensor]]]  # one safetensors file each
+    groups: Optional[list[tuple[str, dict[str, torch.Tensor]]]]  # one safetensors file each; None once written
     frames: int
     stored: int
     capture_seconds: float  # the copy: the only part that has to pause the stream
