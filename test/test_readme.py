@@ -249,6 +249,9 @@ class Runner:
         while True:
             res = self.foreground(command, cwd, timeout)
             missed = discovery_missed(res)  # type: ignore[arg-type]
+            # a list verb that has not discovered the node yet exits 0 with its line missing
+            listed = " list" in command and res.returncode == 0
+            missed = missed or (listed and not all(text in res.output for text in samples(command)))
             if not (command.lstrip().startswith("ros2 ") and missed) or time.monotonic() + pause >= deadline:
                 return res
             time.sleep(pause)

@@ -428,8 +428,13 @@ def test_depth_scale_16uc1_and_32fc1(rig, reference):
         assert all(finals[s].status == PROCESSED for s in stamps)
         published = [i for i, s in enumerate(stamps) if not finals[s].reason]
         withheld = [i for i, s in enumerate(stamps) if finals[s].reason]
-        assert withheld == [0, 1, 2, 3] and "scale estimating from depth" in finals[stamps[0]].reason, \
-            [finals[s].reason for s in stamps]  # nothing metric until the 5th keyframe ratio agrees
+        # nothing metric until the 5th keyframe ratio agrees: frames 0-3 at least. The colour frame never
+        # waits for its depth, so on a loaded machine a depth image that arrives after its frame's result
+        # gives no ratio and the lock comes a frame later; it is always a prefix of the frames.
+        reasons = [finals[s].reason for s in stamps]
+        assert withheld == list(range(len(withheld))) and 4 <= len(withheld) <= 6, reasons  # at most 2 late
+        assert all("scale estimating from depth" in reasons[i] and "5 must agree" in reasons[i] for i in withheld), \
+            reasons
         assert lst.wait_for(lambda rx: all(stamps[i] in rx.poses for i in published), 20)
         assert not [i for i in withheld if stamps[i] in lst.rx.poses], "a pose was published before the lock"
         scale = diag(robot.latest_diag(time.time() + 0.1), "scale")
