@@ -486,6 +486,50 @@ def test_failed_model_build_reverts_the_parameter_and_is_not_retried(tmp_path, r
         _stop(node, listener, ctx)
 
 
+RACE_WRAPPER = r'''
+import sys
+
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.impl.implementation_singleton import rclpy_implementation
+
+import lingbot_map_ros.ros.node as node_module
+
+
+class RacingExecutor(SingleThreadedExecutor):
+    """rclpy's spin() checks the context, then builds a wait set; a SIGTERM between the two raises
+    RCLError from the wait set. This executor spins for real and ends the way that race does."""
+
+    def spin(self):
+        try:
+            while self._context.ok():
+                self.spin_once(timeout_sec=0.05)
+        except ExternalShutdownException:  # the SIGTERM landed inside the wait: the usual way
+            pass
+        raise rclpy_implementation.RCLError("failed to initialize wait set: the given context is not valid")
+
+
+node_module.make_executor = lambda context=None: RacingExecutor(context=context)
+sys.exit(node_module.main())
+'''
+
+
+def test_sigterm_racing_the_executor_wait_set_ends_cleanly(tmp_path, ros_domain_id):
+    """The SIGTERM that lands between rclpy's context check and its wait set (seen once in CI as
+    exit 1 with an RCLError traceback) is the same clean stop as any other SIGTERM."""
+    wrapper = tmp_path / "racing_node.py"
+    wrapper.write_text(RACE_WRAPPER)
+    node, listener, ctx = _start(tmp_path, ros_domain_id, [], command=[sys.executable, str(wrapper)])
+    try:
+        s = Stream(listener, node)
+        s.wait_final([s.send() for _ in range(3)])
+    finally:
+        listener.close()
+        rc = node.stop(sig=15)
+        rclpy.shutdown(context=ctx)
+    assert rc == 0, f"exit code {rc}:\n{node.output()[-3000:]}"
+    assert "stopped cleanly" in node.output()
+
+
 @pytest.mark.parametrize("moment", ["phase1", "model_change", "save"])
 def test_sigterm_at_awkward_moments_ends_cleanly(tmp_path, ros_domain_id, moment):
     """SIGTERM while a scale frame is buffered, while a new model is being built, or while

@@ -48,6 +48,7 @@ import rclpy
 import rclpy.exceptions
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy_impl
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.qos import QoSProfile, QoSReliabilityPolicy
 
@@ -70,6 +71,8 @@ from .parameters import (
     validate_values,
 )
 from .services import NodeServices
+
+RCLError = _rclpy_impl.RCLError
 
 # The parameter table, the diagnostics prefix and the output constants live in their own modules;
 # they stay importable from here, where the tests import them from.
@@ -384,6 +387,12 @@ def main(args=None) -> int:
         executor.spin()
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
+    except RCLError:
+        # rclpy's spin checks the context, then builds a wait set: a SIGTERM between the two (its
+        # handler shuts the context down) surfaces as this error instead of ExternalShutdownException.
+        # That is the same clean stop; any other RCLError, with the context still valid, is not.
+        if node.context.ok():
+            raise
     finally:
         if node.context.ok():
             node.get_logger().info("shutting down: waiting for the preprocessing and inference threads")
