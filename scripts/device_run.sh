@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run of record (device machine, nvidia-h200): GPU correctness tests, then the benchmark
 # benchmark table. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
-#   bash scripts/device_run.sh [check|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
+#   bash scripts/device_run.sh [check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
 # Everything it prints also lands in $OUT (gpu_tests.log, bench.txt, long.txt) and the JIT-compiled
 # FlashInfer kernels are copied to $OUT/*.so so a later call can skip compiling (put each one at
 # .fi_aot/<name>/<name>.so and carry .fi_aot).
@@ -23,6 +23,13 @@ if [ "$MODE" = check ]; then
   timeout 80 "${BENCH[@]}" --frames 208 --heads camera --variants auto 2>&1 | tee "$OUT/bench_auto_camera.txt"
   # attention per layer at window 32 (518 px ran slower at window 32 than at 64)
   timeout 70 python3 scripts/attention_bench.py --window 32 2>&1 | grep -E "^\||keys" | tee "$OUT/attention_w32.txt"
+elif [ "$MODE" = heads ]; then
+  # the depth head beside the camera head (default) against one after the other, with the kernel
+  # profile; the key ranges at 518x392 (a 4:3 camera) per layer and end to end; then the GPU tests
+  timeout 170 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto,auto+serialheads --profile 2>&1 | tee "$OUT/bench_heads.txt"
+  timeout 50 python3 scripts/attention_bench.py --quick --page 1036 --kv-splits 1,9 2>&1 | grep -E "^\||keys" | tee "$OUT/attention_1036.txt"
+  timeout 110 "${BENCH[@]}" --height 392 --width 518 --frames 208 --heads depth+camera --variants auto,auto+kv1 2>&1 | grep -E "^\||relative" | tee "$OUT/bench_waves_518x392.txt"
+  timeout 230 python3 -m pytest test/test_gpu.py test/test_gpu_faults.py test/test_gpu_sessions.py -q -s -p no:cacheprovider 2>&1 | grep -v DEBUG | tee "$OUT/gpu_tests.log" | tail -30
 elif [ "$MODE" = waves ]; then
   # the split kernel's key ranges per frame size (auto_kv_splits' wave model): per layer at 518x392 (page
   # 1036: 144 thread blocks, two waves on 132 SMs) and 518x378, then end to end auto (the model's choice)
@@ -96,7 +103,7 @@ elif [ "$MODE" = perf ] || [ "$MODE" = record ]; then
 elif [ "$MODE" != long ] && [ "$MODE" != final ]; then
   timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
-if [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ]; then
+if [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ] || [ "$MODE" = heads ]; then
   :  # done above
 elif [ "$MODE" = quick ]; then
   "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"

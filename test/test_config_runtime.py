@@ -93,6 +93,7 @@ def test_resolve_for_one_owner_of_every_runtime_decision():
     with pytest.raises(ValueError, match="compile_blocks must be"):
         runtime.resolve_for(cpu, torch.float32, backend="sdpa", compile_blocks="maybe")
     assert not runtime.resolve_for(cpu, torch.float32, backend="sdpa", autocast=False).autocast
+    assert not rt.parallel_heads, "the depth head's own stream lives in the CUDA-graph step"
     cfg = RuntimeConfig(device="cpu", attention_backend="sdpa", compile_blocks="off", autocast=False)
     assert runtime.resolve_runtime(cfg) == runtime.resolve_for(cpu, torch.float32, backend="sdpa",
                                                                compile_blocks="off", autocast=False)
@@ -135,3 +136,15 @@ def test_limits_are_written_once_and_reported_once():
         problems = validate_values({**defaults(), row.name: bad}, resolve=False)
         mine = [p for p in problems if p.startswith(row.name + " must be ")]  # its limit, not a cross-field rule
         assert len(mine) == 1, (row.name, problems)
+
+
+def test_bench_variants_name_the_heads_order():
+    """``+serialheads`` turns the depth head's second stream off, alone or beside other flags."""
+    from lingbot_map_ros.tools.bench import variant_runtime
+
+    cpu = torch.device("cpu")
+    assert variant_runtime("auto+serialheads", cpu, torch.float32) == runtime.resolve_for(
+        cpu, torch.float32, parallel_heads=False)
+    assert variant_runtime("sdpa+eager+serialheads", cpu, torch.float32).backend == "sdpa"
+    with pytest.raises(ValueError, match="unknown variant flags"):
+        variant_runtime("auto+serial", cpu, torch.float32)

@@ -32,21 +32,27 @@ import torch
 from .model import LingBotMap, ModelOutput
 
 
-def warmup_stream(device: torch.device) -> torch.cuda.Stream:
-    """The one side stream of this process for capture warm-ups on ``device``.
+def side_stream(device: torch.device, role: str = "warmup") -> torch.cuda.Stream:
+    """The one side stream of this process per ``role`` on ``device``: ``warmup`` for capture
+    warm-ups, ``depth`` for the depth head beside the camera head inside the frame step.
 
-    Why one: cuBLAS keeps a workspace (~33 MiB on Hopper) for every stream it has run on and never
-    gives it back, so a fresh stream per capture leaked that much at every new session size (seen
-    as memory growth after out-of-memory faults)."""
+    Why one per role: cuBLAS keeps a workspace (~33 MiB on Hopper) for every stream it has run on and
+    never gives it back, so a fresh stream per capture leaked that much at every new session size
+    (seen as memory growth after out-of-memory faults)."""
     index = torch.device(device).index
     index = torch.cuda.current_device() if index is None else index
-    stream = _WARMUP_STREAMS.get(index)
+    stream = _SIDE_STREAMS.get((index, role))
     if stream is None:
-        stream = _WARMUP_STREAMS[index] = torch.cuda.Stream(index)
+        stream = _SIDE_STREAMS[(index, role)] = torch.cuda.Stream(index)
     return stream
 
 
-_WARMUP_STREAMS: dict[int, torch.cuda.Stream] = {}
+def warmup_stream(device: torch.device) -> torch.cuda.Stream:
+    """The side stream that capture warm-ups run on (``side_stream(device, "warmup")``)."""
+    return side_stream(device, "warmup")
+
+
+_SIDE_STREAMS: dict[tuple[int, str], torch.cuda.Stream] = {}
 MAX_GRAPHS = 12  # signatures kept: the split backend's 8 filling buckets + full; FlashInfer's few schedules
 
 

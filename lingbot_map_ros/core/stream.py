@@ -38,7 +38,7 @@ from .config import (
     stored_frame_limit,
     validate_stream,
 )
-from .cuda_graph import GraphedFrameStep
+from .cuda_graph import GraphedFrameStep, side_stream
 from .geometry import decode_pose_encoding
 from .model import LingBotMap
 from .model.fusion import BlockFusion, fused_blocks
@@ -312,8 +312,11 @@ class StreamingSession:
 
             fusion = self._fusion  # compiled block bodies (None: eager blocks), compiled in the warm-up run
 
+            depth_stream = side_stream(self.device, "depth") if self.runtime.parallel_heads else None
+
             def run(images: torch.Tensor, rope_frames: torch.Tensor):
-                return self._call_model(images, rope_frames, ones, ones, fusion=fusion, validate=False)
+                return self._call_model(images, rope_frames, ones, ones, fusion=fusion, validate=False,
+                                        depth_stream=depth_stream)
 
             backend = kv.single_frame_backend
             self._graph_step = GraphedFrameStep(
@@ -414,9 +417,11 @@ class StreamingSession:
         elapsed_ms = (time.perf_counter() - start) * 1e3
         return (pose_enc, depth, conf), elapsed_ms
 
-    def _call_model(self, images, rope_frames, camera_variant, scale_variant, *, fusion=None, validate: bool = True):
+    def _call_model(self, images, rope_frames, camera_variant, scale_variant, *, fusion=None, validate: bool = True,
+                    depth_stream: Optional[torch.cuda.Stream] = None):
         """The one model call of a step, eager or captured into the one-frame CUDA graph (``fusion``:
-        the compiled block bodies, graph step only; ``validate=False`` there: no host checks in a graph).
+        the compiled block bodies, graph step only; ``validate=False`` there: no host checks in a graph;
+        ``depth_stream``: the depth head beside the camera head, graph step only).
         The caches are the session's current ones; rebuilding them drops the captured graph."""
         # fusion None keeps what the caller set (the benchmark's kernel profile runs eager steps fused)
         fused = fused_blocks(fusion) if fusion is not None else contextlib.nullcontext()
@@ -435,6 +440,7 @@ class StreamingSession:
                 with_depth=self._with_depth,
                 max_positions=self.stream_cfg.max_frame_num,
                 validate=validate,
+                depth_stream=depth_stream,
             )
 
     def _make_result(self, out, j: int, **flags: Any) -> FrameResult:

@@ -41,11 +41,13 @@ class BenchRow:
 
 
 VARIANT_HELP = (
-    "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+autotune][+bf16][+kvN]: BACKEND sdpa|flashinfer, KERNEL "
-    "split|cudnn|flash (sdpa) or fa2|fa3 (flashinfer); +compile = torch.compile-fused blocks in the graph step; "
+    "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+autotune][+bf16][+kvN][+serialheads]: "
+    "BACKEND sdpa|flashinfer, KERNEL split|cudnn|flash (sdpa) or fa2|fa3 (flashinfer); "
+    "+compile = torch.compile-fused blocks in the graph step; "
     "+autotune = their GEMMs autotuned by Inductor (max-autotune, minutes to compile); "
     "+bf16 = no autocast (opt-in numerics); +kvN = the split kernel's prefix read as N key ranges "
-    "(auto+kvN: the default with N). e.g. sdpa:split+graph+compile,flashinfer:fa3+graph; "
+    "(auto+kvN: the default with N); +serialheads = the depth head after the camera head, not beside it "
+    "on a second stream (auto+serialheads: the default so). e.g. sdpa:split+graph+compile,flashinfer:fa3+graph; "
     "auto = the node's default parameters on this device"
 )
 
@@ -57,9 +59,10 @@ def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
     head, *flags = variant.replace("-bf16", "+bf16").split("+")
     kv = [f for f in flags if f.startswith("kv") and f[2:].isdigit()]
     kv_splits = int(kv[-1][2:]) if kv else 0
-    flags = [f for f in flags if f not in kv]
+    parallel_heads = "serialheads" not in flags
+    flags = [f for f in flags if f not in kv and f != "serialheads"]
     if head == "auto" and not flags:
-        return resolve_for(device, dtype, kv_splits=kv_splits)
+        return resolve_for(device, dtype, kv_splits=kv_splits, parallel_heads=parallel_heads)
     backend, _, kernel = head.partition(":")
     unknown = set(flags) - {"graph", "eager", "compile", "autotune", "bf16"}
     if unknown:
@@ -69,7 +72,8 @@ def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
     return resolve_for(device, dtype, backend=backend, flashinfer_kernel=fi_kernel, sdpa_kernel=sdpa_kernel,
                        cuda_graphs="eager" not in flags and device.type == "cuda",
                        compile_blocks="on" if {"compile", "autotune"} & set(flags) else "off",
-                       autotune="autotune" in flags, autocast="bf16" not in flags, kv_splits=kv_splits)
+                       autotune="autotune" in flags, autocast="bf16" not in flags, kv_splits=kv_splits,
+                       parallel_heads=parallel_heads)
 
 
 def _memory_bytes(device: torch.device) -> int:

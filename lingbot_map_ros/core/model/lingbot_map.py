@@ -67,8 +67,14 @@ class LingBotMap(nn.Module):
         with_depth: bool = False,
         max_positions: int = DEFAULT_MAX_POSITIONS,
         validate: bool = True,
+        depth_stream: torch.cuda.Stream | None = None,
     ) -> ModelOutput:
-        """images ``[S, 3, H, W]`` in [0, 1]; per-frame ``rope_frames``/``camera_variant``/``scale_variant`` ``[S]``."""
+        """images ``[S, 3, H, W]`` in [0, 1]; per-frame ``rope_frames``/``camera_variant``/``scale_variant`` ``[S]``.
+
+        ``depth_stream`` (CUDA): the depth head runs there, beside the camera head on the current
+        stream. The camera head is a chain of small kernels over one token per frame that leaves most
+        of the GPU idle; the depth head fills it. Both read the aggregator's tokens only, and the
+        current stream waits for the depth head before returning, so the caller sees one step."""
         if not 1 <= num_iterations <= MAX_CAMERA_ITERATIONS:
             raise ValueError(f"num_iterations must be in 1..{MAX_CAMERA_ITERATIONS} (got {num_iterations})")
         tokens = self.aggregator(
@@ -80,10 +86,20 @@ class LingBotMap(nn.Module):
             max_positions=max_positions,
             validate=validate,
         )  # list of [S, P, 2C]
+        hw = (images.shape[2], images.shape[3])
+        depth_here = with_depth and self.depth_head is not None
+        if depth_here and depth_stream is not None:
+            main = torch.cuda.current_stream(images.device)
+            depth_stream.wait_stream(main)  # the tokens are written on the current stream
+            with torch.cuda.stream(depth_stream):
+                depth, depth_conf = self.depth_head(tokens, hw)
+            poses = self.camera_head(tokens[-1][:, 0], camera_attention, num_iterations)
+            main.wait_stream(depth_stream)  # join: the outputs (and the tokens' reuse) come after both heads
+            return ModelOutput(pose_enc=poses[-1], depth=depth, depth_conf=depth_conf)
         poses = self.camera_head(tokens[-1][:, 0], camera_attention, num_iterations)
         out = ModelOutput(pose_enc=poses[-1])
-        if with_depth and self.depth_head is not None:
-            out.depth, out.depth_conf = self.depth_head(tokens, (images.shape[2], images.shape[3]))
+        if depth_here:
+            out.depth, out.depth_conf = self.depth_head(tokens, hw)
         return out
 
     @torch.no_grad()
