@@ -139,12 +139,15 @@ def test_limits_are_written_once_and_reported_once():
 
 
 def test_bench_variants_name_the_heads_order():
-    """``+serialheads`` turns the depth head's second stream off, alone or beside other flags."""
+    """``+parallelheads`` asks for the depth head's second stream, alone or beside other flags; it
+    lives in the CUDA-graph step, so without graphs (CPU) it is off and the reasons say why."""
     from lingbot_map_ros.tools.bench import variant_runtime
 
     cpu = torch.device("cpu")
-    assert variant_runtime("auto+serialheads", cpu, torch.float32) == runtime.resolve_for(
-        cpu, torch.float32, parallel_heads=False)
-    assert variant_runtime("sdpa+eager+serialheads", cpu, torch.float32).backend == "sdpa"
+    rt = variant_runtime("auto+parallelheads", cpu, torch.float32)
+    assert rt == runtime.resolve_for(cpu, torch.float32, parallel_heads=True)
+    assert not rt.parallel_heads and any("second stream lives in the CUDA-graph step" in r for r in rt.reasons)
+    assert variant_runtime("sdpa+eager+parallelheads", cpu, torch.float32).backend == "sdpa"
+    assert not variant_runtime("auto", cpu, torch.float32).parallel_heads
     with pytest.raises(ValueError, match="unknown variant flags"):
-        variant_runtime("auto+serial", cpu, torch.float32)
+        variant_runtime("auto+parallel", cpu, torch.float32)

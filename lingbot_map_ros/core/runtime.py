@@ -43,7 +43,7 @@ class ResolvedRuntime:
     autotune: bool = False  # the fused blocks' GEMMs autotuned by Inductor (max-autotune; minutes to compile)
     autocast: bool = True  # official mixed precision (False: pure dtype, opt-in)
     kv_splits: int = 0  # split kernel: key ranges its unmasked prefix is read as (0: chosen per frame size)
-    parallel_heads: bool = False  # graph step: the depth head on a side stream beside the camera head
+    parallel_heads: bool = False  # graph step: the depth head on a side stream beside the camera head (opt-in)
     reasons: tuple[str, ...] = field(default=())  # one line per decision, for logs and diagnostics
 
     @property
@@ -52,8 +52,8 @@ class ResolvedRuntime:
         kernel = self.flashinfer_kernel if self.backend == "flashinfer" else self.sdpa_kernel
         mode = "+graph" if self.cuda_graphs else "+eager"
         ranges = f"+kv{self.kv_splits}" if kernel == "split" and self.cuda_graphs and self.kv_splits > 1 else ""
-        serial = "+serialheads" if self.cuda_graphs and not self.parallel_heads else ""
-        return f"{self.backend}:{kernel}{mode}{'+compiled' if self.compile_blocks else ''}{ranges}{serial}"
+        heads = "+parallelheads" if self.parallel_heads else ""
+        return f"{self.backend}:{kernel}{mode}{'+compiled' if self.compile_blocks else ''}{ranges}{heads}"
 
     def summary(self) -> str:
         return f"{self.attention}, {str(self.dtype).replace('torch.', '')} on {self.device}: " + "; ".join(self.reasons)
@@ -166,7 +166,7 @@ def resolve_for(
     autocast: bool = True,
     autotune: bool = False,
     kv_splits: int = 0,
-    parallel_heads: bool = True,
+    parallel_heads: bool = False,
 ) -> ResolvedRuntime:
     """The one function that decides, for a concrete device and dtype. Raises ``ValueError`` (with
     the reason) for a combination that cannot run."""
@@ -213,10 +213,12 @@ def resolve_for(
         raise ValueError("GEMM autotuning needs the fused blocks (compile_blocks)")
     if autotune:
         reasons.append("fused blocks' GEMMs autotuned (Inductor max-autotune)")
+    # Opt-in until measured on the GPU (docs/benchmarks.md: predicted, not yet measured).
     heads_side_by_side = graphs and bool(parallel_heads)
-    if graphs:
-        reasons.append("depth head beside the camera head on a second stream" if heads_side_by_side
-                       else "depth head after the camera head (requested)")
+    if parallel_heads and not graphs:
+        reasons.append("depth head after the camera head: the second stream lives in the CUDA-graph step")
+    elif heads_side_by_side:
+        reasons.append("depth head beside the camera head on a second stream (requested)")
     if not autocast:
         reasons.append("autocast off: pure low-precision aggregator (opt-in, moves poses)")
     return ResolvedRuntime(
