@@ -43,11 +43,11 @@ def main() -> None:
     events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
     original_call = cuda_graph.GraphedFrameStep.__call__
 
-    def timed_call(self, image, rope_frame):
+    def timed_call(self, image, rope_frame, with_depth):
         marks["replay_call"] = time.perf_counter()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        out = original_call(self, image, rope_frame)
+        out = original_call(self, image, rope_frame, with_depth)
         end.record()
         events.append((start, end))
         marks["replay_return"] = time.perf_counter()

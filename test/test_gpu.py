@@ -236,6 +236,28 @@ def test_depth_head_beside_the_camera_head_changes_nothing():
         assert diffs[1] <= 1e-5 * serial[1].abs().max().item() and diffs[2] <= 1e-5 * serial[2].abs().max().item()
 
 
+def test_depth_every_replays_one_graph_per_heads_variant():
+    """depth_every 2 on the graph path: the frames alternate between a graph with the depth head and one
+    without (both kept, each captured once); poses as with depth on every frame, depth on the schedule."""
+    def run(every):
+        manager = _tiny_bf16_manager(StreamConfig(scale_frames=2, sliding_window=3, keyframe_interval=1,
+                                                  max_frame_num=64, max_stored_frames=60, with_depth=True,
+                                                  depth_every=every),
+                                     cuda_graphs=True, compile_blocks="off", sdpa_kernel="split")
+        frames = torch.rand(12, 3, 56, 84, generator=torch.Generator().manual_seed(6))
+        return [r for f in frames for r in manager.push(f)], manager.session._graph_step
+
+    every, _ = run(1)
+    some, step = run(2)
+    assert [r.depth is not None for r in some] == [i < 2 or i % 2 == 0 for i in range(12)]
+    assert step.stats.replays == 10 and step.stats.captures == len(step.signatures) >= 3
+    poses = torch.stack([torch.from_numpy(r.pose_enc) for r in some]).double()
+    ref = torch.stack([torch.from_numpy(r.pose_enc) for r in every]).double()
+    rel = ((poses - ref).norm() / ref.norm()).item()
+    print(f"depth_every 2 vs 1 on graphs: pose rel diff {rel:.2e}")
+    assert torch.isfinite(poses).all() and rel < 1e-3
+
+
 def _block_reference_error(block_kind: str):
     """One aggregator-shaped block (bf16 weights, autocast) eager and fused vs its float64 copy."""
     import copy

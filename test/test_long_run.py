@@ -171,6 +171,18 @@ def test_without_alignment_the_same_check_fails(with_depth):
     assert jump > 2 * local and ate > local
 
 
+@pytest.mark.parametrize("depth_every,method", [(2, "depth-median"), (1000, "pose-fit")])
+def test_windows_continue_with_depth_on_some_frames(depth_every, method):
+    """depth_every > 1: the scale comes from the overlap frames with a depth map in both windows; with
+    none (only each window's scale frames have one), from the camera centres."""
+    gt, results, session, _ = run_trajectory(120, with_depth=True, depth_every=depth_every)
+    assert session.window_switches >= 6
+    assert session.last_alignment.method == method
+    assert any(r.depth is None for r in results) and any(r.depth is not None for r in results)
+    ate, jump, local = continuity_errors(gt, results)
+    assert ate < 1e-3 * local and jump < 1e-3 * local, (ate, jump, local)
+
+
 def test_depth_scale_is_published_with_the_chain():
     _, results, session, _ = run_trajectory(60, with_depth=True)
     r = results[-1]

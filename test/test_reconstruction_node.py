@@ -287,3 +287,23 @@ def test_save_map_says_why_an_empty_map_is_not_written(env):
         assert read_ply(path)[1].shape[0] > 0
     finally:
         _set_parameter(col, "publish_map", True)
+
+
+def test_depth_every_set_at_runtime_thins_the_depth_outputs_only(env):
+    """``ros2 param set ... depth_every 3``: from the next frame, two of any six consecutive frames
+    carry ~/depth, ~/camera_info and ~/points, three frames apart; every frame still gets its pose and
+    ends PROCESSED. Back at 1, every frame has depth again."""
+    col = env["col"]
+    _set_parameter(col, "depth_every", 3)
+    try:
+        stamps = send_frames(env, 6, first=40)  # every frame: PROCESSED and a pose
+        time.sleep(1.0)  # outputs of a frame follow its pose: let the last ones arrive
+        with col.cv:
+            got = {k: set(by_stamp(col.rx[k])) & set(stamps) for k in ("depth", "camera_info", "points")}
+        with_depth = [i for i, s in enumerate(stamps) if s in got["depth"]]
+        assert len(with_depth) == 2 and with_depth[1] - with_depth[0] == 3, with_depth
+        assert got["camera_info"] == got["points"] == got["depth"]
+    finally:
+        _set_parameter(col, "depth_every", 1)
+    stamps = send_frames(env, 2, first=50)
+    assert col.wait(lambda rx: set(stamps) <= set(by_stamp(rx["depth"])), 30)

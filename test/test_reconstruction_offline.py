@@ -26,7 +26,7 @@ def test_offline_depth_ply_and_colmap(tmp_path):
     assert rc == 0
     r = np.load(out)
     assert r["depth"].shape == (n, h, w) and r["depth_conf"].shape == (n, h, w)
-    assert r["depth"].dtype == np.float32 and np.all(r["depth"] > 0)
+    assert r["depth"].dtype == np.float32 and np.all(r["depth"] > 0) and r["has_depth"].all()
 
     cams, images, points = read_colmap(colmap)
     assert len(cams) == len(images) == n
@@ -74,6 +74,30 @@ def test_offline_depth_ply_and_colmap(tmp_path):
         np.testing.assert_array_equal(png, np.rint(img[s].transpose(1, 2, 0) * np.float32(255)).astype(np.uint8))
         np.testing.assert_allclose(quat_wxyz_to_matrix(q), r["c2w"][s][:3, :3].T, atol=1e-9)
         assert cams[cam_id][1:3] == (w, h)
+
+
+def test_offline_depth_every_saves_the_depth_of_the_frames_it_ran_on(tmp_path):
+    """--depth-every 2: the depth rows are those of the scale frames and frames 0, 2, 4, ...; has_depth
+    says which; poses and the rows equal those of a run with depth on every frame."""
+    n = 7
+    frames = torch.rand(n, 3, 28, 42, generator=torch.Generator().manual_seed(9))
+    npy = tmp_path / "frames.npy"
+    np.save(npy, frames.numpy())
+    saved = {}
+    for every in (1, 2):
+        out = tmp_path / f"every{every}.npz"
+        rc = offline.main(["--frames", str(npy), "--model-preset", "tiny", "--device", "cpu", "--dtype", "float32",
+                           "--attention-backend", "sdpa", "--scale-frames", "3", "--sliding-window", "3",
+                           "--camera-iterations", "1", "--with-depth", "--depth-every", str(every), "--quiet",
+                           "--out", str(out)])
+        assert rc == 0
+        saved[every] = np.load(out)
+    has = saved[2]["has_depth"]
+    assert has.tolist() == [True, True, True, False, True, False, True]
+    assert saved[2]["depth"].shape == (int(has.sum()), 28, 42)
+    np.testing.assert_array_equal(saved[2]["pose_enc"], saved[1]["pose_enc"])
+    np.testing.assert_array_equal(saved[2]["depth"], saved[1]["depth"][has])
+    np.testing.assert_array_equal(saved[2]["depth_conf"], saved[1]["depth_conf"][has])
 
 
 def test_offline_rejects_out_of_range_reconstruction_options(tmp_path, capsys):

@@ -132,6 +132,7 @@ class StreamConfig:
     camera_iterations: int = limited(4, range=(1, 4))  # K: camera-head refinement iterations
     max_frame_num: int = limited(1024, range=(3, 1_000_000))  # RoPE rows; a stored-frame index never reaches it
     with_depth: bool = False  # run the DPT depth head
+    depth_every: int = limited(1, range=(1, 10_000))  # with depth: frames 0, N, 2N, ... (and every scale frame)
     # Long runs: what happens before a limit is reached.
     long_run_policy: str = limited("window", choices=LONG_RUN_POLICIES)
     max_stored_frames: int = limited(320, range=(2, 1_000_000))  # stored frames per session before the policy acts

@@ -13,8 +13,9 @@ addresses, all written *outside* the graph before the replay:
 
 Some plans also fix host-side launch parameters: FlashInfer's split-KV schedule, or the split
 backend's mode (prefix masked while the window fills, unmasked once it is full). A graph is captured
-per such ``plan_signature`` and kept (at most ``MAX_GRAPHS``, least recently used dropped), so the
-switch back and forth at every new session or long-run window costs a capture only the first time.
+per such ``plan_signature`` and heads (with or without the depth head: ``depth_every`` runs it on
+some frames only) and kept (at most ``MAX_GRAPHS``, least recently used dropped), so the switch back
+and forth at every new session or long-run window costs a capture only the first time.
 
 All graphs of a step share one memory pool. That is safe here because every replay's outputs are
 read (copied to the host) before the next replay: a later capture may reuse blocks that an earlier
@@ -53,7 +54,9 @@ def warmup_stream(device: torch.device) -> torch.cuda.Stream:
 
 
 _SIDE_STREAMS: dict[tuple[int, str], torch.cuda.Stream] = {}
-MAX_GRAPHS = 12  # signatures kept: the split backend's 8 filling buckets + full; FlashInfer's few schedules
+# graphs kept: the split backend's 8 filling buckets + full, with and without the depth head; FlashInfer's few
+# schedules. They share one memory pool, so a graph kept costs its executable, not its activations.
+MAX_GRAPHS = 20
 
 
 @dataclass
@@ -75,52 +78,52 @@ class GraphedFrameStep:
     ) -> None:
         self.model = model
         self.device = device
-        self._run_model = run_model  # run_model(images, rope_frames) -> ModelOutput; called eagerly or captured
+        self._run_model = run_model  # run_model(images, rope_frames, with_depth) -> ModelOutput; eager or captured
         self._plan_signature = plan_signature
         h, w = image_hw
         self.static_image = torch.zeros(1, 3, h, w, device=device)  # [1, 3, H, W]
         self.static_rope = torch.zeros(1, dtype=torch.long, device=device)  # [1]
-        # signature -> (graph, its static outputs), most recently used last
-        self._graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, ModelOutput]] = OrderedDict()
+        # (plan signature, with_depth) -> (graph, its static outputs), most recently used last
+        self._graphs: OrderedDict[tuple[tuple, bool], tuple[torch.cuda.CUDAGraph, ModelOutput]] = OrderedDict()
         self._pool = None
         self.stats = GraphStats()
 
     @property
     def signatures(self) -> list[tuple]:
-        """Signatures with a captured graph, least recently used first."""
-        return list(self._graphs)
+        """Plan signatures with a captured graph, least recently used first (one per heads variant)."""
+        return [signature for signature, _ in self._graphs]
 
-    def __call__(self, image: torch.Tensor, rope_frame: int) -> ModelOutput:
+    def __call__(self, image: torch.Tensor, rope_frame: int, with_depth: bool) -> ModelOutput:
         """Run one frame. The returned tensors are the graph's static outputs: copy before the next call."""
         self.static_image.copy_(image.view_as(self.static_image), non_blocking=True)
         self.static_rope.fill_(rope_frame)
-        signature = self._plan_signature()
-        if signature in self._graphs:
-            self._graphs.move_to_end(signature)
+        key = (self._plan_signature(), with_depth)
+        if key in self._graphs:
+            self._graphs.move_to_end(key)
         else:
-            self._graphs[signature] = self._capture()
+            self._graphs[key] = self._capture(with_depth)
             while len(self._graphs) > MAX_GRAPHS:
                 self._graphs.popitem(last=False)
-        graph, output = self._graphs[signature]
+        graph, output = self._graphs[key]
         graph.replay()
         self.stats.replays += 1
         return output
 
-    def _capture(self) -> tuple[torch.cuda.CUDAGraph, ModelOutput]:
+    def _capture(self, with_depth: bool) -> tuple[torch.cuda.CUDAGraph, ModelOutput]:
         # Warm up on a side stream first (allocator pools, cuBLAS/cuDNN handles, lazily built RoPE
         # tables, compiled kernels): capture must see no first-time work. The warm-up really runs this
         # frame's step, which is harmless: the replay recomputes the same values into the same slots.
         side = warmup_stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            self._run_model(self.static_image, self.static_rope)
+            self._run_model(self.static_image, self.static_rope, with_depth)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         try:
             with torch.cuda.graph(graph, pool=self._pool):
-                output = self._run_model(self.static_image, self.static_rope)
+                output = self._run_model(self.static_image, self.static_rope, with_depth)
         except BaseException:
             # An aborted capture (e.g. out of memory: the capture allocates in its own pool, so it needs
             # more memory than the eager warm-up) leaves blocks in the pool; they are only given back

@@ -449,7 +449,8 @@ class WindowPolicy(LongRunPolicy):
         continues exactly from the last published one). Scale, by preference:
 
         * ``depth-median`` (§15) when both windows have depth: median of world-scaled old depth over
-          new raw depth, over all pixels of the paired frames;
+          new raw depth, over all pixels of the paired frames that have a depth map in both windows
+          (``depth_every`` > 1 runs the depth head on some frames only);
         * ``pose-fit``: the least-squares similarity (Umeyama) between the overlap's camera centres
           in both windows, when they span enough motion and fit well;
         * ``pose-fallback``: otherwise the previous window's scale (relative scale 1): a camera
@@ -461,9 +462,8 @@ class WindowPolicy(LongRunPolicy):
         anchor = paired[-1] if paired else n - 1
         method, note = "pose-fallback", ""
         scale = previous.scale
-        with_depth = all(f.depth is not None for f in overlap) and all(r.depth is not None for r in raw)
-        if with_depth:
-            use = paired or [anchor]
+        use = [i for i in (paired or [anchor]) if overlap[i].depth is not None and raw[i].depth is not None]
+        if use:
             scale = alignment_scale(
                 np.stack([overlap[i].depth for i in use]), np.stack([raw[i].depth for i in use]),
                 limits=SCALE_LIMITS,

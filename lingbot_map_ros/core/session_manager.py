@@ -625,6 +625,9 @@ class SessionManager:
             self._log(f"keyframe_interval {old.keyframe_interval} -> {stream.keyframe_interval} from the next frame")
         if stream.depth_chunk != old.depth_chunk:  # the budget's choice of frames per depth-head call
             self._session.stream_cfg = replace(self._session.stream_cfg, depth_chunk=stream.depth_chunk)
+        if stream.depth_every != old.depth_every:
+            self._session.stream_cfg = replace(self._session.stream_cfg, depth_every=stream.depth_every)
+            self._log(f"depth_every {old.depth_every} -> {stream.depth_every} from the next frame")
         if stream.with_depth != old.with_depth:
             # the depth head reads the same tokens: no cache change, so no new session
             self._session.stream_cfg = replace(self._session.stream_cfg, with_depth=stream.with_depth)

@@ -120,6 +120,10 @@ SETTINGS: tuple[Setting, ...] = (
             "next_frame"),
     Setting("publish_depth", False, "Run the depth head and publish ~/depth (32FC1, model input size). "
             "Applies from the next frame.", "next_frame"),
+    _field(StreamConfig, "depth_every", "When the depth head runs (any depth output, or scale_source depth): on "
+            "frames 0, N, 2N, ... of a session and on every scale frame; the frames between get a pose only "
+            "(no ~/depth, points or map update; on a GPU they take the camera-only time). 1: every frame. "
+            "Applies from the next frame.", "next_frame"),
     Setting("max_non_finite_frames", 3, "Frames in a row whose model output holds NaN/Inf before the node starts "
             "a new session (such values in the KV cache poison every later frame). Such frames are never "
             "published.", "next_frame", range=(1, 10_000)),
@@ -241,7 +245,8 @@ RUNTIME_FIELDS = ("checkpoint", "model_preset", "device", "dtype", "attention_ba
                   "sdpa_kernel", "cuda_graphs", "compile_blocks", "autocast", "seed", "allow_unsafe_checkpoint")
 STREAM_FIELDS = ("scale_frames", "sliding_window", "keyframe_interval", "camera_iterations", "max_frame_num",
                  "long_run_policy", "max_stored_frames", "overlap_frames",
-                 "image_width", "gpu_memory_budget", "fit_window")  # the last three: memory (docs/memory.md)
+                 "image_width", "gpu_memory_budget", "fit_window",  # these three: memory (docs/memory.md)
+                 "depth_every")
 CORE_FIELDS = frozenset(RUNTIME_FIELDS + STREAM_FIELDS)
 DEPTH_OUTPUTS = ("publish_depth", "publish_points", "publish_map")
 

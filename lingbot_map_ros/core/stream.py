@@ -305,7 +305,7 @@ class StreamingSession:
 
     def _graphed_step(self) -> GraphedFrameStep:
         """The captured one-frame step for the current size and head settings (built on first use)."""
-        key = (self._kv_hw, self.stream_cfg.camera_iterations, self._with_depth)
+        key = (self._kv_hw, self.stream_cfg.camera_iterations)
         if self._graph_step is None or self._graph_key != key:
             kv = self._kv
             ones = torch.ones(1, dtype=torch.long, device=self.device)
@@ -314,8 +314,8 @@ class StreamingSession:
 
             depth_stream = side_stream(self.device, "depth") if self.runtime.parallel_heads else None
 
-            def run(images: torch.Tensor, rope_frames: torch.Tensor):
-                return self._call_model(images, rope_frames, ones, ones, fusion=fusion, validate=False,
+            def run(images: torch.Tensor, rope_frames: torch.Tensor, with_depth: bool):
+                return self._call_model(images, rope_frames, ones, ones, with_depth, fusion=fusion, validate=False,
                                         depth_stream=depth_stream)
 
             backend = kv.single_frame_backend
@@ -328,6 +328,11 @@ class StreamingSession:
     @property
     def _with_depth(self) -> bool:
         return self.stream_cfg.with_depth and self.model.depth_head is not None
+
+    def _depth_on(self, frame_index: int) -> bool:
+        """Whether the depth head runs on this phase-2 frame: frames 0, N, 2N, ... of the session
+        (``depth_every``; the scale frames, processed together, always have it)."""
+        return self._with_depth and frame_index % self.stream_cfg.depth_every == 0
 
     def _is_keyframe(self, frame_index: int) -> bool:
         return (frame_index - self._kf_origin) % self.stream_cfg.keyframe_interval == 0
@@ -342,7 +347,8 @@ class StreamingSession:
         # The frames stay in ``_pending`` until the call succeeds: if allocating the caches or the
         # model raises (out of memory, a fault), whoever resets the session accounts for them.
         self._ensure_caches(self._image_hw)  # type: ignore[arg-type]
-        out, elapsed_ms = self._run_model(images, rope_frames, camera_variant, scale_variant, store=True)
+        out, elapsed_ms = self._run_model(images, rope_frames, camera_variant, scale_variant, store=True,
+                                          with_depth=self._with_depth)
         self._pending = []
         self._stored = s
         self._scale_count = s
@@ -371,6 +377,7 @@ class StreamingSession:
             torch.ones(1, dtype=torch.long),  # every phase-2 frame: camera/register variant 1
             torch.ones(1, dtype=torch.long),  # and scale variant 1 (docs/model.md §6)
             store=is_kf,
+            with_depth=self._depth_on(self._frame_index),
         )
         if is_kf:
             self._stored += 1
@@ -388,6 +395,7 @@ class StreamingSession:
         scale_variant: torch.Tensor,
         *,
         store: bool,
+        with_depth: bool,
     ):
         assert self._kv is not None and self._camera_kv is not None
         s = images.shape[0]
@@ -405,9 +413,9 @@ class StreamingSession:
         start = time.perf_counter()
         try:
             if self.use_cuda_graphs and s == 1:
-                out = self._graphed_step()(images, int(rope_frames[0]))
+                out = self._graphed_step()(images, int(rope_frames[0]), with_depth)
             else:
-                out = self._call_model(images, rope_frames, camera_variant, scale_variant)
+                out = self._call_model(images, rope_frames, camera_variant, scale_variant, with_depth)
             pose_enc = out.pose_enc.float().cpu().numpy()  # [S, 9]; synchronises with the GPU
             depth = None if out.depth is None else out.depth.float().cpu().numpy()
             conf = None if out.depth_conf is None else out.depth_conf.float().cpu().numpy()
@@ -417,8 +425,8 @@ class StreamingSession:
         elapsed_ms = (time.perf_counter() - start) * 1e3
         return (pose_enc, depth, conf), elapsed_ms
 
-    def _call_model(self, images, rope_frames, camera_variant, scale_variant, *, fusion=None, validate: bool = True,
-                    depth_stream: Optional[torch.cuda.Stream] = None):
+    def _call_model(self, images, rope_frames, camera_variant, scale_variant, with_depth: bool, *, fusion=None,
+                    validate: bool = True, depth_stream: Optional[torch.cuda.Stream] = None):
         """The one model call of a step, eager or captured into the one-frame CUDA graph (``fusion``:
         the compiled block bodies, graph step only; ``validate=False`` there: no host checks in a graph;
         ``depth_stream``: the depth head beside the camera head, graph step only).
@@ -437,7 +445,7 @@ class StreamingSession:
                 global_attention=self._kv,
                 camera_attention=self._camera_kv,
                 num_iterations=self.stream_cfg.camera_iterations,
-                with_depth=self._with_depth,
+                with_depth=with_depth,
                 max_positions=self.stream_cfg.max_frame_num,
                 validate=validate,
                 depth_stream=depth_stream,

@@ -16,7 +16,7 @@ import rclpy.parameter
 from rcl_interfaces.msg import SetParametersResult
 
 from ..core.session_manager import ManagerView
-from ..core.settings import DEPTH_OUTPUTS
+from ..core.settings import CORE_FIELDS, DEPTH_OUTPUTS
 from .parameters import RUNTIME_FIELDS, SPECS, configs_from_values, validate_values
 
 
@@ -79,8 +79,9 @@ class ParameterHandler:
             self._resubscribe()
         if "timer" in applies:
             self._restart_timer()
-        if self._get_view().runtime is not None and (applies & {"model", "session"} or {
-                "keyframe_interval", *DEPTH_OUTPUTS} & set(changed)):
+        # the manager applies every change of a core field (a new model, a new session or from the next
+        # frame, as the settings table says) and of the outputs that switch the depth head on or off
+        if self._get_view().runtime is not None and set(changed) & (CORE_FIELDS | set(DEPTH_OUTPUTS)):
             self._submit_apply(changed)
 
     def revert_model_parameters(self, runtime) -> None:

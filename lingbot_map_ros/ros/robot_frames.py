@@ -230,7 +230,7 @@ class RobotFrames:
             self.scale.miss("no depth partner: no depth image paired with this keyframe")
             return
         if r.depth is None:
-            self.scale.miss("no model depth: the depth head did not run")
+            self.scale.miss("no model depth: the depth head did not run on this frame (depth_every)")
             return
         model = model_depth_grid(r.depth)
         if model.shape != grid.shape:

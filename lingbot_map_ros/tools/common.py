@@ -27,6 +27,7 @@ def add_session_options(parser: argparse.ArgumentParser, *, names: Iterable[str]
     """Add ``--<setting>`` for each of ``names``; ``overrides`` changes a tool's defaults (the demo's
     short window, say) and ``--help`` shows the value that applies."""
     overrides = overrides or {}
+    names = [n for n in names if with_depth or n != "depth_every"]  # a tool without the depth head
     g = parser.add_argument_group("model and session (same names, defaults and rules as the node parameters)")
     for name in names:
         s = SETTINGS_BY_NAME[name]

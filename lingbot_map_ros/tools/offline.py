@@ -147,9 +147,11 @@ def save_results(results: list[FrameResult], out: str, tum: str = "", with_depth
             json.dump({"pose_enc": pose_enc.tolist()}, f)
     else:
         extra = {}
-        if with_depth and all(r.depth is not None for r in results):
-            extra["depth"] = np.stack([r.depth for r in results]).astype(np.float32)  # [S, H, W]
-            extra["depth_conf"] = np.stack([r.depth_conf for r in results]).astype(np.float32)  # [S, H, W]
+        maps = [r for r in results if r.depth is not None] if with_depth else []
+        if maps:  # every frame's, or with --depth-every N those of the frames the depth head ran on
+            extra["depth"] = np.stack([r.depth for r in maps]).astype(np.float32)  # [K, H, W]
+            extra["depth_conf"] = np.stack([r.depth_conf for r in maps]).astype(np.float32)  # [K, H, W]
+            extra["has_depth"] = np.array([r.depth is not None for r in results])  # [S]: the frames of depth's rows
         arrays = dict(
             **extra,
             pose_enc=pose_enc,
