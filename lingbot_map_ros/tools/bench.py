@@ -32,7 +32,7 @@ class BenchRow:
     phase1_ms: float
     steady_median_ms: float
     steady_p90_ms: float
-    fps: float
+    fps: float  # steady frames over their total time (their mean), not 1000 / median
     peak_mem_gb: float
     growth_gb: float  # memory at the last frame minus memory at frame 100 (or the steady start)
     growth_span: str
@@ -154,12 +154,13 @@ def run_one(base: LoadedModel, runtime_cfg: RuntimeConfig, stream_cfg: StreamCon
     return BenchRow(
         variant=variant if not variant.startswith("auto") else f"{variant} = {runtime.attention}",
         backend=backend,
-        heads=heads,
+        heads=heads if not stream_cfg.with_depth or stream_cfg.depth_every == 1
+        else f"{heads}, depth every {stream_cfg.depth_every}",
         frames=frames,
         phase1_ms=phase1_ms,
         steady_median_ms=median,
         steady_p90_ms=float(np.percentile(steady, 90)) if steady.size else nan,
-        fps=1e3 / median if steady.size else nan,
+        fps=1e3 / float(np.mean(steady)) if steady.size else nan,  # throughput: depth_every mixes two frame times
         peak_mem_gb=_peak_bytes(device) / 1e9,
         growth_gb=(mem_last - mem_mark) / 1e9 if growth_ok else nan,
         growth_span=f"{mark}->{frames - 1}" if growth_ok else "run too short",
