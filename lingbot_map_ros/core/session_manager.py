@@ -56,7 +56,7 @@ from .session_store import (
     SessionCapture,
     SessionFileError,
     checked_manifest,
-    identity_problems,
+    fit_problems,
     read_session,
     session_identity,
     verify_files,
@@ -495,8 +495,7 @@ class SessionManager:
         written in place into the preallocated pools. The prepared tensors are released."""
         start = time.perf_counter()
         path, manifest, groups = prepared.path, prepared.manifest, prepared.groups
-        problems = identity_problems(manifest["identity"], self.identity())
-        problems += self._session.check_state(manifest["session"])
+        _, problems = fit_problems(manifest, self.identity(), self._session.check_state)
         if problems:
             raise SessionFileError(f"session {path!r} no longer fits this node's settings: " + "; ".join(problems))
         # from here on the current session is replaced: a failure leaves a fresh, empty session

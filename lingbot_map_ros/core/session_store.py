@@ -292,13 +292,23 @@ def checked_manifest(path: str, identity: dict, state_problems: Callable[[dict],
     """The manifest at ``path`` once its identity equals ``identity`` and ``state_problems`` (the
     session's ``check_state``) finds nothing; else ``SessionFileError`` naming what differs."""
     manifest = read_manifest(path)
+    kind, problems = fit_problems(manifest, identity, state_problems)
+    if kind:
+        what = "was made with other settings" if kind == "identity" else "does not fit this session"
+        raise SessionFileError(f"session {path!r} {what}: " + "; ".join(problems))
+    return manifest
+
+
+def fit_problems(manifest: dict, identity: dict, state_problems: Callable[[dict], list[str]]) -> tuple[str, list[str]]:
+    """What keeps a read manifest out of this session: ``("identity", fields that differ)``, else
+    ``("state", reasons of state_problems)``, else ``("", [])``. The state is only checked once the
+    identity holds (a state of another geometry says nothing useful). Checked when a load is
+    prepared and again when it is committed: settings may change in between."""
     problems = identity_problems(manifest["identity"], identity)
     if problems:
-        raise SessionFileError(f"session {path!r} was made with other settings: " + "; ".join(problems))
-    session_problems = state_problems(manifest["session"])
-    if session_problems:
-        raise SessionFileError(f"session {path!r} does not fit this session: " + "; ".join(session_problems))
-    return manifest
+        return "identity", problems
+    problems = state_problems(manifest["session"])
+    return ("state", problems) if problems else ("", [])
 
 
 def identity_problems(saved: dict, current: dict) -> list[str]:
@@ -340,6 +350,7 @@ def weights_identity(checkpoint: str, preset: str, seed: int, random_weights: Op
 
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST", "SESSION_GEOMETRY", "PreparedSession", "SaveReport",
-           "SessionCapture", "SessionFileError", "checked_manifest", "file_sha256", "identity_problems", "read_group",
+           "SessionCapture", "SessionFileError", "checked_manifest", "file_sha256", "fit_problems", "identity_problems",
+           "read_group",
            "read_manifest", "read_session", "session_identity", "verify_files", "weights_identity", "write_session",
            "write_tensors"]
