@@ -124,9 +124,10 @@ def _start(tmp: Path, domain: int, extra_args: list[str], command=None):
     return node, listener, ctx
 
 
-def _stop(node: NodeProcess, listener: Listener, ctx) -> None:
+def _stop(node: NodeProcess, listener: Listener, ctx, sig: int = 2) -> None:
+    """Stop the node with ``sig`` (SIGINT; 15: SIGTERM): it must exit 0 and say it stopped cleanly."""
     listener.close()
-    rc = node.stop()
+    rc = node.stop(sig=sig)
     rclpy.shutdown(context=ctx)
     assert rc == 0, f"node exit code {rc}:\n{node.output()[-3000:]}"
     assert "stopped cleanly" in node.output()
@@ -523,11 +524,7 @@ def test_sigterm_racing_the_executor_wait_set_ends_cleanly(tmp_path, ros_domain_
         s = Stream(listener, node)
         s.wait_final([s.send() for _ in range(3)])
     finally:
-        listener.close()
-        rc = node.stop(sig=15)
-        rclpy.shutdown(context=ctx)
-    assert rc == 0, f"exit code {rc}:\n{node.output()[-3000:]}"
-    assert "stopped cleanly" in node.output()
+        _stop(node, listener, ctx, sig=15)
 
 
 @pytest.mark.parametrize("moment", ["phase1", "model_change", "save"])
@@ -558,11 +555,7 @@ def test_sigterm_at_awkward_moments_ends_cleanly(tmp_path, ros_domain_id, moment
                 client.call_async(Trigger.Request())  # not awaited: SIGTERM while it writes
                 time.sleep(0.01)
     finally:
-        listener.close()
-        rc = node.stop(sig=15)
-        rclpy.shutdown(context=ctx)
-    assert rc == 0, f"exit code {rc}:\n{node.output()[-3000:]}"
-    assert "stopped cleanly" in node.output()
+        _stop(node, listener, ctx, sig=15)
     assert not list(tmp_path.glob("traj.tum.tmp*")), "a temporary trajectory file was left behind"
     if traj.exists():
         stamps_sec, _, _ = read_tum(traj)
