@@ -25,12 +25,13 @@ if [ "$MODE" = check ]; then
   timeout 70 python3 scripts/attention_bench.py --window 32 2>&1 | grep -E "^\||keys" | tee "$OUT/attention_w32.txt"
 elif [ "$MODE" = heads ]; then
   # the depth head beside the camera head (opt-in) against one after the other (default), with the kernel
-  # profile; depth on every 2nd frame (depth_every); the key ranges at 518x392 (a 4:3 camera) per layer and end to end; then the GPU tests
+  # profile; depth on every 2nd frame (depth_every); the key ranges at 518x392 (a 4:3 camera) per layer and
+  # end to end; camera only. The GPU tests (new: the heads side by side, depth_every's graphs) are in 'check'.
   timeout 170 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto,auto+parallelheads --profile 2>&1 | tee "$OUT/bench_heads.txt"
   timeout 70 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto --depth-every 2 2>&1 | grep -E "^\|" | tee "$OUT/bench_depth_every2.txt"
   timeout 50 python3 scripts/attention_bench.py --quick --page 1036 --kv-splits 1,9 2>&1 | grep -E "^\||keys" | tee "$OUT/attention_1036.txt"
   timeout 110 "${BENCH[@]}" --height 392 --width 518 --frames 208 --heads depth+camera --variants auto,auto+kv1 2>&1 | grep -E "^\||relative" | tee "$OUT/bench_waves_518x392.txt"
-  timeout 230 python3 -m pytest test/test_gpu.py test/test_gpu_faults.py test/test_gpu_sessions.py -q -s -p no:cacheprovider 2>&1 | grep -v DEBUG | tee "$OUT/gpu_tests.log" | tail -30
+  timeout 90 "${BENCH[@]}" --frames 208 --heads camera --variants auto 2>&1 | grep -E "^\|" | tee "$OUT/bench_camera.txt"
 elif [ "$MODE" = waves ]; then
   # the split kernel's key ranges per frame size (auto_kv_splits' wave model): per layer at 518x392 (page
   # 1036: 144 thread blocks, two waves on 132 SMs) and 518x378, then end to end auto (the model's choice)
