@@ -33,7 +33,7 @@ import torch
 from .model import LingBotMap, ModelOutput
 
 
-def side_stream(device: torch.device, role: str = "warmup") -> torch.cuda.Stream:
+def side_stream(device: torch.device, role: str) -> torch.cuda.Stream:
     """The one side stream of this process per ``role`` on ``device``: ``warmup`` for capture
     warm-ups, ``depth`` for the depth head beside the camera head inside the frame step.
 
@@ -46,11 +46,6 @@ def side_stream(device: torch.device, role: str = "warmup") -> torch.cuda.Stream
     if stream is None:
         stream = _SIDE_STREAMS[(index, role)] = torch.cuda.Stream(index)
     return stream
-
-
-def warmup_stream(device: torch.device) -> torch.cuda.Stream:
-    """The side stream that capture warm-ups run on (``side_stream(device, "warmup")``)."""
-    return side_stream(device, "warmup")
 
 
 _SIDE_STREAMS: dict[tuple[int, str], torch.cuda.Stream] = {}
@@ -113,7 +108,7 @@ class GraphedFrameStep:
         # Warm up on a side stream first (allocator pools, cuBLAS/cuDNN handles, lazily built RoPE
         # tables, compiled kernels): capture must see no first-time work. The warm-up really runs this
         # frame's step, which is harmless: the replay recomputes the same values into the same slots.
-        side = warmup_stream(self.device)
+        side = side_stream(self.device, "warmup")
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             self._run_model(self.static_image, self.static_rope, with_depth)
