@@ -88,7 +88,7 @@ def test_colcon_workspace_build_and_launch(tmp_path, ros_domain_id):
             assert {p.header.frame_id for p in streamer.rx.poses.values()} == {"ws_world"}
         rc = launch.interrupt(group=False)
         assert rc == 0, launch.output()[-3000:]
-        assert "[lingbot_map] stopped cleanly" in launch.output()
+        assert "[lingbot_map] stopped cleanly" in launch.output(), launch.output()[-3000:]
     finally:
         if streamer is not None:
             streamer.close()

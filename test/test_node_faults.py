@@ -527,6 +527,58 @@ def test_sigterm_racing_the_executor_wait_set_ends_cleanly(tmp_path, ros_domain_
         _stop(node, listener, ctx, sig=15)
 
 
+SECOND_SIGNAL_WRAPPER = r'''
+import os
+import sys
+import time
+
+import lingbot_map_ros.ros.node as node_module
+
+SECOND, MOMENT = {second}, "{moment}"
+
+
+def signal_again() -> None:
+    """Ctrl-C pressed twice, or ros2 launch's SIGTERM after its SIGINT. os.kill runs the Python-level
+    handler before it returns, so the signal is handled right here."""
+    os.kill(os.getpid(), SECOND)
+    time.sleep(0.2)
+    print(f"[wrapper] went on after the second signal ({{MOMENT}})", flush=True)
+
+
+if MOMENT == "teardown":  # while the threads are being joined
+    original_shutdown = node_module.LingBotMapNode.shutdown
+
+    def shutdown_with_a_second_signal(self, *args, **kwargs):
+        signal_again()
+        return original_shutdown(self, *args, **kwargs)
+
+    node_module.LingBotMapNode.shutdown = shutdown_with_a_second_signal
+rc = node_module.main()
+if MOMENT == "exit":  # after "stopped cleanly": the interpreter's own exit is left
+    signal_again()
+sys.exit(rc)
+'''
+
+
+@pytest.mark.parametrize("second", [2, 15], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("moment", ["teardown", "exit"])
+def test_a_second_stop_signal_changes_nothing(tmp_path, ros_domain_id, moment, second):
+    """SIGINT, then a second SIGINT or SIGTERM while the node tears down or after it said it stopped:
+    exit 0, "stopped cleanly", the second signal reported (CI saw ros2 launch report the node as died
+    when a KeyboardInterrupt landed in the teardown)."""
+    wrapper = tmp_path / "twice_signalled_node.py"
+    wrapper.write_text(SECOND_SIGNAL_WRAPPER.format(second=second, moment=moment))
+    node, listener, ctx = _start(tmp_path, ros_domain_id, [], command=[sys.executable, str(wrapper)])
+    try:
+        s = Stream(listener, node)
+        s.wait_final([s.send() for _ in range(2)])
+    finally:
+        _stop(node, listener, ctx, sig=2)
+    assert f"[wrapper] went on after the second signal ({moment})" in node.output(), node.output()[-3000:]
+    if moment == "teardown":
+        assert "again: already stopping" in node.output(), node.output()[-3000:]
+
+
 @pytest.mark.parametrize("moment", ["phase1", "model_change", "save"])
 def test_sigterm_at_awkward_moments_ends_cleanly(tmp_path, ros_domain_id, moment):
     """SIGTERM while a scale frame is buffered, while a new model is being built, or while

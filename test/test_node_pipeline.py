@@ -537,3 +537,19 @@ def test_node_overhead_reports_the_inference_thread_and_end_to_end(tmp_path, ros
     assert "| message in -> pose out (end to end)" in out and "end to end minus session, median" in out
     assert "inference_thread_minus_model" in out and "inference thread per frame: model" in out, out
     assert bool(re.search(r"sent at 30 Hz: \d+ processed", out)) == (rate == 30), out
+
+
+def test_a_status_after_the_context_is_gone_is_counted_not_raised(ros_domain_id):
+    """A signal shuts the context down while the teardown still ends the waiting frames: the status
+    cannot be published and that must not raise out of the teardown (exit code 1); it is counted.
+    While the context is up, the same call publishes."""
+    ctx = Context()
+    rclpy.init(context=ctx, domain_id=ros_domain_id)
+    node = rclpy.create_node("ledger_after_shutdown_test", context=ctx)
+    ledger = FrameLedger(node, session_id=lambda: 1)
+    header = Header(stamp=TimeMsg(sec=7), frame_id="cam")
+    ledger.finish(header, FrameStatus.DROPPED_INACTIVE, "while up")
+    rclpy.shutdown(context=ctx)
+    ledger.finish(header, FrameStatus.DROPPED_INACTIVE, "after the signal")
+    assert ledger.c.dropped_inactive == 2
+    node.destroy_node()

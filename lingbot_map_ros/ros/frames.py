@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from builtin_interfaces.msg import Time as TimeMsg
+from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy_impl
 from rclpy.qos import QoSProfile
 from std_msgs.msg import Header
 
@@ -29,6 +30,8 @@ from . import messages as rosmsg
 
 if TYPE_CHECKING:
     from ..core.results import FrameResult
+
+RCLError = _rclpy_impl.RCLError
 
 # The one table of final statuses other than PROCESSED and the counter each one moves (a field of
 # ``Counters``, a ``frames_<name>`` key of /diagnostics); ``FrameLedger.finish`` reads it.
@@ -142,6 +145,7 @@ class FrameLedger:
         self._log = node.get_logger()
         self._session_id = session_id
         self._status_pub = node.create_publisher(FrameStatus, "~/frame_status", QoSProfile(depth=50))
+        self._context = node.context
         self.lock = threading.Lock()
         self.c = Counters()
         self.recv_times: collections.deque = collections.deque(maxlen=300)
@@ -224,8 +228,15 @@ class FrameLedger:
         return counts, overhead_ms
 
     def interim(self, header: Header, status: int, reason: str) -> None:
-        """Publish a status without counting: BUFFERED, or the second half of ``finish``."""
-        self._status_pub.publish(rosmsg.frame_status(header, status, reason, self._session_id()))
+        """Publish a status without counting: BUFFERED, or the second half of ``finish``.
+
+        After a signal the context is gone while the teardown still ends the waiting frames: their
+        statuses cannot be published any more (they are counted all the same), and that is no error."""
+        try:
+            self._status_pub.publish(rosmsg.frame_status(header, status, reason, self._session_id()))
+        except RCLError:
+            if self._context.ok():
+                raise
 
     def _counts(self) -> rosmsg.FrameCounts:
         c = self.c

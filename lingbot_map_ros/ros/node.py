@@ -71,6 +71,7 @@ from .parameters import (
     validate_values,
 )
 from .services import NodeServices
+from .stop_signals import StopSignals
 
 RCLError = _rclpy_impl.RCLError
 
@@ -365,7 +366,9 @@ def main(args=None) -> int:
     """``lingbot_map_node``: run the managed node until SIGINT/SIGTERM (exit 0); exit 2 when its
     parameters are invalid. With ``autostart`` (default) it configures and activates itself; a
     failed configure (e.g. an unreadable checkpoint) is logged with its reason and leaves the node
-    unconfigured, alive, so the parameters can be fixed and `ros2 lifecycle set ... configure` run."""
+    unconfigured, alive, so the parameters can be fixed and `ros2 lifecycle set ... configure` run.
+    The first SIGINT/SIGTERM stops it; later ones are reported and ignored (``StopSignals``)."""
+    signals = StopSignals().install()  # before rclpy.init: rclpy's handler chains to it
     rclpy.init(args=args)
     try:
         node = LingBotMapNode()
@@ -384,6 +387,7 @@ def main(args=None) -> int:
                 node.trigger_activate()
             else:
                 print(f"[lingbot_map] configure failed: {node._configure_error}", flush=True)
+        signals.spinning()
         executor.spin()
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
@@ -403,6 +407,7 @@ def main(args=None) -> int:
         node.destroy_node()
         rclpy.try_shutdown()
     print("[lingbot_map] stopped cleanly", flush=True)
+    signals.stopped()
     return 0
 
 
