@@ -487,6 +487,20 @@ def test_failed_model_build_reverts_the_parameter_and_is_not_retried(tmp_path, r
         _stop(node, listener, ctx)
 
 
+def _run_wrapped_node(tmp: Path, domain: int, source: str, frames: int, sig: int) -> NodeProcess:
+    """Run the node through the wrapper script ``source`` (it patches ``lingbot_map_ros.ros.node``,
+    then calls ``main``), process ``frames`` frames, stop it with ``sig`` (``_stop``'s checks)."""
+    wrapper = tmp / "wrapped_node.py"
+    wrapper.write_text(source)
+    node, listener, ctx = _start(tmp, domain, [], command=[sys.executable, str(wrapper)])
+    try:
+        s = Stream(listener, node)
+        s.wait_final([s.send() for _ in range(frames)])
+    finally:
+        _stop(node, listener, ctx, sig=sig)
+    return node
+
+
 RACE_WRAPPER = r'''
 import sys
 
@@ -517,14 +531,7 @@ sys.exit(node_module.main())
 def test_sigterm_racing_the_executor_wait_set_ends_cleanly(tmp_path, ros_domain_id):
     """The SIGTERM that lands between rclpy's context check and its wait set (seen once in CI as
     exit 1 with an RCLError traceback) is the same clean stop as any other SIGTERM."""
-    wrapper = tmp_path / "racing_node.py"
-    wrapper.write_text(RACE_WRAPPER)
-    node, listener, ctx = _start(tmp_path, ros_domain_id, [], command=[sys.executable, str(wrapper)])
-    try:
-        s = Stream(listener, node)
-        s.wait_final([s.send() for _ in range(3)])
-    finally:
-        _stop(node, listener, ctx, sig=15)
+    _run_wrapped_node(tmp_path, ros_domain_id, RACE_WRAPPER, frames=3, sig=15)
 
 
 SECOND_SIGNAL_WRAPPER = r'''
@@ -566,14 +573,8 @@ def test_a_second_stop_signal_changes_nothing(tmp_path, ros_domain_id, moment, s
     """SIGINT, then a second SIGINT or SIGTERM while the node tears down or after it said it stopped:
     exit 0, "stopped cleanly", the second signal reported (CI saw ros2 launch report the node as died
     when a KeyboardInterrupt landed in the teardown)."""
-    wrapper = tmp_path / "twice_signalled_node.py"
-    wrapper.write_text(SECOND_SIGNAL_WRAPPER.format(second=second, moment=moment))
-    node, listener, ctx = _start(tmp_path, ros_domain_id, [], command=[sys.executable, str(wrapper)])
-    try:
-        s = Stream(listener, node)
-        s.wait_final([s.send() for _ in range(2)])
-    finally:
-        _stop(node, listener, ctx, sig=2)
+    node = _run_wrapped_node(tmp_path, ros_domain_id, SECOND_SIGNAL_WRAPPER.format(second=second, moment=moment),
+                             frames=2, sig=2)
     assert f"[wrapper] went on after the second signal ({moment})" in node.output(), node.output()[-3000:]
     if moment == "teardown":
         assert "again: already stopping" in node.output(), node.output()[-3000:]
