@@ -225,6 +225,9 @@ def main() -> int:
                                    use_cuda_graph=True, max_visible_pages=num_pages + 1, max_query_tokens=T)
             bench(f"flashinfer {kernel} paged (graph)", lambda: fi.plan(visible, last, T), lambda kv: fi.run(kv, q),
                   graph=True)
+            bench(f"flashinfer {kernel} paged, window filling, 40 of 72 pages (graph)",
+                  lambda: fi.plan(filling, last, T), lambda kv: fi.run(kv, q), graph=True, ref_out=ref_filling,
+                  keys=int(visible_token_slots(filling, last, torch.arange(PAGE, device=dev)).numel()))
     _table(results)
     return 0
 

@@ -139,8 +139,9 @@ def test_limits_are_written_once_and_reported_once():
 
 
 def test_bench_variants_name_the_heads_order():
-    """``+parallelheads`` asks for the depth head's second stream, alone or beside other flags; it
-    lives in the CUDA-graph step, so without graphs (CPU) it is off and the reasons say why."""
+    """The depth head's second stream is the default (``+parallelheads`` says so explicitly) and
+    ``+serialheads`` turns it off; it lives in the CUDA-graph step, so without graphs (CPU) it is off
+    and the reasons say why."""
     from lingbot_map_ros.tools.bench import variant_runtime
 
     cpu = torch.device("cpu")
@@ -149,5 +150,8 @@ def test_bench_variants_name_the_heads_order():
     assert not rt.parallel_heads and any("second stream lives in the CUDA-graph step" in r for r in rt.reasons)
     assert variant_runtime("sdpa+eager+parallelheads", cpu, torch.float32).backend == "sdpa"
     assert not variant_runtime("auto", cpu, torch.float32).parallel_heads
+    assert variant_runtime("auto+serialheads", cpu, torch.float32) == runtime.resolve_for(
+        cpu, torch.float32, parallel_heads=False)
+    assert variant_runtime("auto", cpu, torch.float32) == variant_runtime("auto+parallelheads", cpu, torch.float32)
     with pytest.raises(ValueError, match="unknown variant flags"):
         variant_runtime("auto+parallel", cpu, torch.float32)

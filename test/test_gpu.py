@@ -211,14 +211,14 @@ def test_graphed_session_matches_eager_session(graphs, compile_blocks, sdpa_kern
 
 
 def test_depth_head_beside_the_camera_head_changes_nothing():
-    """The graph step with the depth head on its own stream (opt-in) gives the poses and depth
+    """The graph step with the depth head on its own stream (the default) gives the poses and depth
     maps of the same step with the heads one after the other: the same kernels on the same inputs.
     Also run with the fused blocks, whose capture warm-up forks from its own side stream."""
     def stream(**kwargs):
         manager = _tiny_bf16_manager(StreamConfig(scale_frames=2, sliding_window=3, keyframe_interval=2,
                                                   max_frame_num=64, max_stored_frames=60, with_depth=True),
                                      cuda_graphs=True, sdpa_kernel="split", **kwargs)
-        assert manager.session.runtime.parallel_heads == kwargs.get("parallel_heads", False)
+        assert manager.session.runtime.parallel_heads == kwargs.get("parallel_heads", True)
         frames = torch.rand(12, 3, 56, 84, generator=torch.Generator().manual_seed(4))
         out = [r for f in frames for r in manager.push(f)]
         assert manager.session._graph_step is not None and manager.session._graph_step.stats.replays >= 8
@@ -227,8 +227,8 @@ def test_depth_head_beside_the_camera_head_changes_nothing():
                 torch.stack([torch.from_numpy(r.depth_conf) for r in out]))
 
     for compile_blocks in ("off", "on"):
-        side = stream(compile_blocks=compile_blocks, parallel_heads=True)
-        serial = stream(compile_blocks=compile_blocks)
+        side = stream(compile_blocks=compile_blocks)
+        serial = stream(compile_blocks=compile_blocks, parallel_heads=False)
         diffs = [(a - b).abs().max().item() for a, b in zip(side, serial)]
         print(f"heads side by side vs serial (fusion {compile_blocks}): max |diff| pose, depth, conf {diffs}")
         assert all(torch.isfinite(t).all() for t in side)

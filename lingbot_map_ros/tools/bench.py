@@ -41,13 +41,13 @@ class BenchRow:
 
 
 VARIANT_HELP = (
-    "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+autotune][+bf16][+kvN][+parallelheads]: "
+    "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+autotune][+bf16][+kvN][+serialheads]: "
     "BACKEND sdpa|flashinfer, KERNEL split|cudnn|flash (sdpa) or fa2|fa3 (flashinfer); "
     "+compile = torch.compile-fused blocks in the graph step; "
     "+autotune = their GEMMs autotuned by Inductor (max-autotune, minutes to compile); "
     "+bf16 = no autocast (opt-in numerics); +kvN = the split kernel's prefix read as N key ranges "
-    "(auto+kvN: the default with N); +parallelheads = the depth head beside the camera head on a "
-    "second stream of the graph step (auto+parallelheads: the default so). "
+    "(auto+kvN: the default with N); +serialheads = the depth head after the camera head, not beside "
+    "it on a second stream of the graph step (auto+serialheads: the default so; +parallelheads: the default). "
     "e.g. sdpa:split+graph+compile,flashinfer:fa3+graph; "
     "auto = the node's default parameters on this device"
 )
@@ -60,8 +60,8 @@ def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
     head, *flags = variant.replace("-bf16", "+bf16").split("+")
     kv = [f for f in flags if f.startswith("kv") and f[2:].isdigit()]
     kv_splits = int(kv[-1][2:]) if kv else 0
-    parallel_heads = "parallelheads" in flags
-    flags = [f for f in flags if f not in kv and f != "parallelheads"]
+    parallel_heads = "serialheads" not in flags
+    flags = [f for f in flags if f not in kv and f not in ("parallelheads", "serialheads")]
     if head == "auto" and not flags:
         return resolve_for(device, dtype, kv_splits=kv_splits, parallel_heads=parallel_heads)
     backend, _, kernel = head.partition(":")
