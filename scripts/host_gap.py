@@ -5,7 +5,9 @@ the host wall time, split into the host work before the graph replay (checks, pa
 plan, camera cache plan, input copy), the replay itself (device time between two CUDA events around
 ``graph.replay()``), and the host work after it (the wait for the outputs, their copy to the host,
 the result, the long-run policy). In a back-to-back loop the device idles for ``wall - replay``:
-the host gap that a pipelined step would hide.
+the host gap that a pipelined step would hide. A second table splits the host work before the
+replay into the KV cache's step (page table, write slots, the attention plan within it) and the
+camera-head cache's step, and the work after it into the outputs' copy to the host.
 
     python3 scripts/host_gap.py [--frames 120] [--heads depth+camera|camera] [--width 518 --height 378]
 """
@@ -18,6 +20,8 @@ import time
 import torch
 
 from lingbot_map_ros.core import cuda_graph
+from lingbot_map_ros.core import stream as stream_module
+from lingbot_map_ros.core.cache import camera_cache, paged, split_backend
 from lingbot_map_ros.core.config import RuntimeConfig, StreamConfig
 from lingbot_map_ros.core.session_manager import SessionManager
 
@@ -54,14 +58,38 @@ def main() -> None:
         return out
 
     cuda_graph.GraphedFrameStep.__call__ = timed_call
+    parts: dict[str, float] = {}  # host ms of this frame per part, reset before each push
+
+    def time_method(owner: type, name: str, part: str) -> None:
+        """Wrap ``owner.name`` so that its host time adds to ``parts[part]``."""
+        original = getattr(owner, name)
+
+        def timed(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return original(*a, **kw)
+            finally:
+                parts[part] = parts.get(part, 0.0) + (time.perf_counter() - t) * 1e3
+
+        setattr(owner, name, timed)
+
+    time_method(paged.PagedKVCache, "begin_step", "kv begin_step")
+    time_method(split_backend.SplitPrefixBackend, "plan", "  of which the split plan")
+    time_method(camera_cache.CameraKVCache, "begin_step", "camera begin_step")
+    time_method(paged.PagedKVCache, "end_step", "kv end_step")
+    time_method(stream_module.StreamingSession, "_make_result", "result")
+    per_part: dict[str, list[float]] = {}
     warm = stream.scale_frames + stream.sliding_window + 24
     rows = []
     for i in range(warm + args.frames):
+        parts.clear()
         t0 = time.perf_counter()
         manager.push(pool[i % len(pool)], float(i))
         t1 = time.perf_counter()
         if i >= warm and marks:
             rows.append((t0, marks["replay_call"], marks["replay_return"], t1))
+            for part, ms in parts.items():
+                per_part.setdefault(part, []).append(ms)
     if not rows:
         print(f"no graph replays to time ({manager.info.attention} on {manager.info.device})")
         return
@@ -79,6 +107,11 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     print(f"| {med(wall):.2f} | {med(replay_ms):.2f} | {med(pre):.2f} | {med(launch):.2f} | {med(post):.2f} "
           f"| {med(wall) - med(replay_ms):.2f} |")
+    print()
+    print("| host part (inside the push) | median ms |")
+    print("|---|---|")
+    for part, values in per_part.items():
+        print(f"| {part} | {med(values):.3f} |")
 
 
 if __name__ == "__main__":
