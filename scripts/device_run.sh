@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run of record (device machine, nvidia-h200): GPU correctness tests, then the benchmark
 # benchmark table. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
-#   bash scripts/device_run.sh [round|official|gap|check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
+#   bash scripts/device_run.sh [round|official|gap|probe|check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
 # Everything it prints also lands in $OUT (gpu_tests.log, bench.txt, long.txt) and the JIT-compiled
 # FlashInfer kernels are copied to $OUT/*.so so a later call can skip compiling (put each one at
 # .fi_aot/<name>/<name>.so and carry .fi_aot).
@@ -46,6 +46,11 @@ elif [ "$MODE" = gap ]; then
   # where the host's ~2 ms per frame go (the next lever's measurement): the default path, both heads
   timeout 120 python3 scripts/host_gap.py --frames 100 2>&1 | grep -E "^\||host gap" | tee "$OUT/host_gap.txt"
   timeout 90 python3 scripts/host_gap.py --frames 100 --heads camera 2>&1 | grep -E "^\||host gap" | tee "$OUT/host_gap_camera.txt"
+elif [ "$MODE" = probe ]; then
+  # a Triton attention kernel of our own against cuDNN on the split backend's hot call (518x378: one wave
+  # of cuDNN blocks; 518x392: two), then the host gap of the default path again
+  timeout 150 python3 scripts/triton_attention_probe.py 2>&1 | grep -E "^\||GFLOP|rror" | tee "$OUT/triton_probe_378.txt"
+  timeout 120 python3 scripts/triton_attention_probe.py --queries 1042 --keys 74592 2>&1 | grep -E "^\||GFLOP|rror" | tee "$OUT/triton_probe_392.txt"
 elif [ "$MODE" = check ]; then
   # the manager-driven session on the GPU (no FlashInfer carried: its tests skip, the default kernel on
   # Hopper is sdpa:split): GPU tests, then the default variant with the kernel profile and camera only
@@ -136,7 +141,7 @@ elif [ "$MODE" = perf ] || [ "$MODE" = record ]; then
 elif [ "$MODE" != long ] && [ "$MODE" != final ]; then
   timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
-if [ "$MODE" = round ] || [ "$MODE" = official ] || [ "$MODE" = gap ] || [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ] || [ "$MODE" = heads ]; then
+if [ "$MODE" = round ] || [ "$MODE" = official ] || [ "$MODE" = gap ] || [ "$MODE" = probe ] || [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ] || [ "$MODE" = heads ]; then
   :  # done above
 elif [ "$MODE" = quick ]; then
   "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"

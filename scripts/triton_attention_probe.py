@@ -1,0 +1,188 @@
+"""Probe: can a Triton attention kernel of our own beat cuDNN on the split backend's hot call?
+
+The hot call of a steady frame is one frame's queries (1005 x 16 heads, d 64) against the unmasked,
+contiguous patch prefix (72 pages x 999 = 71,928 keys), with the log-sum-exp that the split
+backend's merge needs. cuDNN runs it at ~404 TFLOP/s (docs/benchmarks.md); issue 21 needs ~550 for
+its goal. This script is a measurement, not a backend: a plain online-softmax kernel (exp2 with the
+scale folded in, fp32 accumulators, full key blocks without masks and one masked tail block),
+autotuned over tile sizes, timed against cuDNN on the same tensors, each checked against an fp32
+reference. Only if it wins does it become a backend (with the float64 test of the split backend).
+
+    python3 scripts/triton_attention_probe.py [--queries 1005] [--keys 71928] [--heads 16]   # bash scripts/device_run.sh probe
+    TRITON_INTERPRET=1 python3 scripts/triton_attention_probe.py --device cpu --queries 40 --keys 300 --heads 2
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+LOG2_E = 1.4426950408889634
+
+_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+    for bm, bn, w, s in [
+        (128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 4, 3),
+        (64, 128, 4, 3), (64, 64, 4, 4), (64, 128, 4, 4), (128, 256, 8, 2), (64, 256, 4, 3),
+    ]
+]
+
+
+@triton.jit
+def _prefix_attention(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
+                      stride_qt, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_ot, stride_oh,
+                      num_queries, scale_log2, NUM_KEYS: tl.constexpr, FULL_END: tl.constexpr,
+                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One (query block, head) per program: softmax(q k^T * scale) v over all keys, and its LSE.
+    ``FULL_END``: the keys before it come in whole blocks of any ``BLOCK_N`` up to 256 (a multiple of
+    256, computed on the host); the rest go through masked blocks. The key count is a compile-time
+    constant: one frame size has one count at the steady state, and fixed loop bounds unroll well."""
+    block = tl.program_id(0)
+    head = tl.program_id(1)
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
+    dims = tl.arange(0, HEAD_DIM)  # [D]
+    cols = tl.arange(0, BLOCK_N)  # [BN]
+    row_ok = rows < num_queries
+    q = tl.load(q_ptr + rows[:, None] * stride_qt + head * stride_qh + dims[None, :],
+                mask=row_ok[:, None], other=0.0)  # [BM, D]
+    k_head = k_ptr + head * stride_kh
+    v_head = v_ptr + head * stride_vh
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max, log2 units
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # [BM, D]
+    for start in range(0, FULL_END, BLOCK_N):  # full key blocks: no masks
+        keys = start + cols
+        k = tl.load(k_head + keys[None, :] * stride_kn + dims[:, None])  # [D, BN]
+        s = tl.dot(q, k) * scale_log2  # [BM, BN]
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_head + keys[:, None] * stride_vn + dims[None, :])  # [BN, D]
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    for start in range(FULL_END, NUM_KEYS, BLOCK_N):  # the last keys, masked
+        keys = start + cols
+        key_ok = keys < NUM_KEYS
+        k = tl.load(k_head + keys[None, :] * stride_kn + dims[:, None], mask=key_ok[None, :], other=0.0)
+        s = tl.where(key_ok[None, :], tl.dot(q, k) * scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_head + keys[:, None] * stride_vn + dims[None, :], mask=key_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(o_ptr + rows[:, None] * stride_ot + head * stride_oh + dims[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=row_ok[:, None])
+    lse = (m_i + tl.math.log2(l_i)) / 1.4426950408889634  # natural log
+    tl.store(lse_ptr + head * num_queries + rows, lse, mask=row_ok)
+
+
+_tuned = triton.autotune(configs=_CONFIGS, key=["num_queries", "NUM_KEYS"])(_prefix_attention)
+
+
+def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tuned: bool = True,
+                     block_m: int = 64, block_n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, H, D], k and v [N, H, D] (token-major pages) -> out [T, H, D], lse [H, T] (fp32)."""
+    t, h, d = q.shape
+    n = k.shape[0]
+    out = torch.empty_like(q)  # [T, H, D]
+    lse = torch.empty(h, t, device=q.device, dtype=torch.float32)  # [H, T]
+    args = (q, k, v, out, lse, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            out.stride(0), out.stride(1), t, LOG2_E / math.sqrt(d))
+    shape = dict(NUM_KEYS=n, FULL_END=n // 256 * 256, HEAD_DIM=d)
+    if tuned:
+        _tuned[lambda meta: (triton.cdiv(t, meta["BLOCK_M"]), h)](*args, **shape)
+    else:
+        _prefix_attention[(triton.cdiv(t, block_m), h)](*args, **shape, BLOCK_M=block_m, BLOCK_N=block_n)
+    return out, lse
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 (float64 on the CPU) softmax attention and its LSE, head by head."""
+    ref_dtype = torch.float64 if q.device.type == "cpu" else torch.float32
+    outs, lses = [], []
+    for head in range(q.shape[1]):
+        qh, kh, vh = (x[:, head].to(ref_dtype) for x in (q, k, v))  # [T, D], [N, D], [N, D]
+        scores = qh @ kh.T / math.sqrt(q.shape[2])  # [T, N]
+        lses.append(torch.logsumexp(scores, dim=1))  # [T]
+        outs.append(torch.softmax(scores, dim=1) @ vh)  # [T, D]
+    return torch.stack(outs, dim=1), torch.stack(lses)  # [T, H, D], [H, T]
+
+
+def time_us(fn, reps: int) -> float:
+    """Median of CUDA-event times over ``reps`` calls after a warm-up."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--queries", type=int, default=1005)
+    p.add_argument("--keys", type=int, default=71928)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--device", default="cuda", help="cpu: a correctness dry run under TRITON_INTERPRET=1")
+    args = p.parse_args()
+    dev = torch.device(args.device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    gen = torch.Generator(device=dev).manual_seed(0)
+    t, n, h, d = args.queries, args.keys, args.heads, args.head_dim
+    q = torch.randn(t, h, d, device=dev, dtype=dtype, generator=gen)  # [T, H, D]
+    k = torch.randn(n, h, d, device=dev, dtype=dtype, generator=gen)  # [N, H, D]
+    v = torch.randn(n, h, d, device=dev, dtype=dtype, generator=gen)  # [N, H, D]
+    ref_out, ref_lse = reference(q, k, v)
+    flop = 4 * t * n * h * d
+    print(f"T={t} N={n} H={h} D={d}: {flop / 1e9:.1f} GFLOP")
+    rows = []
+
+    def check(name: str, out: torch.Tensor, lse: torch.Tensor | None, us: float) -> None:
+        err = ((out.to(ref_out.dtype) - ref_out).norm() / ref_out.norm()).item()
+        lse_err = float("nan") if lse is None else (lse.to(ref_lse.dtype) - ref_lse).abs().max().item()
+        rows.append((name, us, flop / us / 1e6 if us == us else float("nan"), err, lse_err))
+
+    if dev.type == "cpu":
+        out, lse = prefix_attention(q, k, v, tuned=False, block_m=16, block_n=64)
+        check("triton, 16 x 64 (interpreter)", out, lse, float("nan"))
+    else:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        qh, kh, vh = (x.transpose(0, 1)[None] for x in (q, k, v))  # [1, H, T|N, D] views of the token-major data
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(qh, kh, vh)
+
+        check("cuDNN fused attention (SDPA, strided token-major views)", cudnn()[0].transpose(0, 1), None,
+              time_us(cudnn, args.reps))
+        out, lse = prefix_attention(q, k, v)  # autotunes on its first call
+        best = _tuned.best_config
+        check(f"triton, autotuned ({best})", out, lse, time_us(lambda: prefix_attention(q, k, v), args.reps))
+        for bm, bn in ((128, 128), (64, 128), (128, 64)):
+            out, lse = prefix_attention(q, k, v, tuned=False, block_m=bm, block_n=bn)
+            check(f"triton, {bm} x {bn}, default warps/stages", out, lse,
+                  time_us(lambda: prefix_attention(q, k, v, tuned=False, block_m=bm, block_n=bn), args.reps))
+    print("| kernel | us | TFLOP/s | rel. error vs reference | max abs LSE error |")
+    print("|---|---|---|---|---|")
+    for name, us, tf, err, lse_err in rows:
+        print(f"| {name} | {us:.0f} | {tf:.0f} | {err:.2e} | {lse_err:.2e} |")
+
+
+if __name__ == "__main__":
+    main()
