@@ -8,7 +8,7 @@ scale folded in, fp32 accumulators, full key blocks without masks and one masked
 autotuned over tile sizes, timed against cuDNN on the same tensors, each checked against an fp32
 reference. Only if it wins does it become a backend (with the float64 test of the split backend).
 
-    python3 scripts/triton_attention_probe.py [--queries 1005] [--keys 71928] [--heads 16]   # bash scripts/device_run.sh probe
+    python3 scripts/triton_attention_probe.py [--queries 1005] [--keys 71928] [--heads 16]  (device_run.sh probe)
     TRITON_INTERPRET=1 python3 scripts/triton_attention_probe.py --device cpu --queries 40 --keys 300 --heads 2
 """
 from __future__ import annotations
