@@ -48,7 +48,7 @@ elif [ "$MODE" = gap ]; then
   timeout 90 python3 scripts/host_gap.py --frames 100 --heads camera 2>&1 | grep -E "^\||host gap" | tee "$OUT/host_gap_camera.txt"
 elif [ "$MODE" = probe ]; then
   # a Triton attention kernel of our own against cuDNN on the split backend's hot call (518x378: one wave
-  # of cuDNN blocks; 518x392: two), then the host gap of the default path again
+  # of cuDNN blocks; 518x392: two)
   timeout 150 python3 scripts/triton_attention_probe.py 2>&1 | grep -E "^\||GFLOP|rror" | tee "$OUT/triton_probe_378.txt"
   timeout 120 python3 scripts/triton_attention_probe.py --queries 1042 --keys 74592 2>&1 | grep -E "^\||GFLOP|rror" | tee "$OUT/triton_probe_392.txt"
 elif [ "$MODE" = check ]; then

@@ -7,7 +7,8 @@ plan, camera cache plan, input copy), the replay itself (device time between two
 the result, the long-run policy). In a back-to-back loop the device idles for ``wall - replay``:
 the host gap that a pipelined step would hide. A second table splits the host work before the
 replay into the KV cache's step (page table, write slots, the attention plan within it) and the
-camera-head cache's step, and the work after it into the outputs' copy to the host.
+camera-head cache's step, and names two parts of the work after it: the KV cache's ``end_step`` and
+the frame's result (the rest of that column is the wait for the device and the copies to the host).
 
     python3 scripts/host_gap.py [--frames 120] [--heads depth+camera|camera] [--width 518 --height 378]
 """

@@ -43,7 +43,7 @@ class ResolvedRuntime:
     autotune: bool = False  # the fused blocks' GEMMs autotuned by Inductor (max-autotune; minutes to compile)
     autocast: bool = True  # official mixed precision (False: pure dtype, opt-in)
     kv_splits: int = 0  # split kernel: key ranges its unmasked prefix is read as (0: chosen per frame size)
-    parallel_heads: bool = False  # graph step: the depth head on a side stream beside the camera head (resolved: on)
+    parallel_heads: bool = False  # graph step: the depth head on a side stream beside the camera head (resolve_for: on)
     reasons: tuple[str, ...] = field(default=())  # one line per decision, for logs and diagnostics
 
     @property
