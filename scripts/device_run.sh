@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run of record (device machine, nvidia-h200): GPU correctness tests, then the benchmark
 # benchmark table. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
-#   bash scripts/device_run.sh [round|official|gap|probe|check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
+#   bash scripts/device_run.sh [prefix|round|official|gap|probe|check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
 # Everything it prints also lands in $OUT (gpu_tests.log, bench.txt, long.txt) and the JIT-compiled
 # FlashInfer kernels are copied to $OUT/*.so so a later call can skip compiling (put each one at
 # .fi_aot/<name>/<name>.so and carry .fi_aot).
@@ -57,6 +57,16 @@ elif [ "$MODE" = probe ]; then
   # before the softmax and half of the exponentials on the FMA pipe; FlashInfer fa3 over key ranges
   with_flashinfer 300 python3 scripts/triton_attention_probe.py --flashinfer 2>&1 | grep -E "^\||GFLOP|rror|FAIL" | tee "$OUT/triton_probe_378.txt"
   timeout 120 python3 scripts/triton_attention_probe.py --queries 1042 --keys 74592 2>&1 | grep -E "^\||GFLOP|rror|FAIL" | tee "$OUT/triton_probe_392.txt"
+elif [ "$MODE" = prefix ]; then
+  # the Triton prefix kernel (the split backend's unmasked prefix; auto on Hopper since its probe):
+  # GPU tests (its float64 comparison, graphs), end to end against cuDNN's prefix and the FMA-pipe
+  # exponentials with the kernel profile, camera only, per layer (steady and filling), the tile sweep
+  timeout 300 python3 -m pytest test/test_gpu.py test/test_gpu_faults.py test/test_gpu_sessions.py -q -s -p no:cacheprovider 2>&1 | grep -v DEBUG | tee "$OUT/gpu_tests.log" | tail -20
+  timeout 200 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto,auto+cudnnprefix,auto+fmaexp2 --profile 2>&1 | grep -v "arn\|softmax\|^$" | tee "$OUT/bench_prefix.txt"
+  timeout 90 "${BENCH[@]}" --frames 208 --heads camera --variants auto,auto+cudnnprefix 2>&1 | grep -E "^\|" | tee "$OUT/bench_prefix_camera.txt"
+  timeout 60 python3 scripts/attention_bench.py --quick --kv-splits 1 --prefix-kernels sdpa,triton,triton_fma 2>&1 | grep -E "^\||keys" | tee "$OUT/attention_prefix.txt"
+  timeout 60 python3 scripts/attention_bench.py --quick --page 1036 --kv-splits 1,12 --prefix-kernels sdpa,triton 2>&1 | grep -E "^\||keys" | tee "$OUT/attention_prefix_1036.txt"
+  timeout 100 python3 scripts/triton_attention_probe.py 2>&1 | grep -E "^\||GFLOP|rror|FAIL" | tee "$OUT/triton_probe_378.txt"
 elif [ "$MODE" = check ]; then
   # the manager-driven session on the GPU (no FlashInfer carried: its tests skip, the default kernel on
   # Hopper is sdpa:split): GPU tests, then the default variant with the kernel profile and camera only
@@ -147,7 +157,7 @@ elif [ "$MODE" = perf ] || [ "$MODE" = record ]; then
 elif [ "$MODE" != long ] && [ "$MODE" != final ]; then
   timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
-if [ "$MODE" = round ] || [ "$MODE" = official ] || [ "$MODE" = gap ] || [ "$MODE" = probe ] || [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ] || [ "$MODE" = heads ]; then
+if [ "$MODE" = round ] || [ "$MODE" = official ] || [ "$MODE" = gap ] || [ "$MODE" = probe ] || [ "$MODE" = prefix ] || [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ] || [ "$MODE" = heads ]; then
   :  # done above
 elif [ "$MODE" = quick ]; then
   "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"

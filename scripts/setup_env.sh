@@ -40,7 +40,7 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
   ros-jazzy-ament-cmake-gmock==2.5.4 ros-jazzy-ament-cmake-gtest==2.5.4 ros-jazzy-ament-cmake-pytest==2.5.4 \
   ros-python-cmake-module==0.11.1 catkin-pkg \
   torch==2.13.0 numpy pillow safetensors opencv-python-headless rosbags rosbags-image psutil pyyaml matplotlib \
-  evo==1.38.1 \
+  evo==1.38.1 triton==3.6.0 \
   pytest pytest-timeout hypothesis colcon-common-extensions ruff==0.17.6 \
   2> >(grep -v '^WARNING: Location' >&2)
 

@@ -6,7 +6,8 @@ backend's merge needs. cuDNN runs it at ~404 TFLOP/s (docs/benchmarks.md); issue
 its goal. This script is a measurement, not a backend: a plain online-softmax kernel (exp2 with the
 scale folded in, fp32 accumulators, full key blocks without masks and one masked tail block),
 autotuned over tile sizes, timed against cuDNN on the same tensors, each checked against an fp32
-reference. Only if it wins does it become a backend (with the float64 test of the split backend).
+reference; beside it the package's TMA kernel (``core/cache/triton_prefix.py``, the split backend's
+prefix kernel since it won here) per tile, and FlashInfer fa3 over contiguous key ranges.
 
     python3 scripts/triton_attention_probe.py [--queries 1005] [--keys 71928] [--heads 16]  (device_run.sh probe)
     TRITON_INTERPRET=1 python3 scripts/triton_attention_probe.py --device cpu --queries 40 --keys 300 --heads 2
@@ -20,6 +21,8 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from lingbot_map_ros.core.cache.triton_prefix import prefix_attention as prefix_attention_tma
 
 LOG2_E = 1.4426950408889634
 
@@ -87,125 +90,6 @@ def _prefix_attention(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
 _tuned = triton.autotune(configs=_CONFIGS, key=["num_queries", "NUM_KEYS"])(_prefix_attention)
 
 
-# 2**f on the FMA pipe for f in [-0.5, 0.5]: a degree-3 fit of the relative error (max 7.7e-5, far
-# below bf16's 3.9e-3 rounding of p). The MUFU unit that runs exp2 does 16 results per clock and SM
-# against 128 FMAs: at d = 64 it is as busy as the tensor cores, so moving a share of the exponentials
-# onto the FMA pipe can shorten the critical path (the FA4 trick, tried here on Hopper).
-_P0, _P1, _P2, _P3 = (tl.constexpr(c) for c in (0.99992894, 0.693276242, 0.242604051, 0.0550886838))
-_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2**23: x + _ROUND rounds x to an integer held in the low mantissa bits
-
-
-@triton.jit
-def _exp2_fma(x):
-    """2**x for x <= 0 without MUFU: round, a polynomial for the fraction, the integer into the exponent."""
-    x = tl.maximum(x, -125.0)
-    shifted = x + _ROUND  # [BM, BN] float whose low mantissa bits are round(x)
-    frac = x - (shifted - _ROUND)  # in [-0.5, 0.5]
-    poly = tl.fma(tl.fma(tl.fma(frac, _P3, _P2), frac, _P1), frac, _P0)
-    bits = (shifted.to(tl.int32, bitcast=True) << 23) + poly.to(tl.int32, bitcast=True)
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _exp2_mixed(x, EMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """2**x, with every second column on the FMA pipe when ``EMULATE`` (register-only split and join)."""
-    if EMULATE:
-        even, odd = tl.split(tl.reshape(x, [BLOCK_M, BLOCK_N // 2, 2]))  # [BM, BN/2] each
-        return tl.reshape(tl.join(tl.math.exp2(even), _exp2_fma(odd)), [BLOCK_M, BLOCK_N])
-    return tl.math.exp2(x)
-
-
-@triton.jit
-def _online_softmax_step(s, m_i, l_i, acc, v, scale_log2, EMULATE: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Fold one key block (raw scores ``s`` [BM, BN], values ``v`` [BN, D]) into the running state;
-    the max is kept in raw score units so that scaling and shifting are one FMA per score."""
-    m_new = tl.maximum(m_i, tl.max(s, 1))  # [BM]
-    shift = m_new * scale_log2  # [BM]
-    p = _exp2_mixed(s * scale_log2 - shift[:, None], EMULATE, BLOCK_M, BLOCK_N)  # [BM, BN]
-    alpha = tl.math.exp2(m_i * scale_log2 - shift)  # [BM]
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])  # [BM, D]
-    return m_new, l_i, acc
-
-
-@triton.jit
-def _prefix_attention_tma(q_desc, k_desc, v_desc, o_ptr, lse_ptr, stride_ot, stride_oh, num_queries, scale_log2,
-                          NUM_KEYS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, OVERLAP: tl.constexpr, EMULATE: tl.constexpr):
-    """The same attention with TMA loads (host descriptors over q [T, H*D], k and v [N, H*D]; rows past
-    the end read as zeros) and two Hopper-minded options. ``OVERLAP``: the scores of block j + 1 are
-    issued before the softmax of block j (FA3's intra-warpgroup pipelining, written as a loop-carried
-    score tile so that the asynchronous wgmma runs under the exponentials). ``EMULATE``: half of the
-    exponentials on the FMA pipe (``_exp2_mixed``)."""
-    block = tl.program_id(0)
-    head = tl.program_id(1)
-    col = head * HEAD_DIM
-    q = q_desc.load([block * BLOCK_M, col])  # [BM, D]
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of raw scores
-    l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # [BM, D]
-    FULL: tl.constexpr = NUM_KEYS // BLOCK_N * BLOCK_N
-    if OVERLAP:
-        s = tl.dot(q, k_desc.load([0, col]).T)  # [BM, BN] scores of block 0
-        for start in tl.range(BLOCK_N, FULL, BLOCK_N):
-            s_next = tl.dot(q, k_desc.load([start, col]).T)  # [BM, BN], in flight under the softmax below
-            v = v_desc.load([start - BLOCK_N, col])  # [BN, D]
-            m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc, v, scale_log2, EMULATE, BLOCK_M, BLOCK_N)
-            s = s_next
-        v = v_desc.load([FULL - BLOCK_N, col])
-        m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc, v, scale_log2, EMULATE, BLOCK_M, BLOCK_N)
-    else:
-        for start in tl.range(0, FULL, BLOCK_N):
-            s = tl.dot(q, k_desc.load([start, col]).T)  # [BM, BN]
-            v = v_desc.load([start, col])  # [BN, D]
-            m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc, v, scale_log2, EMULATE, BLOCK_M, BLOCK_N)
-    if FULL < NUM_KEYS:  # the last keys: one block, the columns past the end masked
-        keys = FULL + tl.arange(0, BLOCK_N)  # [BN]
-        s = tl.dot(q, k_desc.load([FULL, col]).T)
-        s = tl.where((keys < NUM_KEYS)[None, :], s, float("-inf"))
-        v = v_desc.load([FULL, col])  # zero rows past the end
-        m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc, v, scale_log2, False, BLOCK_M, BLOCK_N)
-    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
-    dims = tl.arange(0, HEAD_DIM)  # [D]
-    row_ok = rows < num_queries
-    out = acc / l_i[:, None]
-    tl.store(o_ptr + rows[:, None] * stride_ot + head * stride_oh + dims[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=row_ok[:, None])
-    lse = (m_i * scale_log2 + tl.math.log2(l_i)) / 1.4426950408889634  # natural log
-    tl.store(lse_ptr + head * num_queries + rows, lse, mask=row_ok)
-
-
-def prefix_attention_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block_m: int, block_n: int,
-                         num_warps: int, num_stages: int, overlap: bool, emulate: bool
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [T, H, D], k and v [N, H, D] with rows of H*D contiguous elements -> out [T, H, D], lse [H, T]."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    t, h, d = q.shape
-    n = k.shape[0]
-    out = torch.empty_like(q)  # [T, H, D]
-    lse = torch.empty(h, t, device=q.device, dtype=torch.float32)  # [H, T]
-    q_desc = TensorDescriptor(q, [t, h * d], [q.stride(0), 1], [block_m, d])
-    k_desc = TensorDescriptor(k, [n, h * d], [k.stride(0), 1], [block_n, d])
-    v_desc = TensorDescriptor(v, [n, h * d], [v.stride(0), 1], [block_n, d])
-    _prefix_attention_tma[(triton.cdiv(t, block_m), h)](
-        q_desc, k_desc, v_desc, out, lse, out.stride(0), out.stride(1), t, LOG2_E / math.sqrt(d),
-        NUM_KEYS=n, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, OVERLAP=overlap, EMULATE=emulate,
-        num_warps=num_warps, num_stages=num_stages)
-    return out, lse
-
-
-# (block_m, block_n, warps, stages, overlap, emulate): the TMA kernel's variants timed on the device
-TMA_VARIANTS = [
-    (64, 128, 4, 2, False, False), (64, 128, 4, 3, False, False), (128, 128, 8, 2, False, False),
-    (64, 128, 4, 2, True, False), (64, 128, 4, 3, True, False), (128, 128, 8, 2, True, False),
-    (64, 64, 4, 3, True, False), (128, 64, 8, 3, True, False),
-    (64, 128, 4, 2, False, True), (64, 128, 4, 2, True, True), (128, 128, 8, 2, True, True),
-    (128, 128, 8, 3, True, True),
-]
-
-
 def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tuned: bool = True,
                      block_m: int = 64, block_n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, H, D], k and v [N, H, D] (token-major pages) -> out [T, H, D], lse [H, T] (fp32)."""
@@ -221,6 +105,16 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tuned
     else:
         _prefix_attention[(triton.cdiv(t, block_m), h)](*args, **shape, BLOCK_M=block_m, BLOCK_N=block_n)
     return out, lse
+
+
+
+# (block_m, block_n, warps, stages, exp2 on the FMA pipe): the package's TMA kernel
+# (lingbot_map_ros/core/cache/triton_prefix.py) per tile; its default is the first row
+TMA_VARIANTS = [
+    (64, 128, 4, 3, False), (64, 128, 4, 3, True), (64, 128, 4, 2, False), (64, 128, 4, 2, True),
+    (64, 64, 4, 4, False), (64, 64, 4, 5, False), (64, 64, 4, 6, False), (64, 64, 4, 5, True),
+    (128, 128, 8, 3, False), (128, 64, 8, 4, False),
+]
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -312,10 +206,9 @@ def main() -> None:
     if dev.type == "cpu":
         out, lse = prefix_attention(q, k, v, tuned=False, block_m=16, block_n=64)
         check("triton, 16 x 64 (interpreter)", out, lse, float("nan"))
-        for overlap, emulate in ((False, False), (True, False), (True, True)):
-            out, lse = prefix_attention_tma(q, k, v, block_m=16, block_n=32, num_warps=4, num_stages=2,
-                                            overlap=overlap, emulate=emulate)
-            check(f"triton TMA, 16 x 32, overlap {overlap}, emulate {emulate} (interpreter)", out, lse, float("nan"))
+        for fma in (False, True):
+            out, lse = prefix_attention_tma(q, k, v, block_m=16, block_n=32, num_warps=4, num_stages=2, exp2_on_fma=fma)
+            check(f"triton TMA (package), 16 x 32, exp2 on FMA {fma} (interpreter)", out[0], lse[0], float("nan"))
     else:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -330,14 +223,14 @@ def main() -> None:
         out, lse = prefix_attention(q, k, v)  # autotunes on its first call
         best = _tuned.best_config
         check(f"triton, autotuned ({best})", out, lse, time_us(lambda: prefix_attention(q, k, v), args.reps))
-        for bm, bn, warps, stages, overlap, emulate in TMA_VARIANTS:
-            opts = dict(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, overlap=overlap, emulate=emulate)
-            name = (f"triton TMA, {bm} x {bn}, {warps} warps, {stages} stages"
-                    f"{', scores of j+1 before softmax j' if overlap else ''}{', half exp2 on FMA' if emulate else ''}")
+        for bm, bn, warps, stages, fma in TMA_VARIANTS:
+            opts = dict(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, exp2_on_fma=fma)
+            name = (f"triton TMA (package), {bm} x {bn}, {warps} warps, {stages} stages"
+                    f"{', half exp2 on FMA' if fma else ''}")
             try:
                 out, lse = prefix_attention_tma(q, k, v, **opts)
-                check(name, out, lse, time_us(lambda: prefix_attention_tma(q, k, v, **opts), args.reps))
-            except Exception as exc:  # a variant that does not compile or launch is reported, not fatal
+                check(name, out[0], lse[0], time_us(lambda: prefix_attention_tma(q, k, v, **opts), args.reps))
+            except Exception as exc:  # a tile that does not compile or launch is reported, not fatal
                 print(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
         if args.flashinfer:
             fa3_ragged_rows(q, k, v, check, args.reps)

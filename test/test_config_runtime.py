@@ -1,6 +1,8 @@
 """Settings validation and the resolution of ``auto`` device / dtype / backend (with reasons)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -155,3 +157,33 @@ def test_bench_variants_name_the_heads_order():
     assert variant_runtime("auto", cpu, torch.float32) == variant_runtime("auto+parallelheads", cpu, torch.float32)
     with pytest.raises(ValueError, match="unknown variant flags"):
         variant_runtime("auto+parallel", cpu, torch.float32)
+
+
+def test_split_prefix_kernel_resolves_with_a_reason_and_names_itself():
+    """``auto`` means our Triton kernel only where it can run (Triton, CUDA with TMA); elsewhere cuDNN
+    (``sdpa``) with the reason; asking for the Triton kernel where it cannot run is refused; the bench
+    flags map onto the same resolver."""
+    from lingbot_map_ros.tools.bench import variant_runtime
+
+    cpu = torch.device("cpu")
+    assert runtime.resolve_prefix_kernel("auto", cpu) == ("sdpa", "auto: cuDNN, the Triton kernel cannot run "
+                                                          f"({runtime.triton_prefix_unusable_reason(cpu)})")
+    assert runtime.triton_prefix_unusable_reason(cpu) in ("triton is not installed", "it runs on CUDA")
+    assert runtime.resolve_prefix_kernel("sdpa", cpu) == ("sdpa", "requested")
+    for name in ("triton", "triton_fma"):
+        with pytest.raises(ValueError, match=f"prefix_kernel '{name}' cannot run"):
+            runtime.resolve_prefix_kernel(name, cpu)
+    with pytest.raises(ValueError, match="prefix_kernel must be one of"):
+        runtime.resolve_prefix_kernel("cutlass", cpu)
+    # only the split backend in the graph step has a prefix: on the CPU it is cuDNN's and unnamed
+    rt = runtime.resolve_for(cpu, torch.float32)
+    assert rt.prefix_kernel == "sdpa" and "prefix" not in rt.attention
+    assert variant_runtime("auto+cudnnprefix", cpu, torch.float32) == rt
+    with pytest.raises(ValueError, match="prefix_kernel 'triton' cannot run"):
+        variant_runtime("auto+tritonprefix", cpu, torch.float32)
+    # the name: no suffix for the default (Triton), +cudnnprefix / +fmaexp2 for the others
+    graphed = runtime.ResolvedRuntime(device=cpu, dtype=torch.bfloat16, backend="sdpa", backend_reason="",
+                                      sdpa_kernel="split", cuda_graphs=True, parallel_heads=True)
+    assert graphed.attention == "sdpa:split+graph+cudnnprefix"
+    assert dataclasses.replace(graphed, prefix_kernel="triton").attention == "sdpa:split+graph"
+    assert dataclasses.replace(graphed, prefix_kernel="triton_fma").attention == "sdpa:split+graph+fmaexp2"

@@ -76,7 +76,8 @@ def make_caches(page_size, dtype, scale, window, kinds):
             cache.single_frame_backend = SplitPrefixBackend(
                 page_size=page_size, num_patch_pages=cache.table.num_patch_pages, num_pages=cache.table.num_pages,
                 num_heads=H, head_dim=D, dtype=dtype, device="cuda", kernel="cudnn",
-                fuse_merge=kind.endswith("fused"), kv_splits=5 if kind.endswith("kv") else 1)  # kv: 5 ranges of 1 page
+                fuse_merge=kind.endswith("fused"), kv_splits=5 if kind.endswith("kv") else 1,  # kv: 5 ranges of 1 page
+                prefix_kernel="triton_fma" if "tritonfma" in kind else "triton" if "triton" in kind else "sdpa")
             caches[kind] = cache
         elif kind == "sdpa-static":
             static = StaticSdpaBackend(page_size=page_size, num_heads=H, head_dim=D,
@@ -145,6 +146,22 @@ def test_sdpa_backends_match_float64(page_size, dtype):
     assert {"filling", "full"} <= set(modes["sdpa-split"]), modes["sdpa-split"]
 
 
+@pytest.mark.skipif(not importlib.util.find_spec("triton"), reason="triton not installed")
+@pytest.mark.parametrize("page_size", [777, 999, 1036])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_split_backend_with_the_triton_prefix_matches_float64(page_size, dtype):
+    """The split backend with its unmasked regions read by the Triton kernel (one range, five ranges,
+    half of the exponentials on the FMA pipe), against float64 and as close as with cuDNN's prefix."""
+    kinds = ["sdpa-split", "sdpa-split-triton", "sdpa-split-triton-fused", "sdpa-split-triton-kv",
+             "sdpa-split-tritonfma"]
+    worst, modes = run_stream(page_size, dtype, kinds, steps=16)
+    limit = 1e-2 if dtype == torch.bfloat16 else 2e-3
+    print(f"page {page_size} {dtype}: {worst}")
+    assert all(err < limit for err in worst.values()), worst
+    assert all(worst[kind] < 1.5 * worst["sdpa-split"] + 1e-4 for kind in kinds), worst
+    assert {"filling", "full"} <= set(modes["sdpa-split-triton"]), modes["sdpa-split-triton"]
+
+
 @pytest.mark.skipif(not HAS_FLASHINFER, reason="flashinfer not installed")
 @pytest.mark.parametrize("page_size", [777, 999, 1036])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -187,24 +204,27 @@ def _tiny_bf16_manager(scfg, **runtime_kwargs):
     return SessionManager.around(model, cfg, scfg, runtime, log=lambda m: None)
 
 
-@pytest.mark.parametrize("graphs,compile_blocks,sdpa_kernel,kv_splits", [
-    (True, "off", "flash", 0),  # CUDA-graph replay of the static varlen-flash path
-    (True, "on", "cudnn", 0),  # + fused blocks, masked cuDNN
-    (True, "off", "split", 1),  # contiguous prefix + masked tail, merged by log-sum-exp
-    (True, "on", "split", 1),  # the same with fused blocks and the compiled merge
-    (True, "on", "split", 5),  # the prefix (2 + 3 pages) read as 5 key ranges in one batched call
+@pytest.mark.parametrize("graphs,compile_blocks,sdpa_kernel,kv_splits,prefix", [
+    (True, "off", "flash", 0, "auto"),  # CUDA-graph replay of the static varlen-flash path
+    (True, "on", "cudnn", 0, "auto"),  # + fused blocks, masked cuDNN
+    (True, "off", "split", 1, "auto"),  # contiguous prefix (Triton where it runs) + masked tail, merged by LSE
+    (True, "on", "split", 1, "auto"),  # the same with fused blocks and the compiled merge
+    (True, "on", "split", 5, "auto"),  # the prefix (2 + 3 pages) read as 5 key ranges in one call
+    (True, "on", "split", 1, "sdpa"),  # the prefix read by cuDNN
 ])
-def test_graphed_session_matches_eager_session(graphs, compile_blocks, sdpa_kernel, kv_splits):
+def test_graphed_session_matches_eager_session(graphs, compile_blocks, sdpa_kernel, kv_splits, prefix):
     """A tiny-preset bf16 stream: each one-frame path vs the eager session (gathered SDPA)."""
     eager, _ = _tiny_session_poses(cuda_graphs=False, compile_blocks="off")
     poses, session = _tiny_session_poses(cuda_graphs=graphs, compile_blocks=compile_blocks, sdpa_kernel=sdpa_kernel,
-                                         kv_splits=kv_splits)
+                                         kv_splits=kv_splits, prefix_kernel=prefix)
     if compile_blocks == "on":
         assert session._fusion is not None and session._fusion.calls > 0
     if sdpa_kernel == "split":
         backend = session._kv.single_frame_backend
         assert type(backend).__name__ == "SplitPrefixBackend" and backend.mode == "full"
         assert backend.kv_splits == kv_splits
+        wanted = "sdpa" if prefix == "sdpa" or not importlib.util.find_spec("triton") else "triton"
+        assert backend.prefix_kernel == wanted, backend.prefix_kernel
     rel = ((poses - eager).norm() / eager.norm()).item()
     print(f"{sdpa_kernel}+graph{'+compile' if compile_blocks == 'on' else ''} vs eager pose rel diff {rel:.2e}")
     assert torch.isfinite(poses).all() and rel < 2e-2

@@ -43,6 +43,7 @@ class ResolvedRuntime:
     autotune: bool = False  # the fused blocks' GEMMs autotuned by Inductor (max-autotune; minutes to compile)
     autocast: bool = True  # official mixed precision (False: pure dtype, opt-in)
     kv_splits: int = 0  # split kernel: key ranges its unmasked prefix is read as (0: chosen per frame size)
+    prefix_kernel: str = "sdpa"  # split kernel: who reads its unmasked prefix (sdpa = cuDNN | triton | triton_fma)
     parallel_heads: bool = False  # graph step: the depth head on a side stream beside the camera head (resolve_for: on)
     reasons: tuple[str, ...] = field(default=())  # one line per decision, for logs and diagnostics
 
@@ -53,7 +54,9 @@ class ResolvedRuntime:
         mode = "+graph" if self.cuda_graphs else "+eager"
         ranges = f"+kv{self.kv_splits}" if kernel == "split" and self.cuda_graphs and self.kv_splits > 1 else ""
         heads = "+serialheads" if self.cuda_graphs and not self.parallel_heads else ""
-        return f"{self.backend}:{kernel}{mode}{'+compiled' if self.compile_blocks else ''}{ranges}{heads}"
+        split = kernel == "split" and self.cuda_graphs
+        prefix = {"sdpa": "+cudnnprefix", "triton": "", "triton_fma": "+fmaexp2"}[self.prefix_kernel] if split else ""
+        return f"{self.backend}:{kernel}{mode}{'+compiled' if self.compile_blocks else ''}{ranges}{prefix}{heads}"
 
     def summary(self) -> str:
         return f"{self.attention}, {str(self.dtype).replace('torch.', '')} on {self.device}: " + "; ".join(self.reasons)
@@ -132,6 +135,38 @@ AUTO_SPLIT_ON_CAPABILITY = (9,)
 AUTO_SDPA_KERNEL = "split"
 
 
+def triton_prefix_unusable_reason(device: torch.device) -> str:
+    """Why the split backend's Triton prefix kernel cannot run ("" when it can): it needs Triton and
+    TMA (CUDA, compute capability >= 9)."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    if device.type != "cuda":
+        return "it runs on CUDA"
+    if torch.cuda.get_device_capability(device)[0] < 9:
+        return "it needs TMA (compute capability >= 9)"
+    return ""
+
+
+PREFIX_KERNELS = ("auto", "sdpa", "triton", "triton_fma")
+
+
+def resolve_prefix_kernel(name: str, device: torch.device) -> tuple[str, str]:
+    """The split backend's unmasked-prefix kernel and why. ``auto``: our Triton kernel where it runs
+    (704 against cuDNN's 767 us on the H200's prefix call, docs/benchmarks.md), else cuDNN (``sdpa``)."""
+    if name not in PREFIX_KERNELS:
+        raise ValueError(f"prefix_kernel must be one of {PREFIX_KERNELS} (got {name!r})")
+    reason = triton_prefix_unusable_reason(device)
+    if name in ("triton", "triton_fma"):
+        if reason:
+            raise ValueError(f"prefix_kernel {name!r} cannot run: {reason}")
+        return name, "requested"
+    if name == "sdpa":
+        return "sdpa", "requested"
+    if reason:
+        return "sdpa", f"auto: cuDNN, the Triton kernel cannot run ({reason})"
+    return "triton", "auto: the Triton kernel (TMA loads, two programs per SM)"
+
+
 def resolve_flashinfer_kernel(name: str, device: torch.device) -> str:
     """``auto``: fa3 on Hopper (compute capability 9.x, where FlashInfer has it), fa2 elsewhere.
 
@@ -167,6 +202,7 @@ def resolve_for(
     autotune: bool = False,
     kv_splits: int = 0,
     parallel_heads: bool = True,
+    prefix_kernel: str = "auto",
 ) -> ResolvedRuntime:
     """The one function that decides, for a concrete device and dtype. Raises ``ValueError`` (with
     the reason) for a combination that cannot run."""
@@ -198,6 +234,11 @@ def resolve_for(
     if chosen == "sdpa" and graphs and sk == "split":
         reasons.append(f"split prefix read as {kv_splits} key ranges (requested)" if kv_splits else
                        "split prefix key ranges per frame size: the fewest waves of thread blocks on the SMs")
+    prefix, prefix_why = resolve_prefix_kernel(prefix_kernel, device)
+    if chosen == "sdpa" and graphs and sk == "split":
+        reasons.append(f"split prefix kernel {prefix} ({prefix_why})")
+    else:
+        prefix = "sdpa"  # only the split backend has a prefix
     switch = _switch(compile_blocks, "compile_blocks")
     compile_reason = ""
     if not graphs:
@@ -227,7 +268,7 @@ def resolve_for(
     return ResolvedRuntime(
         device=device, dtype=dtype, backend=chosen, backend_reason=backend_reason, flashinfer_kernel=fi_kernel,
         sdpa_kernel=sk, cuda_graphs=graphs, compile_blocks=fused, autotune=bool(autotune), autocast=bool(autocast),
-        kv_splits=kv_splits, parallel_heads=heads_side_by_side, reasons=tuple(reasons),
+        kv_splits=kv_splits, prefix_kernel=prefix, parallel_heads=heads_side_by_side, reasons=tuple(reasons),
     )
 
 
@@ -245,4 +286,5 @@ def resolve_runtime(cfg: RuntimeConfig) -> ResolvedRuntime:
 __all__ = [
     "ResolvedRuntime", "resolve_runtime", "resolve_for", "resolve_device", "resolve_dtype", "resolve_backend",
     "resolve_flashinfer_kernel", "flashinfer_unusable_reason", "cudnn_attention_unusable_reason",
+    "resolve_prefix_kernel", "triton_prefix_unusable_reason", "PREFIX_KERNELS",
 ]

@@ -41,13 +41,16 @@ class BenchRow:
 
 
 VARIANT_HELP = (
-    "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+autotune][+bf16][+kvN][+serialheads]: "
+    "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+autotune][+bf16][+kvN][+serialheads]"
+    "[+cudnnprefix|+tritonprefix|+fmaexp2]: "
     "BACKEND sdpa|flashinfer, KERNEL split|cudnn|flash (sdpa) or fa2|fa3 (flashinfer); "
     "+compile = torch.compile-fused blocks in the graph step; "
     "+autotune = their GEMMs autotuned by Inductor (max-autotune, minutes to compile); "
     "+bf16 = no autocast (opt-in numerics); +kvN = the split kernel's prefix read as N key ranges "
     "(auto+kvN: the default with N); +serialheads = the depth head after the camera head, not beside "
-    "it on a second stream of the graph step (auto+serialheads: the default so; +parallelheads: the default). "
+    "it on a second stream of the graph step (auto+serialheads: the default so; +parallelheads: the default); "
+    "+cudnnprefix / +tritonprefix / +fmaexp2 = the split kernel's unmasked prefix read by cuDNN / our Triton "
+    "kernel / the Triton kernel with half of its exponentials on the FMA pipe (auto: Triton where it runs). "
     "e.g. sdpa:split+graph+compile,flashinfer:fa3+graph; "
     "auto = the node's default parameters on this device"
 )
@@ -61,9 +64,13 @@ def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
     kv = [f for f in flags if f.startswith("kv") and f[2:].isdigit()]
     kv_splits = int(kv[-1][2:]) if kv else 0
     parallel_heads = "serialheads" not in flags
-    flags = [f for f in flags if f not in kv and f not in ("parallelheads", "serialheads")]
+    prefix_flags = {"cudnnprefix": "sdpa", "tritonprefix": "triton", "fmaexp2": "triton_fma"}
+    prefix = [prefix_flags[f] for f in flags if f in prefix_flags]
+    prefix_kernel = prefix[-1] if prefix else "auto"
+    flags = [f for f in flags if f not in kv and f not in ("parallelheads", "serialheads") and f not in prefix_flags]
     if head == "auto" and not flags:
-        return resolve_for(device, dtype, kv_splits=kv_splits, parallel_heads=parallel_heads)
+        return resolve_for(device, dtype, kv_splits=kv_splits, parallel_heads=parallel_heads,
+                           prefix_kernel=prefix_kernel)
     backend, _, kernel = head.partition(":")
     unknown = set(flags) - {"graph", "eager", "compile", "autotune", "bf16"}
     if unknown:
@@ -74,7 +81,7 @@ def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
                        cuda_graphs="eager" not in flags and device.type == "cuda",
                        compile_blocks="on" if {"compile", "autotune"} & set(flags) else "off",
                        autotune="autotune" in flags, autocast="bf16" not in flags, kv_splits=kv_splits,
-                       parallel_heads=parallel_heads)
+                       parallel_heads=parallel_heads, prefix_kernel=prefix_kernel)
 
 
 def _memory_bytes(device: torch.device) -> int:

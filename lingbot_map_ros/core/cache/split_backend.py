@@ -57,6 +57,7 @@ from torch import Tensor
 from .backend import DenseStorageBackend, check_plan, visible_token_slots
 
 KERNELS = ("cudnn", "efficient", "cpu")
+PREFIX_KERNELS = ("sdpa", "triton", "triton_fma")  # the unmasked regions: as ``kernel`` / our Triton kernel
 MODES = ("full", "filling", "masked", "tail")  # prefix unmasked / head + remainder / all masked / no prefix key
 
 
@@ -114,14 +115,16 @@ def waves_time(splits: int, blocks: int, sms: int) -> float:
     return math.ceil(splits * blocks / sms) / splits * (1.0 + SPLIT_OVERHEAD * (splits - 1))
 
 
-def auto_kv_splits(num_queries: int, num_heads: int, num_sms: int, prefix_pages: int) -> int:
+def auto_kv_splits(num_queries: int, num_heads: int, num_sms: int, prefix_pages: int, *,
+                   query_tile: int = QUERY_TILE, blocks_per_sm: int = 1) -> int:
     """The number of key ranges (a divisor of ``prefix_pages``, at most 12) with the least
-    ``waves_time`` for one frame's queries; 1 without an SM count (CPU)."""
+    ``waves_time`` for one frame's queries; 1 without an SM count (CPU). ``query_tile`` and
+    ``blocks_per_sm``: the prefix kernel's (cuDNN: 128 and 1; the Triton kernel: 64 and 2)."""
     if num_sms <= 0:
         return 1
-    blocks = -(-num_queries // QUERY_TILE) * num_heads
+    blocks = -(-num_queries // query_tile) * num_heads
     candidates = [s for s in range(1, MAX_AUTO_SPLITS + 1) if prefix_pages % s == 0]
-    return min(candidates, key=lambda s: (waves_time(s, blocks, num_sms), s))
+    return min(candidates, key=lambda s: (waves_time(s, blocks, num_sms * blocks_per_sm), s))
 
 
 def usable_splits(keys: int, wanted: int) -> int:
@@ -166,14 +169,21 @@ class SplitPrefixBackend(DenseStorageBackend):
         fuse_merge: bool = False,
         bucket_pages: int = 0,
         kv_splits: int = 1,
+        prefix_kernel: str = "sdpa",
     ) -> None:
         """``num_patch_pages``: the patch pool (``scale + window + 1``; the prefix is all but its last
         page); ``num_pages``: patch + special pages of a block. ``kernel``: ``cudnn`` on the GPU,
         ``efficient`` (CUDA, any dtype) or ``cpu`` for tests. ``bucket_pages``: the filling prefix's
         cut points (0: ``ceil(R / 8)``, so at most 8 filling graphs). ``kv_splits``: key ranges per
-        unmasked call (the largest divisor of its page count up to this; 1: one range)."""
+        unmasked call (the largest divisor of its page count up to this; 1: one range).
+        ``prefix_kernel``: who reads the unmasked regions: ``sdpa`` (``kernel``), ``triton``
+        (``triton_prefix.py``, CUDA sm90+) or ``triton_fma`` (the same with half of its exponentials on
+        the FMA pipe); the masked regions are always ``kernel``'s, the merge is the same."""
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS} (got {kernel!r})")
+        if prefix_kernel not in PREFIX_KERNELS:
+            raise ValueError(f"prefix_kernel must be one of {PREFIX_KERNELS} (got {prefix_kernel!r})")
+        self.prefix_kernel = prefix_kernel
         if num_patch_pages < 2 or num_pages <= num_patch_pages:
             raise ValueError(
                 f"need num_patch_pages >= 2 and special pages after them (got {num_patch_pages}, {num_pages})"
@@ -271,6 +281,11 @@ class SplitPrefixBackend(DenseStorageBackend):
         qh = q.to(k.dtype).transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
         outs, lses = [], []
         for r in self._regions:
+            if r.mask is None and self.prefix_kernel != "sdpa":
+                out, lse = self._triton_region(kv_pages, q.to(k.dtype), r)
+                outs.append(out)  # [S, H, T, D]
+                lses.append(lse)  # [S, H, T]
+                continue
             kr, vr, qr = k[:, :, r.start:r.end], v[:, :, r.start:r.end], qh
             if r.splits > 1:
                 kr, vr = key_ranges(kr, r.splits), key_ranges(vr, r.splits)  # [S, H, n, D]
@@ -282,6 +297,16 @@ class SplitPrefixBackend(DenseStorageBackend):
             return outs[0][0].transpose(0, 1).to(q.dtype)  # [T, H, D]
         return self._merge(outs, lses).to(q.dtype)  # [T, H, D]
 
+    def _triton_region(self, kv_pages: tuple[Tensor, Tensor], q: Tensor, r: _Region) -> tuple[Tensor, Tensor]:
+        """An unmasked region read by the Triton kernel straight from the token-major pages."""
+        from .triton_prefix import prefix_attention
+
+        h, d = self.num_heads, self.head_dim
+        k = kv_pages[0].view(-1, h, d)[r.start:r.end]  # [n, H, D], rows of H*D contiguous elements
+        v = kv_pages[1].view(-1, h, d)[r.start:r.end]
+        out, lse = prefix_attention(q, k, v, key_ranges=r.splits, exp2_on_fma=self.prefix_kernel == "triton_fma")
+        return out.transpose(1, 2), lse  # [S, H, T, D] (a view), [S, H, T]
+
 
 __all__ = ["SplitPrefixBackend", "attend_with_lse", "auto_kv_splits", "merge_partials", "key_ranges", "usable_splits",
-           "waves_time", "KERNELS", "MODES"]
+           "waves_time", "KERNELS", "MODES", "PREFIX_KERNELS"]
