@@ -61,7 +61,7 @@ elif [ "$MODE" = prefix ]; then
   # the Triton prefix kernel (the split backend's unmasked prefix; auto on Hopper since its probe):
   # GPU tests (its float64 comparison, graphs), end to end against cuDNN's prefix and the FMA-pipe
   # exponentials with the kernel profile, camera only, per layer (steady and filling), the tile sweep
-  timeout 300 python3 -m pytest test/test_gpu.py test/test_gpu_faults.py test/test_gpu_sessions.py -q -s -p no:cacheprovider 2>&1 | grep -v DEBUG | tee "$OUT/gpu_tests.log" | tail -20
+  timeout 200 python3 -m pytest test/test_gpu.py test/test_gpu_faults.py -q -s -p no:cacheprovider 2>&1 | grep -v DEBUG | tee "$OUT/gpu_tests.log" | tail -20
   timeout 200 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto,auto+cudnnprefix,auto+fmaexp2 --profile 2>&1 | grep -v "arn\|softmax\|^$" | tee "$OUT/bench_prefix.txt"
   timeout 90 "${BENCH[@]}" --frames 208 --heads camera --variants auto,auto+cudnnprefix 2>&1 | grep -E "^\|" | tee "$OUT/bench_prefix_camera.txt"
   timeout 60 python3 scripts/attention_bench.py --quick --kv-splits 1 --prefix-kernels sdpa,triton,triton_fma 2>&1 | grep -E "^\||keys" | tee "$OUT/attention_prefix.txt"
