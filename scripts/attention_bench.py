@@ -41,7 +41,7 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--kv-splits", default="1,2,3,4,6,8", help="key ranges of the split backend's prefix")
     p.add_argument("--quick", action="store_true", help="only the split backend per --kv-splits")
-    p.add_argument("--prefix-kernels", default="sdpa,triton", help="who reads the split backend's unmasked prefix")
+    p.add_argument("--prefix-kernels", default="sdpa,triton", help="the split backend's kernels (sdpa = cuDNN)")
     p.add_argument("--page", type=int, default=999, help="patch tokens per frame (999: 518x378, 1036: 518x392)")
     args = p.parse_args()
     global PAGE
@@ -145,12 +145,12 @@ def main() -> int:
                                       head_dim=D, dtype=dt, device=dev, kernel="cudnn", fuse_merge=True, kv_splits=S,
                                       prefix_kernel=prefix_kernel)
             sp_s.plan(visible_split, last, T)
-            used = sp_s._regions[0].splits
+            used = sp_s._regions[0].splits if sp_s._regions else sp_s.kv_splits
             who = "cuDNN" if prefix_kernel == "sdpa" else prefix_kernel
             bench(f"split ({who} prefix), prefix as {used} key ranges (compiled merge, graph)",
                   lambda: sp_s.plan(visible_split, last, T), lambda kv: sp_s.run(kv, q), graph=True, ref_out=ref_split)
             sp_s.plan(filling, last, T)
-            bench(f"split ({who} prefix), filling 40 of 72, head {sp_s.head_pages} as {sp_s._regions[0].splits} "
+            bench(f"split ({who} prefix), filling 40 of 72, head {sp_s.head_pages} as {used} "
                   "ranges (graph)", lambda: sp_s.plan(filling, last, T), lambda kv: sp_s.run(kv, q), graph=True,
                   ref_out=ref_filling, keys=sp_s.num_keys)
     if args.quick:

@@ -59,12 +59,12 @@ elif [ "$MODE" = probe ]; then
   timeout 120 python3 scripts/triton_attention_probe.py --queries 1042 --keys 74592 2>&1 | grep -E "^\||GFLOP|rror|FAIL" | tee "$OUT/triton_probe_392.txt"
 elif [ "$MODE" = prefix ]; then
   # the Triton prefix kernel (the split backend's unmasked prefix; auto on Hopper since its probe):
-  # GPU tests (its float64 comparison, graphs), end to end against cuDNN's prefix and the FMA-pipe
-  # exponentials with the kernel profile, camera only, per layer (steady and filling), the tile sweep
+  # GPU tests (its float64 comparison, graphs), end to end against cuDNN's prefix + tail with the
+  # kernel profile, camera only, per layer (steady and filling, 518x378 and 518x392), the tile sweep
   timeout 200 python3 -m pytest test/test_gpu.py test/test_gpu_faults.py -q -s -p no:cacheprovider 2>&1 | grep -v DEBUG | tee "$OUT/gpu_tests.log" | tail -20
-  timeout 200 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto,auto+cudnnprefix,auto+fmaexp2 --profile 2>&1 | grep -v "arn\|softmax\|^$" | tee "$OUT/bench_prefix.txt"
+  timeout 200 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto,auto+cudnnprefix --profile 2>&1 | grep -v "arn\|softmax\|^$" | tee "$OUT/bench_prefix.txt"
   timeout 90 "${BENCH[@]}" --frames 208 --heads camera --variants auto,auto+cudnnprefix 2>&1 | grep -E "^\|" | tee "$OUT/bench_prefix_camera.txt"
-  timeout 60 python3 scripts/attention_bench.py --quick --kv-splits 1 --prefix-kernels sdpa,triton,triton_fma 2>&1 | grep -E "^\||keys" | tee "$OUT/attention_prefix.txt"
+  timeout 60 python3 scripts/attention_bench.py --quick --kv-splits 1 --prefix-kernels sdpa,triton 2>&1 | grep -E "^\||keys" | tee "$OUT/attention_prefix.txt"
   timeout 60 python3 scripts/attention_bench.py --quick --page 1036 --kv-splits 1,12 --prefix-kernels sdpa,triton 2>&1 | grep -E "^\||keys" | tee "$OUT/attention_prefix_1036.txt"
   timeout 100 python3 scripts/triton_attention_probe.py 2>&1 | grep -E "^\||GFLOP|rror|FAIL" | tee "$OUT/triton_probe_378.txt"
 elif [ "$MODE" = check ]; then

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from lingbot_map_ros.core.cache.triton_prefix import prefix_attention as prefix_attention_tma
+from lingbot_map_ros.core.cache.triton_prefix import runs_attention
 
 LOG2_E = 1.4426950408889634
 
@@ -108,13 +108,16 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tuned
 
 
 
-# (block_m, block_n, warps, stages, exp2 on the FMA pipe): the package's TMA kernel
-# (lingbot_map_ros/core/cache/triton_prefix.py) per tile; its default is the first row
-TMA_VARIANTS = [
-    (64, 128, 4, 3, False), (64, 128, 4, 3, True), (64, 128, 4, 2, False), (64, 128, 4, 2, True),
-    (64, 64, 4, 4, False), (64, 64, 4, 5, False), (64, 64, 4, 6, False), (64, 64, 4, 5, True),
-    (128, 128, 8, 3, False), (128, 64, 8, 4, False),
-]
+# (block_m, block_n, warps, stages): the package's TMA kernel (lingbot_map_ros/core/cache/triton_prefix.py)
+# over one run of all keys, per tile; its default is the first row
+TMA_VARIANTS = [(64, 128, 4, 3), (64, 128, 4, 2), (64, 64, 4, 6), (128, 128, 8, 3)]
+
+
+def prefix_attention_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **tiles) -> tuple:
+    """The package kernel over the keys as one run: out [T, H, D], lse [H, T]."""
+    runs = torch.tensor([[0, k.shape[0]]], dtype=torch.int32, device=q.device)
+    out, lse = runs_attention(q, k, v, runs, **tiles)
+    return out[0], lse[0]
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,9 +209,8 @@ def main() -> None:
     if dev.type == "cpu":
         out, lse = prefix_attention(q, k, v, tuned=False, block_m=16, block_n=64)
         check("triton, 16 x 64 (interpreter)", out, lse, float("nan"))
-        for fma in (False, True):
-            out, lse = prefix_attention_tma(q, k, v, block_m=16, block_n=32, num_warps=4, num_stages=2, exp2_on_fma=fma)
-            check(f"triton TMA (package), 16 x 32, exp2 on FMA {fma} (interpreter)", out[0], lse[0], float("nan"))
+        out, lse = prefix_attention_tma(q, k, v, block_m=16, block_n=32, num_warps=4, num_stages=2)
+        check("triton TMA (package), 16 x 32 (interpreter)", out, lse, float("nan"))
     else:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -223,13 +225,12 @@ def main() -> None:
         out, lse = prefix_attention(q, k, v)  # autotunes on its first call
         best = _tuned.best_config
         check(f"triton, autotuned ({best})", out, lse, time_us(lambda: prefix_attention(q, k, v), args.reps))
-        for bm, bn, warps, stages, fma in TMA_VARIANTS:
-            opts = dict(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, exp2_on_fma=fma)
-            name = (f"triton TMA (package), {bm} x {bn}, {warps} warps, {stages} stages"
-                    f"{', half exp2 on FMA' if fma else ''}")
+        for bm, bn, warps, stages in TMA_VARIANTS:
+            opts = dict(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
+            name = f"triton TMA (package), {bm} x {bn}, {warps} warps, {stages} stages"
             try:
                 out, lse = prefix_attention_tma(q, k, v, **opts)
-                check(name, out[0], lse[0], time_us(lambda: prefix_attention_tma(q, k, v, **opts), args.reps))
+                check(name, out, lse, time_us(lambda: prefix_attention_tma(q, k, v, **opts), args.reps))
             except Exception as exc:  # a tile that does not compile or launch is reported, not fatal
                 print(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
         if args.flashinfer:

@@ -170,9 +170,8 @@ def test_split_prefix_kernel_resolves_with_a_reason_and_names_itself():
                                                           f"({runtime.triton_prefix_unusable_reason(cpu)})")
     assert runtime.triton_prefix_unusable_reason(cpu) in ("triton is not installed", "it runs on CUDA")
     assert runtime.resolve_prefix_kernel("sdpa", cpu) == ("sdpa", "requested")
-    for name in ("triton", "triton_fma"):
-        with pytest.raises(ValueError, match=f"prefix_kernel '{name}' cannot run"):
-            runtime.resolve_prefix_kernel(name, cpu)
+    with pytest.raises(ValueError, match="prefix_kernel 'triton' cannot run"):
+        runtime.resolve_prefix_kernel("triton", cpu)
     with pytest.raises(ValueError, match="prefix_kernel must be one of"):
         runtime.resolve_prefix_kernel("cutlass", cpu)
     # only the split backend in the graph step has a prefix: on the CPU it is cuDNN's and unnamed
@@ -181,9 +180,8 @@ def test_split_prefix_kernel_resolves_with_a_reason_and_names_itself():
     assert variant_runtime("auto+cudnnprefix", cpu, torch.float32) == rt
     with pytest.raises(ValueError, match="prefix_kernel 'triton' cannot run"):
         variant_runtime("auto+tritonprefix", cpu, torch.float32)
-    # the name: no suffix for the default (Triton), +cudnnprefix / +fmaexp2 for the others
+    # the name: no suffix for the default (Triton), +cudnnprefix for cuDNN's
     graphed = runtime.ResolvedRuntime(device=cpu, dtype=torch.bfloat16, backend="sdpa", backend_reason="",
                                       sdpa_kernel="split", cuda_graphs=True, parallel_heads=True)
     assert graphed.attention == "sdpa:split+graph+cudnnprefix"
     assert dataclasses.replace(graphed, prefix_kernel="triton").attention == "sdpa:split+graph"
-    assert dataclasses.replace(graphed, prefix_kernel="triton_fma").attention == "sdpa:split+graph+fmaexp2"

@@ -1,8 +1,9 @@
 """Run by test_triton_prefix.py in a child process with ``TRITON_INTERPRET=1`` (Triton reads it when
 the kernel module is imported): the Triton prefix kernel, on the CPU, against float64.
 
-Prints one JSON object: the worst errors of the kernel alone and the modes the split backend went
-through with the kernel reading its unmasked regions (its outputs are checked inside the drive)."""
+Prints one JSON object: the worst errors of the kernel alone, the modes the split backend went
+through with the kernel reading its steps (its outputs are checked inside the drive) and the runs of
+one page list."""
 from __future__ import annotations
 
 import json
@@ -32,36 +33,47 @@ from test_paged_attention import drive_one_frame_backend  # noqa: E402
 
 from lingbot_map_ros.core.cache import PagedKVCache  # noqa: E402
 from lingbot_map_ros.core.cache.split_backend import SplitPrefixBackend  # noqa: E402
-from lingbot_map_ros.core.cache.triton_prefix import prefix_attention  # noqa: E402
+from lingbot_map_ros.core.cache.triton_prefix import contiguous_runs, runs_attention  # noqa: E402
 from lingbot_map_ros.core.config import SPECIAL_TOKENS_PER_FRAME  # noqa: E402
 
 
 def kernel_errors() -> dict[str, float]:
-    """37 queries (not a multiple of the 16-query tile) x 2 heads x d 64 over 450 keys, as 1 and 3
-    ranges (150 keys: four whole 32-key blocks and one masked block each), each checked in float64."""
+    """37 queries (not a multiple of the 16-query tile) x 2 heads x d 64 over three runs of a 600-slot
+    storage (lengths 150, 71 and 33: whole 32-key blocks, masked ends, a run shorter than a block),
+    read as 1, 3 and 300 parts (more parts than keys: empty parts must not count), each checked in
+    float64; the slots outside the runs hold huge values that must never leak in."""
     gen = torch.Generator().manual_seed(0)
-    t, n, h, d = 37, 450, 2, 64
-    q, k, v = (torch.randn(x, h, d, generator=gen) for x in (t, n, n))  # [T|N, H, D]
+    t, slots, h, d = 37, 600, 2, 64
+    q = torch.randn(t, h, d, generator=gen)  # [T, H, D]
+    k, v = (torch.full((slots, h, d), 1e4) for _ in range(2))  # [slots, H, D], poisoned
+    runs = [(10, 150), (300, 71), (520, 33)]
+    for start, length in runs:
+        k[start:start + length] = torch.randn(length, h, d, generator=gen)
+        v[start:start + length] = torch.randn(length, h, d, generator=gen)
+    order = torch.cat([torch.arange(start, start + length) for start, length in runs])  # visible slots in run order
+    table = torch.tensor(runs + [(0, 0)], dtype=torch.int32)  # an unused row: length 0
     errors: dict[str, float] = {}
-    for ranges in (1, 3):
-        for fma in (False, True):
-            out, lse = prefix_attention(q, k, v, key_ranges=ranges, exp2_on_fma=fma, block_m=16, block_n=32,
-                                        num_stages=2)  # [S, T, H, D], [S, H, T]
-            per = n // ranges
-            out_err = lse_err = 0.0
-            for r in range(ranges):
-                scores = torch.einsum("thd,nhd->htn", q.double(), k[r * per:(r + 1) * per].double()) / math.sqrt(d)
-                ref = torch.einsum("htn,nhd->thd", scores.softmax(-1), v[r * per:(r + 1) * per].double())
-                out_err = max(out_err, ((out[r].double() - ref).norm() / ref.norm()).item())
-                lse_err = max(lse_err, (lse[r].double() - scores.logsumexp(-1)).abs().max().item())
-            errors[f"ranges{ranges}{'_fma' if fma else ''}_out"] = out_err
-            errors[f"ranges{ranges}{'_fma' if fma else ''}_lse"] = lse_err
+    for parts in (1, 3, 300):
+        out, lse = runs_attention(q, k, v, table, parts=parts, block_m=16, block_n=32, num_stages=2)
+        total = order.numel()
+        pieces = [order[p * total // parts:(p + 1) * total // parts] for p in range(parts)]
+        out_err = lse_err = 0.0
+        for p, piece in enumerate(pieces):
+            if piece.numel() == 0:
+                assert torch.isneginf(lse[p]).all() and (out[p] == 0).all(), "an empty part must contribute nothing"
+                continue
+            scores = torch.einsum("thd,nhd->htn", q.double(), k[piece].double()) / math.sqrt(d)  # [H, T, n]
+            ref = torch.einsum("htn,nhd->thd", scores.softmax(-1), v[piece].double())
+            out_err = max(out_err, ((out[p].double() - ref).norm() / ref.norm()).item())
+            lse_err = max(lse_err, (lse[p].double() - scores.logsumexp(-1)).abs().max().item())
+        errors[f"parts{parts}_out"] = out_err
+        errors[f"parts{parts}_lse"] = lse_err
     return errors
 
 
 def split_backend_modes(prefix_kernel: str, kv_splits: int) -> list[str]:
-    """A random stream through a PagedKVCache whose split backend reads its unmasked regions with the
-    Triton kernel; ``drive_one_frame_backend`` compares every step with float64 attention."""
+    """A random stream through a PagedKVCache whose split backend reads every visible key with one
+    Triton call over the runs; ``drive_one_frame_backend`` compares every step with float64 attention."""
     page, heads, dim, scale, window, steps = 7, 2, 16, 2, 3, 14
     cache = PagedKVCache(2, heads, dim, page, scale, window, max_frame_num=64, dtype=torch.float32, device="cpu",
                          num_patch_pages=scale + window + 1, special_pages=-(-SPECIAL_TOKENS_PER_FRAME
@@ -78,4 +90,5 @@ def split_backend_modes(prefix_kernel: str, kv_splits: int) -> list[str]:
 if __name__ == "__main__":
     print(json.dumps({"kernel": kernel_errors(),
                       "modes": {f"{kernel}/{splits}": split_backend_modes(kernel, splits)
-                                for kernel, splits in (("triton", 1), ("triton", 5), ("triton_fma", 1))}}))
+                                for kernel, splits in (("triton", 1), ("triton", 5))},
+                      "runs": contiguous_runs([4, 0, 1, 2, 7, 8], 3, 10)}))

@@ -43,7 +43,7 @@ class ResolvedRuntime:
     autotune: bool = False  # the fused blocks' GEMMs autotuned by Inductor (max-autotune; minutes to compile)
     autocast: bool = True  # official mixed precision (False: pure dtype, opt-in)
     kv_splits: int = 0  # split kernel: key ranges its unmasked prefix is read as (0: chosen per frame size)
-    prefix_kernel: str = "sdpa"  # split kernel: who reads its unmasked prefix (sdpa = cuDNN | triton | triton_fma)
+    prefix_kernel: str = "sdpa"  # split kernel: sdpa = cuDNN prefix + masked tail | triton = one Triton call over runs
     parallel_heads: bool = False  # graph step: the depth head on a side stream beside the camera head (resolve_for: on)
     reasons: tuple[str, ...] = field(default=())  # one line per decision, for logs and diagnostics
 
@@ -55,7 +55,7 @@ class ResolvedRuntime:
         ranges = f"+kv{self.kv_splits}" if kernel == "split" and self.cuda_graphs and self.kv_splits > 1 else ""
         heads = "+serialheads" if self.cuda_graphs and not self.parallel_heads else ""
         split = kernel == "split" and self.cuda_graphs
-        prefix = {"sdpa": "+cudnnprefix", "triton": "", "triton_fma": "+fmaexp2"}[self.prefix_kernel] if split else ""
+        prefix = "+cudnnprefix" if split and self.prefix_kernel == "sdpa" else ""
         return f"{self.backend}:{kernel}{mode}{'+compiled' if self.compile_blocks else ''}{ranges}{prefix}{heads}"
 
     def summary(self) -> str:
@@ -147,19 +147,20 @@ def triton_prefix_unusable_reason(device: torch.device) -> str:
     return ""
 
 
-PREFIX_KERNELS = ("auto", "sdpa", "triton", "triton_fma")
+PREFIX_KERNELS = ("auto", "sdpa", "triton")
 
 
 def resolve_prefix_kernel(name: str, device: torch.device) -> tuple[str, str]:
-    """The split backend's unmasked-prefix kernel and why. ``auto``: our Triton kernel where it runs
-    (704 against cuDNN's 767 us on the H200's prefix call, docs/benchmarks.md), else cuDNN (``sdpa``)."""
+    """The split backend's kernel and why. ``auto``: our Triton kernel over the visible runs where it
+    runs (on the H200 29.97 against 31.91 ms a frame with cuDNN's prefix, docs/benchmarks.md), else
+    cuDNN's unmasked prefix + masked tail (``sdpa``)."""
     if name not in PREFIX_KERNELS:
         raise ValueError(f"prefix_kernel must be one of {PREFIX_KERNELS} (got {name!r})")
     reason = triton_prefix_unusable_reason(device)
-    if name in ("triton", "triton_fma"):
+    if name == "triton":
         if reason:
             raise ValueError(f"prefix_kernel {name!r} cannot run: {reason}")
-        return name, "requested"
+        return "triton", "requested"
     if name == "sdpa":
         return "sdpa", "requested"
     if reason:

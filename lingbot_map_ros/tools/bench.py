@@ -42,15 +42,15 @@ class BenchRow:
 
 VARIANT_HELP = (
     "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+autotune][+bf16][+kvN][+serialheads]"
-    "[+cudnnprefix|+tritonprefix|+fmaexp2]: "
+    "[+cudnnprefix|+tritonprefix]: "
     "BACKEND sdpa|flashinfer, KERNEL split|cudnn|flash (sdpa) or fa2|fa3 (flashinfer); "
     "+compile = torch.compile-fused blocks in the graph step; "
     "+autotune = their GEMMs autotuned by Inductor (max-autotune, minutes to compile); "
     "+bf16 = no autocast (opt-in numerics); +kvN = the split kernel's prefix read as N key ranges "
     "(auto+kvN: the default with N); +serialheads = the depth head after the camera head, not beside "
     "it on a second stream of the graph step (auto+serialheads: the default so; +parallelheads: the default); "
-    "+cudnnprefix / +tritonprefix / +fmaexp2 = the split kernel's unmasked prefix read by cuDNN / our Triton "
-    "kernel / the Triton kernel with half of its exponentials on the FMA pipe (auto: Triton where it runs). "
+    "+cudnnprefix / +tritonprefix = the split kernel as cuDNN's unmasked prefix + masked tail / as our Triton "
+    "kernel over the visible runs in one call (auto: Triton where it runs). "
     "e.g. sdpa:split+graph+compile,flashinfer:fa3+graph; "
     "auto = the node's default parameters on this device"
 )
@@ -64,7 +64,7 @@ def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
     kv = [f for f in flags if f.startswith("kv") and f[2:].isdigit()]
     kv_splits = int(kv[-1][2:]) if kv else 0
     parallel_heads = "serialheads" not in flags
-    prefix_flags = {"cudnnprefix": "sdpa", "tritonprefix": "triton", "fmaexp2": "triton_fma"}
+    prefix_flags = {"cudnnprefix": "sdpa", "tritonprefix": "triton"}
     prefix = [prefix_flags[f] for f in flags if f in prefix_flags]
     prefix_kernel = prefix[-1] if prefix else "auto"
     flags = [f for f in flags if f not in kv and f not in ("parallelheads", "serialheads") and f not in prefix_flags]

@@ -57,7 +57,7 @@ from torch import Tensor
 from .backend import DenseStorageBackend, check_plan, visible_token_slots
 
 KERNELS = ("cudnn", "efficient", "cpu")
-PREFIX_KERNELS = ("sdpa", "triton", "triton_fma")  # the unmasked regions: as ``kernel`` / our Triton kernel
+PREFIX_KERNELS = ("sdpa", "triton")  # ``kernel``'s unmasked prefix + masked tail / the Triton kernel over runs
 MODES = ("full", "filling", "masked", "tail")  # prefix unmasked / head + remainder / all masked / no prefix key
 
 
@@ -176,9 +176,10 @@ class SplitPrefixBackend(DenseStorageBackend):
         ``efficient`` (CUDA, any dtype) or ``cpu`` for tests. ``bucket_pages``: the filling prefix's
         cut points (0: ``ceil(R / 8)``, so at most 8 filling graphs). ``kv_splits``: key ranges per
         unmasked call (the largest divisor of its page count up to this; 1: one range).
-        ``prefix_kernel``: who reads the unmasked regions: ``sdpa`` (``kernel``), ``triton``
-        (``triton_prefix.py``, CUDA sm90+) or ``triton_fma`` (the same with half of its exponentials on
-        the FMA pipe); the masked regions are always ``kernel``'s, the merge is the same."""
+        ``prefix_kernel``: ``sdpa`` = the regions above, each one ``kernel`` call; ``triton`` = every
+        visible key in one call of the Triton kernel (``triton_prefix.py``, CUDA sm90+) over the
+        contiguous runs of the visible pages (the run lengths on the device: one graph for every mode;
+        ``kv_splits`` parts merged by LSE), the regions only for a visible set of more runs."""
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS} (got {kernel!r})")
         if prefix_kernel not in PREFIX_KERNELS:
@@ -211,6 +212,8 @@ class SplitPrefixBackend(DenseStorageBackend):
         self._regions: list[_Region] = []
         self._num_queries = 0
         self._num_keys = 0
+        self._runs: Optional[Tensor] = None  # int32 [MAX_RUNS, 2] on the device, read by the Triton kernel
+        self._use_runs = False  # the planned step goes through the Triton kernel
 
     @property
     def mode(self) -> str:
@@ -229,7 +232,10 @@ class SplitPrefixBackend(DenseStorageBackend):
 
     @property
     def plan_signature(self) -> tuple:
-        """A captured graph holds one set of calls: one graph per mode and head length."""
+        """A captured graph holds one set of calls: one graph per mode and head length; the Triton
+        kernel reads its run lengths on the device, so one graph serves all of its steps."""
+        if self._use_runs:
+            return (self._num_queries, "runs")
         return (self._num_queries, self._mode, self._head_pages)
 
     def plan(self, visible_pages: Sequence[int], last_page_len: int, num_query_tokens: int) -> None:
@@ -242,10 +248,17 @@ class SplitPrefixBackend(DenseStorageBackend):
             raise ValueError("the split backend needs a visible key after the prefix (every step has its own specials)")
         prefix_keys = len(prefix) * ps - (ps - last_page_len if last_in_prefix else 0)
         tail_keys = len(tail) * ps - (0 if last_in_prefix else ps - last_page_len)
-        tail_region = _Region(self.prefix_slots, self.num_slots, self._tail_mask)
-        self._fill_mask(self._tail_mask, tail, ps if last_in_prefix else last_page_len)
         m = len(prefix)
         whole_pages_from_zero = not last_in_prefix and sorted(prefix) == list(range(m))
+        self._num_queries = num_query_tokens
+        self._num_keys = prefix_keys + tail_keys
+        if self.prefix_kernel == "triton" and self._plan_runs(visible_pages, last_page_len):
+            self._mode = ("full" if prefix_keys == self.prefix_slots else "tail" if prefix_keys == 0
+                          else "filling" if whole_pages_from_zero else "masked")
+            self._head_pages = m if whole_pages_from_zero else 0
+            return
+        tail_region = _Region(self.prefix_slots, self.num_slots, self._tail_mask)
+        self._fill_mask(self._tail_mask, tail, ps if last_in_prefix else last_page_len)
         def unmasked(pages: int) -> _Region:
             return _Region(0, pages * ps, None, usable_splits(pages, self.kv_splits))
 
@@ -265,8 +278,22 @@ class SplitPrefixBackend(DenseStorageBackend):
             mode, head, regions = "masked", 0, [_Region(0, self.prefix_slots, self._prefix_mask)]
         self._mode, self._head_pages = mode, head
         self._regions = regions + [tail_region]
-        self._num_queries = num_query_tokens
-        self._num_keys = prefix_keys + tail_keys
+
+    def _plan_runs(self, visible_pages: Sequence[int], last_page_len: int) -> bool:
+        """Write the visible pages' runs for the Triton kernel; False (nothing written) when there are
+        more than it takes."""
+        from .triton_prefix import MAX_RUNS, contiguous_runs
+
+        runs = contiguous_runs(list(visible_pages), last_page_len, self.page_size)
+        self._use_runs = len(runs) <= MAX_RUNS
+        if not self._use_runs:
+            return False
+        if self._runs is None:
+            self._runs = torch.zeros(MAX_RUNS, 2, dtype=torch.int32, device=self.device)  # [MAX_RUNS, 2]
+        table = torch.zeros(MAX_RUNS, 2, dtype=torch.int32)  # unused rows: length 0
+        table[: len(runs)] = torch.tensor(runs, dtype=torch.int32)
+        self._runs.copy_(table)  # one small upload, in stream order before the (replayed) kernel
+        return True
 
     def _fill_mask(self, mask: Tensor, pages: list[int], last_page_len: int) -> None:
         """0 on the slots of ``pages`` (ids relative to the mask's region), -inf elsewhere."""
@@ -280,12 +307,9 @@ class SplitPrefixBackend(DenseStorageBackend):
         k, v = self._key_views(kv_pages)  # [1, H, N, D] each
         qh = q.to(k.dtype).transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
         outs, lses = [], []
+        if self._use_runs:
+            return self._run_runs(kv_pages, q.to(k.dtype)).to(q.dtype)
         for r in self._regions:
-            if r.mask is None and self.prefix_kernel != "sdpa":
-                out, lse = self._triton_region(kv_pages, q.to(k.dtype), r)
-                outs.append(out)  # [S, H, T, D]
-                lses.append(lse)  # [S, H, T]
-                continue
             kr, vr, qr = k[:, :, r.start:r.end], v[:, :, r.start:r.end], qh
             if r.splits > 1:
                 kr, vr = key_ranges(kr, r.splits), key_ranges(vr, r.splits)  # [S, H, n, D]
@@ -297,15 +321,17 @@ class SplitPrefixBackend(DenseStorageBackend):
             return outs[0][0].transpose(0, 1).to(q.dtype)  # [T, H, D]
         return self._merge(outs, lses).to(q.dtype)  # [T, H, D]
 
-    def _triton_region(self, kv_pages: tuple[Tensor, Tensor], q: Tensor, r: _Region) -> tuple[Tensor, Tensor]:
-        """An unmasked region read by the Triton kernel straight from the token-major pages."""
-        from .triton_prefix import prefix_attention
+    def _run_runs(self, kv_pages: tuple[Tensor, Tensor], q: Tensor) -> Tensor:
+        """Every visible key in one Triton call over the planned runs (``kv_splits`` parts merged)."""
+        from .triton_prefix import runs_attention
 
         h, d = self.num_heads, self.head_dim
-        k = kv_pages[0].view(-1, h, d)[r.start:r.end]  # [n, H, D], rows of H*D contiguous elements
-        v = kv_pages[1].view(-1, h, d)[r.start:r.end]
-        out, lse = prefix_attention(q, k, v, key_ranges=r.splits, exp2_on_fma=self.prefix_kernel == "triton_fma")
-        return out.transpose(1, 2), lse  # [S, H, T, D] (a view), [S, H, T]
+        k = kv_pages[0].view(-1, h, d)  # [slots, H, D]: each slot's heads in one row
+        v = kv_pages[1].view(-1, h, d)
+        out, lse = runs_attention(q, k, v, self._runs, parts=self.kv_splits)  # [P, T, H, D], [P, H, T]
+        if self.kv_splits == 1:
+            return out[0]  # [T, H, D]
+        return self._merge([out.transpose(1, 2)], [lse])  # [T, H, D]
 
 
 __all__ = ["SplitPrefixBackend", "attend_with_lse", "auto_kv_splits", "merge_partials", "key_ranges", "usable_splits",

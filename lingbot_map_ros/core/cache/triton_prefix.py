@@ -1,30 +1,31 @@
-"""The split backend's unmasked prefix call as a Triton kernel of our own (TMA loads, Hopper).
+"""One frame's attention over runs of contiguous visible keys, as a Triton kernel of our own (TMA, Hopper).
 
-Why: at 518x378 one steady frame spends ~19 of its ~31 ms in 24 calls of one shape: 1005 queries x
-16 heads x d 64 against the 71,928 contiguous, unmasked keys of the patch prefix, with the
-log-sum-exp that the split merge needs. cuDNN runs it at ~390 TFLOP/s. This kernel, measured on the
-H200 against cuDNN on the same tensors (docs/benchmarks.md), is faster there because of two choices:
+Why: at 518x378 a steady frame spends most of its time in 24 calls of one shape: 1005 queries x 16
+heads x d 64 against ~73k visible keys. With the split backend's ``lowest`` page allocation those
+keys are a few contiguous **runs** of a block's storage: the patch prefix (pages ``0 .. m-1``, plus a
+non-keyframe's own page right after it) and the specials (6 per stored frame, from the first special
+page on). This kernel reads them in one call, with the run starts and lengths in a small device
+tensor that the plan writes before each replay:
 
-* **TMA loads** (host tensor descriptors over ``[keys, H*D]`` rows): Triton pipelines them through
-  shared memory with ``NUM_STAGES`` buffers, where plain pointer loads were not pipelined at all;
+* one call instead of cuDNN's unmasked prefix + masked tail + LSE merge, and no visibility masks to
+  rebuild on the host each frame;
+* the lengths live on the device, so one CUDA graph serves the filling window and the full one;
+* **TMA loads** (host tensor descriptors over ``[slots, H*D]`` rows), pipelined by Triton through
+  ``NUM_STAGES`` shared-memory buffers (plain pointer loads were not pipelined at all);
 * **64 queries per program, 3 stages**: 106 KB of shared memory, so exactly two programs share an SM
-  and the 16 x 16 = 256 programs of a frame fill the 264 slots of 132 SMs in one balanced wave (with
-  2 stages three fit, the wave is uneven, and the call is 35 % slower).
+  and the 16 x 16 = 256 programs of a 518x378 frame fill the 264 slots of 132 SMs in one balanced
+  wave (2 stages: 35 % slower; 128-query programs or 64-key blocks: slower too, docs/benchmarks.md).
 
-Everything else is a plain online softmax: fp32 scores and accumulators, the running max kept in raw
-score units so that scaling and shifting are one FMA, ``exp2`` with the scale folded in, whole key
-blocks unmasked and one masked block at the end of each key range. ``key_ranges > 1`` cuts the keys
-into equal ranges (a third grid axis), each returning its own partial and LSE for the split
-backend's exact merge, for frame sizes whose programs would spill into a second wave.
-
-``exp2_on_fma`` computes every second exponential with a polynomial on the FMA pipe instead of the
-MUFU unit (at d = 64 the MUFU is as busy as the tensor cores); it is an option the benchmark
-measures, exact to 7.7e-5 relative per exponential (bf16 rounds p to 3.9e-3).
+Inside, a plain online softmax: fp32 scores and accumulators, the running max kept in raw score
+units so that scaling and shifting are one FMA, ``exp2`` with the scale folded in, whole key blocks
+unmasked and one masked block at the end of each run piece. ``parts > 1`` cuts the visible keys (in
+run order) into that many equal pieces on a third grid axis, each returning its own partial and
+log-sum-exp for an exact merge: for frame sizes whose programs would spill into a second wave.
 
 Only the split backend imports this module, and only for ``prefix_kernel`` ``triton``: the package
-runs without Triton (``runtime.triton_prefix_unusable_reason`` says when this cannot run). The kernel
-also runs in Triton's interpreter (``TRITON_INTERPRET=1``), which is how the CPU tests check it
-against float64.
+runs without Triton (``runtime.triton_prefix_unusable_reason`` says when this cannot run). The
+kernel also runs in Triton's interpreter (``TRITON_INTERPRET=1``), which is how the CPU tests check
+it against float64.
 """
 from __future__ import annotations
 
@@ -40,41 +41,17 @@ BLOCK_M = 64  # queries per program
 BLOCK_N = 128  # keys per block
 NUM_WARPS = 4
 NUM_STAGES = 3  # 106 KB of shared memory: two programs per SM
-PROGRAMS_PER_SM = 2  # what the split backend's key-range choice counts with (factory.py)
+PROGRAMS_PER_SM = 2  # what the split backend's choice of parts counts with (factory.py)
+MAX_RUNS = 4  # runs per call: a keyframe's prefix + specials, or one run for a non-keyframe; holes fall back
 LOG2_E = 1.4426950408889634
 
 
-# 2**f for f in [-0.5, 0.5] as a degree-3 fit of the relative error (max 7.7e-5)
-_P0, _P1, _P2, _P3 = (tl.constexpr(c) for c in (0.99992894, 0.693276242, 0.242604051, 0.0550886838))
-_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2**23: x + _ROUND holds round(x) in the low mantissa bits
-
-
 @triton.jit
-def _exp2_fma(x):
-    """2**x for x <= 0 on the FMA pipe: round, a polynomial of the fraction, the integer into the exponent."""
-    x = tl.maximum(x, -125.0)
-    shifted = x + _ROUND
-    frac = x - (shifted - _ROUND)  # in [-0.5, 0.5]
-    poly = tl.fma(tl.fma(tl.fma(frac, _P3, _P2), frac, _P1), frac, _P0)
-    bits = (shifted.to(tl.int32, bitcast=True) << 23) + poly.to(tl.int32, bitcast=True)
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _exp2_mixed(x, EMULATE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    """2**x; with ``EMULATE`` every second column on the FMA pipe (a register-only split and join)."""
-    if EMULATE:
-        even, odd = tl.split(tl.reshape(x, [BM, BN // 2, 2]))  # [BM, BN/2] each
-        return tl.reshape(tl.join(tl.math.exp2(even), _exp2_fma(odd)), [BM, BN])
-    return tl.math.exp2(x)
-
-
-@triton.jit
-def _softmax_step(s, m_i, l_i, acc, v, scale_log2, EMULATE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+def _softmax_step(s, m_i, l_i, acc, v, scale_log2):
     """Fold one key block (raw scores ``s`` [BM, BN], values ``v`` [BN, D]) into the running state."""
     m_new = tl.maximum(m_i, tl.max(s, 1))  # [BM]
     shift = m_new * scale_log2  # [BM]
-    p = _exp2_mixed(s * scale_log2 - shift[:, None], EMULATE, BM, BN)  # [BM, BN]
+    p = tl.math.exp2(s * scale_log2 - shift[:, None])  # [BM, BN]
     alpha = tl.math.exp2(m_i * scale_log2 - shift)  # [BM]
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])  # [BM, D]
@@ -82,38 +59,57 @@ def _softmax_step(s, m_i, l_i, acc, v, scale_log2, EMULATE: tl.constexpr, BM: tl
 
 
 @triton.jit
-def _prefix_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, num_queries, keys_per_range, full_end, scale_log2,
-                      stride_or, stride_ot, stride_oh, HEAD_DIM: tl.constexpr, BM: tl.constexpr,
-                      BN: tl.constexpr, EMULATE: tl.constexpr):
-    """Program (query block, head, key range): softmax(q kᵀ · scale) v over the range, and its LSE.
-    ``full_end``: the range's keys in whole blocks of ``BN`` (the rest go through one masked block)."""
+def _runs_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, runs_ptr, num_queries, scale_log2,
+                    stride_op, stride_ot, stride_oh, HEAD_DIM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                    NUM_RUNS: tl.constexpr):
+    """Program (query block, head, part): softmax(q kᵀ · scale) v over its piece of the runs, and its LSE.
+
+    ``runs_ptr``: int32 [NUM_RUNS, 2] (first slot, length; length 0 = unused). Part ``p`` of ``P``
+    takes visible keys ``[p·L/P, (p+1)·L/P)`` of the runs laid end to end (``L``: their total)."""
     block = tl.program_id(0)
     head = tl.program_id(1)
-    key_range = tl.program_id(2)
+    part = tl.program_id(2)
+    parts = tl.num_programs(2)
     col = head * HEAD_DIM
-    first_key = key_range * keys_per_range
     q = q_desc.load([block * BM, col])  # [BM, D]; rows past the queries read as zeros
     m_i = tl.full([BM], float("-inf"), tl.float32)  # running max of raw scores
     l_i = tl.zeros([BM], tl.float32)  # running sum of exp2
     acc = tl.zeros([BM, HEAD_DIM], tl.float32)  # [BM, D]
-    for start in tl.range(0, full_end, BN):  # whole blocks: no masks
-        s = tl.dot(q, k_desc.load([first_key + start, col]).T)  # [BM, BN]
-        v = v_desc.load([first_key + start, col])  # [BN, D]
-        m_i, l_i, acc = _softmax_step(s, m_i, l_i, acc, v, scale_log2, EMULATE, BM, BN)
-    if full_end < keys_per_range:  # the range's last keys; the columns after them masked
-        keys = full_end + tl.arange(0, BN)  # [BN]
-        s = tl.dot(q, k_desc.load([first_key + full_end, col]).T)
-        s = tl.where((keys < keys_per_range)[None, :], s, float("-inf"))
-        v = v_desc.load([first_key + full_end, col])  # finite rows (the next range's keys, or zeros)
-        m_i, l_i, acc = _softmax_step(s, m_i, l_i, acc, v, scale_log2, False, BM, BN)
+    total = 0
+    for r in tl.static_range(NUM_RUNS):
+        total += tl.load(runs_ptr + 2 * r + 1)
+    lo = part * total // parts  # this part's keys, as offsets into the runs laid end to end
+    hi = (part + 1) * total // parts
+    offset = 0  # where run r starts in that order
+    for r in tl.static_range(NUM_RUNS):
+        first_slot = tl.load(runs_ptr + 2 * r)
+        length = tl.load(runs_ptr + 2 * r + 1)
+        begin = tl.maximum(lo - offset, 0)  # the piece [begin, end) of this run that is ours
+        end = tl.minimum(hi - offset, length)
+        count = tl.maximum(end - begin, 0)
+        whole = count // BN * BN
+        row0 = first_slot + begin
+        for start in tl.range(0, whole, BN):  # whole blocks: no masks
+            s = tl.dot(q, k_desc.load([row0 + start, col]).T)  # [BM, BN]
+            v = v_desc.load([row0 + start, col])  # [BN, D]
+            m_i, l_i, acc = _softmax_step(s, m_i, l_i, acc, v, scale_log2)
+        if whole < count:  # the piece's last keys; the columns after them masked
+            keys = whole + tl.arange(0, BN)  # [BN]
+            s = tl.dot(q, k_desc.load([row0 + whole, col]).T)
+            s = tl.where((keys < count)[None, :], s, float("-inf"))
+            v = v_desc.load([row0 + whole, col])  # finite rows: other slots of the storage, or zeros past it
+            m_i, l_i, acc = _softmax_step(s, m_i, l_i, acc, v, scale_log2)
+        offset += length
     rows = block * BM + tl.arange(0, BM)  # [BM]
     dims = tl.arange(0, HEAD_DIM)  # [D]
     row_ok = rows < num_queries
-    out = acc / l_i[:, None]
-    tl.store(o_ptr + key_range * stride_or + rows[:, None] * stride_ot + head * stride_oh + dims[None, :],
+    seen = l_i > 0  # a part with no keys (more parts than keys) contributes nothing to a merge
+    out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
+    tl.store(o_ptr + part * stride_op + rows[:, None] * stride_ot + head * stride_oh + dims[None, :],
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
-    lse = (m_i * scale_log2 + tl.math.log2(l_i)) * 0.6931471805599453  # natural log
-    tl.store(lse_ptr + (key_range * tl.num_programs(1) + head) * num_queries + rows, lse, mask=row_ok)
+    lse = tl.where(seen, (m_i * scale_log2 + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453,
+                   float("-inf"))  # natural log
+    tl.store(lse_ptr + (part * tl.num_programs(1) + head) * num_queries + rows, lse, mask=row_ok)
 
 
 def _tma_ready(x: Tensor) -> Tensor:
@@ -125,33 +121,47 @@ def _tma_ready(x: Tensor) -> Tensor:
     return x
 
 
-def prefix_attention(q: Tensor, k: Tensor, v: Tensor, *, key_ranges: int = 1, exp2_on_fma: bool = False,
-                     block_m: int = BLOCK_M, block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
-                     num_stages: int = NUM_STAGES) -> tuple[Tensor, Tensor]:
-    """Unmasked attention of ``q [T, H, D]`` over ``k, v [N, H, D]`` (token-major: each key's heads in
-    one row, e.g. a slice of the cache's pages) cut into ``key_ranges`` equal ranges.
+def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int = 1, block_m: int = BLOCK_M,
+                   block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
+                   num_stages: int = NUM_STAGES) -> tuple[Tensor, Tensor]:
+    """Attention of ``q [T, H, D]`` over the keys of ``k, v [slots, H, D]`` (token-major storage: each
+    key's heads in one row) named by ``runs`` (int32 ``[R, 2]`` on q's device: first slot, length).
 
-    Returns out ``[S, T, H, D]`` in q's dtype and lse ``[S, H, T]`` float32 (natural log, scores
-    scaled by 1/√D), one per key range. The tile arguments are for the probe (scripts/)."""
+    Returns out ``[P, T, H, D]`` in q's dtype and lse ``[P, H, T]`` float32 (natural log, scores
+    scaled by 1/√D), one per part; with ``parts`` 1, ``out[0]`` is the attention itself. The tile
+    arguments are for the probe (scripts/)."""
     t, h, d = q.shape
-    n = k.shape[0]
-    if n % key_ranges:
-        raise ValueError(f"{n} keys do not cut into {key_ranges} equal ranges")
     if k.dtype != q.dtype or v.dtype != q.dtype or k.shape != v.shape or k.shape[1:] != q.shape[1:]:
         raise ValueError(f"q {list(q.shape)} {q.dtype}, k {list(k.shape)} {k.dtype}, v {list(v.shape)} {v.dtype}")
+    if runs.dtype != torch.int32 or runs.dim() != 2 or runs.shape[1] != 2 or runs.device != q.device:
+        raise ValueError(f"runs must be int32 [R, 2] on {q.device} (got {runs.dtype} {list(runs.shape)})")
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
-    out = torch.empty(key_ranges, t, h, d, device=q.device, dtype=q.dtype)  # [S, T, H, D]
-    lse = torch.empty(key_ranges, h, t, device=q.device, dtype=torch.float32)  # [S, H, T]
+    n = k.shape[0]
+    out = torch.empty(parts, t, h, d, device=q.device, dtype=q.dtype)  # [P, T, H, D]
+    lse = torch.empty(parts, h, t, device=q.device, dtype=torch.float32)  # [P, H, T]
     q_desc = TensorDescriptor(q, [t, h * d], [q.stride(0), 1], [block_m, d])
     k_desc = TensorDescriptor(k, [n, h * d], [k.stride(0), 1], [block_n, d])
     v_desc = TensorDescriptor(v, [n, h * d], [v.stride(0), 1], [block_n, d])
-    grid = (-(-t // block_m), h, key_ranges)
-    per_range = n // key_ranges
-    _prefix_attention[grid](q_desc, k_desc, v_desc, out, lse, t, per_range, per_range // block_n * block_n,
-                             LOG2_E / math.sqrt(d),
-                             out.stride(0), out.stride(1), out.stride(2), HEAD_DIM=d, BM=block_m, BN=block_n,
-                             EMULATE=exp2_on_fma, num_warps=num_warps, num_stages=num_stages)
+    grid = (-(-t // block_m), h, parts)
+    _runs_attention[grid](q_desc, k_desc, v_desc, out, lse, runs.contiguous(), t, LOG2_E / math.sqrt(d),
+                          out.stride(0), out.stride(1), out.stride(2), HEAD_DIM=d, BM=block_m, BN=block_n,
+                          NUM_RUNS=runs.shape[0], num_warps=num_warps, num_stages=num_stages)
     return out, lse
 
 
-__all__ = ["prefix_attention", "BLOCK_M", "PROGRAMS_PER_SM"]
+def contiguous_runs(visible_pages: list[int], last_page_len: int, page_size: int) -> list[tuple[int, int]]:
+    """The visible slots as runs ``(first slot, length)`` in slot order: consecutive whole pages join,
+    the last visible page holds ``last_page_len`` slots and ends its run."""
+    partial = visible_pages[-1]
+    runs: list[list[int]] = []
+    for page in sorted(visible_pages):
+        length = last_page_len if page == partial else page_size
+        start = page * page_size
+        if runs and runs[-1][0] + runs[-1][1] == start and runs[-1][1] % page_size == 0:
+            runs[-1][1] += length
+        else:
+            runs.append([start, length])
+    return [(start, length) for start, length in runs]
+
+
+__all__ = ["runs_attention", "contiguous_runs", "BLOCK_M", "PROGRAMS_PER_SM", "MAX_RUNS"]
