@@ -269,7 +269,9 @@ def test_depth_every_replays_one_graph_per_heads_variant():
     every, _ = run(1)
     some, step = run(2)
     assert [r.depth is not None for r in some] == [i < 2 or i % 2 == 0 for i in range(12)]
-    assert step.stats.replays == 10 and step.stats.captures == len(step.signatures) >= 3
+    # one graph per heads variant and plan signature: two with the Triton kernel (its run lengths live on
+    # the device), more with cuDNN's prefix (one per filling bucket)
+    assert step.stats.replays == 10 and step.stats.captures == len(step.signatures) >= 2
     poses = torch.stack([torch.from_numpy(r.pose_enc) for r in some]).double()
     ref = torch.stack([torch.from_numpy(r.pose_enc) for r in every]).double()
     rel = ((poses - ref).norm() / ref.norm()).item()
