@@ -30,6 +30,14 @@ back to one masked call over all ``R`` pages; it stays exact, only slower. Maske
 finite values (storage starts zeroed and is only overwritten with K/V), so ``exp(-inf) = 0`` removes
 them exactly.
 
+With ``prefix_kernel="triton"`` (what ``auto`` picks where Triton and TMA run) the same pools are
+read differently: the visible pages form a few contiguous runs (the prefix, a non-keyframe's page
+right after it, the specials), and one call of our kernel (``triton_prefix.py``) reads all of them,
+with the run starts and lengths in a device tensor written by ``plan``. No tail call, no merge (with
+one part), no masks to rebuild per frame, and one CUDA graph for the filling and the full window:
+on the H200 28.66 against 31.36 ms a frame (docs/benchmarks.md). A visible set of more runs than the
+kernel takes goes through the regions below.
+
 The merge is a handful of elementwise ops on ``[T, H, D]``; with ``fuse_merge`` it is one
 ``torch.compile``-d kernel (compiled in the warm-up before the graph capture).
 
