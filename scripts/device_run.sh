@@ -25,6 +25,17 @@ with_flashinfer() {  # with_flashinfer SECONDS COMMAND...: the command under a t
   fi
   PYTHONPATH="/tmp/site_fi:$PYTHONPATH" timeout "$1" "${@:2}"
 }
+official_beside_ours() {  # the official code and the default, idle and with half of the host's cores busy; 1000 frames
+  with_flashinfer 230 python3 scripts/official_bench.py --official .official --frames 208 2>&1 | grep -v "arn\|^$" | tail -8 | tee "$OUT/official.txt"
+  timeout 60 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto 2>&1 | grep -E "^\|" | tee "$OUT/bench_idle.txt"
+  BUSY=$(( $(nproc) / 2 )); PIDS=()
+  for _ in $(seq "$BUSY"); do timeout 300 python3 -c 'while True: pass' & PIDS+=($!); done
+  echo "host load: $BUSY busy processes of $(nproc) cores: ${PIDS[*]}"
+  timeout 60 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto 2>&1 | grep -E "^\|" | tee "$OUT/bench_loaded.txt"
+  with_flashinfer 160 python3 scripts/official_bench.py --official .official --frames 208 --label "host load" 2>&1 | grep -E "^\|" | tee "$OUT/official_loaded.txt"
+  kill "${PIDS[@]}" 2>/dev/null; wait "${PIDS[@]}" 2>/dev/null
+  timeout 80 "${BENCH[@]}" --frames 1000 --heads depth+camera --variants auto --report-every 100 2>&1 | grep -E "^\||frame" | tee "$OUT/bench_1000.txt"
+}
 if [ "$MODE" = round ]; then
   # the run of record, part 1: GPU tests; the default (depth head beside the camera head) against the
   # heads one after the other, with the kernel profile; camera only; attention per layer (split, cuDNN,
@@ -43,37 +54,20 @@ elif [ "$MODE" = record6 ]; then
   # changed since the last call, then the official code and ours, idle and with half of the host's cores
   # busy, then 1000 frames of the default (memory growth over three window switches)
   timeout 60 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider -k "depth_every or captured_once" 2>&1 | grep -v DEBUG | tail -3 | tee "$OUT/gpu_tests.log"
-  with_flashinfer 230 python3 scripts/official_bench.py --official .official --frames 208 2>&1 | grep -v "arn\|^$" | tail -8 | tee "$OUT/official.txt"
-  timeout 60 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto 2>&1 | grep -E "^\|" | tee "$OUT/bench_idle.txt"
-  BUSY=$(( $(nproc) / 2 )); PIDS=()
-  for _ in $(seq "$BUSY"); do timeout 300 python3 -c 'while True: pass' & PIDS+=($!); done
-  echo "host load: $BUSY busy processes of $(nproc) cores: ${PIDS[*]}"
-  timeout 60 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto 2>&1 | grep -E "^\|" | tee "$OUT/bench_loaded.txt"
-  with_flashinfer 160 python3 scripts/official_bench.py --official .official --frames 208 --label "host load" 2>&1 | grep -E "^\|" | tee "$OUT/official_loaded.txt"
-  kill "${PIDS[@]}" 2>/dev/null; wait "${PIDS[@]}" 2>/dev/null
-  timeout 80 "${BENCH[@]}" --frames 1000 --heads depth+camera --variants auto --report-every 100 2>&1 | grep -E "^\||frame" | tee "$OUT/bench_1000.txt"
+  official_beside_ours
 elif [ "$MODE" = official ]; then
   # the run of record, part 2: the official code (its FlashInfer + torch.compile path, from the checkout
   # carried as .official) beside the default, idle and with half of the host's cores busy; then 1000
   # frames of the default (memory growth over three window switches)
-  with_flashinfer 230 python3 scripts/official_bench.py --official .official --frames 208 2>&1 | grep -v "arn\|^$" | tail -8 | tee "$OUT/official.txt"
-  timeout 60 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto 2>&1 | grep -E "^\|" | tee "$OUT/bench_idle.txt"
-  BUSY=$(( $(nproc) / 2 )); PIDS=()
-  for _ in $(seq "$BUSY"); do timeout 300 python3 -c 'while True: pass' & PIDS+=($!); done
-  echo "host load: $BUSY busy processes of $(nproc) cores: ${PIDS[*]}"
-  timeout 60 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto 2>&1 | grep -E "^\|" | tee "$OUT/bench_loaded.txt"
-  with_flashinfer 160 python3 scripts/official_bench.py --official .official --frames 208 --label "host load" 2>&1 | grep -E "^\|" | tee "$OUT/official_loaded.txt"
-  kill "${PIDS[@]}" 2>/dev/null; wait "${PIDS[@]}" 2>/dev/null
-  timeout 80 "${BENCH[@]}" --frames 1000 --heads depth+camera --variants auto --report-every 100 2>&1 | grep -E "^\||frame" | tee "$OUT/bench_1000.txt"
+  official_beside_ours
 elif [ "$MODE" = gap ]; then
   # where the host's ~2 ms per frame go (the next lever's measurement): the default path, both heads
   timeout 120 python3 scripts/host_gap.py --frames 100 2>&1 | grep -E "^\||host gap" | tee "$OUT/host_gap.txt"
   timeout 90 python3 scripts/host_gap.py --frames 100 --heads camera 2>&1 | grep -E "^\||host gap" | tee "$OUT/host_gap_camera.txt"
 elif [ "$MODE" = probe ]; then
   # a Triton attention kernel of our own against cuDNN on the split backend's hot call (518x378: one wave
-  # of cuDNN blocks; 518x392: two)
-  # of cuDNN blocks; 518x392: two): pointer loads, TMA loads with the scores of the next block issued
-  # before the softmax and half of the exponentials on the FMA pipe; FlashInfer fa3 over key ranges
+  # of cuDNN blocks; 518x392: two): pointer loads, the package's TMA kernel per tile, FlashInfer fa3 over
+  # key ranges (the variants that lost in the sixth session's call 1 are in git at 52d695c)
   with_flashinfer 300 python3 scripts/triton_attention_probe.py --flashinfer 2>&1 | grep -E "^\||GFLOP|rror|FAIL" | tee "$OUT/triton_probe_378.txt"
   timeout 120 python3 scripts/triton_attention_probe.py --queries 1042 --keys 74592 2>&1 | grep -E "^\||GFLOP|rror|FAIL" | tee "$OUT/triton_probe_392.txt"
 elif [ "$MODE" = prefix ]; then
