@@ -279,6 +279,27 @@ def test_depth_every_replays_one_graph_per_heads_variant():
     assert torch.isfinite(poses).all() and rel < 1e-3
 
 
+def test_depth_head_weights_channels_last_change_no_pose_and_no_depth():
+    """The depth head's weights in channels-last layout (the default on CUDA) against NCHW weights:
+    poses bit for bit equal (the head does not feed them), depth maps equal to fp32 summation order."""
+    def run(channels_last):
+        manager = _tiny_bf16_manager(StreamConfig(scale_frames=2, sliding_window=3, keyframe_interval=1,
+                                                  max_frame_num=64, max_stored_frames=60, with_depth=True),
+                                     cuda_graphs=True, sdpa_kernel="split", depth_channels_last=channels_last)
+        assert manager.session.runtime.depth_channels_last is channels_last
+        frames = torch.rand(10, 3, 56, 84, generator=torch.Generator().manual_seed(8))
+        return [r for f in frames for r in manager.push(f)]
+
+    nchw, nhwc = run(False), run(True)
+    poses = [torch.from_numpy(r.pose_enc) for r in nhwc]
+    assert all(torch.equal(a, torch.from_numpy(b.pose_enc)) for a, b in zip(poses, nchw))
+    depth = torch.stack([torch.from_numpy(r.depth) for r in nhwc]).double()
+    ref = torch.stack([torch.from_numpy(r.depth) for r in nchw]).double()
+    rel = ((depth - ref).norm() / ref.norm()).item()
+    print(f"depth head channels-last vs NCHW weights: depth rel diff {rel:.2e}")
+    assert torch.isfinite(depth).all() and rel < 1e-4
+
+
 def _block_reference_error(block_kind: str):
     """One aggregator-shaped block (bf16 weights, autocast) eager and fused vs its float64 copy."""
     import copy

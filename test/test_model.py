@@ -651,3 +651,32 @@ def test_bfloat16_build_runs_and_tracks_fp32() -> None:
     assert b.pose_enc.dtype == torch.float32 and b.depth.dtype == torch.float32
     assert torch.isfinite(b.pose_enc).all() and torch.isfinite(b.depth).all()
     assert (a.pose_enc - b.pose_enc).abs().max() < 0.05 * a.pose_enc.abs().max() + 1e-3
+
+
+def test_depth_head_weights_in_channels_last_layout_give_the_same_maps():
+    """The head's feature maps are channels-last from the token maps on (a view, no copy);
+    ``use_channels_last`` gives its convolution weights that layout too. Depth and confidence equal the
+    NCHW weights' up to the convolutions' fp32 summation order, for a patch grid that is not square,
+    and switching back restores the NCHW weights."""
+    from lingbot_map_ros.core.model.depth_head import DPTDepthHead
+
+    torch.manual_seed(0)
+    head = DPTDepthHead(dim_in=64, features=16, out_channels=(8, 16, 32, 32)).eval()
+    h, w = 3 * 14, 5 * 14
+    tokens = [torch.randn(2, 6 + 3 * 5, 64) for _ in range(4)]  # [S, 6 + patches, 2C]
+    inputs = []
+    hook = head.projects[0].register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
+    convs = [m for m in head.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d))]
+    with torch.no_grad():
+        depth_nchw, conf_nchw = head(tokens, (h, w))
+        head.use_channels_last(True)
+        assert all(c.weight.is_contiguous(memory_format=torch.channels_last) for c in convs)
+        assert not all(c.weight.is_contiguous() for c in convs)
+        depth_nhwc, conf_nhwc = head(tokens, (h, w))
+        head.use_channels_last(False)
+        assert all(c.weight.is_contiguous() for c in convs)
+    hook.remove()
+    assert all(x.is_contiguous(memory_format=torch.channels_last) for x in inputs)  # the maps, both times
+    assert depth_nhwc.shape == depth_nchw.shape == (2, h, w)
+    torch.testing.assert_close(depth_nhwc, depth_nchw, rtol=2e-5, atol=1e-6)
+    torch.testing.assert_close(conf_nhwc, conf_nchw, rtol=2e-5, atol=1e-6)

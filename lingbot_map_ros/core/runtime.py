@@ -45,6 +45,7 @@ class ResolvedRuntime:
     kv_splits: int = 0  # split kernel: key ranges its unmasked prefix is read as (0: chosen per frame size)
     prefix_kernel: str = "sdpa"  # split kernel: sdpa = cuDNN prefix + masked tail | triton = one Triton call over runs
     parallel_heads: bool = False  # graph step: the depth head on a side stream beside the camera head (resolve_for: on)
+    depth_channels_last: bool = False  # the depth head's conv weights channels-last (resolve_for: on with CUDA)
     reasons: tuple[str, ...] = field(default=())  # one line per decision, for logs and diagnostics
 
     @property
@@ -54,6 +55,7 @@ class ResolvedRuntime:
         mode = "+graph" if self.cuda_graphs else "+eager"
         ranges = f"+kv{self.kv_splits}" if kernel == "split" and self.cuda_graphs and self.kv_splits > 1 else ""
         heads = "+serialheads" if self.cuda_graphs and not self.parallel_heads else ""
+        heads += "+nchwdepth" if self.device.type == "cuda" and not self.depth_channels_last else ""
         split = kernel == "split" and self.cuda_graphs
         prefix = "+cudnnprefix" if split and self.prefix_kernel == "sdpa" else ""
         return f"{self.backend}:{kernel}{mode}{'+compiled' if self.compile_blocks else ''}{ranges}{prefix}{heads}"
@@ -204,6 +206,7 @@ def resolve_for(
     kv_splits: int = 0,
     parallel_heads: bool = True,
     prefix_kernel: str = "auto",
+    depth_channels_last: bool = True,
 ) -> ResolvedRuntime:
     """The one function that decides, for a concrete device and dtype. Raises ``ValueError`` (with
     the reason) for a combination that cannot run."""
@@ -266,10 +269,16 @@ def resolve_for(
         reasons.append("depth head after the camera head (requested)")
     if not autocast:
         reasons.append("autocast off: pure low-precision aggregator (opt-in, moves poses)")
+    # CUDA only: the depth head's feature maps are NHWC already, and cuDNN converted its NCHW filters on
+    # every call; on the CPU the layout would change oneDNN's algorithms, and the CPU is where parity is checked.
+    nhwc = bool(depth_channels_last) and device.type == "cuda"
+    if nhwc:
+        reasons.append("depth head weights channels-last, as its feature maps (no filter conversion per call)")
     return ResolvedRuntime(
         device=device, dtype=dtype, backend=chosen, backend_reason=backend_reason, flashinfer_kernel=fi_kernel,
         sdpa_kernel=sk, cuda_graphs=graphs, compile_blocks=fused, autotune=bool(autotune), autocast=bool(autocast),
-        kv_splits=kv_splits, prefix_kernel=prefix, parallel_heads=heads_side_by_side, reasons=tuple(reasons),
+        kv_splits=kv_splits, prefix_kernel=prefix, parallel_heads=heads_side_by_side, depth_channels_last=nhwc,
+        reasons=tuple(reasons),
     )
 
 

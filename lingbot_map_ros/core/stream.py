@@ -435,6 +435,7 @@ class StreamingSession:
         fused = fused_blocks(fusion) if fusion is not None else contextlib.nullcontext()
         if hasattr(self.model.depth_head, "frame_chunk"):  # frames per depth-head call (the budget's choice)
             self.model.depth_head.frame_chunk = self.stream_cfg.depth_chunk
+            self.model.depth_head.use_channels_last(self.runtime.depth_channels_last)
         compute = self.dtype if self.runtime.autocast else torch.float32
         with torch.inference_mode(), _autocast(self.device, compute), fused:
             return self.model(

@@ -42,7 +42,7 @@ class BenchRow:
 
 VARIANT_HELP = (
     "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+autotune][+bf16][+kvN][+serialheads]"
-    "[+cudnnprefix|+tritonprefix]: "
+    "[+cudnnprefix|+tritonprefix][+nchwdepth]: "
     "BACKEND sdpa|flashinfer, KERNEL split|cudnn|flash (sdpa) or fa2|fa3 (flashinfer); "
     "+compile = torch.compile-fused blocks in the graph step; "
     "+autotune = their GEMMs autotuned by Inductor (max-autotune, minutes to compile); "
@@ -50,7 +50,8 @@ VARIANT_HELP = (
     "(auto+kvN: the default with N); +serialheads = the depth head after the camera head, not beside "
     "it on a second stream of the graph step (auto+serialheads: the default so; +parallelheads: the default); "
     "+cudnnprefix / +tritonprefix = the split kernel as cuDNN's unmasked prefix + masked tail / as our Triton "
-    "kernel over the visible runs in one call (auto: Triton where it runs). "
+    "kernel over the visible runs in one call (auto: Triton where it runs); "
+    "+nchwdepth = the depth head's conv weights in NCHW layout (auto on CUDA: channels-last). "
     "e.g. sdpa:split+graph+compile,flashinfer:fa3+graph; "
     "auto = the node's default parameters on this device"
 )
@@ -67,10 +68,12 @@ def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
     prefix_flags = {"cudnnprefix": "sdpa", "tritonprefix": "triton"}
     prefix = [prefix_flags[f] for f in flags if f in prefix_flags]
     prefix_kernel = prefix[-1] if prefix else "auto"
-    flags = [f for f in flags if f not in kv and f not in ("parallelheads", "serialheads") and f not in prefix_flags]
+    nhwc = "nchwdepth" not in flags
+    flags = [f for f in flags if f not in kv and f not in ("parallelheads", "serialheads", "nchwdepth")
+             and f not in prefix_flags]
     if head == "auto" and not flags:
         return resolve_for(device, dtype, kv_splits=kv_splits, parallel_heads=parallel_heads,
-                           prefix_kernel=prefix_kernel)
+                           prefix_kernel=prefix_kernel, depth_channels_last=nhwc)
     backend, _, kernel = head.partition(":")
     unknown = set(flags) - {"graph", "eager", "compile", "autotune", "bf16"}
     if unknown:
@@ -81,7 +84,7 @@ def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
                        cuda_graphs="eager" not in flags and device.type == "cuda",
                        compile_blocks="on" if {"compile", "autotune"} & set(flags) else "off",
                        autotune="autotune" in flags, autocast="bf16" not in flags, kv_splits=kv_splits,
-                       parallel_heads=parallel_heads, prefix_kernel=prefix_kernel)
+                       parallel_heads=parallel_heads, prefix_kernel=prefix_kernel, depth_channels_last=nhwc)
 
 
 def _memory_bytes(device: torch.device) -> int:

@@ -2,6 +2,9 @@
 
 Optional for the node (poses do not need it) but required for depth output and windowed alignment.
 Runs in fp32 with autocast off on chunks of 8 frames (memory only; no numerical effect).
+Its feature maps are channels-last from the start (the token maps ``[n, patches, C]`` reshape to an
+NCHW-shaped view with NHWC strides), so cuDNN runs NHWC convolutions; ``use_channels_last`` gives the
+weights that layout too (the runtime's choice on CUDA), or cuDNN converts every filter on every call.
 Reproduces the in-place-ReLU residual quirk (§16 #7): the skip of a residual unit adds ``relu(x)``.
 """
 from __future__ import annotations
@@ -130,9 +133,17 @@ class DPTDepthHead(nn.Module):
         )
         # frames per call (phase 1 has several): the memory budget lowers it (docs/memory.md)
         self.frame_chunk = FRAME_CHUNK
+        self.channels_last = False  # the convolution weights' layout (use_channels_last)
         self.scratch = Scratch(out_channels, features)
         # 4 token maps per frame size; a few sizes' worth (least recently used dropped first)
         self._pe_cache: TableCache[tuple[Tensor, Tensor]] = TableCache(4 * SIZES_KEPT)
+
+    def use_channels_last(self, on: bool) -> None:
+        """Give the convolution weights channels-last layout (or back): values unchanged, new storage,
+        so call it before a CUDA graph captures the head (the session does, at each model call)."""
+        if on != self.channels_last:
+            self.to(memory_format=torch.channels_last if on else torch.contiguous_format)
+            self.channels_last = on
 
     def forward(self, token_list: list[Tensor], image_hw: tuple[int, int]) -> tuple[Tensor, Tensor]:
         """token_list: 4 × ``[S, P, dim_in]`` -> depth ``[S, H, W]``, confidence ``[S, H, W]`` (fp32)."""
