@@ -154,7 +154,7 @@ PREFIX_KERNELS = ("auto", "sdpa", "triton")
 
 def resolve_prefix_kernel(name: str, device: torch.device) -> tuple[str, str]:
     """The split backend's kernel and why. ``auto``: our Triton kernel over the visible runs where it
-    runs (on the H200 29.97 against 31.91 ms a frame with cuDNN's prefix, docs/benchmarks.md), else
+    runs (on the H200 28.66 against 31.36 ms a frame with cuDNN's prefix, docs/benchmarks.md), else
     cuDNN's unmasked prefix + masked tail (``sdpa``)."""
     if name not in PREFIX_KERNELS:
         raise ValueError(f"prefix_kernel must be one of {PREFIX_KERNELS} (got {name!r})")
