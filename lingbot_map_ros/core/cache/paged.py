@@ -24,12 +24,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..config import special_pages_capacity
 from .backend import AttentionBackend
 from .pages import AppendPlan, PageStats, PageTable
 from .sdpa_backend import SdpaBackend
+from .staged_upload import StagedUpload
 
 
 @dataclass(frozen=True)
@@ -106,12 +108,13 @@ class PagedKVCache:
             raise TypeError(f"backend must be 'sdpa' or an AttentionBackend (got {type(backend)!r})")
         self.backend = backend
         self.single_frame_backend = single_frame_backend
-        self._offsets = torch.arange(page_size, dtype=torch.long, device=self.device)  # [page]
+        self._host_offsets = np.arange(page_size, dtype=np.int64)  # [page]
         # [T] token slot of each of the step's tokens. One persistent buffer sized for the largest
         # step (phase 1): a one-frame step always uses the view [:P] of it, a fixed address, so a
         # captured CUDA graph's index_copy_ reads the current step's slots.
         max_tokens = max(1, scale_frames) * self.tokens_per_frame
         self._write_slot_buffer = torch.zeros(max_tokens, dtype=torch.long, device=self.device)
+        self._slot_upload = StagedUpload(self._write_slot_buffer)
         self._write_slots: torch.Tensor | None = None
         self._step: _Step | None = None
         self.last_step_visible_keys = 0
@@ -179,17 +182,16 @@ class PagedKVCache:
         plan = self.table.append(num_frames, defer_eviction=not store)
 
         ps, sp = self.page_size, self.specials_per_frame
-        patch_pages = torch.tensor(plan.patch_pages, dtype=torch.long, device=self.device)  # [S]
-        patch_slots = patch_pages[:, None] * ps + self._offsets  # [S, page]
-        special_slots = torch.tensor(plan.special_slots, dtype=torch.long, device=self.device)
-        special_slots = special_slots.view(num_frames, sp)  # [S, 6]
+        # Built on the host (NumPy) and uploaded once, without a host stall (staged_upload.py)
+        patch_slots = np.asarray(plan.patch_pages, dtype=np.int64)[:, None] * ps + self._host_offsets  # [S, page]
+        special_slots = np.asarray(plan.special_slots, dtype=np.int64).reshape(num_frames, sp)  # [S, 6]
         # [T], frame-major [6 specials, page patches]: slot p*page+o is row p*page+o of the flat K (and V) pages
-        slots = torch.cat((special_slots, patch_slots), dim=1).reshape(-1)  # [T]
+        slots = np.concatenate((special_slots, patch_slots), axis=1).reshape(-1)  # [T]
         num_tokens = num_frames * self.tokens_per_frame
         if num_tokens > self._write_slot_buffer.numel():
             self._write_slot_buffer = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
-        self._write_slots = self._write_slot_buffer[:num_tokens]
-        self._write_slots.copy_(slots)
+            self._slot_upload = StagedUpload(self._write_slot_buffer)
+        self._write_slots = self._slot_upload.upload(slots)  # [T], a view of the persistent buffer
 
         self._backend_for(num_frames).plan(self.table.visible_pages(), self.table.last_page_len, num_tokens)
         self.last_step_visible_keys = self.table.visible_key_count

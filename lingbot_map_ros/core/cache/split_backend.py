@@ -59,10 +59,12 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from .backend import DenseStorageBackend, check_plan, visible_token_slots
+from .staged_upload import StagedUpload
 
 KERNELS = ("cudnn", "efficient", "cpu")
 PREFIX_KERNELS = ("sdpa", "triton")  # ``kernel``'s unmasked prefix + masked tail / the Triton kernel over runs
@@ -221,6 +223,7 @@ class SplitPrefixBackend(DenseStorageBackend):
         self._num_queries = 0
         self._num_keys = 0
         self._runs: Optional[Tensor] = None  # int32 [MAX_RUNS, 2] on the device, read by the Triton kernel
+        self._runs_upload: Optional[StagedUpload] = None
         self._use_runs = False  # the planned step goes through the Triton kernel
 
     @property
@@ -298,9 +301,10 @@ class SplitPrefixBackend(DenseStorageBackend):
             return False
         if self._runs is None:
             self._runs = torch.zeros(MAX_RUNS, 2, dtype=torch.int32, device=self.device)  # [MAX_RUNS, 2]
-        table = torch.zeros(MAX_RUNS, 2, dtype=torch.int32)  # unused rows: length 0
-        table[: len(runs)] = torch.tensor(runs, dtype=torch.int32)
-        self._runs.copy_(table)  # one small upload, in stream order before the (replayed) kernel
+            self._runs_upload = StagedUpload(self._runs)
+        table = np.zeros((MAX_RUNS, 2), dtype=np.int32)  # [MAX_RUNS, 2]; unused rows: length 0
+        table[: len(runs)] = runs
+        self._runs_upload.upload(table)  # in stream order before the (replayed) kernel, no host stall
         return True
 
     def _fill_mask(self, mask: Tensor, pages: list[int], last_page_len: int) -> None:
