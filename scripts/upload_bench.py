@@ -2,7 +2,8 @@
 NumPy build + pinned ``StagedUpload`` (now), in one process on the same device (GPU only for times).
 
 Reproduces what ``PagedKVCache.begin_step`` and the split backend's run table upload for one frame at
-518x378 (999 patch slots + 6 specials, four runs), with the device idle as it is between two frames.
+518x378 (999 patch slots + 6 specials, four runs), with the device idle as it is between two frames;
+then the camera cache's mask: rebuilt on every step (before) against opened by one fill (now).
 
     python3 scripts/upload_bench.py [--calls 2000] [--device cuda]
 """
@@ -15,6 +16,7 @@ import time
 import numpy as np
 import torch
 
+from lingbot_map_ros.core.cache.camera_cache import CameraKVCache
 from lingbot_map_ros.core.cache.staged_upload import StagedUpload
 
 PAGE, SPECIALS, RUNS = 999, 6, 4
@@ -69,6 +71,25 @@ def main() -> None:
             if i % 100 == 0 and not (np.array_equal(slots_dev.cpu().numpy(), expected)
                                      and np.array_equal(runs_dev.cpu().numpy(), np.asarray(runs))):
                 raise SystemExit(f"{name}: the uploaded plan differs from the host's")
+    camera = CameraKVCache(1, 1, 1, 4, 1024, torch.bfloat16, dev, static=True)
+    positions = torch.arange(1024, device=dev)  # [capacity]
+    mask = torch.zeros(1, 1, 1, 1024, dtype=torch.bfloat16, device=dev)
+    slot = torch.zeros(1, dtype=torch.long, device=dev)  # [1]
+    for name in ("camera mask before", "camera mask now"):
+        times[name] = []
+    for i in range(min(args.calls, 1000)):
+        sync()
+        t0 = time.perf_counter()
+        slot.fill_(i)
+        visible = positions <= i  # [capacity]
+        mask.copy_(torch.where(visible, 0.0, float("-inf")).to(mask.dtype).view_as(mask))
+        times["camera mask before"].append((time.perf_counter() - t0) * 1e3)
+        sync()
+        t0 = time.perf_counter()
+        camera.begin_step(1, store=True)
+        times["camera mask now"].append((time.perf_counter() - t0) * 1e3)
+        camera.end_step()
+        sync()
     b, n = statistics.median(times["before"]), statistics.median(times["now"])
     print(f"plan upload, host ms per one-frame step, {args.calls} calls each, interleaved, {dev}")
     print("| path | median ms | p90 ms |\n|---|---|---|")
@@ -76,6 +97,9 @@ def main() -> None:
         ts = sorted(times[name])
         print(f"| {name} | {statistics.median(ts):.4f} | {ts[int(0.9 * len(ts))]:.4f} |")
     print(f"| ratio before / now | {b / n:.2f} | |")
+    for name in ("camera mask before", "camera mask now"):  # each: the slot fill + the mask
+        ts = sorted(times[name])
+        print(f"| {name} | {statistics.median(ts):.4f} | {ts[int(0.9 * len(ts))]:.4f} |")
 
 
 if __name__ == "__main__":

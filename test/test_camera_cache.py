@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -123,3 +124,29 @@ def test_static_mode_equals_dynamic_mode():
         dynamic.end_step()
         static.end_step()
     assert static.length == dynamic.length == 6
+
+
+def test_static_mask_follows_random_steps_resets_and_loads():
+    """The incrementally updated mask equals one built from scratch after every begin_step."""
+    rng = np.random.default_rng()
+    capacity = 12
+    cache = CameraKVCache(1, 1, 1, 4, capacity, torch.float32, "cpu", static=True)
+    saved = None
+    for _ in range(200):
+        action = rng.choice(["stored", "unstored", "reset", "save", "load"], p=[0.45, 0.3, 0.05, 0.1, 0.1])
+        if action == "reset":
+            cache.reset()
+            continue
+        if action == "save":
+            saved = (cache.state_dict(), cache.stored_tensor())
+            continue
+        if action == "load":
+            if saved is not None:
+                cache.load_state(*saved)
+            continue
+        if cache.length >= capacity:
+            cache.reset()
+        cache.begin_step(1, store=action == "stored")
+        reference = np.where(np.arange(capacity) <= cache.length, 0.0, -np.inf)  # [capacity]
+        np.testing.assert_array_equal(cache._mask.view(-1).numpy(), reference)
+        cache.end_step()

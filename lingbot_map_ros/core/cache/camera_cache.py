@@ -64,6 +64,7 @@ class CameraKVCache:
         self._slot = torch.zeros(1, dtype=torch.long, device=self.device)  # [1] write slot of a one-frame step
         self._positions = torch.arange(capacity_frames, device=self.device)  # [capacity]
         self._mask = torch.zeros(1, 1, 1, capacity_frames, dtype=dtype, device=self.device)  # additive
+        self._mask_length: int | None = None  # the mask shows positions 0 .. this (None: not built yet)
 
     @property
     def storage(self) -> torch.Tensor:
@@ -97,8 +98,24 @@ class CameraKVCache:
         self._step = (num_frames, store)
         if self.static and num_frames == 1:
             self._slot.fill_(self._length)
-            visible = self._positions <= self._length  # [capacity]: stored tokens + this step's slot
+            self._update_mask()
+
+    def _update_mask(self) -> None:
+        """Make the mask show positions ``0 .. length`` (stored tokens + this step's slot).
+
+        Stored frames only ever add positions, so a step after a stored one opens the new positions
+        with one fill (one launch on the host's critical path between two frames); after a reset or a
+        load (the length went down or jumped) the whole mask is rebuilt.
+        """
+        shown, length = self._mask_length, self._length
+        if shown == length:
+            return
+        if shown is not None and shown < length:
+            self._mask.view(-1)[shown + 1 : length + 1].fill_(0.0)  # [length - shown]
+        else:
+            visible = self._positions <= length  # [capacity]
             self._mask.copy_(torch.where(visible, 0.0, float("-inf")).to(self.dtype).view_as(self._mask))
+        self._mask_length = length
 
     def __call__(
         self, iteration: int, block: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -179,11 +196,13 @@ class CameraKVCache:
         self._step = None
         self._storage[:, :, :, :length].copy_(stored.to(self.device, self.dtype))  # [I, B, 2, L, H, D]
         self._length = length
+        self._mask_length = None
 
     def reset(self) -> None:
         """Forget every frame (storage kept; slots are rewritten before they become visible)."""
         self._length = 0
         self._step = None
+        self._mask_length = None
 
 
 def camera_state_problems(state: dict, *, num_iterations: int, num_blocks: int, num_heads: int, head_dim: int,
