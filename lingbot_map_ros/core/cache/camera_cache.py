@@ -103,9 +103,9 @@ class CameraKVCache:
     def _update_mask(self) -> None:
         """Make the mask show positions ``0 .. length`` (stored tokens + this step's slot).
 
-        Stored frames only ever add positions, so a step after a stored one opens the new positions
-        with one fill (one launch on the host's critical path between two frames); after a reset or a
-        load (the length went down or jumped) the whole mask is rebuilt.
+        The mask always shows ``0 .. _mask_length``, so when the length grew (stored frames, a load of
+        a longer session) one fill opens the new positions (one launch on the host's critical path
+        between two frames); only when it went down (a reset, a shorter load) is the mask rebuilt.
         """
         shown, length = self._mask_length, self._length
         if shown == length:
@@ -196,13 +196,11 @@ class CameraKVCache:
         self._step = None
         self._storage[:, :, :, :length].copy_(stored.to(self.device, self.dtype))  # [I, B, 2, L, H, D]
         self._length = length
-        self._mask_length = None
 
     def reset(self) -> None:
         """Forget every frame (storage kept; slots are rewritten before they become visible)."""
         self._length = 0
         self._step = None
-        self._mask_length = None
 
 
 def camera_state_problems(state: dict, *, num_iterations: int, num_blocks: int, num_heads: int, head_dim: int,
