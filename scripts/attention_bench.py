@@ -42,8 +42,6 @@ def main() -> int:
     p.add_argument("--kv-splits", default="1,2,3,4,6,8", help="key ranges of the split backend's prefix")
     p.add_argument("--quick", action="store_true", help="only the split backend per --kv-splits")
     p.add_argument("--prefix-kernels", default="sdpa,triton", help="the split backend's kernels (sdpa = cuDNN)")
-    p.add_argument("--fma-eighths", default="", help="also the Triton kernel with these FMA_EIGHTHS (comma list; "
-                   "its default is measured as 'triton')")
     p.add_argument("--page", type=int, default=999, help="patch tokens per frame (999: 518x378, 1036: 518x392)")
     args = p.parse_args()
     global PAGE
@@ -141,26 +139,20 @@ def main() -> int:
     ref_split = reference(sets[0], slots_split)
     filling = list(range(40)) + visible_split[R:]
     ref_filling = reference(sets[0], visible_token_slots(filling, last, torch.arange(PAGE, device=dev)))
-    from lingbot_map_ros.core.cache import triton_prefix
-    default_eighths = triton_prefix.FMA_EIGHTHS
-    kernels = [(name, default_eighths) for name in args.prefix_kernels.split(",")]
-    kernels += [("triton", int(e)) for e in args.fma_eighths.split(",") if e and "triton" in args.prefix_kernels]
-    for prefix_kernel, eighths in kernels:
-        triton_prefix.FMA_EIGHTHS = eighths  # read when the graph captures the call
+    for prefix_kernel in args.prefix_kernels.split(","):
         for S in (int(x) for x in args.kv_splits.split(",")):
             sp_s = SplitPrefixBackend(page_size=PAGE, num_patch_pages=patch_pages, num_pages=num_pages, num_heads=H,
                                       head_dim=D, dtype=dt, device=dev, kernel="cudnn", fuse_merge=True, kv_splits=S,
                                       prefix_kernel=prefix_kernel)
             sp_s.plan(visible_split, last, T)
             used = sp_s._regions[0].splits if sp_s._regions else sp_s.kv_splits
-            who = "cuDNN" if prefix_kernel == "sdpa" else f"{prefix_kernel}, exp {eighths}/8 on FMA"
+            who = "cuDNN" if prefix_kernel == "sdpa" else prefix_kernel
             bench(f"split ({who} prefix), prefix as {used} key ranges (compiled merge, graph)",
                   lambda: sp_s.plan(visible_split, last, T), lambda kv: sp_s.run(kv, q), graph=True, ref_out=ref_split)
             sp_s.plan(filling, last, T)
             bench(f"split ({who} prefix), filling 40 of 72, head {sp_s.head_pages} as {used} "
                   "ranges (graph)", lambda: sp_s.plan(filling, last, T), lambda kv: sp_s.run(kv, q), graph=True,
                   ref_out=ref_filling, keys=sp_s.num_keys)
-    triton_prefix.FMA_EIGHTHS = default_eighths
     if args.quick:
         _table(results)
         return 0

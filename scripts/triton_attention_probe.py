@@ -108,10 +108,9 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tuned
 
 
 
-# (block_m, block_n, warps, stages, eighths of the exponentials on the FMA units): the package's TMA kernel
-# (lingbot_map_ros/core/cache/triton_prefix.py) over one run of all keys, per tile and exponential split
-TMA_VARIANTS = [(64, 128, 4, 3, 0), (64, 128, 4, 3, 1), (64, 128, 4, 3, 2), (64, 128, 4, 3, 4),
-                (128, 128, 8, 3, 0), (128, 128, 8, 3, 2), (64, 128, 4, 2, 2)]
+# (block_m, block_n, warps, stages): the package's TMA kernel (lingbot_map_ros/core/cache/triton_prefix.py)
+# over one run of all keys, per tile; its default is the first row
+TMA_VARIANTS = [(64, 128, 4, 3), (64, 128, 4, 2), (64, 64, 4, 6), (128, 128, 8, 3)]
 
 
 def prefix_attention_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **tiles) -> tuple:
@@ -189,7 +188,6 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--device", default="cuda", help="cpu: a correctness dry run under TRITON_INTERPRET=1")
     p.add_argument("--flashinfer", action="store_true", help="also FlashInfer's fa3 over contiguous keys, split")
-    p.add_argument("--tma-only", action="store_true", help="only cuDNN and the package's kernel (no autotuning)")
     args = p.parse_args()
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -211,10 +209,8 @@ def main() -> None:
     if dev.type == "cpu":
         out, lse = prefix_attention(q, k, v, tuned=False, block_m=16, block_n=64)
         check("triton, 16 x 64 (interpreter)", out, lse, float("nan"))
-        for eighths in (0, 2):
-            out, lse = prefix_attention_tma(q, k, v, block_m=16, block_n=32, num_warps=4, num_stages=2,
-                                            fma_eighths=eighths)
-            check(f"triton TMA (package), 16 x 32, exp {eighths}/8 on FMA (interpreter)", out, lse, float("nan"))
+        out, lse = prefix_attention_tma(q, k, v, block_m=16, block_n=32, num_warps=4, num_stages=2)
+        check("triton TMA (package), 16 x 32 (interpreter)", out, lse, float("nan"))
     else:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -226,13 +222,12 @@ def main() -> None:
 
         check("cuDNN fused attention (SDPA, strided token-major views)", cudnn()[0].transpose(0, 1), None,
               time_us(cudnn, args.reps))
-        if not args.tma_only:
-            out, lse = prefix_attention(q, k, v)  # autotunes on its first call
-            best = _tuned.best_config
-            check(f"triton, autotuned ({best})", out, lse, time_us(lambda: prefix_attention(q, k, v), args.reps))
-        for bm, bn, warps, stages, eighths in TMA_VARIANTS:
-            opts = dict(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, fma_eighths=eighths)
-            name = f"triton TMA (package), {bm} x {bn}, {warps} warps, {stages} stages, exp {eighths}/8 on FMA"
+        out, lse = prefix_attention(q, k, v)  # autotunes on its first call
+        best = _tuned.best_config
+        check(f"triton, autotuned ({best})", out, lse, time_us(lambda: prefix_attention(q, k, v), args.reps))
+        for bm, bn, warps, stages in TMA_VARIANTS:
+            opts = dict(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
+            name = f"triton TMA (package), {bm} x {bn}, {warps} warps, {stages} stages"
             try:
                 out, lse = prefix_attention_tma(q, k, v, **opts)
                 check(name, out, lse, time_us(lambda: prefix_attention_tma(q, k, v, **opts), args.reps))

@@ -27,11 +27,8 @@ def test_triton_prefix_kernel_matches_float64_in_the_interpreter() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     kernel = report["kernel"]
-    for name, err in kernel.items():  # fp32 arithmetic in the interpreter; the cubic exp2 at its 7.5e-5
-        assert err < (2e-4 if name.startswith("fma") else 2e-6), (name, err, kernel)
-    exp2 = report["exp2_fma"]
-    assert exp2["rel"] < 8e-5, exp2  # the cubic's bound
-    assert 0 < exp2["below_min"] and exp2["below_max"] < 2.0 ** -124, exp2  # clamped: tiny, finite, normal
+    for name, err in kernel.items():  # fp32 arithmetic in the interpreter
+        assert err < 2e-6, (name, err, kernel)
     # every step of each stream matched float64 inside the drive; the kernel read both prefix shapes
     for key, modes in report["modes"].items():
         assert {"filling", "full"} <= set(modes), (key, modes)

@@ -12,8 +12,6 @@ import os
 import sys
 
 import torch
-import triton
-import triton.language as tl
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 import triton.runtime.interpreter as interpreter  # noqa: E402
@@ -35,7 +33,7 @@ from test_paged_attention import drive_one_frame_backend  # noqa: E402
 
 from lingbot_map_ros.core.cache import PagedKVCache  # noqa: E402
 from lingbot_map_ros.core.cache.split_backend import SplitPrefixBackend  # noqa: E402
-from lingbot_map_ros.core.cache.triton_prefix import _exp2_fma, contiguous_runs, runs_attention  # noqa: E402
+from lingbot_map_ros.core.cache.triton_prefix import contiguous_runs, runs_attention  # noqa: E402
 from lingbot_map_ros.core.config import SPECIAL_TOKENS_PER_FRAME  # noqa: E402
 
 
@@ -70,34 +68,7 @@ def kernel_errors() -> dict[str, float]:
             lse_err = max(lse_err, (lse[p].double() - scores.logsumexp(-1)).abs().max().item())
         errors[f"parts{parts}_out"] = out_err
         errors[f"parts{parts}_lse"] = lse_err
-    scores = torch.einsum("thd,nhd->htn", q.double(), k[order].double()) / math.sqrt(d)  # [H, T, n]
-    ref = torch.einsum("htn,nhd->thd", scores.softmax(-1), v[order].double())
-    for eighths in (1, 2, 4):  # part of each tile's exponentials by the cubic (bf16/fp16 on the GPU)
-        out, lse = runs_attention(q, k, v, table, block_m=16, block_n=32, num_stages=2, fma_eighths=eighths)
-        errors[f"fma{eighths}_out"] = ((out[0].double() - ref).norm() / ref.norm()).item()
-        errors[f"fma{eighths}_lse"] = (lse[0].double() - scores.logsumexp(-1)).abs().max().item()
     return errors
-
-
-@triton.jit
-def _apply_exp2_fma(x_ptr, y_ptr, N: tl.constexpr):
-    offsets = tl.arange(0, N)
-    tl.store(y_ptr + offsets, _exp2_fma(tl.load(x_ptr + offsets)))
-
-
-def exp2_fma_errors() -> dict[str, float]:
-    """The cubic exp2 against float64 on [-125, 0] (integers, half-integers, random points), and what
-    it gives below its clamp and at -inf (the largest value there; 2**-125 ~ 2.4e-38)."""
-    gen = torch.Generator().manual_seed(1)
-    inside = torch.cat([torch.arange(-125.0, 0.5, 0.5), -125 * torch.rand(4000, generator=gen)])
-    below = torch.tensor([-125.2, -126.0, -140.0, -1e30, float("-inf")])
-    x = torch.cat([inside, below, torch.zeros(8192 - inside.numel() - below.numel())]).float()  # [N]
-    y = torch.empty_like(x)
-    _apply_exp2_fma[(1,)](x, y, N=x.numel())
-    exact = torch.exp2(x.double())
-    rel = ((y.double() - exact) / exact)[:inside.numel()].abs().max().item()
-    tail = y[inside.numel():inside.numel() + below.numel()]
-    return {"rel": rel, "below_max": tail.max().item(), "below_min": tail.min().item()}
 
 
 def split_backend_modes(prefix_kernel: str, kv_splits: int) -> list[str]:
@@ -117,7 +88,7 @@ def split_backend_modes(prefix_kernel: str, kv_splits: int) -> list[str]:
 
 
 if __name__ == "__main__":
-    print(json.dumps({"kernel": kernel_errors(), "exp2_fma": exp2_fma_errors(),
+    print(json.dumps({"kernel": kernel_errors(),
                       "modes": {f"{kernel}/{splits}": split_backend_modes(kernel, splits)
                                 for kernel, splits in (("triton", 1), ("triton", 5))},
                       "runs": contiguous_runs([4, 0, 1, 2, 7, 8], 3, 10)}))

@@ -7,7 +7,6 @@ Speed goals are judged from this table (medians and ratios of one run), never fr
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import os
 import sys
@@ -43,7 +42,7 @@ class BenchRow:
 
 VARIANT_HELP = (
     "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+autotune][+bf16][+kvN][+serialheads]"
-    "[+cudnnprefix|+tritonprefix][+nchwdepth][+mufuexp]: "
+    "[+cudnnprefix|+tritonprefix][+nchwdepth]: "
     "BACKEND sdpa|flashinfer, KERNEL split|cudnn|flash (sdpa) or fa2|fa3 (flashinfer); "
     "+compile = torch.compile-fused blocks in the graph step; "
     "+autotune = their GEMMs autotuned by Inductor (max-autotune, minutes to compile); "
@@ -52,8 +51,7 @@ VARIANT_HELP = (
     "it on a second stream of the graph step (auto+serialheads: the default so; +parallelheads: the default); "
     "+cudnnprefix / +tritonprefix = the split kernel as cuDNN's unmasked prefix + masked tail / as our Triton "
     "kernel over the visible runs in one call (auto: Triton where it runs); "
-    "+nchwdepth = the depth head's conv weights in NCHW layout (auto on CUDA: channels-last); "
-    "+mufuexp = the Triton kernel's exponentials all on the MUFU (auto: part of each tile on the FMA units). "
+    "+nchwdepth = the depth head's conv weights in NCHW layout (auto on CUDA: channels-last). "
     "e.g. sdpa:split+graph+compile,flashinfer:fa3+graph; "
     "auto = the node's default parameters on this device"
 )
@@ -111,31 +109,8 @@ def run_one(base: LoadedModel, runtime_cfg: RuntimeConfig, stream_cfg: StreamCon
             profile: bool = False) -> tuple[BenchRow, np.ndarray]:
     """One variant over ``frames`` frames through a session manager around the already built model
     (``base``: one model for every variant; the variant only changes the resolved runtime)."""
-    with _exponentials_for(variant):
-        return _run_one(base, runtime_cfg, stream_cfg, variant, frames, height, width, heads, report_every, profile)
-
-
-@contextlib.contextmanager
-def _exponentials_for(variant: str):
-    """``+mufuexp``: the Triton kernel's tile constant ``FMA_EIGHTHS`` at 0 for this variant (a kernel
-    tuning constant like its tile sizes, not a parameter: this is how one run measures before and now)."""
-    if "mufuexp" not in variant.split("+"):
-        yield
-        return
-    from lingbot_map_ros.core.cache import triton_prefix
-
-    kept = triton_prefix.FMA_EIGHTHS
-    triton_prefix.FMA_EIGHTHS = 0
-    try:
-        yield
-    finally:
-        triton_prefix.FMA_EIGHTHS = kept
-
-
-def _run_one(base: LoadedModel, runtime_cfg: RuntimeConfig, stream_cfg: StreamConfig, variant: str, frames: int,
-             height: int, width: int, heads: str, report_every: int, profile: bool) -> tuple[BenchRow, np.ndarray]:
     device, dtype = base.runtime.device, base.runtime.dtype
-    runtime = variant_runtime(variant.replace("+mufuexp", ""), device, dtype)
+    runtime = variant_runtime(variant, device, dtype)
     backend = runtime.backend
     stream_cfg = dataclasses.replace(stream_cfg, with_depth=(heads == "depth+camera"))
     manager = SessionManager.around(base.model, base.cfg, stream_cfg, runtime, log=lambda m: None,

@@ -43,73 +43,15 @@ NUM_WARPS = 4
 NUM_STAGES = 3  # 106 KB of shared memory: two programs per SM
 PROGRAMS_PER_SM = 2  # what the split backend's choice of parts counts with (factory.py)
 MAX_RUNS = 4  # runs per call: a keyframe's prefix + specials, or one run for a non-keyframe; holes fall back
-FMA_EIGHTHS = 2  # of each score tile's exponentials on the FMA units, for half-precision inputs (_exp2_tile)
 LOG2_E = 1.4426950408889634
 
 
-# 2**f on [-0.5, 0.5] as a cubic (near-minimax, relative error 7.5e-5: below half-precision rounding of
-# the probabilities, 2**-9 in bf16 and 2**-11 in fp16, which is all they are used at)
-EXP2_C0, EXP2_C1, EXP2_C2, EXP2_C3 = (tl.constexpr(c) for c in (0.99992806, 0.69326097, 0.24261115, 0.05517167))
-MAGIC_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2**23: x + it holds round(x) in its low mantissa bits
-
-
 @triton.jit
-def _exp2_fma(x):
-    """``2**x`` (x <= 0) on the FMA and integer units, without the MUFU: ``x = j + f`` with ``j`` an
-    integer and ``f`` in [-0.5, 0.5]; the cubic gives ``2**f`` and ``j`` goes into its exponent bits.
-    Clamped at -125 (2**-125 is nothing against a row sum >= 1), so it stays a normal float."""
-    x = tl.maximum(x, -125.0)
-    rounded = x + MAGIC_ROUND
-    f = x - (rounded - MAGIC_ROUND)  # [-0.5, 0.5]
-    poly = ((EXP2_C3 * f + EXP2_C2) * f + EXP2_C1) * f + EXP2_C0  # 2**f
-    bits = poly.to(tl.int32, bitcast=True) + (rounded.to(tl.int32, bitcast=True) << 23)  # round(x) << 23
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _halves(x, BM: tl.constexpr, WIDTH: tl.constexpr):
-    """``x [BM, WIDTH]`` as its left and right halves (each thread's columns stay its own)."""
-    return x.reshape([BM, 2, WIDTH // 2]).permute(0, 2, 1).split()
-
-
-@triton.jit
-def _joined(left, right, BM: tl.constexpr, WIDTH: tl.constexpr):
-    """The inverse of ``_halves``: ``[BM, WIDTH]`` from its two halves."""
-    return tl.join(left, right).permute(0, 2, 1).reshape([BM, WIDTH])
-
-
-@triton.jit
-def _exp2_tile(x, BM: tl.constexpr, BN: tl.constexpr, FMA_EIGHTHS: tl.constexpr):
-    """``2**x`` of a score tile ``[BM, BN]``, its last ``FMA_EIGHTHS`` / 8 of the columns on the FMA
-    units (``_exp2_fma``), the rest on the MUFU. Why: at d = 64 the MUFU's exponentials (16 per SM
-    per clock) take as long as both GEMMs of the tile, while the FMA units (128 per clock) idle; FA4
-    moves part of the exponentials over in the same way. 0, 1, 2 or 4."""
-    if FMA_EIGHTHS == 0:
-        p = tl.math.exp2(x)
-    elif FMA_EIGHTHS == 4:
-        left, right = _halves(x, BM, BN)
-        p = _joined(tl.math.exp2(left), _exp2_fma(right), BM, BN)
-    elif FMA_EIGHTHS == 2:
-        left, right = _halves(x, BM, BN)
-        right_l, right_r = _halves(right, BM, BN // 2)
-        p = _joined(tl.math.exp2(left), _joined(tl.math.exp2(right_l), _exp2_fma(right_r), BM, BN // 2), BM, BN)
-    else:
-        tl.static_assert(FMA_EIGHTHS == 1, "FMA_EIGHTHS: 0, 1, 2 or 4")
-        left, right = _halves(x, BM, BN)
-        right_l, right_r = _halves(right, BM, BN // 2)
-        last_l, last_r = _halves(right_r, BM, BN // 4)
-        p = _joined(tl.math.exp2(left), _joined(tl.math.exp2(right_l), _joined(
-            tl.math.exp2(last_l), _exp2_fma(last_r), BM, BN // 4), BM, BN // 2), BM, BN)
-    return p
-
-
-@triton.jit
-def _softmax_step(s, m_i, l_i, acc, v, scale_log2, BM: tl.constexpr, BN: tl.constexpr,
-                  FMA_EIGHTHS: tl.constexpr):
+def _softmax_step(s, m_i, l_i, acc, v, scale_log2):
     """Fold one key block (raw scores ``s`` [BM, BN], values ``v`` [BN, D]) into the running state."""
     m_new = tl.maximum(m_i, tl.max(s, 1))  # [BM]
     shift = m_new * scale_log2  # [BM]
-    p = _exp2_tile(s * scale_log2 - shift[:, None], BM, BN, FMA_EIGHTHS)  # [BM, BN]
+    p = tl.math.exp2(s * scale_log2 - shift[:, None])  # [BM, BN]
     alpha = tl.math.exp2(m_i * scale_log2 - shift)  # [BM]
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])  # [BM, D]
@@ -119,7 +61,7 @@ def _softmax_step(s, m_i, l_i, acc, v, scale_log2, BM: tl.constexpr, BN: tl.cons
 @triton.jit
 def _runs_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, runs_ptr, num_queries, scale_log2,
                     stride_op, stride_ot, stride_oh, HEAD_DIM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                    NUM_RUNS: tl.constexpr, FMA_EIGHTHS: tl.constexpr):
+                    NUM_RUNS: tl.constexpr):
     """Program (query block, head, part): softmax(q kᵀ · scale) v over its piece of the runs, and its LSE.
 
     ``runs_ptr``: int32 [NUM_RUNS, 2] (first slot, length; length 0 = unused). Part ``p`` of ``P``
@@ -150,13 +92,13 @@ def _runs_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, runs_ptr, num_querie
         for start in tl.range(0, whole, BN):  # whole blocks: no masks
             s = tl.dot(q, k_desc.load([row0 + start, col]).T)  # [BM, BN]
             v = v_desc.load([row0 + start, col])  # [BN, D]
-            m_i, l_i, acc = _softmax_step(s, m_i, l_i, acc, v, scale_log2, BM, BN, FMA_EIGHTHS)
+            m_i, l_i, acc = _softmax_step(s, m_i, l_i, acc, v, scale_log2)
         if whole < count:  # the piece's last keys; the columns after them masked
             keys = whole + tl.arange(0, BN)  # [BN]
             s = tl.dot(q, k_desc.load([row0 + whole, col]).T)
             s = tl.where((keys < count)[None, :], s, float("-inf"))
             v = v_desc.load([row0 + whole, col])  # finite rows: other slots of the storage, or zeros past it
-            m_i, l_i, acc = _softmax_step(s, m_i, l_i, acc, v, scale_log2, BM, BN, 0)  # masked: exact zeros
+            m_i, l_i, acc = _softmax_step(s, m_i, l_i, acc, v, scale_log2)
         offset += length
     rows = block * BM + tl.arange(0, BM)  # [BM]
     dims = tl.arange(0, HEAD_DIM)  # [D]
@@ -181,15 +123,13 @@ def _tma_ready(x: Tensor) -> Tensor:
 
 def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int = 1, block_m: int = BLOCK_M,
                    block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
-                   num_stages: int = NUM_STAGES, fma_eighths: int | None = None) -> tuple[Tensor, Tensor]:
+                   num_stages: int = NUM_STAGES) -> tuple[Tensor, Tensor]:
     """Attention of ``q [T, H, D]`` over the keys of ``k, v [slots, H, D]`` (token-major storage: each
     key's heads in one row) named by ``runs`` (int32 ``[R, 2]`` on q's device: first slot, length).
 
     Returns out ``[P, T, H, D]`` in q's dtype and lse ``[P, H, T]`` float32 (natural log, scores
     scaled by 1/√D), one per part; with ``parts`` 1, ``out[0]`` is the attention itself. The tile
-    arguments are for the probe (scripts/). ``fma_eighths`` (0, 1, 2, 4): how much of each score tile's
-    exponentials the FMA units compute; by default ``FMA_EIGHTHS`` for bf16 and fp16 (whose probabilities
-    are rounded far coarser than the cubic's error) and 0 for fp32, which keeps the MUFU's exp2 exactly."""
+    arguments are for the probe (scripts/)."""
     t, h, d = q.shape
     if k.dtype != q.dtype or v.dtype != q.dtype or k.shape != v.shape or k.shape[1:] != q.shape[1:]:
         raise ValueError(f"q {list(q.shape)} {q.dtype}, k {list(k.shape)} {k.dtype}, v {list(v.shape)} {v.dtype}")
@@ -202,13 +142,10 @@ def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int 
     q_desc = TensorDescriptor(q, [t, h * d], [q.stride(0), 1], [block_m, d])
     k_desc = TensorDescriptor(k, [n, h * d], [k.stride(0), 1], [block_n, d])
     v_desc = TensorDescriptor(v, [n, h * d], [v.stride(0), 1], [block_n, d])
-    if fma_eighths is None:
-        fma_eighths = FMA_EIGHTHS if q.dtype in (torch.bfloat16, torch.float16) else 0
     grid = (-(-t // block_m), h, parts)
     _runs_attention[grid](q_desc, k_desc, v_desc, out, lse, runs.contiguous(), t, LOG2_E / math.sqrt(d),
                           out.stride(0), out.stride(1), out.stride(2), HEAD_DIM=d, BM=block_m, BN=block_n,
-                          NUM_RUNS=runs.shape[0], FMA_EIGHTHS=fma_eighths, num_warps=num_warps,
-                          num_stages=num_stages)
+                          NUM_RUNS=runs.shape[0], num_warps=num_warps, num_stages=num_stages)
     return out, lse
 
 
