@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run of record (device machine, nvidia-h200): GPU correctness tests, then the benchmark
 # benchmark table. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
-#   bash scripts/device_run.sh [camera7|record7|upload7|nhwc6|tests6|record6|prefix|round|official|gap|probe|check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
+#   bash scripts/device_run.sh [gluon8|camera7|record7|upload7|nhwc6|tests6|record6|prefix|round|official|gap|probe|check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
 # Everything it prints also lands in $OUT (gpu_tests.log, bench.txt, long.txt) and the JIT-compiled
 # FlashInfer kernels are copied to $OUT/*.so so a later call can skip compiling (put each one at
 # .fi_aot/<name>/<name>.so and carry .fi_aot).
@@ -44,6 +44,15 @@ if [ "$MODE" = round ]; then
   timeout 150 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto,auto+serialheads --profile 2>&1 | grep -v "arn\|softmax\|^$" | tee "$OUT/bench_record.txt"
   timeout 60 "${BENCH[@]}" --frames 208 --heads camera --variants auto 2>&1 | grep -E "^\|" | tee "$OUT/bench_record_camera.txt"
   with_flashinfer 140 python3 scripts/attention_bench.py 2>&1 | grep -E "^\||keys" | tee "$OUT/attention.txt"
+elif [ "$MODE" = gluon8 ]; then
+  # the runs kernel in Gluon (gluon_runs.py: the softmax beside the wgmma): its GPU tests against float64,
+  # the kernel alone beside the Triton one and cuDNN (518x378, 518x392), per layer in the split backend
+  # (steady, filling), then end to end against the Triton kernel (the default)
+  timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider -k "gluon or triton_prefix" 2>&1 | grep -E "rel diff|page|parts|passed|failed|Error" | tee "$OUT/gpu_tests.log"
+  timeout 100 python3 scripts/triton_attention_probe.py --tma-only 2>&1 | grep -E "^\||GFLOP|rror|FAIL" | tee "$OUT/probe_378.txt"
+  timeout 60 python3 scripts/triton_attention_probe.py --tma-only --queries 1042 --keys 74592 2>&1 | grep -E "^\||GFLOP|rror|FAIL" | tee "$OUT/probe_392.txt"
+  timeout 90 python3 scripts/attention_bench.py --quick --kv-splits 1 --prefix-kernels sdpa,triton,gluon 2>&1 | grep -E "^\||keys" | tee "$OUT/attention_gluon.txt"
+  timeout 200 "${BENCH[@]}" --frames 208 --heads depth+camera,camera --variants auto,auto+gluonprefix 2>&1 | grep -E "^\||rror" | tee "$OUT/bench_gluon.txt"
 elif [ "$MODE" = camera7 ]; then
   # the camera cache's mask opened by one fill per stored step: before / now in one process, the GPU
   # tests of the graphs (the camera head is captured with it), the default end to end with both head sets
@@ -195,7 +204,7 @@ elif [ "$MODE" = perf ] || [ "$MODE" = record ]; then
 elif [ "$MODE" != long ] && [ "$MODE" != final ]; then
   timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
-if [ "$MODE" = round ] || [ "$MODE" = official ] || [ "$MODE" = gap ] || [ "$MODE" = probe ] || [ "$MODE" = prefix ] || [ "$MODE" = record6 ] || [ "$MODE" = tests6 ] || [ "$MODE" = nhwc6 ] || [ "$MODE" = upload7 ] || [ "$MODE" = record7 ] || [ "$MODE" = camera7 ] || [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ] || [ "$MODE" = heads ]; then
+if [ "$MODE" = round ] || [ "$MODE" = official ] || [ "$MODE" = gap ] || [ "$MODE" = probe ] || [ "$MODE" = prefix ] || [ "$MODE" = record6 ] || [ "$MODE" = tests6 ] || [ "$MODE" = nhwc6 ] || [ "$MODE" = upload7 ] || [ "$MODE" = record7 ] || [ "$MODE" = camera7 ] || [ "$MODE" = gluon8 ] || [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ] || [ "$MODE" = heads ]; then
   :  # done above
 elif [ "$MODE" = quick ]; then
   "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"

@@ -233,6 +233,17 @@ def main() -> None:
                 check(name, out, lse, time_us(lambda: prefix_attention_tma(q, k, v, **opts), args.reps))
             except Exception as exc:  # a tile that does not compile or launch is reported, not fatal
                 print(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
+        from lingbot_map_ros.core.cache import gluon_runs
+
+        runs = torch.tensor([[0, n]], dtype=torch.int32, device=dev)
+        for stages in (3, 2):
+            name = f"gluon (package), 64 x 128, softmax beside the wgmma, {stages} stages"
+            try:
+                out, lse = gluon_runs.runs_attention(q, k, v, runs, stages=stages)
+                check(name, out[0], lse[0], time_us(lambda s=stages: gluon_runs.runs_attention(q, k, v, runs, stages=s),
+                                                    args.reps))
+            except Exception as exc:  # reported, not fatal
+                print(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
         if args.flashinfer:
             fa3_ragged_rows(q, k, v, check, args.reps)
     print("| kernel | us | TFLOP/s | rel. error vs reference | max abs LSE error |")

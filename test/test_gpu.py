@@ -77,7 +77,7 @@ def make_caches(page_size, dtype, scale, window, kinds):
                 page_size=page_size, num_patch_pages=cache.table.num_patch_pages, num_pages=cache.table.num_pages,
                 num_heads=H, head_dim=D, dtype=dtype, device="cuda", kernel="cudnn",
                 fuse_merge=kind.endswith("fused"), kv_splits=5 if kind.endswith("kv") else 1,  # kv: 5 ranges of 1 page
-                prefix_kernel="triton" if "triton" in kind else "sdpa")
+                prefix_kernel="triton" if "triton" in kind else "gluon" if "gluon" in kind else "sdpa")
             caches[kind] = cache
         elif kind == "sdpa-static":
             static = StaticSdpaBackend(page_size=page_size, num_heads=H, head_dim=D,
@@ -159,6 +159,68 @@ def test_split_backend_with_the_triton_prefix_matches_float64(page_size, dtype):
     assert all(err < limit for err in worst.values()), worst
     assert all(worst[kind] < 1.5 * worst["sdpa-split"] + 1e-4 for kind in kinds), worst
     assert {"filling", "full"} <= set(modes["sdpa-split-triton"]), modes["sdpa-split-triton"]
+
+
+def _gluon_unusable() -> str:
+    from lingbot_map_ros.core.runtime import gluon_runs_unusable_reason
+
+    return gluon_runs_unusable_reason(torch.device("cuda")) if torch.cuda.is_available() else "needs CUDA"
+
+
+@pytest.mark.skipif(bool(_gluon_unusable()), reason=_gluon_unusable() or "runs")
+@pytest.mark.parametrize("page_size", [777, 999, 1036])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_split_backend_with_the_gluon_prefix_matches_float64(page_size, dtype):
+    """The split backend with the Gluon runs kernel (one part, five parts merged), against float64 and
+    at least as close as with cuDNN's prefix + tail, through a filling and a full window."""
+    kinds = ["sdpa-split", "sdpa-split-gluon", "sdpa-split-gluon-kv"]
+    worst, modes = run_stream(page_size, dtype, kinds, steps=16)
+    limit = 1e-2 if dtype == torch.bfloat16 else 2e-3
+    print(f"page {page_size} {dtype}: {worst}")
+    assert all(err < limit for err in worst.values()), worst
+    assert all(worst[kind] < 1.5 * worst["sdpa-split"] + 1e-4 for kind in kinds), worst
+    assert {"filling", "full"} <= set(modes["sdpa-split-gluon"]), modes["sdpa-split-gluon"]
+
+
+@pytest.mark.skipif(bool(_gluon_unusable()), reason=_gluon_unusable() or "runs")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gluon_runs_kernel_matches_float64_on_poisoned_storage(dtype):
+    """The Gluon kernel alone: 150 queries (not a multiple of its 64) x 2 heads over four runs of a
+    poisoned storage (whole blocks, masked ends, a run shorter than a block, an empty row), read as 1,
+    3 and 2,000 parts (more parts than keys: empty parts give lse -inf and zeros), each part against
+    float64 on the same rounded inputs, and no worse than the Triton kernel on the same call."""
+    from lingbot_map_ros.core.cache import gluon_runs, triton_prefix
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    t, slots, h, d = 150, 4000, 2, 64
+    q = torch.randn(t, h, d, device="cuda", generator=gen).to(dtype)  # [T, H, D]
+    k, v = (torch.full((slots, h, d), 3e4, device="cuda", dtype=dtype) for _ in range(2))  # poisoned
+    runs = [(10, 1500), (1700, 300), (2500, 33)]
+    for start, length in runs:
+        k[start:start + length] = torch.randn(length, h, d, device="cuda", generator=gen).to(dtype)
+        v[start:start + length] = torch.randn(length, h, d, device="cuda", generator=gen).to(dtype)
+    order = torch.cat([torch.arange(start, start + length, device="cuda") for start, length in runs])
+    table = torch.tensor(runs + [(0, 0)], dtype=torch.int32, device="cuda")
+    for parts in (1, 3, 2000):
+        errors = {}
+        for name, kernel in (("gluon", gluon_runs.runs_attention), ("triton", triton_prefix.runs_attention)):
+            out, lse = kernel(q, k, v, table, parts=parts)  # [P, T, H, D], [P, H, T]
+            total = order.numel()
+            out_err = lse_err = 0.0
+            for p in range(parts):
+                piece = order[p * total // parts:(p + 1) * total // parts]
+                if piece.numel() == 0:
+                    assert torch.isneginf(lse[p]).all() and (out[p] == 0).all(), (name, parts, p)
+                    continue
+                scores = torch.einsum("thd,nhd->htn", q.double(), k[piece].double()) / d ** 0.5  # [H, T, n]
+                ref = torch.einsum("htn,nhd->thd", scores.softmax(-1), v[piece].double())
+                out_err = max(out_err, ((out[p].double() - ref).norm() / ref.norm()).item())
+                lse_err = max(lse_err, (lse[p].double() - scores.logsumexp(-1)).abs().max().item())
+            errors[name] = (out_err, lse_err)
+        print(f"{dtype} parts {parts}: {errors}")
+        limit = 1e-2 if dtype == torch.bfloat16 else 2e-3
+        assert errors["gluon"][0] < limit and errors["gluon"][1] < 1e-4, errors
+        assert errors["gluon"][0] < 1.5 * errors["triton"][0] + 1e-4, errors
 
 
 @pytest.mark.skipif(not HAS_FLASHINFER, reason="flashinfer not installed")

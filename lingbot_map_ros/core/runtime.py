@@ -149,7 +149,20 @@ def triton_prefix_unusable_reason(device: torch.device) -> str:
     return ""
 
 
-PREFIX_KERNELS = ("auto", "sdpa", "triton")
+def gluon_runs_unusable_reason(device: torch.device) -> str:
+    """Why the Gluon version of the runs kernel cannot run ("" when it can): on top of the Triton
+    kernel's needs, Gluon (Triton >= 3.5) and Hopper's wgmma (compute capability 9 exactly)."""
+    reason = triton_prefix_unusable_reason(device)
+    if reason:
+        return reason
+    if importlib.util.find_spec("triton.experimental.gluon") is None:
+        return "this Triton has no Gluon"
+    if torch.cuda.get_device_capability(device)[0] != 9:
+        return "it needs Hopper's wgmma (compute capability 9)"
+    return ""
+
+
+PREFIX_KERNELS = ("auto", "sdpa", "triton", "gluon")
 
 
 def resolve_prefix_kernel(name: str, device: torch.device) -> tuple[str, str]:
@@ -159,10 +172,12 @@ def resolve_prefix_kernel(name: str, device: torch.device) -> tuple[str, str]:
     if name not in PREFIX_KERNELS:
         raise ValueError(f"prefix_kernel must be one of {PREFIX_KERNELS} (got {name!r})")
     reason = triton_prefix_unusable_reason(device)
-    if name == "triton":
+    if name == "gluon" and not reason:
+        reason = gluon_runs_unusable_reason(device)
+    if name in ("triton", "gluon"):
         if reason:
             raise ValueError(f"prefix_kernel {name!r} cannot run: {reason}")
-        return "triton", "requested"
+        return name, "requested"
     if name == "sdpa":
         return "sdpa", "requested"
     if reason:
@@ -296,5 +311,5 @@ def resolve_runtime(cfg: RuntimeConfig) -> ResolvedRuntime:
 __all__ = [
     "ResolvedRuntime", "resolve_runtime", "resolve_for", "resolve_device", "resolve_dtype", "resolve_backend",
     "resolve_flashinfer_kernel", "flashinfer_unusable_reason", "cudnn_attention_unusable_reason",
-    "resolve_prefix_kernel", "triton_prefix_unusable_reason", "PREFIX_KERNELS",
+    "resolve_prefix_kernel", "triton_prefix_unusable_reason", "gluon_runs_unusable_reason", "PREFIX_KERNELS",
 ]

@@ -42,7 +42,7 @@ class BenchRow:
 
 VARIANT_HELP = (
     "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+autotune][+bf16][+kvN][+serialheads]"
-    "[+cudnnprefix|+tritonprefix][+nchwdepth]: "
+    "[+cudnnprefix|+tritonprefix|+gluonprefix][+nchwdepth]: "
     "BACKEND sdpa|flashinfer, KERNEL split|cudnn|flash (sdpa) or fa2|fa3 (flashinfer); "
     "+compile = torch.compile-fused blocks in the graph step; "
     "+autotune = their GEMMs autotuned by Inductor (max-autotune, minutes to compile); "
@@ -50,7 +50,7 @@ VARIANT_HELP = (
     "(auto+kvN: the default with N); +serialheads = the depth head after the camera head, not beside "
     "it on a second stream of the graph step (auto+serialheads: the default so; +parallelheads: the default); "
     "+cudnnprefix / +tritonprefix = the split kernel as cuDNN's unmasked prefix + masked tail / as our Triton "
-    "kernel over the visible runs in one call (auto: Triton where it runs); "
+    "kernel over the visible runs in one call (auto: Triton where it runs) / as its Gluon version; "
     "+nchwdepth = the depth head's conv weights in NCHW layout (auto on CUDA: channels-last). "
     "e.g. sdpa:split+graph+compile,flashinfer:fa3+graph; "
     "auto = the node's default parameters on this device"
@@ -65,7 +65,7 @@ def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
     kv = [f for f in flags if f.startswith("kv") and f[2:].isdigit()]
     kv_splits = int(kv[-1][2:]) if kv else 0
     parallel_heads = "serialheads" not in flags
-    prefix_flags = {"cudnnprefix": "sdpa", "tritonprefix": "triton"}
+    prefix_flags = {"cudnnprefix": "sdpa", "tritonprefix": "triton", "gluonprefix": "gluon"}
     prefix = [prefix_flags[f] for f in flags if f in prefix_flags]
     prefix_kernel = prefix[-1] if prefix else "auto"
     nhwc = "nchwdepth" not in flags

@@ -67,7 +67,7 @@ from .backend import DenseStorageBackend, check_plan, visible_token_slots
 from .staged_upload import StagedUpload
 
 KERNELS = ("cudnn", "efficient", "cpu")
-PREFIX_KERNELS = ("sdpa", "triton")  # ``kernel``'s unmasked prefix + masked tail / the Triton kernel over runs
+PREFIX_KERNELS = ("sdpa", "triton", "gluon")  # ``kernel``'s prefix + masked tail / our kernel over runs (Triton, Gluon)
 MODES = ("full", "filling", "masked", "tail")  # prefix unmasked / head + remainder / all masked / no prefix key
 
 
@@ -189,7 +189,8 @@ class SplitPrefixBackend(DenseStorageBackend):
         ``prefix_kernel``: ``sdpa`` = the regions above, each one ``kernel`` call; ``triton`` = every
         visible key in one call of the Triton kernel (``triton_prefix.py``, CUDA sm90+) over the
         contiguous runs of the visible pages (the run lengths on the device: one graph for every mode;
-        ``kv_splits`` parts merged by LSE), the regions only for a visible set of more runs."""
+        ``kv_splits`` parts merged by LSE), the regions only for a visible set of more runs; ``gluon``: the
+        same call as a Gluon kernel whose softmax overlaps the tensor cores (``gluon_runs.py``, sm90)."""
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS} (got {kernel!r})")
         if prefix_kernel not in PREFIX_KERNELS:
@@ -334,8 +335,11 @@ class SplitPrefixBackend(DenseStorageBackend):
         return self._merge(outs, lses).to(q.dtype)  # [T, H, D]
 
     def _run_runs(self, kv_pages: tuple[Tensor, Tensor], q: Tensor) -> Tensor:
-        """Every visible key in one Triton call over the planned runs (``kv_splits`` parts merged)."""
-        from .triton_prefix import runs_attention
+        """Every visible key in one call of our kernel over the planned runs (``kv_splits`` parts merged)."""
+        if self.prefix_kernel == "gluon":
+            from .gluon_runs import runs_attention
+        else:
+            from .triton_prefix import runs_attention
 
         h, d = self.num_heads, self.head_dim
         k = kv_pages[0].view(-1, h, d)  # [slots, H, D]: each slot's heads in one row

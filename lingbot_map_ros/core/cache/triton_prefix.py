@@ -112,7 +112,7 @@ def _runs_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, runs_ptr, num_querie
     tl.store(lse_ptr + (part * tl.num_programs(1) + head) * num_queries + rows, lse, mask=row_ok)
 
 
-def _tma_ready(x: Tensor) -> Tensor:
+def tma_ready(x: Tensor) -> Tensor:
     """``x [N, H, D]`` with rows of H*D contiguous elements on a 16-byte boundary (a copy if not)."""
     n, h, d = x.shape
     aligned = x.data_ptr() % 16 == 0 and (x.stride(0) * x.element_size()) % 16 == 0
@@ -135,7 +135,7 @@ def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int 
         raise ValueError(f"q {list(q.shape)} {q.dtype}, k {list(k.shape)} {k.dtype}, v {list(v.shape)} {v.dtype}")
     if runs.dtype != torch.int32 or runs.dim() != 2 or runs.shape[1] != 2 or runs.device != q.device:
         raise ValueError(f"runs must be int32 [R, 2] on {q.device} (got {runs.dtype} {list(runs.shape)})")
-    q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
+    q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
     n = k.shape[0]
     out = torch.empty(parts, t, h, d, device=q.device, dtype=q.dtype)  # [P, T, H, D]
     lse = torch.empty(parts, h, t, device=q.device, dtype=torch.float32)  # [P, H, T]

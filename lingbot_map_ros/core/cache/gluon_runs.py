@@ -1,0 +1,202 @@
+"""The runs kernel of ``triton_prefix.py`` in Gluon: the softmax of one key block overlaps the tensor
+cores' work on its neighbours (FA3's intra-warpgroup pipelining), on Hopper.
+
+Why: Triton 3.6 waits for every ``tl.dot`` right after issuing it, so inside a warpgroup the tensor
+cores and the softmax take turns (the TTGIR shows ``warp_group_dot_wait {pendings = 0}`` after each
+QKᵀ). Gluon issues the wgmma asynchronously and waits where we say. Per key block ``j`` of a program:
+
+    S_j = Q K_jᵀ            (async, group A)
+    O  += P_{j-1} V_{j-1}    (async, group B)
+    wait until only B is in flight; softmax of S_j on the CUDA cores while B runs
+    wait for B; the stage of block j-1 is free: TMA-load block j-1+STAGES into it; O *= alpha_j
+
+Same contract as ``triton_prefix.runs_attention`` (runs table, parts, out and log-sum-exp per part),
+same tiles (64 queries x 128 keys, one warpgroup, 3 stages, two programs per SM). Each run of a part
+is its own pipeline (drained at the run's end: 2-4 runs against hundreds of blocks). The running
+max starts at a finite -1e30 so that a part without keys gives l = 0 (no NaN) and is dropped.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .triton_prefix import tma_ready
+
+BLOCK_M = 64  # queries per program (one warpgroup)
+BLOCK_N = 128  # keys per block
+STAGES = 3  # K/V buffers: 8 + 96 KB of shared memory, two programs per SM
+NUM_WARPS = 4
+LOG2_E = 1.4426950408889634
+
+
+@gluon.jit
+def _issue_load(k_desc, v_desc, k_smem, v_smem, ready, stage, row, col, pred):
+    """TMA-load the key and value block at storage row ``row`` into ``stage`` (skipped if not ``pred``)."""
+    bar = ready.index(stage)
+    mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(k_desc, [row, col], bar, k_smem.index(stage), pred=pred)
+    tma.async_copy_global_to_shared(v_desc, [row, col], bar, v_smem.index(stage), pred=pred)
+
+
+@gluon.jit
+def _softmax(s, m_i, l_i, valid, scale_log2, BN: gl.constexpr, S_LAYOUT: gl.constexpr):
+    """One block's scores ``s`` [BM, BN] (its first ``valid`` columns real) against the running max
+    and sum: the probabilities (fp32), the rescale factor of the older state, the new max and sum."""
+    if valid < BN:
+        cols = gl.arange(0, BN, layout=gl.SliceLayout(0, S_LAYOUT))  # [BN]
+        s = gl.where((cols < valid)[None, :], s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))  # [BM]
+    shift = m_new * scale_log2  # [BM]
+    p = gl.exp2(s * scale_log2 - shift[:, None])  # [BM, BN]
+    alpha = gl.exp2(m_i * scale_log2 - shift)  # [BM]
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _attend_run(q_smem, k_desc, v_desc, k_smem, v_smem, ready, counter, row0, count, col, m_i, l_i, acc,
+                scale_log2, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, S_LAYOUT: gl.constexpr,
+                O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr):
+    """Fold keys ``row0 .. row0+count-1`` into the running state; ``counter`` counts the blocks loaded
+    before (it names the stage and mbarrier phase of each block)."""
+    blocks = gl.cdiv(count, BN)
+    if blocks > 0:
+        for i in gl.static_range(STAGES):  # every earlier wgmma has retired: all stages are free
+            _issue_load(k_desc, v_desc, k_smem, v_smem, ready, (counter + i) % STAGES, row0 + i * BN, col,
+                        i < blocks)
+        zeros = gl.zeros([BM, BN], gl.float32, S_LAYOUT)
+        stage = counter % STAGES
+        mbarrier.wait(ready.index(stage), (counter // STAGES) & 1)
+        s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), zeros, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=[s])  # [BM, BN]
+        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count, scale_log2, BN, S_LAYOUT)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+        p_op = gl.convert_layout(p.to(k_desc.dtype), P_LAYOUT)  # [BM, BN] as the A operand
+        for i in range(1, blocks):
+            prev = (counter + i - 1) % STAGES
+            stage = (counter + i) % STAGES
+            mbarrier.wait(ready.index(stage), ((counter + i) // STAGES) & 1)
+            s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), zeros, use_acc=False, is_async=True)
+            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)  # block i-1's values
+            s = warpgroup_mma_wait(num_outstanding=1, deps=[s])  # S_i ready; O += P V may still run
+            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count - i * BN, scale_log2, BN, S_LAYOUT)
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p_op])
+            _issue_load(k_desc, v_desc, k_smem, v_smem, ready, prev, row0 + (i - 1 + STAGES) * BN, col,
+                        i - 1 + STAGES < blocks)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+            p_op = gl.convert_layout(p.to(k_desc.dtype), P_LAYOUT)
+        last = (counter + blocks - 1) % STAGES
+        acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p_op])
+    return m_i, l_i, acc, counter + blocks
+
+
+@gluon.jit
+def _runs_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, runs_ptr, num_queries, scale_log2,
+                    stride_op, stride_ot, stride_oh, HEAD_DIM: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                    NUM_RUNS: gl.constexpr, STAGES: gl.constexpr):
+    """Program (query block, head, part): as ``triton_prefix._runs_attention``."""
+    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BN, 16])
+    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+    block = gl.program_id(0)
+    head = gl.program_id(1)
+    part = gl.program_id(2)
+    parts = gl.num_programs(2)
+    col = head * HEAD_DIM
+
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [BM, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BN, HEAD_DIM], v_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    mbarrier.init(q_ready, count=1)
+    fence_async_shared()
+    mbarrier.expect(q_ready, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [block * BM, col], q_ready, q_smem)  # rows past the queries: zeros
+    mbarrier.wait(q_ready, 0)
+
+    m_i = gl.full([BM], -1.0e30, gl.float32, gl.SliceLayout(1, S_LAYOUT))  # running max of raw scores
+    l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, S_LAYOUT))  # running sum of exp2
+    acc = gl.zeros([BM, HEAD_DIM], gl.float32, O_LAYOUT)  # [BM, D]
+    total = 0
+    for r in gl.static_range(NUM_RUNS):
+        total += gl.load(runs_ptr + 2 * r + 1)
+    lo = part * total // parts  # this part's keys, as offsets into the runs laid end to end
+    hi = (part + 1) * total // parts
+    offset = 0
+    counter = 0
+    for r in gl.static_range(NUM_RUNS):
+        first_slot = gl.load(runs_ptr + 2 * r)
+        length = gl.load(runs_ptr + 2 * r + 1)
+        begin = gl.maximum(lo - offset, 0)
+        end = gl.minimum(hi - offset, length)
+        count = gl.maximum(end - begin, 0)
+        m_i, l_i, acc, counter = _attend_run(q_smem, k_desc, v_desc, k_smem, v_smem, ready, counter,
+                                             first_slot + begin, count, col, m_i, l_i, acc, scale_log2, BM, BN,
+                                             STAGES, S_LAYOUT, O_LAYOUT, P_LAYOUT)
+        offset += length
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+    mbarrier.invalidate(q_ready)
+
+    rows = block * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, O_LAYOUT))  # [BM]
+    dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_LAYOUT))  # [D]
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, O_LAYOUT))
+    seen = l_o > 0  # a part with no keys contributes nothing to a merge
+    out = gl.where(seen[:, None], acc / gl.where(seen, l_o, 1.0)[:, None], 0.0)
+    offsets = part * stride_op + rows[:, None] * stride_ot + head * stride_oh + dims[None, :]
+    gl.store(o_ptr + offsets, out.to(o_ptr.dtype.element_ty), mask=(rows < num_queries)[:, None])
+    lse_rows = block * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM]
+    seen_s = l_i > 0
+    lse = gl.where(seen_s, (m_i * scale_log2 + gl.log2(gl.where(seen_s, l_i, 1.0))) * 0.6931471805599453,
+                   float("-inf"))  # natural log
+    gl.store(lse_ptr + (part * gl.num_programs(1) + head) * num_queries + lse_rows, lse, mask=lse_rows < num_queries)
+
+
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+
+
+def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int = 1,
+                   stages: int = STAGES) -> tuple[Tensor, Tensor]:
+    """As ``triton_prefix.runs_attention`` (bf16 or fp16 on Hopper): out ``[P, T, H, D]``, lse ``[P, H, T]``."""
+    t, h, d = q.shape
+    if q.dtype not in _GL_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype or k.shape != v.shape \
+            or k.shape[1:] != q.shape[1:]:
+        raise ValueError(f"q {list(q.shape)} {q.dtype}, k {list(k.shape)} {k.dtype}, v {list(v.shape)} {v.dtype}")
+    if runs.dtype != torch.int32 or runs.dim() != 2 or runs.shape[1] != 2 or runs.device != q.device:
+        raise ValueError(f"runs must be int32 [R, 2] on {q.device} (got {runs.dtype} {list(runs.shape)})")
+    q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
+    n = k.shape[0]
+    out = torch.empty(parts, t, h, d, device=q.device, dtype=q.dtype)  # [P, T, H, D]
+    lse = torch.empty(parts, h, t, device=q.device, dtype=torch.float32)  # [P, H, T]
+    dtype = _GL_DTYPES[q.dtype]
+    q_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, d], dtype)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, d], dtype)
+    q_desc = TensorDescriptor(q, [t, h * d], [q.stride(0), 1], [BLOCK_M, d], q_layout)
+    k_desc = TensorDescriptor(k, [n, h * d], [k.stride(0), 1], [BLOCK_N, d], kv_layout)
+    v_desc = TensorDescriptor(v, [n, h * d], [v.stride(0), 1], [BLOCK_N, d], kv_layout)
+    grid = (-(-t // BLOCK_M), h, parts)
+    _runs_attention[grid](q_desc, k_desc, v_desc, out, lse, runs.contiguous(), t, LOG2_E / math.sqrt(d),
+                          out.stride(0), out.stride(1), out.stride(2), HEAD_DIM=d, BM=BLOCK_M, BN=BLOCK_N,
+                          NUM_RUNS=runs.shape[0], STAGES=stages, num_warps=NUM_WARPS)
+    return out, lse
+
+
+__all__ = ["runs_attention", "BLOCK_M"]
