@@ -188,6 +188,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--device", default="cuda", help="cpu: a correctness dry run under TRITON_INTERPRET=1")
     p.add_argument("--flashinfer", action="store_true", help="also FlashInfer's fa3 over contiguous keys, split")
+    p.add_argument("--tma-only", action="store_true", help="only cuDNN and the package's kernels (no autotuning)")
     args = p.parse_args()
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -222,9 +223,10 @@ def main() -> None:
 
         check("cuDNN fused attention (SDPA, strided token-major views)", cudnn()[0].transpose(0, 1), None,
               time_us(cudnn, args.reps))
-        out, lse = prefix_attention(q, k, v)  # autotunes on its first call
-        best = _tuned.best_config
-        check(f"triton, autotuned ({best})", out, lse, time_us(lambda: prefix_attention(q, k, v), args.reps))
+        if not args.tma_only:
+            out, lse = prefix_attention(q, k, v)  # autotunes on its first call
+            best = _tuned.best_config
+            check(f"triton, autotuned ({best})", out, lse, time_us(lambda: prefix_attention(q, k, v), args.reps))
         for bm, bn, warps, stages in TMA_VARIANTS:
             opts = dict(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
             name = f"triton TMA (package), {bm} x {bn}, {warps} warps, {stages} stages"
@@ -236,11 +238,12 @@ def main() -> None:
         from lingbot_map_ros.core.cache import gluon_runs
 
         runs = torch.tensor([[0, n]], dtype=torch.int32, device=dev)
-        for stages in (3, 2):
-            name = f"gluon (package), 64 x 128, softmax beside the wgmma, {stages} stages"
+        for bm, warps, stages in ((64, 4, 3), (64, 4, 2), (128, 8, 3), (128, 8, 2)):
+            name = f"gluon (package), {bm} x 128, {warps} warps, softmax beside the wgmma, {stages} stages"
+            tiles = dict(block_m=bm, num_warps=warps, stages=stages)
             try:
-                out, lse = gluon_runs.runs_attention(q, k, v, runs, stages=stages)
-                check(name, out[0], lse[0], time_us(lambda s=stages: gluon_runs.runs_attention(q, k, v, runs, stages=s),
+                out, lse = gluon_runs.runs_attention(q, k, v, runs, **tiles)
+                check(name, out[0], lse[0], time_us(lambda t=tiles: gluon_runs.runs_attention(q, k, v, runs, **t),
                                                     args.reps))
             except Exception as exc:  # reported, not fatal
                 print(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:300]}")

@@ -121,7 +121,9 @@ def run_stream(page_size, dtype, kinds, steps=12, scale=2, window=3, seed=0):
         for kind, cache in caches.items():
             cache.begin_step(num_frames, store=store)
             if num_frames == 1:
-                modes[kind].append(getattr(cache.single_frame_backend, "mode", ""))
+                backend = cache.single_frame_backend  # "+runs": the step went through our kernel over the runs
+                runs = "+runs" if getattr(backend, "_use_runs", False) else ""
+                modes[kind].append(getattr(backend, "mode", "") + runs)
             for block in range(2):
                 out = cache(block, q.to(dtype), k.to(dtype), v.to(dtype))
                 assert out.shape == ref.shape and torch.isfinite(out).all(), kind
@@ -158,7 +160,7 @@ def test_split_backend_with_the_triton_prefix_matches_float64(page_size, dtype):
     print(f"page {page_size} {dtype}: {worst}")
     assert all(err < limit for err in worst.values()), worst
     assert all(worst[kind] < 1.5 * worst["sdpa-split"] + 1e-4 for kind in kinds), worst
-    assert {"filling", "full"} <= set(modes["sdpa-split-triton"]), modes["sdpa-split-triton"]
+    assert {"filling+runs", "full+runs"} <= set(modes["sdpa-split-triton"]), modes["sdpa-split-triton"]
 
 
 def _gluon_unusable() -> str:
@@ -179,7 +181,7 @@ def test_split_backend_with_the_gluon_prefix_matches_float64(page_size, dtype):
     print(f"page {page_size} {dtype}: {worst}")
     assert all(err < limit for err in worst.values()), worst
     assert all(worst[kind] < 1.5 * worst["sdpa-split"] + 1e-4 for kind in kinds), worst
-    assert {"filling", "full"} <= set(modes["sdpa-split-gluon"]), modes["sdpa-split-gluon"]
+    assert {"filling+runs", "full+runs"} <= set(modes["sdpa-split-gluon"]), modes["sdpa-split-gluon"]
 
 
 @pytest.mark.skipif(bool(_gluon_unusable()), reason=_gluon_unusable() or "runs")

@@ -106,11 +106,12 @@ def _attend_run(q_smem, k_desc, v_desc, k_smem, v_smem, ready, counter, row0, co
 @gluon.jit
 def _runs_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, runs_ptr, num_queries, scale_log2,
                     stride_op, stride_ot, stride_oh, HEAD_DIM: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                    NUM_RUNS: gl.constexpr, STAGES: gl.constexpr):
-    """Program (query block, head, part): as ``triton_prefix._runs_attention``."""
-    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                    NUM_RUNS: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
+    """Program (query block, head, part): as ``triton_prefix._runs_attention``. ``WARPS`` 8 with ``BM``
+    128: two warpgroups of 64 queries each sharing every K/V block."""
+    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                        instr_shape=[16, BN, 16])
-    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
     P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
     block = gl.program_id(0)
@@ -173,9 +174,10 @@ def _runs_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, runs_ptr, num_querie
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
-def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int = 1,
-                   stages: int = STAGES) -> tuple[Tensor, Tensor]:
-    """As ``triton_prefix.runs_attention`` (bf16 or fp16 on Hopper): out ``[P, T, H, D]``, lse ``[P, H, T]``."""
+def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int = 1, stages: int = STAGES,
+                   block_m: int = BLOCK_M, num_warps: int = NUM_WARPS) -> tuple[Tensor, Tensor]:
+    """As ``triton_prefix.runs_attention`` (bf16 or fp16 on Hopper): out ``[P, T, H, D]``, lse ``[P, H, T]``.
+    The tile arguments are for the probe (scripts/)."""
     t, h, d = q.shape
     if q.dtype not in _GL_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype or k.shape != v.shape \
             or k.shape[1:] != q.shape[1:]:
@@ -187,15 +189,15 @@ def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int 
     out = torch.empty(parts, t, h, d, device=q.device, dtype=q.dtype)  # [P, T, H, D]
     lse = torch.empty(parts, h, t, device=q.device, dtype=torch.float32)  # [P, H, T]
     dtype = _GL_DTYPES[q.dtype]
-    q_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, d], dtype)
+    q_layout = gl.NVMMASharedLayout.get_default_for([block_m, d], dtype)
     kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, d], dtype)
-    q_desc = TensorDescriptor(q, [t, h * d], [q.stride(0), 1], [BLOCK_M, d], q_layout)
+    q_desc = TensorDescriptor(q, [t, h * d], [q.stride(0), 1], [block_m, d], q_layout)
     k_desc = TensorDescriptor(k, [n, h * d], [k.stride(0), 1], [BLOCK_N, d], kv_layout)
     v_desc = TensorDescriptor(v, [n, h * d], [v.stride(0), 1], [BLOCK_N, d], kv_layout)
-    grid = (-(-t // BLOCK_M), h, parts)
+    grid = (-(-t // block_m), h, parts)
     _runs_attention[grid](q_desc, k_desc, v_desc, out, lse, runs.contiguous(), t, LOG2_E / math.sqrt(d),
-                          out.stride(0), out.stride(1), out.stride(2), HEAD_DIM=d, BM=BLOCK_M, BN=BLOCK_N,
-                          NUM_RUNS=runs.shape[0], STAGES=stages, num_warps=NUM_WARPS)
+                          out.stride(0), out.stride(1), out.stride(2), HEAD_DIM=d, BM=block_m, BN=BLOCK_N,
+                          NUM_RUNS=runs.shape[0], STAGES=stages, WARPS=num_warps, num_warps=num_warps)
     return out, lse
 
 

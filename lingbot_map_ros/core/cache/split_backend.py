@@ -264,7 +264,7 @@ class SplitPrefixBackend(DenseStorageBackend):
         whole_pages_from_zero = not last_in_prefix and sorted(prefix) == list(range(m))
         self._num_queries = num_query_tokens
         self._num_keys = prefix_keys + tail_keys
-        if self.prefix_kernel == "triton" and self._plan_runs(visible_pages, last_page_len):
+        if self.prefix_kernel in ("triton", "gluon") and self._plan_runs(visible_pages, last_page_len):
             self._mode = ("full" if prefix_keys == self.prefix_slots else "tail" if prefix_keys == 0
                           else "filling" if whole_pages_from_zero else "masked")
             self._head_pages = m if whole_pages_from_zero else 0
