@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run of record (device machine, nvidia-h200): GPU correctness tests, then the benchmark
 # benchmark table. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
-#   bash scripts/device_run.sh [gluon8|camera7|record7|upload7|nhwc6|tests6|record6|prefix|round|official|gap|probe|check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
+#   bash scripts/device_run.sh [record8|tests8|gluon8|camera7|record7|upload7|nhwc6|tests6|record6|prefix|round|official|gap|probe|check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
 # Everything it prints also lands in $OUT (gpu_tests.log, bench.txt, long.txt) and the JIT-compiled
 # FlashInfer kernels are copied to $OUT/*.so so a later call can skip compiling (put each one at
 # .fi_aot/<name>/<name>.so and carry .fi_aot).
@@ -27,7 +27,7 @@ with_flashinfer() {  # with_flashinfer SECONDS COMMAND...: the command under a t
 }
 official_beside_ours() {  # the official code and the default, idle and with half of the host's cores busy; 1000 frames
   with_flashinfer "${OFFICIAL_FIRST_S:-230}" python3 scripts/official_bench.py --official .official --frames 208 2>&1 | grep -v "arn\|^$" | tail -8 | tee "$OUT/official.txt"
-  timeout 60 "${BENCH[@]}" --frames 208 --heads depth+camera --variants auto 2>&1 | grep -E "^\|" | tee "$OUT/bench_idle.txt"
+  timeout "${IDLE_S:-60}" "${BENCH[@]}" --frames 208 --heads "${IDLE_HEADS:-depth+camera}" --variants "${IDLE_VARIANTS:-auto}" 2>&1 | grep -E "^\|" | tee "$OUT/bench_idle.txt"
   BUSY=$(( $(nproc) / 2 )); PIDS=()
   for _ in $(seq "$BUSY"); do timeout 300 python3 -c 'while True: pass' & PIDS+=($!); done
   echo "host load: $BUSY busy processes of $(nproc) cores: ${PIDS[*]}"
@@ -53,6 +53,16 @@ elif [ "$MODE" = gluon8 ]; then
   timeout 60 python3 scripts/triton_attention_probe.py --tma-only --queries 1042 --keys 74592 2>&1 | grep -E "^\||GFLOP|rror|FAIL" | tee "$OUT/probe_392.txt"
   timeout 90 python3 scripts/attention_bench.py --quick --kv-splits 1 --prefix-kernels sdpa,triton,gluon 2>&1 | grep -E "^\||keys" | tee "$OUT/attention_gluon.txt"
   timeout 200 "${BENCH[@]}" --frames 208 --heads depth+camera,camera --variants auto,auto+gluonprefix 2>&1 | grep -E "^\||rror" | tee "$OUT/bench_gluon.txt"
+elif [ "$MODE" = record8 ]; then
+  # the eighth session's run of record (the Gluon kernel is the default): the official code and ours
+  # (the default and the Triton kernel, depth + camera and camera only), idle and with half of the
+  # host's cores busy, then 1000 frames
+  IDLE_S=150 IDLE_HEADS=depth+camera,camera IDLE_VARIANTS=auto,auto+tritonprefix OFFICIAL_FIRST_S=240 official_beside_ours
+elif [ "$MODE" = tests8 ]; then
+  # after the run of record: the GPU tests of the kernels and the graphs, then attention per layer (the
+  # split backend with each prefix kernel, cuDNN, FlashInfer fa2/fa3) at the steady state and a filling window
+  timeout 150 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider -k "gluon or triton_prefix or graphed or captured_once or beside" 2>&1 | grep -E "rel diff|passed|failed|Error" | tee "$OUT/gpu_tests.log"
+  with_flashinfer 200 python3 scripts/attention_bench.py --kv-splits 1 --prefix-kernels sdpa,triton,gluon 2>&1 | grep -E "^\||keys" | tee "$OUT/attention.txt"
 elif [ "$MODE" = camera7 ]; then
   # the camera cache's mask opened by one fill per stored step: before / now in one process, the GPU
   # tests of the graphs (the camera head is captured with it), the default end to end with both head sets
@@ -204,7 +214,7 @@ elif [ "$MODE" = perf ] || [ "$MODE" = record ]; then
 elif [ "$MODE" != long ] && [ "$MODE" != final ]; then
   timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
-if [ "$MODE" = round ] || [ "$MODE" = official ] || [ "$MODE" = gap ] || [ "$MODE" = probe ] || [ "$MODE" = prefix ] || [ "$MODE" = record6 ] || [ "$MODE" = tests6 ] || [ "$MODE" = nhwc6 ] || [ "$MODE" = upload7 ] || [ "$MODE" = record7 ] || [ "$MODE" = camera7 ] || [ "$MODE" = gluon8 ] || [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ] || [ "$MODE" = heads ]; then
+if [ "$MODE" = round ] || [ "$MODE" = official ] || [ "$MODE" = gap ] || [ "$MODE" = probe ] || [ "$MODE" = prefix ] || [ "$MODE" = record6 ] || [ "$MODE" = tests6 ] || [ "$MODE" = nhwc6 ] || [ "$MODE" = upload7 ] || [ "$MODE" = record7 ] || [ "$MODE" = camera7 ] || [ "$MODE" = gluon8 ] || [ "$MODE" = record8 ] || [ "$MODE" = tests8 ] || [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ] || [ "$MODE" = heads ]; then
   :  # done above
 elif [ "$MODE" = quick ]; then
   "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"

@@ -166,9 +166,10 @@ PREFIX_KERNELS = ("auto", "sdpa", "triton", "gluon")
 
 
 def resolve_prefix_kernel(name: str, device: torch.device) -> tuple[str, str]:
-    """The split backend's kernel and why. ``auto``: our Triton kernel over the visible runs where it
-    runs (on the H200 28.66 against 31.36 ms a frame with cuDNN's prefix, docs/benchmarks.md), else
-    cuDNN's unmasked prefix + masked tail (``sdpa``)."""
+    """The split backend's kernel and why. ``auto``: our kernel over the visible runs in Gluon on Hopper
+    (27.93 against 28.83 ms a frame with the Triton version on the H200), else in Triton where Triton
+    and TMA run (28.66 against 31.36 ms with cuDNN's prefix, docs/benchmarks.md), else cuDNN's unmasked
+    prefix + masked tail (``sdpa``)."""
     if name not in PREFIX_KERNELS:
         raise ValueError(f"prefix_kernel must be one of {PREFIX_KERNELS} (got {name!r})")
     reason = triton_prefix_unusable_reason(device)
@@ -182,7 +183,10 @@ def resolve_prefix_kernel(name: str, device: torch.device) -> tuple[str, str]:
         return "sdpa", "requested"
     if reason:
         return "sdpa", f"auto: cuDNN, the Triton kernel cannot run ({reason})"
-    return "triton", "auto: the Triton kernel (TMA loads, two programs per SM)"
+    gluon_reason = gluon_runs_unusable_reason(device)
+    if gluon_reason:
+        return "triton", f"auto: the Triton kernel (TMA loads, two programs per SM; not in Gluon: {gluon_reason})"
+    return "gluon", "auto: the Gluon kernel (the softmax beside the wgmma, TMA loads, two programs per SM)"
 
 
 def resolve_flashinfer_kernel(name: str, device: torch.device) -> str:
