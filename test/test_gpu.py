@@ -274,6 +274,7 @@ def _tiny_bf16_manager(scfg, **runtime_kwargs):
     (True, "on", "split", 1, "auto"),  # the same with fused blocks and the compiled merge
     (True, "on", "split", 5, "auto"),  # the prefix (2 + 3 pages) read as 5 key ranges in one call
     (True, "on", "split", 1, "sdpa"),  # the prefix read by cuDNN
+    (True, "on", "split", 1, "triton"),  # the Triton kernel where auto picks its Gluon version
 ])
 def test_graphed_session_matches_eager_session(graphs, compile_blocks, sdpa_kernel, kv_splits, prefix):
     """A tiny-preset bf16 stream: each one-frame path vs the eager session (gathered SDPA)."""
@@ -286,7 +287,8 @@ def test_graphed_session_matches_eager_session(graphs, compile_blocks, sdpa_kern
         backend = session._kv.single_frame_backend
         assert type(backend).__name__ == "SplitPrefixBackend" and backend.mode == "full"
         assert backend.kv_splits == kv_splits
-        wanted = "sdpa" if prefix == "sdpa" or not importlib.util.find_spec("triton") else "triton"
+        wanted = ("sdpa" if prefix == "sdpa" or not importlib.util.find_spec("triton") else "triton"
+                  if prefix == "triton" or _gluon_unusable() else "gluon")
         assert backend.prefix_kernel == wanted, backend.prefix_kernel
     rel = ((poses - eager).norm() / eager.norm()).item()
     print(f"{sdpa_kernel}+graph{'+compile' if compile_blocks == 'on' else ''} vs eager pose rel diff {rel:.2e}")
