@@ -48,7 +48,7 @@ elif [ "$MODE" = gluon8 ]; then
   # the runs kernel in Gluon (gluon_runs.py: the softmax beside the wgmma): its GPU tests against float64,
   # the kernel alone beside the Triton one and cuDNN (518x378, 518x392), per layer in the split backend
   # (steady, filling), then end to end against the Triton kernel (the default)
-  timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider -k "gluon or triton_prefix" 2>&1 | grep -E "rel diff|page|parts|passed|failed|Error" | tee "$OUT/gpu_tests.log"
+  timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider -k "runs_kernel or gluon" 2>&1 | grep -E "rel diff|page|parts|passed|failed|Error" | tee "$OUT/gpu_tests.log"
   timeout 100 python3 scripts/triton_attention_probe.py --tma-only 2>&1 | grep -E "^\||GFLOP|rror|FAIL" | tee "$OUT/probe_378.txt"
   timeout 60 python3 scripts/triton_attention_probe.py --tma-only --queries 1042 --keys 74592 2>&1 | grep -E "^\||GFLOP|rror|FAIL" | tee "$OUT/probe_392.txt"
   timeout 90 python3 scripts/attention_bench.py --quick --kv-splits 1 --prefix-kernels sdpa,triton,gluon 2>&1 | grep -E "^\||keys" | tee "$OUT/attention_gluon.txt"
@@ -61,7 +61,7 @@ elif [ "$MODE" = record8 ]; then
 elif [ "$MODE" = tests8 ]; then
   # after the run of record: the GPU tests of the kernels and the graphs, then attention per layer (the
   # split backend with each prefix kernel, cuDNN, FlashInfer fa2/fa3) at the steady state and a filling window
-  timeout 150 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider -k "gluon or triton_prefix or graphed or captured_once or beside" 2>&1 | grep -E "rel diff|passed|failed|Error" | tee "$OUT/gpu_tests.log"
+  timeout 150 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider -k "runs_kernel or gluon or graphed or captured_once or beside" 2>&1 | grep -E "rel diff|passed|failed|Error" | tee "$OUT/gpu_tests.log"
   with_flashinfer 200 python3 scripts/attention_bench.py --kv-splits 1 --prefix-kernels sdpa,triton,gluon 2>&1 | grep -E "^\||keys" | tee "$OUT/attention.txt"
 elif [ "$MODE" = camera7 ]; then
   # the camera cache's mask opened by one fill per stored step: before / now in one process, the GPU

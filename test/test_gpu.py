@@ -148,40 +148,29 @@ def test_sdpa_backends_match_float64(page_size, dtype):
     assert {"filling", "full"} <= set(modes["sdpa-split"]), modes["sdpa-split"]
 
 
-@pytest.mark.skipif(not importlib.util.find_spec("triton"), reason="triton not installed")
-@pytest.mark.parametrize("page_size", [777, 999, 1036])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_split_backend_with_the_triton_prefix_matches_float64(page_size, dtype):
-    """The split backend with every visible key read by one Triton call over the runs (one part; five
-    parts merged, fused or not), against float64 and at least as close as with cuDNN's prefix + tail."""
-    kinds = ["sdpa-split", "sdpa-split-triton", "sdpa-split-triton-fused", "sdpa-split-triton-kv"]
-    worst, modes = run_stream(page_size, dtype, kinds, steps=16)
-    limit = 1e-2 if dtype == torch.bfloat16 else 2e-3
-    print(f"page {page_size} {dtype}: {worst}")
-    assert all(err < limit for err in worst.values()), worst
-    assert all(worst[kind] < 1.5 * worst["sdpa-split"] + 1e-4 for kind in kinds), worst
-    assert {"filling+runs", "full+runs"} <= set(modes["sdpa-split-triton"]), modes["sdpa-split-triton"]
-
-
 def _gluon_unusable() -> str:
     from lingbot_map_ros.core.runtime import gluon_runs_unusable_reason
 
     return gluon_runs_unusable_reason(torch.device("cuda")) if torch.cuda.is_available() else "needs CUDA"
 
 
-@pytest.mark.skipif(bool(_gluon_unusable()), reason=_gluon_unusable() or "runs")
+@pytest.mark.parametrize("kernel", [
+    pytest.param("triton", marks=pytest.mark.skipif(not importlib.util.find_spec("triton"), reason="no triton")),
+    pytest.param("gluon", marks=pytest.mark.skipif(bool(_gluon_unusable()), reason=_gluon_unusable() or "runs")),
+])
 @pytest.mark.parametrize("page_size", [777, 999, 1036])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_split_backend_with_the_gluon_prefix_matches_float64(page_size, dtype):
-    """The split backend with the Gluon runs kernel (one part, five parts merged), against float64 and
-    at least as close as with cuDNN's prefix + tail, through a filling and a full window."""
-    kinds = ["sdpa-split", "sdpa-split-gluon", "sdpa-split-gluon-kv"]
+def test_split_backend_with_our_runs_kernel_matches_float64(kernel, page_size, dtype):
+    """The split backend with every visible key read by one call of our kernel over the runs (Triton
+    or Gluon; one part, five parts merged, fused or not), against float64 and at least as close as with
+    cuDNN's prefix + tail, through a filling and a full window."""
+    kinds = ["sdpa-split", f"sdpa-split-{kernel}", f"sdpa-split-{kernel}-fused", f"sdpa-split-{kernel}-kv"]
     worst, modes = run_stream(page_size, dtype, kinds, steps=16)
     limit = 1e-2 if dtype == torch.bfloat16 else 2e-3
-    print(f"page {page_size} {dtype}: {worst}")
+    print(f"page {page_size} {dtype} {kernel}: {worst}")
     assert all(err < limit for err in worst.values()), worst
     assert all(worst[kind] < 1.5 * worst["sdpa-split"] + 1e-4 for kind in kinds), worst
-    assert {"filling+runs", "full+runs"} <= set(modes["sdpa-split-gluon"]), modes["sdpa-split-gluon"]
+    assert {"filling+runs", "full+runs"} <= set(modes[f"sdpa-split-{kernel}"]), modes[f"sdpa-split-{kernel}"]
 
 
 @pytest.mark.skipif(bool(_gluon_unusable()), reason=_gluon_unusable() or "runs")

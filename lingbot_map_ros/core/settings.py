@@ -72,8 +72,8 @@ SETTINGS: tuple[Setting, ...] = (
     _field(RuntimeConfig, "flashinfer_kernel", "FlashInfer kernel (attention_backend flashinfer): auto "
             "(fa3 over exact token pages on Hopper, fa2 elsewhere), fa2 or fa3.", "model"),
     _field(RuntimeConfig, "sdpa_kernel", "One-frame kernel of attention_backend sdpa on CUDA: auto (split "
-            "where cuDNN runs), split (the visible keys' contiguous runs in one call of our Triton kernel "
-            "where Triton and TMA run, else cuDNN over the patch prefix + a masked tail, merged), cudnn "
+            "where cuDNN runs), split (the visible keys' contiguous runs in one call of our kernel, in Gluon "
+            "on Hopper, in Triton where TMA runs, else cuDNN over the patch prefix + a masked tail, merged), cudnn "
             "(one masked call over all pages) or flash (gather + varlen flash).", "model"),
     _field(RuntimeConfig, "cuda_graphs", "Replay each one-frame step as a CUDA graph (CUDA, half precision "
             "only): removes thousands of kernel launches per frame.", "model"),

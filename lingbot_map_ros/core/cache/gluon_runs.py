@@ -32,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .triton_prefix import tma_ready
+from .triton_prefix import prepare_runs_call
 
 BLOCK_M = 64  # queries per program (one warpgroup)
 BLOCK_N = 128  # keys per block
@@ -178,16 +178,11 @@ def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int 
                    block_m: int = BLOCK_M, num_warps: int = NUM_WARPS) -> tuple[Tensor, Tensor]:
     """As ``triton_prefix.runs_attention`` (bf16 or fp16 on Hopper): out ``[P, T, H, D]``, lse ``[P, H, T]``.
     The tile arguments are for the probe (scripts/)."""
+    if q.dtype not in _GL_DTYPES:
+        raise ValueError(f"the Gluon kernel takes bf16 or fp16 (got {q.dtype})")
+    q, k, v, out, lse = prepare_runs_call(q, k, v, runs, parts)
     t, h, d = q.shape
-    if q.dtype not in _GL_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype or k.shape != v.shape \
-            or k.shape[1:] != q.shape[1:]:
-        raise ValueError(f"q {list(q.shape)} {q.dtype}, k {list(k.shape)} {k.dtype}, v {list(v.shape)} {v.dtype}")
-    if runs.dtype != torch.int32 or runs.dim() != 2 or runs.shape[1] != 2 or runs.device != q.device:
-        raise ValueError(f"runs must be int32 [R, 2] on {q.device} (got {runs.dtype} {list(runs.shape)})")
-    q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
     n = k.shape[0]
-    out = torch.empty(parts, t, h, d, device=q.device, dtype=q.dtype)  # [P, T, H, D]
-    lse = torch.empty(parts, h, t, device=q.device, dtype=torch.float32)  # [P, H, T]
     dtype = _GL_DTYPES[q.dtype]
     q_layout = gl.NVMMASharedLayout.get_default_for([block_m, d], dtype)
     kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, d], dtype)

@@ -30,9 +30,9 @@ back to one masked call over all ``R`` pages; it stays exact, only slower. Maske
 finite values (storage starts zeroed and is only overwritten with K/V), so ``exp(-inf) = 0`` removes
 them exactly.
 
-With ``prefix_kernel="triton"`` (what ``auto`` picks where Triton and TMA run) the same pools are
+With ``prefix_kernel="triton"`` or ``"gluon"`` (what ``auto`` picks on Hopper) the same pools are
 read differently: the visible pages form a few contiguous runs (the prefix, a non-keyframe's page
-right after it, the specials), and one call of our kernel (``triton_prefix.py``) reads all of them,
+right after it, the specials), and one call of our kernel (``triton_prefix.py``, ``gluon_runs.py``) reads all of them,
 with the run starts and lengths in a device tensor written by ``plan``. No tail call, no merge (with
 one part), no masks to rebuild per frame, and one CUDA graph for the filling and the full window:
 on the H200 28.66 against 31.36 ms a frame (docs/benchmarks.md). A visible set of more runs than the
@@ -225,7 +225,7 @@ class SplitPrefixBackend(DenseStorageBackend):
         self._num_keys = 0
         self._runs: Optional[Tensor] = None  # int32 [MAX_RUNS, 2] on the device, read by the Triton kernel
         self._runs_upload: Optional[StagedUpload] = None
-        self._use_runs = False  # the planned step goes through the Triton kernel
+        self._use_runs = False  # the planned step goes through our kernel over the runs
 
     @property
     def mode(self) -> str:

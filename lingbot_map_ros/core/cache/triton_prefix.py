@@ -121,6 +121,19 @@ def tma_ready(x: Tensor) -> Tensor:
     return x
 
 
+def prepare_runs_call(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, parts: int) -> tuple[Tensor, ...]:
+    """The checks and outputs of a runs kernel call (this one and ``gluon_runs.py``): q, k, v ready for
+    TMA, out ``[P, T, H, D]`` and lse ``[P, H, T]`` to fill; a clear error for anything else."""
+    t, h, d = q.shape
+    if k.dtype != q.dtype or v.dtype != q.dtype or k.shape != v.shape or k.shape[1:] != q.shape[1:]:
+        raise ValueError(f"q {list(q.shape)} {q.dtype}, k {list(k.shape)} {k.dtype}, v {list(v.shape)} {v.dtype}")
+    if runs.dtype != torch.int32 or runs.dim() != 2 or runs.shape[1] != 2 or runs.device != q.device:
+        raise ValueError(f"runs must be int32 [R, 2] on {q.device} (got {runs.dtype} {list(runs.shape)})")
+    out = torch.empty(parts, t, h, d, device=q.device, dtype=q.dtype)  # [P, T, H, D]
+    lse = torch.empty(parts, h, t, device=q.device, dtype=torch.float32)  # [P, H, T]
+    return tma_ready(q), tma_ready(k), tma_ready(v), out, lse
+
+
 def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int = 1, block_m: int = BLOCK_M,
                    block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
                    num_stages: int = NUM_STAGES) -> tuple[Tensor, Tensor]:
@@ -130,15 +143,9 @@ def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int 
     Returns out ``[P, T, H, D]`` in q's dtype and lse ``[P, H, T]`` float32 (natural log, scores
     scaled by 1/√D), one per part; with ``parts`` 1, ``out[0]`` is the attention itself. The tile
     arguments are for the probe (scripts/)."""
+    q, k, v, out, lse = prepare_runs_call(q, k, v, runs, parts)
     t, h, d = q.shape
-    if k.dtype != q.dtype or v.dtype != q.dtype or k.shape != v.shape or k.shape[1:] != q.shape[1:]:
-        raise ValueError(f"q {list(q.shape)} {q.dtype}, k {list(k.shape)} {k.dtype}, v {list(v.shape)} {v.dtype}")
-    if runs.dtype != torch.int32 or runs.dim() != 2 or runs.shape[1] != 2 or runs.device != q.device:
-        raise ValueError(f"runs must be int32 [R, 2] on {q.device} (got {runs.dtype} {list(runs.shape)})")
-    q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
     n = k.shape[0]
-    out = torch.empty(parts, t, h, d, device=q.device, dtype=q.dtype)  # [P, T, H, D]
-    lse = torch.empty(parts, h, t, device=q.device, dtype=torch.float32)  # [P, H, T]
     q_desc = TensorDescriptor(q, [t, h * d], [q.stride(0), 1], [block_m, d])
     k_desc = TensorDescriptor(k, [n, h * d], [k.stride(0), 1], [block_n, d])
     v_desc = TensorDescriptor(v, [n, h * d], [v.stride(0), 1], [block_n, d])
