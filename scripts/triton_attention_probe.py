@@ -238,9 +238,11 @@ def main() -> None:
         from lingbot_map_ros.core.cache import gluon_runs
 
         runs = torch.tensor([[0, n]], dtype=torch.int32, device=dev)
-        for bm, warps, stages in ((64, 4, 3), (64, 4, 2), (128, 8, 3), (128, 8, 2)):
-            name = f"gluon (package), {bm} x 128, {warps} warps, softmax beside the wgmma, {stages} stages"
-            tiles = dict(block_m=bm, num_warps=warps, stages=stages)
+        # 64 x 64: 122 registers and 57 KB (3 stages), three programs per SM (eighth session: not yet measured)
+        for bm, bn, warps, stages in ((64, 128, 4, 3), (64, 128, 4, 2), (128, 128, 8, 3), (64, 64, 4, 3),
+                                      (64, 64, 4, 4)):
+            name = f"gluon (package), {bm} x {bn}, {warps} warps, softmax beside the wgmma, {stages} stages"
+            tiles = dict(block_m=bm, block_n=bn, num_warps=warps, stages=stages)
             try:
                 out, lse = gluon_runs.runs_attention(q, k, v, runs, **tiles)
                 check(name, out[0], lse[0], time_us(lambda t=tiles: gluon_runs.runs_attention(q, k, v, runs, **t),

@@ -175,7 +175,7 @@ _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
 def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int = 1, stages: int = STAGES,
-                   block_m: int = BLOCK_M, num_warps: int = NUM_WARPS) -> tuple[Tensor, Tensor]:
+                   block_m: int = BLOCK_M, block_n: int = BLOCK_N, num_warps: int = NUM_WARPS) -> tuple[Tensor, Tensor]:
     """As ``triton_prefix.runs_attention`` (bf16 or fp16 on Hopper): out ``[P, T, H, D]``, lse ``[P, H, T]``.
     The tile arguments are for the probe (scripts/)."""
     if q.dtype not in _GL_DTYPES:
@@ -185,13 +185,13 @@ def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int 
     n = k.shape[0]
     dtype = _GL_DTYPES[q.dtype]
     q_layout = gl.NVMMASharedLayout.get_default_for([block_m, d], dtype)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, d], dtype)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, d], dtype)
     q_desc = TensorDescriptor(q, [t, h * d], [q.stride(0), 1], [block_m, d], q_layout)
-    k_desc = TensorDescriptor(k, [n, h * d], [k.stride(0), 1], [BLOCK_N, d], kv_layout)
-    v_desc = TensorDescriptor(v, [n, h * d], [v.stride(0), 1], [BLOCK_N, d], kv_layout)
+    k_desc = TensorDescriptor(k, [n, h * d], [k.stride(0), 1], [block_n, d], kv_layout)
+    v_desc = TensorDescriptor(v, [n, h * d], [v.stride(0), 1], [block_n, d], kv_layout)
     grid = (-(-t // block_m), h, parts)
     _runs_attention[grid](q_desc, k_desc, v_desc, out, lse, runs.contiguous(), t, LOG2_E / math.sqrt(d),
-                          out.stride(0), out.stride(1), out.stride(2), HEAD_DIM=d, BM=block_m, BN=BLOCK_N,
+                          out.stride(0), out.stride(1), out.stride(2), HEAD_DIM=d, BM=block_m, BN=block_n,
                           NUM_RUNS=runs.shape[0], STAGES=stages, WARPS=num_warps, num_warps=num_warps)
     return out, lse
 
