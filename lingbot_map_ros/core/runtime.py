@@ -172,9 +172,7 @@ def resolve_prefix_kernel(name: str, device: torch.device) -> tuple[str, str]:
     prefix + masked tail (``sdpa``)."""
     if name not in PREFIX_KERNELS:
         raise ValueError(f"prefix_kernel must be one of {PREFIX_KERNELS} (got {name!r})")
-    reason = triton_prefix_unusable_reason(device)
-    if name == "gluon" and not reason:
-        reason = gluon_runs_unusable_reason(device)
+    reason = gluon_runs_unusable_reason(device) if name == "gluon" else triton_prefix_unusable_reason(device)
     if name in ("triton", "gluon"):
         if reason:
             raise ValueError(f"prefix_kernel {name!r} cannot run: {reason}")
