@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run of record (device machine, nvidia-h200): GPU correctness tests, then the benchmark
 # benchmark table. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
-#   bash scripts/device_run.sh [record8|tests8|gluon8|camera7|record7|upload7|nhwc6|tests6|record6|prefix|round|official|gap|probe|check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
+#   bash scripts/device_run.sh [camera9|record8|tests8|gluon8|camera7|record7|upload7|nhwc6|tests6|record6|prefix|round|official|gap|probe|check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
 # Everything it prints also lands in $OUT (gpu_tests.log, bench.txt, long.txt) and the JIT-compiled
 # FlashInfer kernels are copied to $OUT/*.so so a later call can skip compiling (put each one at
 # .fi_aot/<name>/<name>.so and carry .fi_aot).
@@ -53,6 +53,14 @@ elif [ "$MODE" = gluon8 ]; then
   timeout 60 python3 scripts/triton_attention_probe.py --tma-only --queries 1042 --keys 74592 2>&1 | grep -E "^\||GFLOP|rror|FAIL" | tee "$OUT/probe_392.txt"
   timeout 90 python3 scripts/attention_bench.py --quick --kv-splits 1 --prefix-kernels sdpa,triton,gluon 2>&1 | grep -E "^\||keys" | tee "$OUT/attention_gluon.txt"
   timeout 200 "${BENCH[@]}" --frames 208 --heads depth+camera,camera --variants auto,auto+gluonprefix 2>&1 | grep -E "^\||rror" | tee "$OUT/bench_gluon.txt"
+elif [ "$MODE" = camera9 ]; then
+  # the camera head's split-key decode (camera_decode.py): its GPU test against float64 in a CUDA graph,
+  # the graphed sessions (the decode is their default); the decode alone against masked SDPA; the
+  # kernel probe with 128 x 64 Gluon tiles; end to end against masked SDPA, with the kernel profile
+  timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider -k "camera_decode or graphed_session" 2>&1 | grep -E "rel diff|float64|passed|failed|Error" | tee "$OUT/gpu_tests.log"
+  timeout 60 python3 scripts/camera_attention_bench.py 2>&1 | grep -E "^\||camera|largest|rror" | tee "$OUT/camera_attention.txt"
+  timeout 120 python3 scripts/triton_attention_probe.py --tma-only 2>&1 | grep -E "^\||GFLOP|rror|FAIL" | tee "$OUT/probe_378.txt"
+  timeout 240 "${BENCH[@]}" --frames 208 --heads camera,depth+camera --variants auto,auto+sdpacamera --profile 2>&1 | grep -E "^\||rror|GPU kernel" | tee "$OUT/bench_camera.txt"
 elif [ "$MODE" = record8 ]; then
   # the eighth session's run of record (the Gluon kernel is the default): the official code and ours
   # (the default and the Triton kernel, depth + camera and camera only), idle and with half of the

@@ -111,6 +111,17 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tuned
 # (block_m, block_n, warps, stages): the package's TMA kernel (lingbot_map_ros/core/cache/triton_prefix.py)
 # over one run of all keys, per tile; its default is the first row
 TMA_VARIANTS = [(64, 128, 4, 3), (64, 128, 4, 2), (64, 64, 4, 6), (128, 128, 8, 3)]
+GLUON_VARIANTS = [(64, 128, 4, 3, 1), (128, 64, 4, 3, 1), (128, 64, 4, 3, 2), (128, 64, 4, 4, 2),
+                  (128, 64, 4, 3, 3), (64, 64, 4, 3, 1), (64, 128, 4, 3, 2)]
+
+
+def merged(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Parts ``out [P, T, H, D]``, ``lse [P, H, T]`` -> the attention ``[T, H, D]`` and its LSE ``[H, T]``."""
+    if out.shape[0] == 1:
+        return out[0], lse[0]
+    total = torch.logsumexp(lse, dim=0)  # [H, T]
+    weights = torch.exp(lse - total).transpose(1, 2)[..., None]  # [P, T, H, 1]
+    return (out.float() * weights).sum(0).to(out.dtype), total
 
 
 def prefix_attention_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **tiles) -> tuple:
@@ -238,15 +249,19 @@ def main() -> None:
         from lingbot_map_ros.core.cache import gluon_runs
 
         runs = torch.tensor([[0, n]], dtype=torch.int32, device=dev)
-        # 64 x 64: 122 registers and 57 KB (3 stages), three programs per SM (eighth session: not yet measured)
-        for bm, bn, warps, stages in ((64, 128, 4, 3), (64, 128, 4, 2), (128, 128, 8, 3), (64, 64, 4, 3),
-                                      (64, 64, 4, 4)):
-            name = f"gluon (package), {bm} x {bn}, {warps} warps, softmax beside the wgmma, {stages} stages"
+        # (block_m, block_n, warps, stages, parts). 128 x 64 in one warpgroup (218 registers, 66 KB: two
+        # programs per SM, each K/V block read once for 128 queries: half the L2 traffic of 64 x 128) needs
+        # two parts to fill the SMs; its rows time the kernel alone and the kernel with the LSE merge.
+        for bm, bn, warps, stages, parts in GLUON_VARIANTS:
+            name = f"gluon (package), {bm} x {bn}, {warps} warps, {stages} stages, {parts} part(s)"
             tiles = dict(block_m=bm, block_n=bn, num_warps=warps, stages=stages)
             try:
-                out, lse = gluon_runs.runs_attention(q, k, v, runs, **tiles)
-                check(name, out[0], lse[0], time_us(lambda t=tiles: gluon_runs.runs_attention(q, k, v, runs, **t),
-                                                    args.reps))
+                out, lse = merged(*gluon_runs.runs_attention(q, k, v, runs, parts=parts, **tiles))
+                check(name, out, lse, time_us(lambda t=tiles, p=parts: gluon_runs.runs_attention(
+                    q, k, v, runs, parts=p, **t), args.reps))
+                if parts > 1:
+                    check(name + " + merge", out, lse, time_us(lambda t=tiles, p=parts: merged(
+                        *gluon_runs.runs_attention(q, k, v, runs, parts=p, **t)), args.reps))
             except Exception as exc:  # reported, not fatal
                 print(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
         if args.flashinfer:

@@ -182,6 +182,27 @@ def test_split_prefix_kernel_resolves_with_a_reason_and_names_itself():
         variant_runtime("auto+tritonprefix", cpu, torch.float32)
     # the name: no suffix for the default (Triton), +cudnnprefix for cuDNN's
     graphed = runtime.ResolvedRuntime(device=cpu, dtype=torch.bfloat16, backend="sdpa", backend_reason="",
-                                      sdpa_kernel="split", cuda_graphs=True, parallel_heads=True)
+                                      sdpa_kernel="split", cuda_graphs=True, parallel_heads=True,
+                                      camera_kernel="triton")
     assert graphed.attention == "sdpa:split+graph+cudnnprefix"
     assert dataclasses.replace(graphed, prefix_kernel="triton").attention == "sdpa:split+graph"
+
+
+def test_camera_kernel_resolves_with_a_reason_and_names_itself() -> None:
+    """The camera head's graph-step attention: the Triton decode wherever Triton runs on CUDA, masked
+    SDPA otherwise (and whenever the graph step is off); a request that cannot run is refused."""
+    cpu = torch.device("cpu")
+    assert runtime.resolve_camera_kernel("auto", cpu, graphs=False)[0] == "sdpa"
+    assert runtime.resolve_camera_kernel("triton", cpu, graphs=False)[0] == "sdpa"  # nothing to decode
+    name, why = runtime.resolve_camera_kernel("auto", cpu, graphs=True)
+    assert name == "sdpa" and why.startswith("auto: ")
+    with pytest.raises(ValueError, match="camera_kernel 'triton' cannot run"):
+        runtime.resolve_camera_kernel("triton", cpu, graphs=True)
+    with pytest.raises(ValueError, match="camera_kernel must be one of"):
+        runtime.resolve_camera_kernel("flash", cpu, graphs=True)
+    assert runtime.resolve_for(cpu, torch.float32).camera_kernel == "sdpa"
+    graphed = runtime.ResolvedRuntime(device=cpu, dtype=torch.bfloat16, backend="sdpa", backend_reason="",
+                                      sdpa_kernel="split", cuda_graphs=True, parallel_heads=True,
+                                      prefix_kernel="triton", camera_kernel="triton")
+    assert graphed.attention == "sdpa:split+graph"
+    assert dataclasses.replace(graphed, camera_kernel="sdpa").attention == "sdpa:split+graph+sdpacamera"

@@ -429,3 +429,64 @@ def test_graphs_are_captured_once_per_plan_signature(prefix):
 
     assert len(first) == len(second) == 10
     assert all(np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(first, second))
+
+
+def test_camera_decode_in_a_graph_matches_float64():
+    """The camera head's split-key decode (the graph step's default) replayed in one CUDA graph while the
+    stored length changes (stored and unstored steps, a reset, a load): every call against float64 over
+    the tokens the test keeps itself, and the slot it wrote; masked SDPA beside it for the spread."""
+    from lingbot_map_ros.core.cache import CameraKVCache
+
+    heads, dim, capacity = 16, 128, 40
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    caches = {kernel: CameraKVCache(1, 2, heads, dim, capacity, torch.float32, "cuda", static=True,
+                                    decode_kernel=kernel) for kernel in ("triton", "sdpa")}
+    q, k, v = (torch.zeros(2, 1, heads, dim, device="cuda") for _ in range(3))  # graph inputs, per block
+    graphs, outs = {}, {}
+    for kernel, cache in caches.items():
+        cache.begin_step(1, store=False)
+        for _ in range(2):  # warm-up (compiles the kernels) outside the capture
+            [cache(0, b, q[b], k[b], v[b]) for b in range(2)]
+        graphs[kernel] = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphs[kernel]):
+            outs[kernel] = [cache(0, b, q[b], k[b], v[b]) for b in range(2)]
+        cache.end_step()
+        cache.reset()
+    mine = [torch.empty(0, 2, heads, dim, device="cuda", dtype=torch.float64) for _ in range(2)]
+    worst = {"triton": 0.0, "sdpa": 0.0}
+    plan = ["stored"] * 30 + ["unstored", "stored"] * 3 + ["reset"] + ["stored"] * 5 + ["load", "unstored"]
+    saved = None
+    for i, action in enumerate(plan):
+        if action == "reset":
+            saved = ({kernel: (c.state_dict(), c.stored_tensor()) for kernel, c in caches.items()},
+                     [m.clone() for m in mine])
+            for cache in caches.values():
+                cache.reset()
+            mine = [m[:0] for m in mine]
+            continue
+        if action == "load":
+            for kernel, cache in caches.items():
+                cache.load_state(*saved[0][kernel])
+            mine = saved[1]
+            continue
+        for tensor in (q, k, v):
+            tensor.copy_(torch.randn(tensor.shape, device="cuda", generator=gen) * 2)
+        for kernel, cache in caches.items():
+            cache.begin_step(1, store=action == "stored")
+            graphs[kernel].replay()
+        for b in range(2):
+            kv = torch.cat((mine[b], torch.stack((k[b], v[b]), 1).double()))  # [L + 1, 2, H, D]
+            scores = torch.einsum("shd,nhd->hsn", q[b].double(), kv[:, 0]) / dim**0.5  # [H, 1, N]
+            ref = torch.einsum("hsn,nhd->shd", scores.softmax(-1), kv[:, 1])  # [1, H, D]
+            for kernel in caches:
+                worst[kernel] = max(worst[kernel], ((outs[kernel][b].double() - ref).norm() / ref.norm()).item())
+            slot = caches["triton"].length
+            assert torch.equal(caches["triton"].storage[0, b, 0, slot], k[b][0]), (i, b)
+            assert torch.equal(caches["triton"].storage[0, b, 1, slot], v[b][0]), (i, b)
+            if action == "stored":
+                mine[b] = kv
+        for cache in caches.values():
+            cache.end_step()
+    print(f"camera decode in a graph vs float64: triton {worst['triton']:.2e}, masked sdpa {worst['sdpa']:.2e}")
+    assert caches["triton"].length == caches["sdpa"].length == 33  # the load brought back 33 stored frames
+    assert worst["triton"] < 1e-5 and worst["sdpa"] < 1e-4

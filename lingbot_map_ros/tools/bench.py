@@ -42,7 +42,7 @@ class BenchRow:
 
 VARIANT_HELP = (
     "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+autotune][+bf16][+kvN][+serialheads]"
-    "[+cudnnprefix|+tritonprefix|+gluonprefix][+nchwdepth]: "
+    "[+cudnnprefix|+tritonprefix|+gluonprefix][+nchwdepth][+sdpacamera]: "
     "BACKEND sdpa|flashinfer, KERNEL split|cudnn|flash (sdpa) or fa2|fa3 (flashinfer); "
     "+compile = torch.compile-fused blocks in the graph step; "
     "+autotune = their GEMMs autotuned by Inductor (max-autotune, minutes to compile); "
@@ -51,7 +51,8 @@ VARIANT_HELP = (
     "it on a second stream of the graph step (auto+serialheads: the default so; +parallelheads: the default); "
     "+cudnnprefix / +tritonprefix = the split kernel as cuDNN's unmasked prefix + masked tail / as our Triton "
     "kernel over the visible runs in one call (auto: Triton where it runs) / as its Gluon version; "
-    "+nchwdepth = the depth head's conv weights in NCHW layout (auto on CUDA: channels-last). "
+    "+nchwdepth = the depth head's conv weights in NCHW layout (auto on CUDA: channels-last); "
+    "+sdpacamera = the camera head's graph-step attention as masked SDPA (auto: the Triton decode). "
     "e.g. sdpa:split+graph+compile,flashinfer:fa3+graph; "
     "auto = the node's default parameters on this device"
 )
@@ -69,11 +70,12 @@ def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
     prefix = [prefix_flags[f] for f in flags if f in prefix_flags]
     prefix_kernel = prefix[-1] if prefix else "auto"
     nhwc = "nchwdepth" not in flags
-    flags = [f for f in flags if f not in kv and f not in ("parallelheads", "serialheads", "nchwdepth")
+    camera = "sdpa" if "sdpacamera" in flags else "auto"
+    flags = [f for f in flags if f not in kv and f not in ("parallelheads", "serialheads", "nchwdepth", "sdpacamera")
              and f not in prefix_flags]
     if head == "auto" and not flags:
         return resolve_for(device, dtype, kv_splits=kv_splits, parallel_heads=parallel_heads,
-                           prefix_kernel=prefix_kernel, depth_channels_last=nhwc)
+                           prefix_kernel=prefix_kernel, depth_channels_last=nhwc, camera_kernel=camera)
     backend, _, kernel = head.partition(":")
     unknown = set(flags) - {"graph", "eager", "compile", "autotune", "bf16"}
     if unknown:
@@ -84,7 +86,8 @@ def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
                        cuda_graphs="eager" not in flags and device.type == "cuda",
                        compile_blocks="on" if {"compile", "autotune"} & set(flags) else "off",
                        autotune="autotune" in flags, autocast="bf16" not in flags, kv_splits=kv_splits,
-                       parallel_heads=parallel_heads, prefix_kernel=prefix_kernel, depth_channels_last=nhwc)
+                       parallel_heads=parallel_heads, prefix_kernel=prefix_kernel, depth_channels_last=nhwc,
+                       camera_kernel=camera)
 
 
 def _memory_bytes(device: torch.device) -> int:
@@ -219,9 +222,12 @@ def profile_table(manager: SessionManager, pool, variant: str, frames: int = 10)
     for category, ms in sorted(totals.items(), key=lambda kv: -kv[1]):
         rows.append(f"| {category} | {ms:.2f} |")
     rows.append(f"| total | {sum(totals.values()):.2f} |")
-    top = sorted(prof.key_averages(), key=lambda e: -(getattr(e, "device_time_total", 0.0) or 0.0))[:12]
-    rows += ["", "top kernels (ms/frame): " + "; ".join(
-        f"{e.key[:60]} {(getattr(e, 'device_time_total', 0.0) or 0.0) / 1e3 / frames:.2f}" for e in top)]
+    kernels = [e for e in prof.key_averages() if (getattr(e, "device_time_total", 0.0) or 0.0) > 0
+               and not e.key.startswith(("aten::", "cuda"))]
+    top = sorted(kernels, key=lambda e: -e.device_time_total)[:40]
+    rows += ["", "| kernel | ms/frame | calls/frame | µs/call |", "|---|---|---|---|"]
+    rows += [f"| {e.key[:90]} | {e.device_time_total / 1e3 / frames:.3f} | {e.count / frames:.0f} | "
+             f"{e.device_time_total / max(e.count, 1):.1f} |" for e in top]
     return "\n".join(rows)
 
 

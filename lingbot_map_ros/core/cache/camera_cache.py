@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from .pages import CacheFull
 from .sdpa_backend import default_sdpa_kernels, sdpa_kernel_context
 
+DECODE_KERNELS = ("sdpa", "triton")
+
 
 class CameraKVCache:
     """Preallocated ``[iterations, blocks, 2, capacity, H, D]`` K/V store of the camera-head trunk."""
@@ -33,10 +35,13 @@ class CameraKVCache:
         dtype: torch.dtype,
         device: torch.device | str,
         static: bool = False,
+        decode_kernel: str = "sdpa",
     ) -> None:
         """``static``: CUDA-graph-safe one-frame steps: the write slot and the visible length live in
         device buffers set by ``begin_step``, and attention runs over the whole capacity with an
-        additive mask (-inf past the visible length), so no shape or address depends on the length."""
+        additive mask (-inf past the visible length), so no shape or address depends on the length.
+        ``decode_kernel`` (static one-frame steps): ``sdpa``, that masked SDPA call after two scatters;
+        ``triton``, one split-key decode that also writes the slot (``camera_decode.py``, fp32)."""
         for label, value in (
             ("num_iterations", num_iterations),
             ("num_blocks", num_blocks),
@@ -46,6 +51,11 @@ class CameraKVCache:
         ):
             if value < 1:
                 raise ValueError(f"{label} must be >= 1 (got {value})")
+        if decode_kernel not in DECODE_KERNELS:
+            raise ValueError(f"decode_kernel must be one of {DECODE_KERNELS} (got {decode_kernel!r})")
+        if decode_kernel == "triton" and dtype != torch.float32:
+            raise ValueError(f"the Triton camera decode runs in fp32 (the head's dtype), not {dtype}")
+        self.decode_kernel = decode_kernel
         self.num_iterations = num_iterations
         self.num_blocks = num_blocks
         self.num_heads = num_heads
@@ -98,7 +108,8 @@ class CameraKVCache:
         self._step = (num_frames, store)
         if self.static and num_frames == 1:
             self._slot.fill_(self._length)
-            self._update_mask()
+            if self.decode_kernel == "sdpa":  # the decode kernel reads the slot, not a mask
+                self._update_mask()
 
     def _update_mask(self) -> None:
         """Make the mask show positions ``0 .. length`` (stored tokens + this step's slot).
@@ -148,6 +159,10 @@ class CameraKVCache:
         return out[0].transpose(0, 1).to(q.dtype)  # [S, H, D]
 
     def _attend_static(self, kv: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.decode_kernel == "triton":
+            from .camera_decode import decode_attention
+
+            return decode_attention(q.float(), k.float(), v.float(), kv[0], kv[1], self._slot).to(q.dtype)  # [1, H, D]
         kv[0].index_copy_(0, self._slot, k.to(self.dtype))  # [1, H, D] at the device-held slot
         kv[1].index_copy_(0, self._slot, v.to(self.dtype))
         keys = kv[0].transpose(0, 1).unsqueeze(0)  # [1, H, capacity, D]
@@ -214,4 +229,4 @@ def camera_state_problems(state: dict, *, num_iterations: int, num_blocks: int, 
     return problems
 
 
-__all__ = ["CameraKVCache", "camera_state_problems"]
+__all__ = ["CameraKVCache", "camera_state_problems", "DECODE_KERNELS"]

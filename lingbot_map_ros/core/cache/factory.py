@@ -144,7 +144,7 @@ def build_camera_cache(rt: ResolvedRuntime, model: ModelConfig, stream: StreamCo
     shape = camera_cache_shape(rt, model, stream)
     capacity = shape.pop("capacity")
     return CameraKVCache(**shape, capacity_frames=capacity, dtype=torch.float32, device=rt.device,
-                         static=rt.cuda_graphs)
+                         static=rt.cuda_graphs, decode_kernel=rt.camera_kernel if rt.cuda_graphs else "sdpa")
 
 
 def saved_state_problems(rt: ResolvedRuntime, model: ModelConfig, stream: StreamConfig, dtype: torch.dtype,
