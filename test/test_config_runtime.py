@@ -183,26 +183,26 @@ def test_split_prefix_kernel_resolves_with_a_reason_and_names_itself():
     # the name: no suffix for the default (Triton), +cudnnprefix for cuDNN's
     graphed = runtime.ResolvedRuntime(device=cpu, dtype=torch.bfloat16, backend="sdpa", backend_reason="",
                                       sdpa_kernel="split", cuda_graphs=True, parallel_heads=True,
-                                      camera_kernel="triton")
+                                      step_kernels="triton")
     assert graphed.attention == "sdpa:split+graph+cudnnprefix"
     assert dataclasses.replace(graphed, prefix_kernel="triton").attention == "sdpa:split+graph"
 
 
-def test_camera_kernel_resolves_with_a_reason_and_names_itself() -> None:
-    """The camera head's graph-step attention: the Triton decode wherever Triton runs on CUDA, masked
-    SDPA otherwise (and whenever the graph step is off); a request that cannot run is refused."""
+def test_step_kernels_resolve_with_a_reason_and_name_themselves() -> None:
+    """The graph step's small kernels: ours in Triton wherever Triton runs on CUDA, PyTorch's otherwise
+    (and whenever the graph step is off); a request that cannot run is refused."""
     cpu = torch.device("cpu")
-    assert runtime.resolve_camera_kernel("auto", cpu, graphs=False)[0] == "sdpa"
-    assert runtime.resolve_camera_kernel("triton", cpu, graphs=False)[0] == "sdpa"  # nothing to decode
-    name, why = runtime.resolve_camera_kernel("auto", cpu, graphs=True)
-    assert name == "sdpa" and why.startswith("auto: ")
-    with pytest.raises(ValueError, match="camera_kernel 'triton' cannot run"):
-        runtime.resolve_camera_kernel("triton", cpu, graphs=True)
-    with pytest.raises(ValueError, match="camera_kernel must be one of"):
-        runtime.resolve_camera_kernel("flash", cpu, graphs=True)
-    assert runtime.resolve_for(cpu, torch.float32).camera_kernel == "sdpa"
+    assert runtime.resolve_step_kernels("auto", cpu, graphs=False)[0] == "torch"
+    assert runtime.resolve_step_kernels("triton", cpu, graphs=False)[0] == "torch"  # nothing to decode
+    name, why = runtime.resolve_step_kernels("auto", cpu, graphs=True)
+    assert name == "torch" and why.startswith("auto: ")
+    with pytest.raises(ValueError, match="step_kernels 'triton' cannot run"):
+        runtime.resolve_step_kernels("triton", cpu, graphs=True)
+    with pytest.raises(ValueError, match="step_kernels must be one of"):
+        runtime.resolve_step_kernels("flash", cpu, graphs=True)
+    assert runtime.resolve_for(cpu, torch.float32).step_kernels == "torch"
     graphed = runtime.ResolvedRuntime(device=cpu, dtype=torch.bfloat16, backend="sdpa", backend_reason="",
                                       sdpa_kernel="split", cuda_graphs=True, parallel_heads=True,
-                                      prefix_kernel="triton", camera_kernel="triton")
+                                      prefix_kernel="triton", step_kernels="triton")
     assert graphed.attention == "sdpa:split+graph"
-    assert dataclasses.replace(graphed, camera_kernel="sdpa").attention == "sdpa:split+graph+sdpacamera"
+    assert dataclasses.replace(graphed, step_kernels="torch").attention == "sdpa:split+graph+torchstep"

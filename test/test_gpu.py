@@ -355,8 +355,9 @@ def test_depth_head_weights_channels_last_change_no_pose_and_no_depth():
     assert torch.isfinite(depth).all() and rel < 1e-4
 
 
-def _block_reference_error(block_kind: str):
-    """One aggregator-shaped block (bf16 weights, autocast) eager and fused vs its float64 copy."""
+def _block_reference_error(block_kind: str, qk_kernel: bool = False):
+    """One aggregator-shaped block (bf16 weights, autocast) eager and fused vs its float64 copy;
+    ``qk_kernel``: the fused block's q/k-norm + RoPE as our Triton kernel (``qk_rope.py``)."""
     import copy
 
     from lingbot_map_ros.core.model.blocks import Block, frame_attend, global_attend
@@ -384,7 +385,7 @@ def _block_reference_error(block_kind: str):
         ref = ref_blk(x.double(), attend("cuda"))  # [1, P, C] float64
         with torch.autocast("cuda", dtype=torch.bfloat16):
             eager = blk(x.to(torch.bfloat16), attend("cuda"))
-            fusion = BlockFusion()
+            fusion = BlockFusion(qk_kernel=qk_kernel)
             out = torch.full_like(eager, float("nan"))  # poisoned: every element must be written
             with fused_blocks(fusion):
                 out.copy_(blk(x.to(torch.bfloat16), attend("cuda")))
@@ -393,11 +394,16 @@ def _block_reference_error(block_kind: str):
     return rel(eager), rel(out), ((out.double() - eager.double()).norm() / eager.double().norm()).item(), out
 
 
+@pytest.mark.parametrize("qk_kernel", [False, True], ids=["inductor-qk", "triton-qk"])
 @pytest.mark.parametrize("block_kind", ["frame", "global"])
-def test_fused_block_matches_float64(block_kind):
-    """torch.compile-fused block bodies: same error class as the eager bf16 block against float64."""
-    eager_err, fused_err, diff, out = _block_reference_error(block_kind)
-    print(f"{block_kind} block: eager {eager_err:.2e}, fused {fused_err:.2e}, fused vs eager {diff:.2e}")
+def test_fused_block_matches_float64(block_kind, qk_kernel):
+    """torch.compile-fused block bodies (with Inductor's q/k-norm + RoPE or our kernel): same error class
+    as the eager bf16 block against float64."""
+    if qk_kernel and not importlib.util.find_spec("triton"):
+        pytest.skip("triton not installed")
+    eager_err, fused_err, diff, out = _block_reference_error(block_kind, qk_kernel)
+    print(f"{block_kind} block ({'triton' if qk_kernel else 'inductor'} q/k): eager {eager_err:.2e}, "
+          f"fused {fused_err:.2e}, fused vs eager {diff:.2e}")
     assert torch.isfinite(out).all()
     assert fused_err < max(1.5 * eager_err, 5e-3), (eager_err, fused_err)
     assert diff < 2e-2
@@ -490,3 +496,54 @@ def test_camera_decode_in_a_graph_matches_float64():
     print(f"camera decode in a graph vs float64: triton {worst['triton']:.2e}, masked sdpa {worst['sdpa']:.2e}")
     assert caches["triton"].length == caches["sdpa"].length == 33  # the load brought back 33 stored frames
     assert worst["triton"] < 1e-5 and worst["sdpa"] < 1e-4
+
+
+@pytest.mark.parametrize("style", ["halves", "pairs"])
+def test_qk_norm_rope_kernel_rounds_the_eager_result(style):
+    """q/k-norm + RoPE at the full model's shape (1005 tokens x 16 heads x 64) on the model's tables:
+    every output element is the eager fp32 result (autocast's LayerNorm, then the rotation) rounded to
+    bf16 to nearest, up to fp32 noise (<= 0.5 ulp + 1e-3); float64 beside it for the record."""
+    from lingbot_map_ros.core.model.qk_rope import qk_norm_rope
+    from lingbot_map_ros.core.model.rope import Rope2D, Rope3D, apply_rope_2d, apply_rope_3d
+
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    ph, pw, h, d = 27, 37, 16, 64
+    if style == "halves":
+        cos, sin = Rope2D(d, 100.0, SPECIALS).tables(ph, pw, "cuda", torch.float32)
+        rotate = apply_rope_2d
+    else:
+        cos, sin = Rope3D(d, 10000.0, (20, 22, 22), SPECIALS).tables(torch.tensor([40]), ph, pw, "cuda", torch.float32)
+        rotate = lambda x, c, s: apply_rope_3d(x[0], c, s)[None]  # noqa: E731
+    t = cos.shape[0]
+    qkv = (torch.randn(1, t, 3, h, d, device="cuda", generator=gen) * 2 + 0.3).to(torch.bfloat16)
+    norms = [(torch.randn(d, device="cuda", generator=gen).to(torch.bfloat16),
+              torch.randn(d, device="cuda", generator=gen).to(torch.bfloat16) * 0.2) for _ in range(2)]
+    q, k = qk_norm_rope(qkv, norms[0], norms[1], 1e-5, cos, sin, style)
+    worst = 0.0
+    for out, x, (w, b) in ((q, qkv[:, :, 0], norms[0]), (k, qkv[:, :, 1], norms[1])):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = torch.nn.functional.layer_norm(x, (d,), w, b, 1e-5)  # fp32 under autocast
+        ref = rotate(y.float(), cos, sin)  # fp32, what the eager block rounds
+        ulp = torch.exp2(torch.floor(torch.log2(ref.abs().clamp_min(2.0 ** -100))) - 7)
+        worst = max(worst, ((out.float() - ref).abs() / ulp).max().item())
+        exact = rotate(torch.nn.functional.layer_norm(x.double(), (d,), w.double(), b.double(), 1e-5),
+                       cos.double(), sin.double())
+        print(f"{style}: rel error vs float64 {((out.double() - exact).norm() / exact.norm()).item():.2e}")
+    print(f"{style}: largest distance from the eager fp32 result {worst:.3f} bf16 ulp")
+    assert worst <= 0.501, worst
+
+
+def test_kv_write_kernel_equals_index_copy():
+    """The one-frame K/V write at the full model's shape (bf16): the storage equals index_copy_'s bit for bit."""
+    from lingbot_map_ros.core.cache.kv_write import write_rows
+
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    t, h, d, slots = 1005, 16, 64, 74 * 999
+    qkv = torch.randn(t, 3, h, d, device="cuda", generator=gen).to(torch.bfloat16)
+    k, v = qkv[:, 1].contiguous(), qkv[:, 2]  # k as the fused pre region returns it, v a strided view
+    index = torch.randperm(slots, device="cuda", generator=gen)[:t]
+    flat = torch.randn(2, slots, h, d, device="cuda", generator=gen).to(torch.bfloat16)
+    expected = flat.clone()
+    expected.index_copy_(1, index, torch.stack((k, v)))
+    write_rows(k, v, index, flat)
+    assert torch.equal(flat, expected)

@@ -46,7 +46,7 @@ class ResolvedRuntime:
     prefix_kernel: str = "sdpa"  # split kernel: sdpa = cuDNN prefix + masked tail | triton = one Triton call over runs
     parallel_heads: bool = False  # graph step: the depth head on a side stream beside the camera head (resolve_for: on)
     depth_channels_last: bool = False  # the depth head's conv weights channels-last (resolve_for: on with CUDA)
-    camera_kernel: str = "sdpa"  # graph step: the camera head's attention, masked SDPA | triton split-key decode
+    step_kernels: str = "torch"  # graph step's small kernels (camera decode, K/V write, q/k-norm+RoPE): torch|triton
     reasons: tuple[str, ...] = field(default=())  # one line per decision, for logs and diagnostics
 
     @property
@@ -57,7 +57,7 @@ class ResolvedRuntime:
         ranges = f"+kv{self.kv_splits}" if kernel == "split" and self.cuda_graphs and self.kv_splits > 1 else ""
         heads = "+serialheads" if self.cuda_graphs and not self.parallel_heads else ""
         heads += "+nchwdepth" if self.device.type == "cuda" and not self.depth_channels_last else ""
-        heads += "+sdpacamera" if self.cuda_graphs and self.camera_kernel == "sdpa" else ""
+        heads += "+torchstep" if self.cuda_graphs and self.step_kernels == "torch" else ""
         split = kernel == "split" and self.cuda_graphs
         prefix = "+cudnnprefix" if split and self.prefix_kernel == "sdpa" else ""
         return f"{self.backend}:{kernel}{mode}{'+compiled' if self.compile_blocks else ''}{ranges}{prefix}{heads}"
@@ -189,26 +189,28 @@ def resolve_prefix_kernel(name: str, device: torch.device) -> tuple[str, str]:
     return "gluon", "auto: the Gluon kernel (the softmax beside the wgmma, TMA loads, two programs per SM)"
 
 
-CAMERA_KERNELS = ("auto", "sdpa", "triton")
+STEP_KERNELS = ("auto", "torch", "triton")
 
 
-def resolve_camera_kernel(name: str, device: torch.device, graphs: bool) -> tuple[str, str]:
-    """The camera head's attention in the graph step and why: ``triton`` (one split-key decode that also
-    writes the slot) wherever Triton runs on CUDA, else masked SDPA over the capacity. Outside the graph
-    step the cache attends over its stored length with SDPA whatever this says."""
-    if name not in CAMERA_KERNELS:
-        raise ValueError(f"camera_kernel must be one of {CAMERA_KERNELS} (got {name!r})")
+def resolve_step_kernels(name: str, device: torch.device, graphs: bool) -> tuple[str, str]:
+    """Who runs the graph step's small memory-bound pieces, and why: ``triton``, kernels of our own (the
+    camera head's split-key decode, ``camera_decode.py``; the K/V write into the pages, ``kv_write.py``)
+    wherever Triton runs on CUDA; ``torch``, the PyTorch ops (masked SDPA over the camera cache's
+    capacity, stack + ``index_copy_``). Outside the graph step: ``torch``."""
+    if name not in STEP_KERNELS:
+        raise ValueError(f"step_kernels must be one of {STEP_KERNELS} (got {name!r})")
     if not graphs:
-        return "sdpa", "the decode serves the CUDA-graph step, which is off"
+        return "torch", "they serve the CUDA-graph step, which is off"
     reason = "triton is not installed" if importlib.util.find_spec("triton") is None else (
         "" if device.type == "cuda" else "it runs on CUDA")
     if name == "triton" and reason:
-        raise ValueError(f"camera_kernel 'triton' cannot run: {reason}")
-    if name == "sdpa":
-        return "sdpa", "requested"
+        raise ValueError(f"step_kernels 'triton' cannot run: {reason}")
+    if name == "torch":
+        return "torch", "requested"
     if reason:
-        return "sdpa", f"auto: {reason}"
-    return "triton", "auto: a split-key decode, 16 heads x 11 parts instead of SDPA's 16 thread blocks"
+        return "torch", f"auto: {reason}"
+    return "triton", ("auto: ours in Triton (the camera decode: 16 heads x 11 parts instead of SDPA's 16 thread "
+                      "blocks; the K/V write: one kernel instead of a stack and a scatter)")
 
 
 def resolve_flashinfer_kernel(name: str, device: torch.device) -> str:
@@ -248,7 +250,7 @@ def resolve_for(
     parallel_heads: bool = True,
     prefix_kernel: str = "auto",
     depth_channels_last: bool = True,
-    camera_kernel: str = "auto",
+    step_kernels: str = "auto",
 ) -> ResolvedRuntime:
     """The one function that decides, for a concrete device and dtype. Raises ``ValueError`` (with
     the reason) for a combination that cannot run."""
@@ -316,14 +318,14 @@ def resolve_for(
     nhwc = bool(depth_channels_last) and device.type == "cuda"
     if nhwc:
         reasons.append("depth head weights channels-last, as its feature maps (no filter conversion per call)")
-    camera, camera_why = resolve_camera_kernel(camera_kernel, device, graphs)
+    step, step_why = resolve_step_kernels(step_kernels, device, graphs)
     if graphs:
-        reasons.append(f"camera-head attention {camera} ({camera_why})")
+        reasons.append(f"graph step's small kernels: {step} ({step_why})")
     return ResolvedRuntime(
         device=device, dtype=dtype, backend=chosen, backend_reason=backend_reason, flashinfer_kernel=fi_kernel,
         sdpa_kernel=sk, cuda_graphs=graphs, compile_blocks=fused, autotune=bool(autotune), autocast=bool(autocast),
         kv_splits=kv_splits, prefix_kernel=prefix, parallel_heads=heads_side_by_side, depth_channels_last=nhwc,
-        camera_kernel=camera, reasons=tuple(reasons),
+        step_kernels=step, reasons=tuple(reasons),
     )
 
 
@@ -341,6 +343,6 @@ def resolve_runtime(cfg: RuntimeConfig) -> ResolvedRuntime:
 __all__ = [
     "ResolvedRuntime", "resolve_runtime", "resolve_for", "resolve_device", "resolve_dtype", "resolve_backend",
     "resolve_flashinfer_kernel", "flashinfer_unusable_reason", "cudnn_attention_unusable_reason",
-    "resolve_prefix_kernel", "resolve_camera_kernel", "CAMERA_KERNELS", "triton_prefix_unusable_reason",
+    "resolve_prefix_kernel", "resolve_step_kernels", "STEP_KERNELS", "triton_prefix_unusable_reason",
     "gluon_runs_unusable_reason", "PREFIX_KERNELS",
 ]

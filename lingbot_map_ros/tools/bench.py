@@ -42,7 +42,7 @@ class BenchRow:
 
 VARIANT_HELP = (
     "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+autotune][+bf16][+kvN][+serialheads]"
-    "[+cudnnprefix|+tritonprefix|+gluonprefix][+nchwdepth][+sdpacamera]: "
+    "[+cudnnprefix|+tritonprefix|+gluonprefix][+nchwdepth][+torchstep]: "
     "BACKEND sdpa|flashinfer, KERNEL split|cudnn|flash (sdpa) or fa2|fa3 (flashinfer); "
     "+compile = torch.compile-fused blocks in the graph step; "
     "+autotune = their GEMMs autotuned by Inductor (max-autotune, minutes to compile); "
@@ -52,7 +52,8 @@ VARIANT_HELP = (
     "+cudnnprefix / +tritonprefix = the split kernel as cuDNN's unmasked prefix + masked tail / as our Triton "
     "kernel over the visible runs in one call (auto: Triton where it runs) / as its Gluon version; "
     "+nchwdepth = the depth head's conv weights in NCHW layout (auto on CUDA: channels-last); "
-    "+sdpacamera = the camera head's graph-step attention as masked SDPA (auto: the Triton decode). "
+    "+torchstep = the graph step's small pieces as PyTorch ops (the camera head's attention as masked SDPA; "
+    "auto: our Triton kernels). "
     "e.g. sdpa:split+graph+compile,flashinfer:fa3+graph; "
     "auto = the node's default parameters on this device"
 )
@@ -70,12 +71,12 @@ def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
     prefix = [prefix_flags[f] for f in flags if f in prefix_flags]
     prefix_kernel = prefix[-1] if prefix else "auto"
     nhwc = "nchwdepth" not in flags
-    camera = "sdpa" if "sdpacamera" in flags else "auto"
-    flags = [f for f in flags if f not in kv and f not in ("parallelheads", "serialheads", "nchwdepth", "sdpacamera")
+    step_kernels = "torch" if "torchstep" in flags else "auto"
+    flags = [f for f in flags if f not in kv and f not in ("parallelheads", "serialheads", "nchwdepth", "torchstep")
              and f not in prefix_flags]
     if head == "auto" and not flags:
         return resolve_for(device, dtype, kv_splits=kv_splits, parallel_heads=parallel_heads,
-                           prefix_kernel=prefix_kernel, depth_channels_last=nhwc, camera_kernel=camera)
+                           prefix_kernel=prefix_kernel, depth_channels_last=nhwc, step_kernels=step_kernels)
     backend, _, kernel = head.partition(":")
     unknown = set(flags) - {"graph", "eager", "compile", "autotune", "bf16"}
     if unknown:
@@ -87,7 +88,7 @@ def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
                        compile_blocks="on" if {"compile", "autotune"} & set(flags) else "off",
                        autotune="autotune" in flags, autocast="bf16" not in flags, kv_splits=kv_splits,
                        parallel_heads=parallel_heads, prefix_kernel=prefix_kernel, depth_channels_last=nhwc,
-                       camera_kernel=camera)
+                       step_kernels=step_kernels)
 
 
 def _memory_bytes(device: torch.device) -> int:

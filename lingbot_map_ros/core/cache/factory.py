@@ -120,6 +120,7 @@ def build_global_cache(rt: ResolvedRuntime, model: ModelConfig, stream: StreamCo
         scale_frames=stream.scale_frames, sliding_window=stream.sliding_window, max_frame_num=stream.max_frame_num,
         dtype=rt.dtype, device=rt.device, backend=make_eager_backend(rt, model, page_size),
         num_patch_pages=layout.num_patch_pages, special_pages=layout.special_pages, allocation=layout.allocation,
+        write_kernel="triton" if rt.cuda_graphs and rt.step_kernels == "triton" else "torch",
     )
     cache.single_frame_backend = make_single_frame_backend(rt, model, stream, page_size, cache.table)
     return cache
@@ -143,8 +144,9 @@ def build_camera_cache(rt: ResolvedRuntime, model: ModelConfig, stream: StreamCo
     """The camera-head trunk cache (fp32, the head's dtype); static buffers when graphs are on."""
     shape = camera_cache_shape(rt, model, stream)
     capacity = shape.pop("capacity")
+    decode = "triton" if rt.cuda_graphs and rt.step_kernels == "triton" else "sdpa"
     return CameraKVCache(**shape, capacity_frames=capacity, dtype=torch.float32, device=rt.device,
-                         static=rt.cuda_graphs, decode_kernel=rt.camera_kernel if rt.cuda_graphs else "sdpa")
+                         static=rt.cuda_graphs, decode_kernel=decode)
 
 
 def saved_state_problems(rt: ResolvedRuntime, model: ModelConfig, stream: StreamConfig, dtype: torch.dtype,

@@ -33,6 +33,8 @@ from .pages import AppendPlan, PageStats, PageTable
 from .sdpa_backend import SdpaBackend
 from .staged_upload import StagedUpload
 
+WRITE_KERNELS = ("torch", "triton")  # how one-frame steps write their k, v (``PagedKVCache(write_kernel=...)``)
+
 
 @dataclass(frozen=True)
 class _Step:
@@ -61,13 +63,19 @@ class PagedKVCache:
         single_frame_backend: AttentionBackend | None = None,
         special_pages: int | None = None,
         allocation: str = "lifo",
+        write_kernel: str = "torch",
     ) -> None:
         """``backend``: ``"sdpa"`` or an ``AttentionBackend`` (``cache/factory.py`` builds them from
         the runtime). ``single_frame_backend``: an optional second backend for one-frame steps
         (phase 2), e.g. a CUDA-graph-capable one whose buffers have fixed addresses; multi-frame
         steps (phase 1) keep using ``backend``. ``num_patch_pages`` / ``special_pages``: pool sizes
         (None = the official ones). ``allocation``: the page table's allocation order (``pages.py``;
-        ``lowest`` keeps the stored patch pages a contiguous prefix for ``split_backend.py``)."""
+        ``lowest`` keeps the stored patch pages a contiguous prefix for ``split_backend.py``).
+        ``write_kernel``: how one-frame steps put their k and v into the pages: ``torch`` (stack +
+        ``index_copy_``) or ``triton`` (one kernel, ``kv_write.py``; CUDA); the bytes are the same."""
+        if write_kernel not in WRITE_KERNELS:
+            raise ValueError(f"write_kernel must be one of {WRITE_KERNELS} (got {write_kernel!r})")
+        self.write_kernel = write_kernel
         if num_blocks < 1 or num_heads < 1 or head_dim < 1:
             raise ValueError(
                 f"num_blocks, num_heads, head_dim must be >= 1 (got {num_blocks}, {num_heads}, {head_dim})"
@@ -218,7 +226,12 @@ class PagedKVCache:
             )
         kv = self._storage[block]  # [2, pages, page, H, D]
         flat = kv.view(2, -1, self.num_heads, self.head_dim)  # [2, pages*page, H, D]
-        flat.index_copy_(1, self._write_slots, torch.stack((k, v)).to(self.dtype))  # one indexed write of [2, T, H, D]
+        if self.write_kernel == "triton" and step.num_frames == 1 and k.dtype == v.dtype == self.dtype:
+            from .kv_write import write_rows
+
+            write_rows(k, v, self._write_slots, flat)  # one kernel, no stacked copy
+        else:
+            flat.index_copy_(1, self._write_slots, torch.stack((k, v)).to(self.dtype))  # [2, T, H, D] in one write
         return self._backend_for(step.num_frames).run((kv[0], kv[1]), q)
 
     def end_step(self) -> None:

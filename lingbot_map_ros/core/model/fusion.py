@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .rope import apply_rope_2d, apply_rope_3d
+
 
 class AttendCall(Protocol):
     """What the fused regions need of a block's attention call (``blocks.SplitAttend``), named here as a
@@ -81,6 +83,13 @@ def _pre(
     return q.to(v.dtype), k.to(v.dtype), v
 
 
+def _pre_qkv(x: Tensor, n1_w: Tensor, n1_b: Tensor, n1_eps: float, qkv_w: Tensor, qkv_b: Tensor) -> Tensor:
+    """``x [N, T, C]`` -> ``qkv(norm1(x)) [N, T, 3C]``: the part of ``_pre`` before q/k-norm, for blocks whose
+    q/k-norm and RoPE run as one Triton kernel (``qk_rope.py``)."""
+    C = x.shape[-1]
+    return F.linear(F.layer_norm(x, (C,), n1_w, n1_b, n1_eps), qkv_w, qkv_b)  # [N, T, 3C]
+
+
 def _post(
     x: Tensor, attn_out: Tensor,
     proj_w: Tensor, proj_b: Tensor, g1: Tensor,
@@ -111,12 +120,16 @@ def allow_recompiles(count: int) -> None:
 class BlockFusion:
     """Compiled ``pre``/``post`` regions shared by every block; ``block`` runs one block through them."""
 
-    def __init__(self, *, compile_options: Optional[dict] = None) -> None:
+    def __init__(self, *, compile_options: Optional[dict] = None, qk_kernel: bool = False) -> None:
+        """``qk_kernel``: the aggregator blocks' q/k-norm + RoPE + cast as our Triton kernel (``qk_rope.py``)
+        after a compiled LN₁ → qkv, instead of Inductor's two kernels (CUDA with Triton only)."""
         # 3 block kinds x a few shapes, plus head room: never fall back to eager silently.
         allow_recompiles(64)
         options = {"emulate_precision_casts": True}
         options.update(compile_options or {})
+        self.qk_kernel = qk_kernel
         self._pre = torch.compile(_pre, fullgraph=True, dynamic=False, options=options)
+        self._pre_qkv = torch.compile(_pre_qkv, fullgraph=True, dynamic=False, options=options)
         self._post = torch.compile(_post, fullgraph=True, dynamic=False, options=options)
         self.calls = 0
 
@@ -129,18 +142,32 @@ class BlockFusion:
             probe_dtype = _qk_dtype(x, blk, qk)
             cos, sin = attend.rope.tables(probe_dtype)
             rotate = attend.rope.apply_fn
-        q, k, v = self._pre(
-            x, blk.norm1.weight, blk.norm1.bias, blk.norm1.eps, attn.qkv.weight, attn.qkv.bias,
-            attn.q_norm.weight if qk else None, attn.q_norm.bias if qk else None,
-            attn.k_norm.weight if qk else None, attn.k_norm.bias if qk else None,
-            attn.q_norm.eps if qk else 0.0, attn.num_heads, cos, sin, rotate,
-        )
+        style = _ROPE_STYLES.get(rotate) if qk and self.qk_kernel and x.is_cuda else None
+        if style is not None:
+            from .qk_rope import qk_norm_rope
+
+            N, T, C = x.shape
+            qkv = self._pre_qkv(x, blk.norm1.weight, blk.norm1.bias, blk.norm1.eps, attn.qkv.weight, attn.qkv.bias)
+            qkv = qkv.view(N, T, 3, attn.num_heads, C // attn.num_heads)  # [N, T, 3, H, D]
+            q, k = qk_norm_rope(qkv, (attn.q_norm.weight, attn.q_norm.bias), (attn.k_norm.weight, attn.k_norm.bias),
+                                attn.q_norm.eps, cos, sin, style)  # each [N, T, H, D]
+            v = qkv[:, :, 2]  # [N, T, H, D] view
+        else:
+            q, k, v = self._pre(
+                x, blk.norm1.weight, blk.norm1.bias, blk.norm1.eps, attn.qkv.weight, attn.qkv.bias,
+                attn.q_norm.weight if qk else None, attn.q_norm.bias if qk else None,
+                attn.k_norm.weight if qk else None, attn.k_norm.bias if qk else None,
+                attn.q_norm.eps if qk else 0.0, attn.num_heads, cos, sin, rotate,
+            )
         out = attend.core(q, k, v)  # [N, T, H, D], opaque to the compiler
         self.calls += 1
         return self._post(
             x, out, attn.proj.weight, attn.proj.bias, blk.ls1.gamma, blk.norm2.weight, blk.norm2.bias, blk.norm2.eps,
             blk.mlp.fc1.weight, blk.mlp.fc1.bias, blk.mlp.fc2.weight, blk.mlp.fc2.bias, blk.ls2.gamma,
         )
+
+
+_ROPE_STYLES = {apply_rope_2d: "halves", apply_rope_3d: "pairs"}  # the rotations qk_rope.py implements
 
 
 def _qk_dtype(x: Tensor, blk: nn.Module, qk_norm: bool) -> torch.dtype:
