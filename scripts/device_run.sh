@@ -64,7 +64,7 @@ elif [ "$MODE" = camera9 ]; then
 elif [ "$MODE" = pre9 ]; then
   # the graph step's small Triton kernels (camera decode, K/V write, q/k-norm + RoPE): their GPU tests,
   # the graphed and fused paths that use them; end to end against the PyTorch ops, with the profile
-  timeout 300 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider -k "camera_decode or graphed_session or fused_block or qk_norm or kv_write or beside" 2>&1 | grep -E "rel diff|float64|ulp|block|passed|failed|Error|assert" | tee "$OUT/gpu_tests.log"
+  timeout 300 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider -k "camera_decode or graphed_session or fused_block or qk_norm or kv_write or beside or camera_head" 2>&1 | grep -E "rel diff|float64|ulp|block|passed|failed|Error|assert" | tee "$OUT/gpu_tests.log"
   timeout 280 "${BENCH[@]}" --frames 208 --heads camera,depth+camera --variants auto,auto+torchstep --profile 2>&1 | grep -E "^\||rror|GPU kernel" | tee "$OUT/bench_pre.txt"
 elif [ "$MODE" = record8 ]; then
   # the eighth session's run of record (the Gluon kernel is the default): the official code and ours

@@ -101,8 +101,9 @@ class Block(nn.Module):
         """x: ``[N, T, C]``.
 
         Inside ``fusion.fused_blocks(...)`` (the CUDA-graph frame step) a block whose attention is a
-        ``SplitAttend`` runs as two compiled regions around the attention call; everywhere else (CPU,
-        phase 1, the camera head) exactly the ops below run, so eager numbers never change.
+        ``SplitAttend`` runs as two compiled regions around the attention call (the camera head's trunk
+        too, in fp32); everywhere else (CPU, phase 1) exactly the ops below run, so eager numbers
+        never change.
         """
         fused = active_fusion()
         if fused is not None and isinstance(attend, SplitAttend):

@@ -11,7 +11,8 @@ call fuses them into a handful of Triton kernels:
 The attention itself (``SplitAttend.core``: SDPA, or the paged KV cache with its Python bookkeeping)
 stays outside, so the compiler never sees the cache. The regions are pure functions of tensors
 (parameters passed in), so one compiled graph serves every block of the same shape: 24 DINO blocks
-share one, 24 frame blocks another, 24 global blocks a third. Compilation happens in the warm-up run
+share one, 24 frame blocks another, 24 global blocks a third, the camera head's 4 trunk blocks x 4
+iterations (fp32, autocast off) a fourth. Compilation happens in the warm-up run
 before the CUDA graph is captured; the graph then replays the compiled kernels like any other.
 
 Numerics: the regions run the same ops under the same autocast state as the eager blocks, with
