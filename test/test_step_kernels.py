@@ -1,7 +1,8 @@
 """The graph step's small Triton kernels on the CPU, in Triton's interpreter (``step_kernels_check.py``
 in a child process: the interpreter is chosen when Triton is imported): the camera head's split-key
-decode against float64, the K/V write against ``index_copy_`` and inside a paged cache's stream. The
-compiled kernels inside the CUDA graph are checked in test_gpu.py."""
+decode against float64, the K/V write against ``index_copy_`` and inside a paged cache's stream,
+q/k-norm + RoPE and the camera head's fused GEMVs against float64. The compiled kernels inside the CUDA
+graph are checked in test_gpu.py."""
 from __future__ import annotations
 
 import json
@@ -36,7 +37,12 @@ def test_step_kernels_match_their_references_in_the_interpreter() -> None:
     qk = report["qk_rope"]
     assert len(qk) == 8, qk
     for name, err in qk.items():
-        assert err < (1e-6 if name.endswith("fp32") else 1.0), (name, err)
+        assert err < 1e-6 if name.endswith("fp32") else err <= 0.0, (name, err)
+    # the camera head's fused GEMVs (LN before, GELU or LayerScale + residual after) against float64
+    gemv = report["gemv"]
+    assert len(gemv) == 6, gemv
+    for name, err in gemv.items():
+        assert err < 1e-5, (name, err)
 
 
 def test_triton_decode_is_refused_outside_fp32() -> None:

@@ -85,8 +85,9 @@ class StreamingSession:
         # also tunes every pointwise kernel, which did not finish compiling within a device call
         autotune = ({"max_autotune_gemm": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
                     if runtime.autotune else None)
-        self._fusion: Optional[BlockFusion] = BlockFusion(
-            compile_options=autotune, qk_kernel=runtime.step_kernels == "triton") if runtime.compile_blocks else None
+        ours = runtime.step_kernels == "triton"
+        self._fusion: Optional[BlockFusion] = (
+            BlockFusion(compile_options=autotune, triton_kernels=ours) if runtime.compile_blocks else None)
         self._graph_step: Optional[GraphedFrameStep] = None
         self._graph_key: Optional[tuple] = None
         self._kv: Optional[PagedKVCache] = None  # allocated for the first frame's size

@@ -121,14 +121,15 @@ def allow_recompiles(count: int) -> None:
 class BlockFusion:
     """Compiled ``pre``/``post`` regions shared by every block; ``block`` runs one block through them."""
 
-    def __init__(self, *, compile_options: Optional[dict] = None, qk_kernel: bool = False) -> None:
-        """``qk_kernel``: the aggregator blocks' q/k-norm + RoPE + cast as our Triton kernel (``qk_rope.py``)
-        after a compiled LN₁ → qkv, instead of Inductor's two kernels (CUDA with Triton only)."""
+    def __init__(self, *, compile_options: Optional[dict] = None, triton_kernels: bool = False) -> None:
+        """``triton_kernels`` (CUDA with Triton only): our kernels where they apply, the aggregator blocks'
+        q/k-norm + RoPE + cast (``qk_rope.py``, after a compiled LN₁ → qkv) instead of Inductor's two
+        kernels, and the camera head's one-token fp32 blocks as four fused GEMVs (``gemv.py``)."""
         # 3 block kinds x a few shapes, plus head room: never fall back to eager silently.
         allow_recompiles(64)
         options = {"emulate_precision_casts": True}
         options.update(compile_options or {})
-        self.qk_kernel = qk_kernel
+        self.triton_kernels = triton_kernels
         self._pre = torch.compile(_pre, fullgraph=True, dynamic=False, options=options)
         self._pre_qkv = torch.compile(_pre_qkv, fullgraph=True, dynamic=False, options=options)
         self._post = torch.compile(_post, fullgraph=True, dynamic=False, options=options)
@@ -137,13 +138,17 @@ class BlockFusion:
     def block(self, blk: nn.Module, x: Tensor, attend: AttendCall) -> Tensor:
         attn = blk.attn
         qk = not isinstance(attn.q_norm, torch.nn.Identity)
+        if (self.triton_kernels and x.is_cuda and x.dtype == torch.float32 and x.shape[0] * x.shape[1] == 1
+                and not qk and attend.rope is None):
+            self.calls += 1
+            return _one_token_block(blk, x, attend)
         cos = sin = rotate = None
         if attend.rope is not None:
             # the dtype the eager path rotates in: q/k-norm output (fp32 under autocast), else qkv's
             probe_dtype = _qk_dtype(x, blk, qk)
             cos, sin = attend.rope.tables(probe_dtype)
             rotate = attend.rope.apply_fn
-        style = _ROPE_STYLES.get(rotate) if qk and self.qk_kernel and x.is_cuda else None
+        style = _ROPE_STYLES.get(rotate) if qk and self.triton_kernels and x.is_cuda else None
         if style is not None:
             from .qk_rope import qk_norm_rope
 
@@ -166,6 +171,20 @@ class BlockFusion:
             x, out, attn.proj.weight, attn.proj.bias, blk.ls1.gamma, blk.norm2.weight, blk.norm2.bias, blk.norm2.eps,
             blk.mlp.fc1.weight, blk.mlp.fc1.bias, blk.mlp.fc2.weight, blk.mlp.fc2.bias, blk.ls2.gamma,
         )
+
+
+def _one_token_block(blk: nn.Module, x: Tensor, attend: AttendCall) -> Tensor:
+    """A camera-trunk block for one fp32 token ``x [1, 1, C]`` in four fused GEMVs around the attention."""
+    from .gemv import linear_residual, norm_linear
+
+    attn, mlp = blk.attn, blk.mlp
+    N, T, C = x.shape
+    qkv = norm_linear(x, (blk.norm1.weight, blk.norm1.bias), blk.norm1.eps, attn.qkv.weight, attn.qkv.bias)
+    q, k, v = qkv.view(N, T, 3, attn.num_heads, C // attn.num_heads).unbind(2)  # each [1, 1, H, D]
+    out = attend.core(q, k, v).reshape(N, T, C)  # [1, 1, C]
+    x = linear_residual(out, attn.proj.weight, attn.proj.bias, blk.ls1.gamma, x)
+    h = norm_linear(x, (blk.norm2.weight, blk.norm2.bias), blk.norm2.eps, mlp.fc1.weight, mlp.fc1.bias, gelu=True)
+    return linear_residual(h, mlp.fc2.weight, mlp.fc2.bias, blk.ls2.gamma, x)  # [1, 1, C]
 
 
 _ROPE_STYLES = {apply_rope_2d: "halves", apply_rope_3d: "pairs"}  # the rotations qk_rope.py implements
