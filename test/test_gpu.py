@@ -357,8 +357,7 @@ def test_depth_head_weights_channels_last_change_no_pose_and_no_depth():
 
 def _block_reference_error(block_kind: str, qk_kernel: bool = False):
     """One aggregator-shaped block (bf16 weights, autocast) eager and fused vs its float64 copy;
-    ``qk_kernel``: the fused block's q/k-norm + RoPE as our Triton kernel (``qk_rope.py``), and a frame
-    block's attention through the runs kernel."""
+    ``qk_kernel``: the fused block's q/k-norm + RoPE as our Triton kernel (``qk_rope.py``)."""
     import copy
 
     from lingbot_map_ros.core.model.blocks import Block, frame_attend, global_attend
@@ -386,13 +385,7 @@ def _block_reference_error(block_kind: str, qk_kernel: bool = False):
         ref = ref_blk(x.double(), attend("cuda"))  # [1, P, C] float64
         with torch.autocast("cuda", dtype=torch.bfloat16):
             eager = blk(x.to(torch.bfloat16), attend("cuda"))
-            frame_kernel = None
-            if qk_kernel:  # with our kernels the frame block's attention goes through the runs kernel as well
-                from lingbot_map_ros.core.runtime import resolve_prefix_kernel
-
-                frame_kernel = resolve_prefix_kernel("auto", torch.device("cuda"))[0]
-                frame_kernel = frame_kernel if frame_kernel in ("gluon", "triton") else None
-            fusion = BlockFusion(triton_kernels=qk_kernel, frame_kernel=frame_kernel)
+            fusion = BlockFusion(triton_kernels=qk_kernel)
             out = torch.full_like(eager, float("nan"))  # poisoned: every element must be written
             with fused_blocks(fusion):
                 out.copy_(blk(x.to(torch.bfloat16), attend("cuda")))

@@ -86,10 +86,8 @@ class StreamingSession:
         autotune = ({"max_autotune_gemm": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
                     if runtime.autotune else None)
         ours = runtime.step_kernels == "triton"
-        frame_kernel = runtime.prefix_kernel if ours and runtime.prefix_kernel in ("gluon", "triton") else None
         self._fusion: Optional[BlockFusion] = (
-            BlockFusion(compile_options=autotune, triton_kernels=ours, frame_kernel=frame_kernel)
-            if runtime.compile_blocks else None)
+            BlockFusion(compile_options=autotune, triton_kernels=ours) if runtime.compile_blocks else None)
         self._graph_step: Optional[GraphedFrameStep] = None
         self._graph_key: Optional[tuple] = None
         self._kv: Optional[PagedKVCache] = None  # allocated for the first frame's size

@@ -121,21 +121,15 @@ def allow_recompiles(count: int) -> None:
 class BlockFusion:
     """Compiled ``pre``/``post`` regions shared by every block; ``block`` runs one block through them."""
 
-    def __init__(self, *, compile_options: Optional[dict] = None, triton_kernels: bool = False,
-                 frame_kernel: Optional[str] = None) -> None:
+    def __init__(self, *, compile_options: Optional[dict] = None, triton_kernels: bool = False) -> None:
         """``triton_kernels`` (CUDA with Triton only): our kernels where they apply, the aggregator blocks'
         q/k-norm + RoPE + cast (``qk_rope.py``, after a compiled LN₁ → qkv) instead of Inductor's two
-        kernels, and the camera head's one-token fp32 blocks as four fused GEMVs (``gemv.py``).
-        ``frame_kernel`` (``gluon`` | ``triton`` | None): the DINO and frame blocks' attention of one
-        frame (every token to every token) as the split backend's runs kernel over one run, instead of
-        SDPA (cuDNN)."""
+        kernels, and the camera head's one-token fp32 blocks as four fused GEMVs (``gemv.py``)."""
         # 3 block kinds x a few shapes, plus head room: never fall back to eager silently.
         allow_recompiles(64)
         options = {"emulate_precision_casts": True}
         options.update(compile_options or {})
         self.triton_kernels = triton_kernels
-        self.frame_kernel = frame_kernel
-        self._runs: dict[tuple[int, str], Tensor] = {}  # one run (0, T) per token count and device
         self._pre = torch.compile(_pre, fullgraph=True, dynamic=False, options=options)
         self._pre_qkv = torch.compile(_pre_qkv, fullgraph=True, dynamic=False, options=options)
         self._post = torch.compile(_post, fullgraph=True, dynamic=False, options=options)
@@ -171,35 +165,12 @@ class BlockFusion:
                 attn.k_norm.weight if qk else None, attn.k_norm.bias if qk else None,
                 attn.q_norm.eps if qk else 0.0, attn.num_heads, cos, sin, rotate,
             )
-        if self.frame_kernel is not None and x.shape[0] == 1 and q.dtype != torch.float32 and _is_frame_core(attend):
-            out = self._frame_attention(q[0], k[0], v[0])[None]  # [1, T, H, D]
-        else:
-            out = attend.core(q, k, v)  # [N, T, H, D], opaque to the compiler
+        out = attend.core(q, k, v)  # [N, T, H, D], opaque to the compiler
         self.calls += 1
         return self._post(
             x, out, attn.proj.weight, attn.proj.bias, blk.ls1.gamma, blk.norm2.weight, blk.norm2.bias, blk.norm2.eps,
             blk.mlp.fc1.weight, blk.mlp.fc1.bias, blk.mlp.fc2.weight, blk.mlp.fc2.bias, blk.ls2.gamma,
         )
-
-
-    def _frame_attention(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """One frame's attention ``q, k, v [T, H, D]`` -> ``[T, H, D]`` through the runs kernel (one run, one part)."""
-        if self.frame_kernel == "gluon":
-            from ..cache.gluon_runs import runs_attention
-        else:
-            from ..cache.triton_prefix import runs_attention
-        key = (q.shape[0], str(q.device))
-        runs = self._runs.get(key)
-        if runs is None:  # built before the graph's capture (the warm-up runs this first), then read in place
-            runs = self._runs[key] = torch.tensor([[0, q.shape[0]]], dtype=torch.int32, device=q.device)
-        return runs_attention(q, k, v, runs)[0][0]  # out [P=1, T, H, D] -> [T, H, D]
-
-
-def _is_frame_core(attend: AttendCall) -> bool:
-    """True for the DINO and frame blocks' attention (each frame to itself through SDPA)."""
-    from .blocks import sdpa_tokens  # blocks imports this module: looked up at call time
-
-    return attend.core is sdpa_tokens
 
 
 def _one_token_block(blk: nn.Module, x: Tensor, attend: AttendCall) -> Tensor:
