@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run of record (device machine, nvidia-h200): GPU correctness tests, then the benchmark
 # benchmark table. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
-#   bash scripts/device_run.sh [record9|tests9|pre9|camera9|record8|tests8|gluon8|camera7|record7|upload7|nhwc6|tests6|record6|prefix|round|official|gap|probe|check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
+#   bash scripts/device_run.sh [record9|tests9|gemv9|pre9|camera9|record8|tests8|gluon8|camera7|record7|upload7|nhwc6|tests6|record6|prefix|round|official|gap|probe|check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
 # Everything it prints also lands in $OUT (gpu_tests.log, bench.txt, long.txt) and the JIT-compiled
 # FlashInfer kernels are copied to $OUT/*.so so a later call can skip compiling (put each one at
 # .fi_aot/<name>/<name>.so and carry .fi_aot).
@@ -66,6 +66,10 @@ elif [ "$MODE" = pre9 ]; then
   # the graphed and fused paths that use them; end to end against the PyTorch ops, with the profile
   timeout 300 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider -k "camera_decode or graphed_session or fused_block or qk_norm or kv_write or beside or camera_head" 2>&1 | grep -E "rel diff|float64|ulp|block|passed|failed|Error|assert" | tee "$OUT/gpu_tests.log"
   timeout 280 "${BENCH[@]}" --frames 208 --heads camera,depth+camera --variants auto,auto+torchstep --profile 2>&1 | grep -E "^\||rror|GPU kernel" | tee "$OUT/bench_pre.txt"
+elif [ "$MODE" = gemv9 ]; then
+  # the camera head's fused GEMVs per tile against cuBLAS; end to end against the PyTorch ops
+  timeout 120 python3 scripts/gemv_bench.py 2>&1 | grep -E "^\||rror" | tee "$OUT/gemv.txt"
+  timeout 200 "${BENCH[@]}" --frames 208 --heads camera,depth+camera --variants auto,auto+torchstep 2>&1 | grep -E "^\||rror" | tee "$OUT/bench_gemv.txt"
 elif [ "$MODE" = record9 ]; then
   # the ninth session's run of record (the graph step's small Triton kernels are the default): the official
   # code and ours (the default and the PyTorch ops, depth + camera and camera only), idle and with half of
@@ -238,7 +242,7 @@ elif [ "$MODE" = perf ] || [ "$MODE" = record ]; then
 elif [ "$MODE" != long ] && [ "$MODE" != final ]; then
   timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
-if [ "$MODE" = camera9 ] || [ "$MODE" = pre9 ] || [ "$MODE" = record9 ] || [ "$MODE" = tests9 ] || [ "$MODE" = round ] || [ "$MODE" = official ] || [ "$MODE" = gap ] || [ "$MODE" = probe ] || [ "$MODE" = prefix ] || [ "$MODE" = record6 ] || [ "$MODE" = tests6 ] || [ "$MODE" = nhwc6 ] || [ "$MODE" = upload7 ] || [ "$MODE" = record7 ] || [ "$MODE" = camera7 ] || [ "$MODE" = gluon8 ] || [ "$MODE" = record8 ] || [ "$MODE" = tests8 ] || [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ] || [ "$MODE" = heads ]; then
+if [ "$MODE" = gemv9 ] || [ "$MODE" = camera9 ] || [ "$MODE" = pre9 ] || [ "$MODE" = record9 ] || [ "$MODE" = tests9 ] || [ "$MODE" = round ] || [ "$MODE" = official ] || [ "$MODE" = gap ] || [ "$MODE" = probe ] || [ "$MODE" = prefix ] || [ "$MODE" = record6 ] || [ "$MODE" = tests6 ] || [ "$MODE" = nhwc6 ] || [ "$MODE" = upload7 ] || [ "$MODE" = record7 ] || [ "$MODE" = camera7 ] || [ "$MODE" = gluon8 ] || [ "$MODE" = record8 ] || [ "$MODE" = tests8 ] || [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ] || [ "$MODE" = heads ]; then
   :  # done above
 elif [ "$MODE" = quick ]; then
   "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"

@@ -7,7 +7,7 @@ LayerScale, residual): ~10 launches a block, each a few µs of a latency-bound s
 bandwidth-bound, so what surrounds it is free when done in the same pass:
 
 * ``norm_linear``: ``act(W · LN(x) + b)`` (LN₁ → qkv, LN₂ → fc1 → GELU): every program recomputes the
-  LayerNorm statistics of ``x`` (8 KB, from L2) and normalises each chunk as it streams ``W``;
+  LayerNorm statistics of ``x`` (8 KB, from L2, in one load) and normalises each chunk as it streams ``W``;
 * ``linear_residual``: ``r + γ ⊙ (W · a + b)`` (proj, fc2 with their LayerScale and residual).
 
 A block is then 4 GEMVs + the camera decode's 2 kernels. Each program owns ``BLOCK_N`` output rows and
@@ -26,30 +26,26 @@ BLOCK_K = 256
 
 
 @triton.jit
-def _row_stats(x_ptr, K, eps, BK: tl.constexpr):
-    """Mean and 1/std of the fp32 vector ``x [K]`` (two passes: the centred sum of squares, as LayerNorm)."""
-    total = tl.zeros([BK], tl.float32)
-    for k0 in range(0, K, BK):
-        cols = k0 + tl.arange(0, BK)
-        total += tl.load(x_ptr + cols, mask=cols < K, other=0.0)
-    mean = tl.sum(total, axis=0) / K
-    squares = tl.zeros([BK], tl.float32)
-    for k0 in range(0, K, BK):
-        cols = k0 + tl.arange(0, BK)
-        d = tl.where(cols < K, tl.load(x_ptr + cols, mask=cols < K, other=0.0) - mean, 0.0)
-        squares += d * d
-    return mean, 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
+def _row_stats(x_ptr, K, eps, KP: tl.constexpr):
+    """Mean and 1/std of the fp32 vector ``x [K]`` from one load of all of it (``KP``: K rounded up to a
+    power of two; a loop of chunks would put a chain of dependent loads before the weights stream)."""
+    cols = tl.arange(0, KP)
+    ok = cols < K
+    x = tl.load(x_ptr + cols, mask=ok, other=0.0)  # [KP]
+    mean = tl.sum(x, axis=0) / K
+    centred = tl.where(ok, x - mean, 0.0)
+    return mean, 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / K + eps)
 
 
 @triton.jit
 def _gemv(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr, gamma_ptr, res_ptr, N, K, eps,
-          NORM: tl.constexpr, EPILOGUE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+          NORM: tl.constexpr, EPILOGUE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr):
     """Program (row block): ``out[n] = epilogue(Σ_k W[n, k] · x'[k] + b[n])`` for its ``BN`` rows, where
     ``x' = LN(x)`` if ``NORM`` else ``x``; ``EPILOGUE`` 0: none, 1: exact GELU, 2: ``res + γ ⊙ ·``."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)  # [BN]
     row_ok = rows < N
     if NORM:
-        mean, rstd = _row_stats(x_ptr, K, eps, BK)
+        mean, rstd = _row_stats(x_ptr, K, eps, KP)
     acc = tl.zeros([BN, BK], tl.float32)
     for k0 in range(0, K, BK):
         cols = k0 + tl.arange(0, BK)  # [BK]
@@ -85,26 +81,28 @@ def _rows_per_program(n: int, k: int) -> int:
 
 
 def norm_linear(x: Tensor, norm: tuple[Tensor, Tensor], eps: float, weight: Tensor, bias: Tensor, *,
-                gelu: bool = False) -> Tensor:
+                gelu: bool = False, block_n: int = 0, block_k: int = BLOCK_K, num_warps: int = 4) -> Tensor:
     """``act(weight · LayerNorm(x) + bias)`` for one token ``x [..., K]`` (fp32): ``[..., N]``; ``act``: exact
-    GELU or none; ``norm``: the LayerNorm's (weight, bias)."""
+    GELU or none; ``norm``: the LayerNorm's (weight, bias). The tile arguments are for the benchmark."""
     n, k = _check(x, weight, bias)
     out = torch.empty(*x.shape[:-1], n, device=x.device, dtype=torch.float32)
-    bn = _rows_per_program(n, k)
+    bn = block_n or _rows_per_program(n, k)
     _gemv[(triton.cdiv(n, bn),)](x, weight, bias, out, norm[0], norm[1], bias, bias, n, k, float(eps), NORM=True,
-                                 EPILOGUE=1 if gelu else 0, BN=bn, BK=BLOCK_K)
+                                 EPILOGUE=1 if gelu else 0, BN=bn, BK=block_k, KP=triton.next_power_of_2(k),
+                                 num_warps=num_warps)
     return out
 
 
-def linear_residual(a: Tensor, weight: Tensor, bias: Tensor, gamma: Tensor, residual: Tensor) -> Tensor:
+def linear_residual(a: Tensor, weight: Tensor, bias: Tensor, gamma: Tensor, residual: Tensor, *, block_n: int = 0,
+                    block_k: int = BLOCK_K, num_warps: int = 4) -> Tensor:
     """``residual + gamma ⊙ (weight · a + bias)`` for one token ``a [..., K]`` (fp32): ``[..., N]``."""
     n, k = _check(a, weight, bias)
     if residual.shape[-1] != n or residual.numel() != n or not residual.is_contiguous() or gamma.shape != (n,):
         raise ValueError(f"residual [{n}] contiguous and gamma [{n}] (got {list(residual.shape)}, {list(gamma.shape)})")
     out = torch.empty_like(residual)
-    bn = _rows_per_program(n, k)
+    bn = block_n or _rows_per_program(n, k)
     _gemv[(triton.cdiv(n, bn),)](a, weight, bias, out, bias, bias, gamma, residual, n, k, 0.0, NORM=False,
-                                 EPILOGUE=2, BN=bn, BK=BLOCK_K)
+                                 EPILOGUE=2, BN=bn, BK=block_k, KP=1, num_warps=num_warps)
     return out
 
 
