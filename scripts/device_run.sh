@@ -81,6 +81,7 @@ elif [ "$MODE" = tests9 ]; then
   timeout 300 python3 -m pytest test/test_gpu.py test/test_gpu_faults.py test/test_gpu_sessions.py -q -s -p no:cacheprovider 2>&1 | grep -E "rel diff|float64|passed|failed|Error|assert" | tee "$OUT/gpu_tests.log"
   timeout 150 "${BENCH[@]}" --frames 120 --heads depth+camera,camera --variants auto --profile 2>&1 | grep -E "^\||rror|GPU kernel" | tee "$OUT/bench_profile.txt"
   for heads in camera depth+camera; do timeout 60 python3 scripts/host_gap.py --heads "$heads" 2>&1 | grep -E "^\||gap|idle" | tee -a "$OUT/host_gap.txt"; done
+  timeout 100 python3 scripts/gemv_bench.py 2>&1 | grep -E "^\||rror" | tee "$OUT/gemv.txt"
 elif [ "$MODE" = record8 ]; then
   # the eighth session's run of record (the Gluon kernel is the default): the official code and ours
   # (the default and the Triton kernel, depth + camera and camera only), idle and with half of the
