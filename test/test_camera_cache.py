@@ -144,7 +144,7 @@ def test_static_mask_follows_random_steps_resets_and_loads():
             if saved is not None:
                 cache.load_state(*saved)
             continue
-        if cache.length >= capacity:
+        if cache.length + 1 >= capacity:  # as in a session: a stored frame always leaves the scratch slot free
             cache.reset()
         cache.begin_step(1, store=action == "stored")
         reference = np.where(np.arange(capacity) <= cache.length, 0.0, -np.inf)  # [capacity]
