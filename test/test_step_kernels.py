@@ -5,14 +5,9 @@ q/k-norm + RoPE and the camera head's fused GEMVs against float64. The compiled 
 graph are checked in test_gpu.py."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from interpreter_child import run_interpreted
 
 from lingbot_map_ros.core.cache import CameraKVCache
 
@@ -20,12 +15,7 @@ pytest.importorskip("triton")  # scripts/setup_env.sh installs it; without it th
 
 
 def test_step_kernels_match_their_references_in_the_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    script = Path(__file__).with_name("step_kernels_check.py")
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600,
-                          cwd=Path(__file__).parents[1])
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = run_interpreted("step_kernels_check.py")
     errors = report["errors"]
     assert len(errors) == 9 + 1, errors
     for name, err in errors.items():  # fp32 arithmetic against float64

@@ -8,24 +8,14 @@ The interpreter is chosen when Triton is imported, so the check runs in a child 
 ``TRITON_INTERPRET=1`` (``triton_interpreter_check.py``)."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from interpreter_child import run_interpreted
 
 pytest.importorskip("triton")  # scripts/setup_env.sh installs it; a robot without Triton runs cuDNN's prefix
 
 
 def test_triton_prefix_kernel_matches_float64_in_the_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    script = Path(__file__).with_name("triton_interpreter_check.py")
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600,
-                          cwd=Path(__file__).parents[1])
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = run_interpreted("triton_interpreter_check.py")
     kernel = report["kernel"]
     for name, err in kernel.items():  # fp32 arithmetic in the interpreter
         assert err < 2e-6, (name, err, kernel)
