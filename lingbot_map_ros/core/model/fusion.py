@@ -62,6 +62,13 @@ def fused_blocks(fusion: Optional["BlockFusion"]) -> Iterator[None]:
         _STATE.fusion = previous
 
 
+def _pre_qkv(x: Tensor, n1_w: Tensor, n1_b: Tensor, n1_eps: float, qkv_w: Tensor, qkv_b: Tensor) -> Tensor:
+    """``x [N, T, C]`` -> ``qkv(norm1(x)) [N, T, 3C]``: the start of ``_pre``, compiled alone for blocks whose
+    q/k-norm and RoPE run as one Triton kernel (``qk_rope.py``)."""
+    C = x.shape[-1]
+    return F.linear(F.layer_norm(x, (C,), n1_w, n1_b, n1_eps), qkv_w, qkv_b)  # [N, T, 3C]
+
+
 def _pre(
     x: Tensor,
     n1_w: Tensor, n1_b: Tensor, n1_eps: float,
@@ -73,8 +80,7 @@ def _pre(
     """``x [N, T, C]`` -> q, k, v ``[N, T, H, D]`` exactly as ``Attention.qkv_heads(norm1(x))`` + RoPE + cast."""
     N, T, C = x.shape
     head_dim = C // num_heads
-    h = F.layer_norm(x, (C,), n1_w, n1_b, n1_eps)  # [N, T, C]
-    qkv = F.linear(h, qkv_w, qkv_b).reshape(N, T, 3, num_heads, head_dim)  # [N, T, 3, H, D]
+    qkv = _pre_qkv(x, n1_w, n1_b, n1_eps, qkv_w, qkv_b).reshape(N, T, 3, num_heads, head_dim)  # [N, T, 3, H, D]
     q, k, v = qkv.unbind(dim=2)  # each [N, T, H, D]
     if qn_w is not None:
         q = F.layer_norm(q, (head_dim,), qn_w, qn_b, qk_eps)
@@ -82,13 +88,6 @@ def _pre(
     if rotate is not None:
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
     return q.to(v.dtype), k.to(v.dtype), v
-
-
-def _pre_qkv(x: Tensor, n1_w: Tensor, n1_b: Tensor, n1_eps: float, qkv_w: Tensor, qkv_b: Tensor) -> Tensor:
-    """``x [N, T, C]`` -> ``qkv(norm1(x)) [N, T, 3C]``: the part of ``_pre`` before q/k-norm, for blocks whose
-    q/k-norm and RoPE run as one Triton kernel (``qk_rope.py``)."""
-    C = x.shape[-1]
-    return F.linear(F.layer_norm(x, (C,), n1_w, n1_b, n1_eps), qkv_w, qkv_b)  # [N, T, 3C]
 
 
 def _post(
