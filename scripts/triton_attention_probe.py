@@ -111,8 +111,11 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tuned
 # (block_m, block_n, warps, stages): the package's TMA kernel (lingbot_map_ros/core/cache/triton_prefix.py)
 # over one run of all keys, per tile; its default is the first row
 TMA_VARIANTS = [(64, 128, 4, 3), (64, 128, 4, 2), (64, 64, 4, 6), (128, 128, 8, 3)]
-GLUON_VARIANTS = [(64, 128, 4, 3, 1), (128, 64, 4, 3, 1), (128, 64, 4, 3, 2), (128, 64, 4, 4, 2),
-                  (128, 64, 4, 3, 3), (64, 64, 4, 3, 1), (64, 128, 4, 3, 2)]
+# (block_m, block_n, warps, stages, parts, exp2 of every 4 on the FMA units, pairs); pairs: the
+# warp-specialised kernel, two consumer warpgroups of block_m queries sharing each K/V block
+GLUON_VARIANTS = [(64, 128, 4, 3, 1, 0, False), (64, 128, 4, 3, 1, 1, False), (64, 128, 4, 4, 1, 0, True),
+                  (64, 128, 4, 3, 1, 0, True), (64, 128, 4, 2, 1, 0, True), (64, 128, 4, 4, 1, 1, True),
+                  (64, 128, 4, 4, 2, 0, True), (64, 64, 4, 6, 1, 0, True)]
 
 
 def merged(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,6 +176,21 @@ def fa3_ragged_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, check, re
                   time_us(run, reps))
         except Exception as exc:
             print(f"fa3 ragged x{splits}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
+
+
+def no_exp_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, runs: torch.Tensor, check, reps: int) -> None:
+    """The Gluon kernel with exp2 replaced by a copy (wrong numbers; its time only): how fast the kernel
+    would be if the exponentials cost nothing, i.e. how much of it the MUFU bounds."""
+    from lingbot_map_ros.core.cache import gluon_runs
+
+    saved = gluon_runs._exp2_asm
+    gluon_runs._exp2_asm = lambda emulated: "\n".join(f"mov.b32 ${i}, ${i + 4};" for i in range(4))
+    try:
+        out, lse = gluon_runs.runs_attention(q, k, v, runs, emulated_exp=4)
+        check("gluon (package), 64 x 128, exp2 replaced by a copy (timing only: wrong numbers)", out[0], lse[0],
+              time_us(lambda: gluon_runs.runs_attention(q, k, v, runs, emulated_exp=4), reps))
+    finally:
+        gluon_runs._exp2_asm = saved
 
 
 def time_us(fn, reps: int) -> float:
@@ -252,9 +270,10 @@ def main() -> None:
         # (block_m, block_n, warps, stages, parts). 128 x 64 in one warpgroup (218 registers, 66 KB: two
         # programs per SM, each K/V block read once for 128 queries: half the L2 traffic of 64 x 128) needs
         # two parts to fill the SMs; its rows time the kernel alone and the kernel with the LSE merge.
-        for bm, bn, warps, stages, parts in GLUON_VARIANTS:
-            name = f"gluon (package), {bm} x {bn}, {warps} warps, {stages} stages, {parts} part(s)"
-            tiles = dict(block_m=bm, block_n=bn, num_warps=warps, stages=stages)
+        for bm, bn, warps, stages, parts, emulated, pairs in GLUON_VARIANTS:
+            name = (f"gluon (package), {'2 x ' if pairs else ''}{bm} x {bn}, {stages} stages, {parts} part(s), "
+                    f"{emulated}/4 exp2 emulated{', warp-specialised' if pairs else ''}")
+            tiles = dict(block_m=bm, block_n=bn, num_warps=warps, stages=stages, emulated_exp=emulated, pairs=pairs)
             try:
                 out, lse = merged(*gluon_runs.runs_attention(q, k, v, runs, parts=parts, **tiles))
                 check(name, out, lse, time_us(lambda t=tiles, p=parts: gluon_runs.runs_attention(
@@ -264,6 +283,7 @@ def main() -> None:
                         *gluon_runs.runs_attention(q, k, v, runs, parts=p, **t)), args.reps))
             except Exception as exc:  # reported, not fatal
                 print(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
+        no_exp_row(q, k, v, runs, check, args.reps)
         if args.flashinfer:
             fa3_ragged_rows(q, k, v, check, args.reps)
     print("| kernel | us | TFLOP/s | rel. error vs reference | max abs LSE error |")

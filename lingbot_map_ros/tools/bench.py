@@ -7,6 +7,7 @@ Speed goals are judged from this table (medians and ratios of one run), never fr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
@@ -42,7 +43,7 @@ class BenchRow:
 
 VARIANT_HELP = (
     "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+autotune][+bf16][+kvN][+serialheads]"
-    "[+cudnnprefix|+tritonprefix|+gluonprefix][+nchwdepth][+torchstep]: "
+    "[+cudnnprefix|+tritonprefix|+gluonprefix][+nchwdepth][+torchstep][+expN][+pairs|+singles]: "
     "BACKEND sdpa|flashinfer, KERNEL split|cudnn|flash (sdpa) or fa2|fa3 (flashinfer); "
     "+compile = torch.compile-fused blocks in the graph step; "
     "+autotune = their GEMMs autotuned by Inductor (max-autotune, minutes to compile); "
@@ -53,10 +54,39 @@ VARIANT_HELP = (
     "kernel over the visible runs in one call (auto: Triton where it runs) / as its Gluon version; "
     "+nchwdepth = the depth head's conv weights in NCHW layout (auto on CUDA: channels-last); "
     "+torchstep = the graph step's small pieces as PyTorch ops (the camera head's attention as masked SDPA; "
-    "auto: our Triton kernels). "
+    "auto: our Triton kernels); +expN = the Gluon prefix kernel computes N of every 4 exp2 on the FMA "
+    "units (0: all on the MUFU); +pairs / +singles = that kernel with two consumer warpgroups sharing each "
+    "K/V block (warp-specialised) / with one. "
     "e.g. sdpa:split+graph+compile,flashinfer:fa3+graph; "
     "auto = the node's default parameters on this device"
 )
+
+
+def _exp_flag(flag: str) -> bool:
+    return (flag.startswith("exp") and flag[3:].isdigit()) or flag in ("pairs", "singles")
+
+
+@contextlib.contextmanager
+def gluon_kernel_constants(variant: str):
+    """``+expN``, ``+pairs`` / ``+singles``: the Gluon prefix kernel's exp2 split and its layout (two
+    consumer warpgroups or one) for this variant's run; kernel constants, not runtime decisions (the
+    bench measures the alternatives of one build), restored after the run."""
+    flags = [f for f in variant.split("+") if _exp_flag(f)]
+    if not flags:
+        yield
+        return
+    from ..core.cache import gluon_runs
+
+    saved = gluon_runs.EMULATED_EXP, gluon_runs.PAIRS
+    for flag in flags:
+        if flag in ("pairs", "singles"):
+            gluon_runs.PAIRS = flag == "pairs"
+        else:
+            gluon_runs.EMULATED_EXP = int(flag[3:])
+    try:
+        yield
+    finally:
+        gluon_runs.EMULATED_EXP, gluon_runs.PAIRS = saved
 
 
 def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
@@ -73,7 +103,7 @@ def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
     nhwc = "nchwdepth" not in flags
     step_kernels = "torch" if "torchstep" in flags else "auto"
     flags = [f for f in flags if f not in kv and f not in ("parallelheads", "serialheads", "nchwdepth", "torchstep")
-             and f not in prefix_flags]
+             and f not in prefix_flags and not _exp_flag(f)]
     if head == "auto" and not flags:
         return resolve_for(device, dtype, kv_splits=kv_splits, parallel_heads=parallel_heads,
                            prefix_kernel=prefix_kernel, depth_channels_last=nhwc, step_kernels=step_kernels)
@@ -323,8 +353,9 @@ def main(argv: list[str] | None = None) -> int:
         for variant in variants:
             try:
                 profiled = args.profile and variant == profile_variant and heads == head_list[0]
-                row, poses = run_one(base, runtime_cfg, stream_cfg, variant, args.frames, args.height, args.width,
-                                     heads, args.report_every, profile=profiled)
+                with gluon_kernel_constants(variant):
+                    row, poses = run_one(base, runtime_cfg, stream_cfg, variant, args.frames, args.height,
+                                         args.width, heads, args.report_every, profile=profiled)
             except Exception as exc:  # one broken variant must not lose the others' numbers
                 print(f"FAILED: {variant} {heads}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
                 failures.append(f"{variant} {heads}: {type(exc).__name__}: {str(exc)[:300]}")

@@ -39,6 +39,43 @@ BLOCK_N = 128  # keys per block
 STAGES = 3  # K/V buffers: 8 + 96 KB of shared memory, two programs per SM
 NUM_WARPS = 4
 LOG2_E = 1.4426950408889634
+PAIRS = False  # the warp-specialised kernel below (two consumer warpgroups) instead of one warpgroup
+EMULATED_EXP = 0  # of every 4 probabilities, how many exp2 the FMA units compute instead of the MUFU
+
+# 2^f on [0, 1) as 1 + f (c1 + f (c2 + f c3)): coefficients fitted here for the least largest relative
+# error (8.6e-5, against bf16's 3.9e-3 rounding of P). FA4's trick: at d 64 the MUFU's exp2 (16 a clock
+# per SM) costs as much time as the two GEMMs of the same scores (4096 FLOP a clock per SM / 256 per
+# score), so moving some of them to the FMA pipes (128 a clock) can shorten the softmax.
+_EXP2_POLY = ("0f3F31F32A", "0f3E691BF4", "0f3D9DD4FF")
+
+
+def _exp2_asm(emulated: int) -> str:
+    """PTX for four exp2 (pack of 4): the first ``4 - emulated`` on the MUFU, the rest as
+    ``2^x = 2^floor(x) * 2^frac(x)``: floor by adding 1.5 * 2^23 rounding down, the polynomial on the
+    fraction, then ``floor(x) << 23`` added to the result's exponent bits. Inputs below -127 (the
+    masked -inf) give exponent 0, which the ``ftz`` arithmetic after it reads as 0."""
+    c1, c2, c3 = _EXP2_POLY
+    lines = ["{", ".reg .f32 x<4>, t<4>, j<4>, p<4>;", ".reg .b32 b<4>, e<4>;"]
+    for i in range(4):
+        if i < 4 - emulated:
+            lines.append(f"ex2.approx.ftz.f32 ${i}, ${i + 4};")
+            continue
+        lines += [
+            f"max.ftz.f32 x{i}, ${i + 4}, 0fC2FE0000;",
+            f"add.rm.ftz.f32 t{i}, x{i}, 0f4B400000;",
+            f"sub.ftz.f32 j{i}, t{i}, 0f4B400000;",
+            f"sub.ftz.f32 x{i}, x{i}, j{i};",
+            f"fma.rn.ftz.f32 p{i}, x{i}, {c3}, {c2};",
+            f"fma.rn.ftz.f32 p{i}, p{i}, x{i}, {c1};",
+            f"fma.rn.ftz.f32 p{i}, p{i}, x{i}, 0f3F800000;",
+            f"mov.b32 e{i}, t{i};",
+            f"shl.b32 e{i}, e{i}, 23;",
+            f"mov.b32 b{i}, p{i};",
+            f"add.s32 b{i}, b{i}, e{i};",
+            f"mov.b32 ${i}, b{i};",
+        ]
+    lines.append("}")
+    return "\n".join(lines)
 
 
 @gluon.jit
@@ -51,15 +88,21 @@ def _issue_load(k_desc, v_desc, k_smem, v_smem, ready, stage, row, col, pred):
 
 
 @gluon.jit
-def _softmax(s, m_i, l_i, valid, scale_log2, BN: gl.constexpr, S_LAYOUT: gl.constexpr):
+def _softmax(s, m_i, l_i, valid, scale_log2, BN: gl.constexpr, S_LAYOUT: gl.constexpr, EXP_ASM: gl.constexpr):
     """One block's scores ``s`` [BM, BN] (its first ``valid`` columns real) against the running max
-    and sum: the probabilities (fp32), the rescale factor of the older state, the new max and sum."""
+    and sum: the probabilities (fp32), the rescale factor of the older state, the new max and sum.
+    ``EXP_ASM``: empty for the MUFU's exp2 everywhere, else ``_exp2_asm``'s mix."""
     if valid < BN:
         cols = gl.arange(0, BN, layout=gl.SliceLayout(0, S_LAYOUT))  # [BN]
         s = gl.where((cols < valid)[None, :], s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=1))  # [BM]
     shift = m_new * scale_log2  # [BM]
-    p = gl.exp2(s * scale_log2 - shift[:, None])  # [BM, BN]
+    x = s * scale_log2 - shift[:, None]  # [BM, BN], <= 0
+    if EXP_ASM == "":
+        p = gl.exp2(x)
+    else:
+        p = gl.inline_asm_elementwise(EXP_ASM, "=f,=f,=f,=f,f,f,f,f", [x], dtype=gl.float32, is_pure=True,
+                                      pack=4)  # [BM, BN]
     alpha = gl.exp2(m_i * scale_log2 - shift)  # [BM]
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, m_new, l_i
@@ -68,7 +111,7 @@ def _softmax(s, m_i, l_i, valid, scale_log2, BN: gl.constexpr, S_LAYOUT: gl.cons
 @gluon.jit
 def _attend_run(q_smem, k_desc, v_desc, k_smem, v_smem, ready, counter, row0, count, col, m_i, l_i, acc,
                 scale_log2, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, S_LAYOUT: gl.constexpr,
-                O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr):
+                O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr, EXP_ASM: gl.constexpr):
     """Fold keys ``row0 .. row0+count-1`` into the running state; ``counter`` counts the blocks loaded
     before (it names the stage and mbarrier phase of each block)."""
     blocks = gl.cdiv(count, BN)
@@ -81,7 +124,7 @@ def _attend_run(q_smem, k_desc, v_desc, k_smem, v_smem, ready, counter, row0, co
         mbarrier.wait(ready.index(stage), (counter // STAGES) & 1)
         s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), zeros, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=[s])  # [BM, BN]
-        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count, scale_log2, BN, S_LAYOUT)
+        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count, scale_log2, BN, S_LAYOUT, EXP_ASM)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
         p_op = gl.convert_layout(p.to(k_desc.dtype), P_LAYOUT)  # [BM, BN] as the A operand
         for i in range(1, blocks):
@@ -91,7 +134,7 @@ def _attend_run(q_smem, k_desc, v_desc, k_smem, v_smem, ready, counter, row0, co
             s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), zeros, use_acc=False, is_async=True)
             acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)  # block i-1's values
             s = warpgroup_mma_wait(num_outstanding=1, deps=[s])  # S_i ready; O += P V may still run
-            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count - i * BN, scale_log2, BN, S_LAYOUT)
+            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count - i * BN, scale_log2, BN, S_LAYOUT, EXP_ASM)
             acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p_op])
             _issue_load(k_desc, v_desc, k_smem, v_smem, ready, prev, row0 + (i - 1 + STAGES) * BN, col,
                         i - 1 + STAGES < blocks)
@@ -106,7 +149,7 @@ def _attend_run(q_smem, k_desc, v_desc, k_smem, v_smem, ready, counter, row0, co
 @gluon.jit
 def _runs_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, runs_ptr, num_queries, scale_log2,
                     stride_op, stride_ot, stride_oh, HEAD_DIM: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                    NUM_RUNS: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
+                    NUM_RUNS: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, EXP_ASM: gl.constexpr):
     """Program (query block, head, part): as ``triton_prefix._runs_attention``. ``WARPS`` 8 with ``BM``
     128: two warpgroups of 64 queries each sharing every K/V block."""
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -136,48 +179,210 @@ def _runs_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, runs_ptr, num_querie
     m_i = gl.full([BM], -1.0e30, gl.float32, gl.SliceLayout(1, S_LAYOUT))  # running max of raw scores
     l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, S_LAYOUT))  # running sum of exp2
     acc = gl.zeros([BM, HEAD_DIM], gl.float32, O_LAYOUT)  # [BM, D]
-    total = 0
-    for r in gl.static_range(NUM_RUNS):
-        total += gl.load(runs_ptr + 2 * r + 1)
-    lo = part * total // parts  # this part's keys, as offsets into the runs laid end to end
-    hi = (part + 1) * total // parts
+    lo, hi = _part_bounds(runs_ptr, part, parts, NUM_RUNS)
     offset = 0
     counter = 0
     for r in gl.static_range(NUM_RUNS):
-        first_slot = gl.load(runs_ptr + 2 * r)
-        length = gl.load(runs_ptr + 2 * r + 1)
-        begin = gl.maximum(lo - offset, 0)
-        end = gl.minimum(hi - offset, length)
-        count = gl.maximum(end - begin, 0)
+        first_slot, count, offset = _run_piece(runs_ptr, r, lo, hi, offset)
         m_i, l_i, acc, counter = _attend_run(q_smem, k_desc, v_desc, k_smem, v_smem, ready, counter,
-                                             first_slot + begin, count, col, m_i, l_i, acc, scale_log2, BM, BN,
-                                             STAGES, S_LAYOUT, O_LAYOUT, P_LAYOUT)
-        offset += length
+                                             first_slot, count, col, m_i, l_i, acc, scale_log2, BM, BN,
+                                             STAGES, S_LAYOUT, O_LAYOUT, P_LAYOUT, EXP_ASM)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
     mbarrier.invalidate(q_ready)
+    _store_part(acc, m_i, l_i, o_ptr, lse_ptr, block * BM, head, part, num_queries, scale_log2, stride_op,
+                stride_ot, stride_oh, HEAD_DIM, BM, S_LAYOUT, O_LAYOUT)
 
-    rows = block * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, O_LAYOUT))  # [BM]
+
+@gluon.jit
+def _part_bounds(runs_ptr, part, parts, NUM_RUNS: gl.constexpr):
+    """This part's keys ``[lo, hi)``, as offsets into the runs laid end to end."""
+    total = 0
+    for r in gl.static_range(NUM_RUNS):
+        total += gl.load(runs_ptr + 2 * r + 1)
+    return part * total // parts, (part + 1) * total // parts
+
+
+@gluon.jit
+def _run_piece(runs_ptr, r, lo, hi, offset):
+    """Run ``r``'s share of the part ``[lo, hi)``: its first storage row, its key count, and the offset
+    of the next run (every partition walks the same pieces in the same order)."""
+    first_slot = gl.load(runs_ptr + 2 * r)
+    length = gl.load(runs_ptr + 2 * r + 1)
+    begin = gl.maximum(lo - offset, 0)
+    end = gl.minimum(hi - offset, length)
+    return first_slot + begin, gl.maximum(end - begin, 0), offset + length
+
+
+@gluon.jit
+def _store_part(acc, m_i, l_i, o_ptr, lse_ptr, row0, head, part, num_queries, scale_log2, stride_op, stride_ot,
+                stride_oh, HEAD_DIM: gl.constexpr, BM: gl.constexpr, S_LAYOUT: gl.constexpr,
+                O_LAYOUT: gl.constexpr):
+    """Queries ``row0 .. row0+BM-1`` of one (head, part): out = acc / l and the natural-log LSE; a part
+    that saw no keys (l = 0) writes zeros and -inf, which its merge drops."""
+    rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, O_LAYOUT))  # [BM]
     dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_LAYOUT))  # [D]
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, O_LAYOUT))
-    seen = l_o > 0  # a part with no keys contributes nothing to a merge
+    seen = l_o > 0
     out = gl.where(seen[:, None], acc / gl.where(seen, l_o, 1.0)[:, None], 0.0)
     offsets = part * stride_op + rows[:, None] * stride_ot + head * stride_oh + dims[None, :]
     gl.store(o_ptr + offsets, out.to(o_ptr.dtype.element_ty), mask=(rows < num_queries)[:, None])
-    lse_rows = block * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM]
+    lse_rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM]
     seen_s = l_i > 0
     lse = gl.where(seen_s, (m_i * scale_log2 + gl.log2(gl.where(seen_s, l_i, 1.0))) * 0.6931471805599453,
                    float("-inf"))  # natural log
     gl.store(lse_ptr + (part * gl.num_programs(1) + head) * num_queries + lse_rows, lse, mask=lse_rows < num_queries)
 
 
+# --- two consumer warpgroups sharing each K/V block, a producer warp loading them (FA3's layout) -------
+#
+# Why: the kernel above streams each head's keys once per 64 queries. At the steady state that is
+# 256 programs x 18.4 MB = 4.7 GB from L2 a call, ~6 TB/s at its speed: the L2's bandwidth, so the
+# tensor cores wait (the exp2 costs little: a copy in its place saves 9 %, scripts/ probe). Here a
+# program holds 128 queries as two warpgroups of 64 that read the same K/V stages (half the L2 traffic)
+# and run independently (warp specialisation: no lockstep, each overlaps its softmax with its own
+# wgmma as above); one warp issues the TMA loads. Stage ``s`` is refilled once both warpgroups have
+# retired their P V on it (``empty[s]``, count 2).
+
+PAIR_STAGES = 4  # 16 KB of queries + 4 x 32 KB of K/V: one program per SM
+CONSUMER_REGS = 240  # registers per thread of each consumer warpgroup (setmaxnreg)
+PRODUCER_REGS = 24
+
+
+@gluon.jit
+def _pair_consume_run(q_smem, k_smem, v_smem, ready, empty, counter, count, m_i, l_i, acc, scale_log2,
+                      BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, S_LAYOUT: gl.constexpr,
+                      O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr, EXP_ASM: gl.constexpr):
+    """``_attend_run`` without the loads: wait for each block's stage, release it after its P V."""
+    blocks = gl.cdiv(count, BN)
+    if blocks > 0:
+        zeros = gl.zeros([BM, BN], gl.float32, S_LAYOUT)
+        stage = counter % STAGES
+        mbarrier.wait(ready.index(stage), (counter // STAGES) & 1)
+        s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), zeros, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=[s])  # [BM, BN]
+        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count, scale_log2, BN, S_LAYOUT, EXP_ASM)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+        p_op = gl.convert_layout(p.to(k_smem.dtype), P_LAYOUT)
+        for i in range(1, blocks):
+            prev = (counter + i - 1) % STAGES
+            stage = (counter + i) % STAGES
+            mbarrier.wait(ready.index(stage), ((counter + i) // STAGES) & 1)
+            s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), zeros, use_acc=False, is_async=True)
+            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=[s])
+            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count - i * BN, scale_log2, BN, S_LAYOUT, EXP_ASM)
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p_op])
+            mbarrier.arrive(empty.index(prev), count=1)  # this warpgroup is done with block i-1's stage
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+            p_op = gl.convert_layout(p.to(k_smem.dtype), P_LAYOUT)
+        last = (counter + blocks - 1) % STAGES
+        acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p_op])
+        mbarrier.arrive(empty.index(last), count=1)
+    return m_i, l_i, acc, counter + blocks
+
+
+@gluon.jit
+def _pair_consumer(q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr, runs_ptr, num_queries,
+                   scale_log2, stride_op, stride_ot, stride_oh, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
+                   BM: gl.constexpr, BN: gl.constexpr, NUM_RUNS: gl.constexpr, STAGES: gl.constexpr,
+                   EXP_ASM: gl.constexpr):
+    """Warpgroup ``WG`` (0 or 1): queries ``WG*BM ..`` of the program's ``2*BM``, over every block."""
+    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BN, 16])
+    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+    block = gl.program_id(0)
+    head = gl.program_id(1)
+    part = gl.program_id(2)
+    q_tile = q_smem.index(WG)  # [BM, D]
+    mbarrier.wait(q_ready, 0)
+    m_i = gl.full([BM], -1.0e30, gl.float32, gl.SliceLayout(1, S_LAYOUT))
+    l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, S_LAYOUT))
+    acc = gl.zeros([BM, HEAD_DIM], gl.float32, O_LAYOUT)  # [BM, D]
+    lo, hi = _part_bounds(runs_ptr, part, gl.num_programs(2), NUM_RUNS)
+    offset = 0
+    counter = 0
+    for r in gl.static_range(NUM_RUNS):
+        _, count, offset = _run_piece(runs_ptr, r, lo, hi, offset)
+        m_i, l_i, acc, counter = _pair_consume_run(q_tile, k_smem, v_smem, ready, empty, counter, count, m_i, l_i,
+                                                   acc, scale_log2, BM, BN, STAGES, S_LAYOUT, O_LAYOUT,
+                                                   P_LAYOUT, EXP_ASM)
+    _store_part(acc, m_i, l_i, o_ptr, lse_ptr, block * 2 * BM + WG * BM, head, part, num_queries, scale_log2,
+                stride_op, stride_ot, stride_oh, HEAD_DIM, BM, S_LAYOUT, O_LAYOUT)
+
+
+@gluon.jit
+def _pair_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, ready, empty, runs_ptr,
+                   HEAD_DIM: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NUM_RUNS: gl.constexpr,
+                   STAGES: gl.constexpr):
+    """One warp: the program's queries, then each block of its part into the next free stage."""
+    block = gl.program_id(0)
+    head = gl.program_id(1)
+    part = gl.program_id(2)
+    col = head * HEAD_DIM
+    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [block * 2 * BM, col], q_ready, q_smem.index(0))
+    tma.async_copy_global_to_shared(q_desc, [block * 2 * BM + BM, col], q_ready, q_smem.index(1))
+    lo, hi = _part_bounds(runs_ptr, part, gl.num_programs(2), NUM_RUNS)
+    offset = 0
+    counter = 0
+    for r in gl.static_range(NUM_RUNS):
+        first_slot, count, offset = _run_piece(runs_ptr, r, lo, hi, offset)
+        blocks = gl.cdiv(count, BN)
+        for i in range(blocks):
+            stage = (counter + i) % STAGES
+            mbarrier.wait(empty.index(stage), (((counter + i) // STAGES) & 1) ^ 1)  # fresh: passes at once
+            _issue_load(k_desc, v_desc, k_smem, v_smem, ready, stage, first_slot + i * BN, col, True)
+        counter += blocks
+
+
+@gluon.jit
+def _pair_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, runs_ptr, num_queries, scale_log2,
+                    stride_op, stride_ot, stride_oh, HEAD_DIM: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                    NUM_RUNS: gl.constexpr, STAGES: gl.constexpr, EXP_ASM: gl.constexpr,
+                    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    """Program (block of ``2*BM`` queries, head, part): the same contract as ``_runs_attention``."""
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BM, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BN, HEAD_DIM], v_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # both consumer warpgroups
+    mbarrier.init(q_ready, count=1)
+    fence_async_shared()
+    gl.warp_specialize([
+        (_pair_consumer, (q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr, runs_ptr, num_queries,
+                          scale_log2, stride_op, stride_ot, stride_oh, 0, HEAD_DIM, BM, BN, NUM_RUNS, STAGES,
+                          EXP_ASM)),
+        (_pair_consumer, (q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr, runs_ptr, num_queries,
+                          scale_log2, stride_op, stride_ot, stride_oh, 1, HEAD_DIM, BM, BN, NUM_RUNS, STAGES,
+                          EXP_ASM)),
+        (_pair_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, ready, empty, runs_ptr,
+                          HEAD_DIM, BM, BN, NUM_RUNS, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
-def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int = 1, stages: int = STAGES,
-                   block_m: int = BLOCK_M, block_n: int = BLOCK_N, num_warps: int = NUM_WARPS) -> tuple[Tensor, Tensor]:
+def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int = 1, stages: int | None = None,
+                   block_m: int = BLOCK_M, block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
+                   emulated_exp: int | None = None, pairs: bool | None = None) -> tuple[Tensor, Tensor]:
     """As ``triton_prefix.runs_attention`` (bf16 or fp16 on Hopper): out ``[P, T, H, D]``, lse ``[P, H, T]``.
-    The tile arguments are for the probe (scripts/)."""
+    The tile and exp arguments are for the probe (scripts/); ``emulated_exp`` None: ``EMULATED_EXP``;
+    ``pairs``: the warp-specialised kernel (two consumer warpgroups of ``block_m`` queries, a producer
+    warp), None: ``PAIRS``."""
+    emulated_exp = EMULATED_EXP if emulated_exp is None else emulated_exp
+    pairs = PAIRS if pairs is None else pairs
+    stages = (PAIR_STAGES if pairs else STAGES) if stages is None else stages
+    if emulated_exp not in (0, 1, 2, 3, 4):
+        raise ValueError(f"emulated_exp counts exp2 of every 4 (0-4), got {emulated_exp}")
     if q.dtype not in _GL_DTYPES:
         raise ValueError(f"the Gluon kernel takes bf16 or fp16 (got {q.dtype})")
     q, k, v, out, lse = prepare_runs_call(q, k, v, runs, parts)
@@ -189,10 +394,19 @@ def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int 
     q_desc = TensorDescriptor(q, [t, h * d], [q.stride(0), 1], [block_m, d], q_layout)
     k_desc = TensorDescriptor(k, [n, h * d], [k.stride(0), 1], [block_n, d], kv_layout)
     v_desc = TensorDescriptor(v, [n, h * d], [v.stride(0), 1], [block_n, d], kv_layout)
+    exp_asm = _exp2_asm(emulated_exp) if emulated_exp else ""
+    args = (q_desc, k_desc, v_desc, out, lse, runs.contiguous(), t, LOG2_E / math.sqrt(d), out.stride(0),
+            out.stride(1), out.stride(2))
+    if pairs:
+        grid = (-(-t // (2 * block_m)), h, parts)
+        warps = 4 + 4 + 4  # the default partition, the second consumer, the producer's (padded) warpgroup
+        _pair_attention[grid](*args, HEAD_DIM=d, BM=block_m, BN=block_n, NUM_RUNS=runs.shape[0], STAGES=stages,
+                              EXP_ASM=exp_asm, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
+                              num_warps=4, maxnreg=(65536 // (32 * warps)) // 8 * 8)
+        return out, lse
     grid = (-(-t // block_m), h, parts)
-    _runs_attention[grid](q_desc, k_desc, v_desc, out, lse, runs.contiguous(), t, LOG2_E / math.sqrt(d),
-                          out.stride(0), out.stride(1), out.stride(2), HEAD_DIM=d, BM=block_m, BN=block_n,
-                          NUM_RUNS=runs.shape[0], STAGES=stages, WARPS=num_warps, num_warps=num_warps)
+    _runs_attention[grid](*args, HEAD_DIM=d, BM=block_m, BN=block_n, NUM_RUNS=runs.shape[0], STAGES=stages,
+                          WARPS=num_warps, EXP_ASM=exp_asm, num_warps=num_warps)
     return out, lse
 
 
