@@ -111,11 +111,17 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tuned
 # (block_m, block_n, warps, stages): the package's TMA kernel (lingbot_map_ros/core/cache/triton_prefix.py)
 # over one run of all keys, per tile; its default is the first row
 TMA_VARIANTS = [(64, 128, 4, 3), (64, 128, 4, 2), (64, 64, 4, 6), (128, 128, 8, 3)]
-# (block_m, block_n, warps, stages, parts, exp2 of every 4 on the FMA units, pairs); pairs: the
-# warp-specialised kernel, two consumer warpgroups of block_m queries sharing each K/V block
-GLUON_VARIANTS = [(64, 128, 4, 3, 1, 0, False), (64, 128, 4, 3, 1, 1, False), (64, 128, 4, 4, 1, 0, True),
-                  (64, 128, 4, 3, 1, 0, True), (64, 128, 4, 2, 1, 0, True), (64, 128, 4, 4, 1, 1, True),
-                  (64, 128, 4, 4, 2, 0, True), (64, 64, 4, 6, 1, 0, True)]
+# the package's Gluon kernel per tile: block_m x block_n, stages, parts, exp2 of every 4 on the FMA units;
+# pairs: the warp-specialised kernel (two consumer warpgroups of block_m queries sharing each K/V block),
+# pingpong: their wgmma in alternation
+_G = dict(block_m=64, block_n=128, num_warps=4, parts=1, emulated_exp=0, pairs=False, pingpong=False)
+GLUON_VARIANTS = [
+    {**_G, "stages": 3}, {**_G, "stages": 3, "emulated_exp": 1},
+    {**_G, "stages": 3, "pairs": True}, {**_G, "stages": 3, "pairs": True, "pingpong": True},
+    {**_G, "stages": 4, "pairs": True}, {**_G, "stages": 4, "pairs": True, "pingpong": True},
+    {**_G, "stages": 3, "pairs": True, "pingpong": True, "emulated_exp": 1},
+    {**_G, "stages": 3, "pairs": True, "pingpong": True, "parts": 2},
+]
 
 
 def merged(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -270,10 +276,12 @@ def main() -> None:
         # (block_m, block_n, warps, stages, parts). 128 x 64 in one warpgroup (218 registers, 66 KB: two
         # programs per SM, each K/V block read once for 128 queries: half the L2 traffic of 64 x 128) needs
         # two parts to fill the SMs; its rows time the kernel alone and the kernel with the LSE merge.
-        for bm, bn, warps, stages, parts, emulated, pairs in GLUON_VARIANTS:
-            name = (f"gluon (package), {'2 x ' if pairs else ''}{bm} x {bn}, {stages} stages, {parts} part(s), "
-                    f"{emulated}/4 exp2 emulated{', warp-specialised' if pairs else ''}")
-            tiles = dict(block_m=bm, block_n=bn, num_warps=warps, stages=stages, emulated_exp=emulated, pairs=pairs)
+        for variant in GLUON_VARIANTS:
+            tiles = dict(variant)
+            parts = tiles.pop("parts")
+            name = (f"gluon (package), {'2 x ' if tiles['pairs'] else ''}{tiles['block_m']} x {tiles['block_n']}, "
+                    f"{tiles['stages']} stages, {parts} part(s), {tiles['emulated_exp']}/4 exp2 emulated"
+                    f"{', warp-specialised' if tiles['pairs'] else ''}{', ping-pong' if tiles['pingpong'] else ''}")
             try:
                 out, lse = merged(*gluon_runs.runs_attention(q, k, v, runs, parts=parts, **tiles))
                 check(name, out, lse, time_us(lambda t=tiles, p=parts: gluon_runs.runs_attention(

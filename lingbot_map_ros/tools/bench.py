@@ -43,7 +43,7 @@ class BenchRow:
 
 VARIANT_HELP = (
     "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+autotune][+bf16][+kvN][+serialheads]"
-    "[+cudnnprefix|+tritonprefix|+gluonprefix][+nchwdepth][+torchstep][+expN][+pairs|+singles]: "
+    "[+cudnnprefix|+tritonprefix|+gluonprefix][+nchwdepth][+torchstep][+expN][+pairs|+singles][+pingpong|+freepairs]: "
     "BACKEND sdpa|flashinfer, KERNEL split|cudnn|flash (sdpa) or fa2|fa3 (flashinfer); "
     "+compile = torch.compile-fused blocks in the graph step; "
     "+autotune = their GEMMs autotuned by Inductor (max-autotune, minutes to compile); "
@@ -56,14 +56,15 @@ VARIANT_HELP = (
     "+torchstep = the graph step's small pieces as PyTorch ops (the camera head's attention as masked SDPA; "
     "auto: our Triton kernels); +expN = the Gluon prefix kernel computes N of every 4 exp2 on the FMA "
     "units (0: all on the MUFU); +pairs / +singles = that kernel with two consumer warpgroups sharing each "
-    "K/V block (warp-specialised) / with one. "
+    "K/V block (warp-specialised) / with one; +pingpong / +freepairs = the two warpgroups' wgmma in "
+    "alternation / not. "
     "e.g. sdpa:split+graph+compile,flashinfer:fa3+graph; "
     "auto = the node's default parameters on this device"
 )
 
 
 def _exp_flag(flag: str) -> bool:
-    return (flag.startswith("exp") and flag[3:].isdigit()) or flag in ("pairs", "singles")
+    return (flag.startswith("exp") and flag[3:].isdigit()) or flag in ("pairs", "singles", "pingpong", "freepairs")
 
 
 @contextlib.contextmanager
@@ -77,16 +78,18 @@ def gluon_kernel_constants(variant: str):
         return
     from ..core.cache import gluon_runs
 
-    saved = gluon_runs.EMULATED_EXP, gluon_runs.PAIRS
+    saved = gluon_runs.EMULATED_EXP, gluon_runs.PAIRS, gluon_runs.PINGPONG
     for flag in flags:
         if flag in ("pairs", "singles"):
             gluon_runs.PAIRS = flag == "pairs"
+        elif flag in ("pingpong", "freepairs"):
+            gluon_runs.PAIRS, gluon_runs.PINGPONG = True, flag == "pingpong"
         else:
             gluon_runs.EMULATED_EXP = int(flag[3:])
     try:
         yield
     finally:
-        gluon_runs.EMULATED_EXP, gluon_runs.PAIRS = saved
+        gluon_runs.EMULATED_EXP, gluon_runs.PAIRS, gluon_runs.PINGPONG = saved
 
 
 def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):

@@ -244,22 +244,43 @@ def _store_part(acc, m_i, l_i, o_ptr, lse_ptr, row0, head, part, num_queries, sc
 # wgmma as above); one warp issues the TMA loads. Stage ``s`` is refilled once both warpgroups have
 # retired their P V on it (``empty[s]``, count 2).
 
-PAIR_STAGES = 4  # 16 KB of queries + 4 x 32 KB of K/V: one program per SM
+PAIR_STAGES = 3  # 16 KB of queries + 3 x 32 KB of K/V: one program per SM (4 stages measured slower)
+PINGPONG = False  # the two warpgroups issue their wgmma in strict alternation
 CONSUMER_REGS = 240  # registers per thread of each consumer warpgroup (setmaxnreg)
 PRODUCER_REGS = 24
 
 
 @gluon.jit
-def _pair_consume_run(q_smem, k_smem, v_smem, ready, empty, counter, count, m_i, l_i, acc, scale_log2,
-                      BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, S_LAYOUT: gl.constexpr,
-                      O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr, EXP_ASM: gl.constexpr):
-    """``_attend_run`` without the loads: wait for each block's stage, release it after its P V."""
+def _take_turn(turn, turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong (FA3): wait until the other warpgroup has issued its wgmma of this round, so that one
+    warpgroup's softmax runs while the other's GEMMs hold the tensor cores. Warpgroup 0 goes first."""
+    if PINGPONG:
+        mbarrier.wait(turn.index(WG), (turns & 1) ^ (1 - WG))
+    return turns + 1
+
+
+@gluon.jit
+def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - WG), count=1)
+
+
+@gluon.jit
+def _pair_consume_run(q_smem, k_smem, v_smem, ready, empty, turn, turns, counter, count, m_i, l_i, acc,
+                      scale_log2, WG: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                      S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr,
+                      EXP_ASM: gl.constexpr, PINGPONG: gl.constexpr):
+    """``_attend_run`` without the loads: wait for each block's stage, release it after its P V; with
+    ``PINGPONG``, every issue of wgmma is a turn taken in alternation with the other warpgroup (both
+    walk the same blocks, so both take the same number of turns)."""
     blocks = gl.cdiv(count, BN)
     if blocks > 0:
         zeros = gl.zeros([BM, BN], gl.float32, S_LAYOUT)
         stage = counter % STAGES
         mbarrier.wait(ready.index(stage), (counter // STAGES) & 1)
+        turns = _take_turn(turn, turns, WG, PINGPONG)
         s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), zeros, use_acc=False, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
         s = warpgroup_mma_wait(num_outstanding=0, deps=[s])  # [BM, BN]
         p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count, scale_log2, BN, S_LAYOUT, EXP_ASM)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
@@ -268,8 +289,10 @@ def _pair_consume_run(q_smem, k_smem, v_smem, ready, empty, counter, count, m_i,
             prev = (counter + i - 1) % STAGES
             stage = (counter + i) % STAGES
             mbarrier.wait(ready.index(stage), ((counter + i) // STAGES) & 1)
+            turns = _take_turn(turn, turns, WG, PINGPONG)
             s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), zeros, use_acc=False, is_async=True)
             acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            _pass_turn(turn, WG, PINGPONG)
             s = warpgroup_mma_wait(num_outstanding=1, deps=[s])
             p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count - i * BN, scale_log2, BN, S_LAYOUT, EXP_ASM)
             acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p_op])
@@ -277,17 +300,19 @@ def _pair_consume_run(q_smem, k_smem, v_smem, ready, empty, counter, count, m_i,
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
             p_op = gl.convert_layout(p.to(k_smem.dtype), P_LAYOUT)
         last = (counter + blocks - 1) % STAGES
+        turns = _take_turn(turn, turns, WG, PINGPONG)
         acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p_op])
         mbarrier.arrive(empty.index(last), count=1)
-    return m_i, l_i, acc, counter + blocks
+    return m_i, l_i, acc, counter + blocks, turns
 
 
 @gluon.jit
-def _pair_consumer(q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr, runs_ptr, num_queries,
+def _pair_consumer(q_smem, k_smem, v_smem, q_ready, ready, empty, turn, o_ptr, lse_ptr, runs_ptr, num_queries,
                    scale_log2, stride_op, stride_ot, stride_oh, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
                    BM: gl.constexpr, BN: gl.constexpr, NUM_RUNS: gl.constexpr, STAGES: gl.constexpr,
-                   EXP_ASM: gl.constexpr):
+                   EXP_ASM: gl.constexpr, PINGPONG: gl.constexpr):
     """Warpgroup ``WG`` (0 or 1): queries ``WG*BM ..`` of the program's ``2*BM``, over every block."""
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BN, 16])
@@ -305,11 +330,13 @@ def _pair_consumer(q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr
     lo, hi = _part_bounds(runs_ptr, part, gl.num_programs(2), NUM_RUNS)
     offset = 0
     counter = 0
+    turns = 0
     for r in gl.static_range(NUM_RUNS):
         _, count, offset = _run_piece(runs_ptr, r, lo, hi, offset)
-        m_i, l_i, acc, counter = _pair_consume_run(q_tile, k_smem, v_smem, ready, empty, counter, count, m_i, l_i,
-                                                   acc, scale_log2, BM, BN, STAGES, S_LAYOUT, O_LAYOUT,
-                                                   P_LAYOUT, EXP_ASM)
+        m_i, l_i, acc, counter, turns = _pair_consume_run(q_tile, k_smem, v_smem, ready, empty, turn, turns,
+                                                          counter, count, m_i, l_i, acc, scale_log2, WG, BM, BN,
+                                                          STAGES, S_LAYOUT, O_LAYOUT, P_LAYOUT, EXP_ASM,
+                                                          PINGPONG)
     _store_part(acc, m_i, l_i, o_ptr, lse_ptr, block * 2 * BM + WG * BM, head, part, num_queries, scale_log2,
                 stride_op, stride_ot, stride_oh, HEAD_DIM, BM, S_LAYOUT, O_LAYOUT)
 
@@ -343,7 +370,7 @@ def _pair_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, read
 def _pair_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, runs_ptr, num_queries, scale_log2,
                     stride_op, stride_ot, stride_oh, HEAD_DIM: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                     NUM_RUNS: gl.constexpr, STAGES: gl.constexpr, EXP_ASM: gl.constexpr,
-                    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                    PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     """Program (block of ``2*BM`` queries, head, part): the same contract as ``_runs_attention``."""
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BM, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, HEAD_DIM], k_desc.layout)
@@ -351,18 +378,21 @@ def _pair_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, runs_ptr, num_querie
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # ping-pong: whose wgmma
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # both consumer warpgroups
     mbarrier.init(q_ready, count=1)
+    mbarrier.init(turn.index(0), count=1)
+    mbarrier.init(turn.index(1), count=1)
     fence_async_shared()
     gl.warp_specialize([
-        (_pair_consumer, (q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr, runs_ptr, num_queries,
-                          scale_log2, stride_op, stride_ot, stride_oh, 0, HEAD_DIM, BM, BN, NUM_RUNS, STAGES,
-                          EXP_ASM)),
-        (_pair_consumer, (q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr, runs_ptr, num_queries,
-                          scale_log2, stride_op, stride_ot, stride_oh, 1, HEAD_DIM, BM, BN, NUM_RUNS, STAGES,
-                          EXP_ASM)),
+        (_pair_consumer, (q_smem, k_smem, v_smem, q_ready, ready, empty, turn, o_ptr, lse_ptr, runs_ptr,
+                          num_queries, scale_log2, stride_op, stride_ot, stride_oh, 0, HEAD_DIM, BM, BN, NUM_RUNS,
+                          STAGES, EXP_ASM, PINGPONG)),
+        (_pair_consumer, (q_smem, k_smem, v_smem, q_ready, ready, empty, turn, o_ptr, lse_ptr, runs_ptr,
+                          num_queries, scale_log2, stride_op, stride_ot, stride_oh, 1, HEAD_DIM, BM, BN, NUM_RUNS,
+                          STAGES, EXP_ASM, PINGPONG)),
         (_pair_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, ready, empty, runs_ptr,
                           HEAD_DIM, BM, BN, NUM_RUNS, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -373,13 +403,15 @@ _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int = 1, stages: int | None = None,
                    block_m: int = BLOCK_M, block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
-                   emulated_exp: int | None = None, pairs: bool | None = None) -> tuple[Tensor, Tensor]:
+                   emulated_exp: int | None = None, pairs: bool | None = None,
+                   pingpong: bool | None = None) -> tuple[Tensor, Tensor]:
     """As ``triton_prefix.runs_attention`` (bf16 or fp16 on Hopper): out ``[P, T, H, D]``, lse ``[P, H, T]``.
     The tile and exp arguments are for the probe (scripts/); ``emulated_exp`` None: ``EMULATED_EXP``;
     ``pairs``: the warp-specialised kernel (two consumer warpgroups of ``block_m`` queries, a producer
-    warp), None: ``PAIRS``."""
+    warp), None: ``PAIRS``; ``pingpong``: their wgmma in alternation, None: ``PINGPONG``."""
     emulated_exp = EMULATED_EXP if emulated_exp is None else emulated_exp
     pairs = PAIRS if pairs is None else pairs
+    pingpong = PINGPONG if pingpong is None else pingpong
     stages = (PAIR_STAGES if pairs else STAGES) if stages is None else stages
     if emulated_exp not in (0, 1, 2, 3, 4):
         raise ValueError(f"emulated_exp counts exp2 of every 4 (0-4), got {emulated_exp}")
@@ -401,7 +433,8 @@ def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int 
         grid = (-(-t // (2 * block_m)), h, parts)
         warps = 4 + 4 + 4  # the default partition, the second consumer, the producer's (padded) warpgroup
         _pair_attention[grid](*args, HEAD_DIM=d, BM=block_m, BN=block_n, NUM_RUNS=runs.shape[0], STAGES=stages,
-                              EXP_ASM=exp_asm, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
+                              EXP_ASM=exp_asm, PINGPONG=pingpong, CONSUMER_REGS=CONSUMER_REGS,
+                              PRODUCER_REGS=PRODUCER_REGS,
                               num_warps=4, maxnreg=(65536 // (32 * warps)) // 8 * 8)
         return out, lse
     grid = (-(-t // block_m), h, parts)
