@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run of record (device machine, nvidia-h200): GPU correctness tests, then the benchmark
 # benchmark table. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
-#   bash scripts/device_run.sh [pingpong10|pairs10|exp10|record9|tests9|gemv9|pre9|camera9|record8|tests8|gluon8|camera7|record7|upload7|nhwc6|tests6|record6|prefix|round|official|gap|probe|check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
+#   bash scripts/device_run.sh [pairs10|record9|tests9|gemv9|pre9|camera9|record8|tests8|gluon8|camera7|record7|upload7|nhwc6|tests6|record6|prefix|round|official|gap|probe|check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
 # Everything it prints also lands in $OUT (gpu_tests.log, bench.txt, long.txt) and the JIT-compiled
 # FlashInfer kernels are copied to $OUT/*.so so a later call can skip compiling (put each one at
 # .fi_aot/<name>/<name>.so and carry .fi_aot).
@@ -70,16 +70,6 @@ elif [ "$MODE" = gemv9 ]; then
   # the camera head's fused GEMVs per tile against cuBLAS; end to end against the PyTorch ops
   timeout 120 python3 scripts/gemv_bench.py 2>&1 | grep -E "^\||rror" | tee "$OUT/gemv.txt"
   timeout 200 "${BENCH[@]}" --frames 208 --heads camera,depth+camera --variants auto,auto+torchstep 2>&1 | grep -E "^\||rror" | tee "$OUT/bench_gemv.txt"
-elif [ "$MODE" = pingpong10 ]; then
-  # the warp-specialised kernel with its two warpgroups' wgmma in alternation (FA3's ping-pong): smoke
-  # call, GPU test, the kernel per variant at the steady, a filling and the 518x392 shape, end to end
-  if timeout 60 python3 scripts/pairs_smoke.py 2>&1 | tee "$OUT/smoke.txt"; then
-    timeout 150 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider -k "poisoned" 2>&1 | grep -E "parts 1 |passed|failed|Error|assert" | tee "$OUT/gpu_tests.log"
-    timeout 120 python3 scripts/triton_attention_probe.py --tma-only 2>&1 | grep -E "^\||GFLOP|rror|FAIL" | tee "$OUT/probe_378.txt"
-    timeout 90 python3 scripts/triton_attention_probe.py --tma-only --queries 1005 --keys 39960 2>&1 | grep -E "^\||GFLOP|rror|FAIL" | tee "$OUT/probe_filling.txt"
-    timeout 90 python3 scripts/triton_attention_probe.py --tma-only --queries 1042 --keys 74592 2>&1 | grep -E "^\||GFLOP|rror|FAIL" | tee "$OUT/probe_392.txt"
-    timeout 240 "${BENCH[@]}" --frames 160 --heads camera,depth+camera --variants auto,auto+freepairs,auto+pingpong 2>&1 | grep -E "^\||rror|pose_enc" | tee "$OUT/bench_pingpong.txt"
-  fi
 elif [ "$MODE" = pairs10 ]; then
   # the warp-specialised runs kernel (two consumer warpgroups share each K/V block): a smoke call first
   # (a hang stops here), its GPU test against float64, the kernel alone per tile and stage count at the
@@ -88,16 +78,8 @@ elif [ "$MODE" = pairs10 ]; then
     timeout 150 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider -k "poisoned" 2>&1 | grep -E "parts|passed|failed|Error|assert" | tee "$OUT/gpu_tests.log"
     timeout 120 python3 scripts/triton_attention_probe.py --tma-only 2>&1 | grep -E "^\||GFLOP|rror|FAIL" | tee "$OUT/probe_378.txt"
     timeout 90 python3 scripts/triton_attention_probe.py --tma-only --queries 1005 --keys 39960 2>&1 | grep -E "^\||GFLOP|rror|FAIL" | tee "$OUT/probe_filling.txt"
-    timeout 200 "${BENCH[@]}" --frames 160 --heads camera,depth+camera --variants auto,auto+pairs 2>&1 | grep -E "^\||rror|pose_enc" | tee "$OUT/bench_pairs.txt"
+    timeout 200 "${BENCH[@]}" --frames 160 --heads camera,depth+camera --variants auto,auto+singles 2>&1 | grep -E "^\||rror|pose_enc" | tee "$OUT/bench_pairs.txt"
   fi
-elif [ "$MODE" = exp10 ]; then
-  # the runs kernel with some exp2 on the FMA units (gluon_runs.py EMULATED_EXP): its GPU test against
-  # float64 for 0-4 of every 4; the kernel alone per split, beside a copy instead of exp2 (the MUFU's
-  # share); end to end with 0-3 of every 4
-  timeout 150 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider -k "poisoned" 2>&1 | grep -E "parts|passed|failed|Error|assert" | tee "$OUT/gpu_tests.log"
-  timeout 100 python3 scripts/triton_attention_probe.py --tma-only 2>&1 | grep -E "^\||GFLOP|rror|FAIL" | tee "$OUT/probe_378.txt"
-  timeout 60 python3 scripts/triton_attention_probe.py --tma-only --queries 1005 --keys 39960 2>&1 | grep -E "^\||GFLOP|rror|FAIL" | tee "$OUT/probe_filling.txt"
-  timeout 300 "${BENCH[@]}" --frames 160 --heads camera,depth+camera --variants auto,auto+exp1,auto+exp2,auto+exp3 2>&1 | grep -E "^\||rror|pose_enc" | tee "$OUT/bench_exp.txt"
 elif [ "$MODE" = record9 ]; then
   # the ninth session's run of record (the graph step's small Triton kernels are the default): the official
   # code and ours (the default and the PyTorch ops, depth + camera and camera only), idle and with half of
@@ -271,7 +253,7 @@ elif [ "$MODE" = perf ] || [ "$MODE" = record ]; then
 elif [ "$MODE" != long ] && [ "$MODE" != final ]; then
   timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
-if [ "$MODE" = pingpong10 ] || [ "$MODE" = pairs10 ] || [ "$MODE" = exp10 ] || [ "$MODE" = gemv9 ] || [ "$MODE" = camera9 ] || [ "$MODE" = pre9 ] || [ "$MODE" = record9 ] || [ "$MODE" = tests9 ] || [ "$MODE" = round ] || [ "$MODE" = official ] || [ "$MODE" = gap ] || [ "$MODE" = probe ] || [ "$MODE" = prefix ] || [ "$MODE" = record6 ] || [ "$MODE" = tests6 ] || [ "$MODE" = nhwc6 ] || [ "$MODE" = upload7 ] || [ "$MODE" = record7 ] || [ "$MODE" = camera7 ] || [ "$MODE" = gluon8 ] || [ "$MODE" = record8 ] || [ "$MODE" = tests8 ] || [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ] || [ "$MODE" = heads ]; then
+if [ "$MODE" = pairs10 ] || [ "$MODE" = gemv9 ] || [ "$MODE" = camera9 ] || [ "$MODE" = pre9 ] || [ "$MODE" = record9 ] || [ "$MODE" = tests9 ] || [ "$MODE" = round ] || [ "$MODE" = official ] || [ "$MODE" = gap ] || [ "$MODE" = probe ] || [ "$MODE" = prefix ] || [ "$MODE" = record6 ] || [ "$MODE" = tests6 ] || [ "$MODE" = nhwc6 ] || [ "$MODE" = upload7 ] || [ "$MODE" = record7 ] || [ "$MODE" = camera7 ] || [ "$MODE" = gluon8 ] || [ "$MODE" = record8 ] || [ "$MODE" = tests8 ] || [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ] || [ "$MODE" = heads ]; then
   :  # done above
 elif [ "$MODE" = quick ]; then
   "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"

@@ -22,12 +22,12 @@ def main() -> int:
     scores = torch.einsum("thd,nhd->htn", q.double(), k[keys].double()) / d ** 0.5  # [H, T, N]
     ref = torch.einsum("htn,nhd->thd", scores.softmax(-1), v[keys].double())  # [T, H, D]
     ok = True
-    for pairs, pingpong in ((False, False), (True, False), (True, True)):
-        out, lse = gluon_runs.runs_attention(q, k, v, runs, pairs=pairs, pingpong=pingpong)
+    for pairs in (False, True):
+        out, lse = gluon_runs.runs_attention(q, k, v, runs, pairs=pairs)
         torch.cuda.synchronize()
         err = ((out[0].double() - ref).norm() / ref.norm()).item()
         lse_err = (lse[0].double() - scores.logsumexp(-1)).abs().max().item()
-        print(f"pairs={pairs} pingpong={pingpong}: rel err {err:.2e}, lse err {lse_err:.2e}")
+        print(f"pairs={pairs}: rel err {err:.2e}, lse err {lse_err:.2e}")
         ok &= err < 1e-2 and lse_err < 1e-4
     return 0 if ok else 1
 

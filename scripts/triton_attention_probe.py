@@ -111,16 +111,12 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tuned
 # (block_m, block_n, warps, stages): the package's TMA kernel (lingbot_map_ros/core/cache/triton_prefix.py)
 # over one run of all keys, per tile; its default is the first row
 TMA_VARIANTS = [(64, 128, 4, 3), (64, 128, 4, 2), (64, 64, 4, 6), (128, 128, 8, 3)]
-# the package's Gluon kernel per tile: block_m x block_n, stages, parts, exp2 of every 4 on the FMA units;
-# pairs: the warp-specialised kernel (two consumer warpgroups of block_m queries sharing each K/V block),
-# pingpong: their wgmma in alternation
-_G = dict(block_m=64, block_n=128, num_warps=4, parts=1, emulated_exp=0, pairs=False, pingpong=False)
+# the package's Gluon kernel per tile: block_m x block_n, stages, parts; pairs: the warp-specialised
+# kernel (two consumer warpgroups of block_m queries sharing each K/V block, a producer warp)
+_G = dict(block_m=64, block_n=128, num_warps=4, parts=1, pairs=False)
 GLUON_VARIANTS = [
-    {**_G, "stages": 3}, {**_G, "stages": 3, "emulated_exp": 1},
-    {**_G, "stages": 3, "pairs": True}, {**_G, "stages": 3, "pairs": True, "pingpong": True},
-    {**_G, "stages": 4, "pairs": True}, {**_G, "stages": 4, "pairs": True, "pingpong": True},
-    {**_G, "stages": 3, "pairs": True, "pingpong": True, "emulated_exp": 1},
-    {**_G, "stages": 3, "pairs": True, "pingpong": True, "parts": 2},
+    {**_G, "stages": 3}, {**_G, "stages": 3, "pairs": True}, {**_G, "stages": 4, "pairs": True},
+    {**_G, "stages": 2, "pairs": True}, {**_G, "stages": 3, "pairs": True, "parts": 2},
 ]
 
 
@@ -182,21 +178,6 @@ def fa3_ragged_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, check, re
                   time_us(run, reps))
         except Exception as exc:
             print(f"fa3 ragged x{splits}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
-
-
-def no_exp_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, runs: torch.Tensor, check, reps: int) -> None:
-    """The Gluon kernel with exp2 replaced by a copy (wrong numbers; its time only): how fast the kernel
-    would be if the exponentials cost nothing, i.e. how much of it the MUFU bounds."""
-    from lingbot_map_ros.core.cache import gluon_runs
-
-    saved = gluon_runs._exp2_asm
-    gluon_runs._exp2_asm = lambda emulated: "\n".join(f"mov.b32 ${i}, ${i + 4};" for i in range(4))
-    try:
-        out, lse = gluon_runs.runs_attention(q, k, v, runs, emulated_exp=4)
-        check("gluon (package), 64 x 128, exp2 replaced by a copy (timing only: wrong numbers)", out[0], lse[0],
-              time_us(lambda: gluon_runs.runs_attention(q, k, v, runs, emulated_exp=4), reps))
-    finally:
-        gluon_runs._exp2_asm = saved
 
 
 def time_us(fn, reps: int) -> float:
@@ -280,8 +261,7 @@ def main() -> None:
             tiles = dict(variant)
             parts = tiles.pop("parts")
             name = (f"gluon (package), {'2 x ' if tiles['pairs'] else ''}{tiles['block_m']} x {tiles['block_n']}, "
-                    f"{tiles['stages']} stages, {parts} part(s), {tiles['emulated_exp']}/4 exp2 emulated"
-                    f"{', warp-specialised' if tiles['pairs'] else ''}{', ping-pong' if tiles['pingpong'] else ''}")
+                    f"{tiles['stages']} stages, {parts} part(s){', warp-specialised' if tiles['pairs'] else ''}")
             try:
                 out, lse = merged(*gluon_runs.runs_attention(q, k, v, runs, parts=parts, **tiles))
                 check(name, out, lse, time_us(lambda t=tiles, p=parts: gluon_runs.runs_attention(
@@ -291,7 +271,6 @@ def main() -> None:
                         *gluon_runs.runs_attention(q, k, v, runs, parts=p, **t)), args.reps))
             except Exception as exc:  # reported, not fatal
                 print(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
-        no_exp_row(q, k, v, runs, check, args.reps)
         if args.flashinfer:
             fa3_ragged_rows(q, k, v, check, args.reps)
     print("| kernel | us | TFLOP/s | rel. error vs reference | max abs LSE error |")

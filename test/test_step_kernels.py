@@ -40,3 +40,17 @@ def test_triton_decode_is_refused_outside_fp32() -> None:
         CameraKVCache(1, 1, 2, 8, 4, torch.bfloat16, "cpu", static=True, decode_kernel="triton")
     with pytest.raises(ValueError, match="decode_kernel"):
         CameraKVCache(1, 1, 2, 8, 4, torch.float32, "cpu", static=True, decode_kernel="flash")
+
+
+def test_the_warp_specialised_runs_kernel_runs_where_its_programs_fit_one_wave() -> None:
+    """The Gluon kernel's layout by shape (``use_pairs``): two warpgroups of 64 queries a program, one
+    program per SM, so pairs only where ceil(T / 128) x heads x parts fits the SMs; the default
+    518 x 378 frame (1005 queries, 16 heads) on an H200 (132 SMs) does, 518 x 392 (1042) does not."""
+    pytest.importorskip("triton.experimental.gluon")
+    from lingbot_map_ros.core.cache.gluon_runs import use_pairs
+
+    assert use_pairs(1005, 16, 1, 132)
+    assert not use_pairs(1042, 16, 1, 132)  # 9 x 16 = 144 programs: two waves
+    assert not use_pairs(1005, 16, 2, 132)  # two parts: 256 programs
+    assert use_pairs(1024, 16, 1, 128) and not use_pairs(1025, 16, 1, 128)  # the boundary
+    assert use_pairs(150, 2, 3, 12) and not use_pairs(150, 2, 3, 11)  # 2 blocks x 2 heads x 3 parts

@@ -169,7 +169,8 @@ PREFIX_KERNELS = ("auto", "sdpa", "triton", "gluon")
 
 def resolve_prefix_kernel(name: str, device: torch.device) -> tuple[str, str]:
     """The split backend's kernel and why. ``auto``: our kernel over the visible runs in Gluon on Hopper
-    (27.93 against 28.83 ms a frame with the Triton version on the H200), else in Triton where Triton
+    (27.93 against 28.83 ms a frame with the Triton version on the H200; its warp-specialised layout
+    another -0.8 to -1.1 ms), else in Triton where Triton
     and TMA run (28.66 against 31.36 ms with cuDNN's prefix, docs/benchmarks.md), else cuDNN's unmasked
     prefix + masked tail (``sdpa``)."""
     if name not in PREFIX_KERNELS:
@@ -186,7 +187,8 @@ def resolve_prefix_kernel(name: str, device: torch.device) -> tuple[str, str]:
     gluon_reason = gluon_runs_unusable_reason(device)
     if gluon_reason:
         return "triton", f"auto: the Triton kernel (TMA loads, two programs per SM; not in Gluon: {gluon_reason})"
-    return "gluon", "auto: the Gluon kernel (the softmax beside the wgmma, TMA loads, two programs per SM)"
+    return "gluon", ("auto: the Gluon kernel (the softmax beside the wgmma, TMA loads; two consumer warpgroups "
+                     "sharing each K/V block where its programs fit one wave)")
 
 
 STEP_KERNELS = ("auto", "torch", "triton")

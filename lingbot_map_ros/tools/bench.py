@@ -43,7 +43,7 @@ class BenchRow:
 
 VARIANT_HELP = (
     "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+autotune][+bf16][+kvN][+serialheads]"
-    "[+cudnnprefix|+tritonprefix|+gluonprefix][+nchwdepth][+torchstep][+expN][+pairs|+singles][+pingpong|+freepairs]: "
+    "[+cudnnprefix|+tritonprefix|+gluonprefix][+nchwdepth][+torchstep][+pairs|+singles]: "
     "BACKEND sdpa|flashinfer, KERNEL split|cudnn|flash (sdpa) or fa2|fa3 (flashinfer); "
     "+compile = torch.compile-fused blocks in the graph step; "
     "+autotune = their GEMMs autotuned by Inductor (max-autotune, minutes to compile); "
@@ -54,42 +54,35 @@ VARIANT_HELP = (
     "kernel over the visible runs in one call (auto: Triton where it runs) / as its Gluon version; "
     "+nchwdepth = the depth head's conv weights in NCHW layout (auto on CUDA: channels-last); "
     "+torchstep = the graph step's small pieces as PyTorch ops (the camera head's attention as masked SDPA; "
-    "auto: our Triton kernels); +expN = the Gluon prefix kernel computes N of every 4 exp2 on the FMA "
-    "units (0: all on the MUFU); +pairs / +singles = that kernel with two consumer warpgroups sharing each "
-    "K/V block (warp-specialised) / with one; +pingpong / +freepairs = the two warpgroups' wgmma in "
-    "alternation / not. "
+    "auto: our Triton kernels); +pairs / +singles = the Gluon prefix kernel with two consumer warpgroups "
+    "sharing each K/V block (warp-specialised) / with one (auto: pairs where their programs fit one wave). "
     "e.g. sdpa:split+graph+compile,flashinfer:fa3+graph; "
     "auto = the node's default parameters on this device"
 )
 
 
-def _exp_flag(flag: str) -> bool:
-    return (flag.startswith("exp") and flag[3:].isdigit()) or flag in ("pairs", "singles", "pingpong", "freepairs")
+def _gluon_flag(flag: str) -> bool:
+    return flag in ("pairs", "singles")
 
 
 @contextlib.contextmanager
 def gluon_kernel_constants(variant: str):
-    """``+expN``, ``+pairs`` / ``+singles``: the Gluon prefix kernel's exp2 split and its layout (two
-    consumer warpgroups or one) for this variant's run; kernel constants, not runtime decisions (the
-    bench measures the alternatives of one build), restored after the run."""
-    flags = [f for f in variant.split("+") if _exp_flag(f)]
+    """``+pairs`` / ``+singles``: the Gluon prefix kernel with two consumer warpgroups a program or one,
+    for this variant's run, instead of its choice by shape (``gluon_runs.use_pairs``); a kernel
+    constant, not a runtime decision (the bench measures the alternatives of one build), restored after
+    the run."""
+    flags = [f for f in variant.split("+") if _gluon_flag(f)]
     if not flags:
         yield
         return
     from ..core.cache import gluon_runs
 
-    saved = gluon_runs.EMULATED_EXP, gluon_runs.PAIRS, gluon_runs.PINGPONG
-    for flag in flags:
-        if flag in ("pairs", "singles"):
-            gluon_runs.PAIRS = flag == "pairs"
-        elif flag in ("pingpong", "freepairs"):
-            gluon_runs.PAIRS, gluon_runs.PINGPONG = True, flag == "pingpong"
-        else:
-            gluon_runs.EMULATED_EXP = int(flag[3:])
+    saved = gluon_runs.PAIRS
+    gluon_runs.PAIRS = flags[-1] == "pairs"
     try:
         yield
     finally:
-        gluon_runs.EMULATED_EXP, gluon_runs.PAIRS, gluon_runs.PINGPONG = saved
+        gluon_runs.PAIRS = saved
 
 
 def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
@@ -106,7 +99,7 @@ def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
     nhwc = "nchwdepth" not in flags
     step_kernels = "torch" if "torchstep" in flags else "auto"
     flags = [f for f in flags if f not in kv and f not in ("parallelheads", "serialheads", "nchwdepth", "torchstep")
-             and f not in prefix_flags and not _exp_flag(f)]
+             and f not in prefix_flags and not _gluon_flag(f)]
     if head == "auto" and not flags:
         return resolve_for(device, dtype, kv_splits=kv_splits, parallel_heads=parallel_heads,
                            prefix_kernel=prefix_kernel, depth_channels_last=nhwc, step_kernels=step_kernels)

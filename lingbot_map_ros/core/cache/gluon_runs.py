@@ -14,6 +14,10 @@ Same contract as ``triton_prefix.runs_attention`` (runs table, parts, out and lo
 same tiles (64 queries x 128 keys, one warpgroup, 3 stages, two programs per SM). Each run of a part
 is its own pipeline (drained at the run's end: 2-4 runs against hundreds of blocks). The running
 max starts at a finite -1e30 so that a part without keys gives l = 0 (no NaN) and is dropped.
+
+A second, warp-specialised kernel (below ``_store_part``) runs the same per-warpgroup loop in two
+consumer warpgroups that share each K/V block, fed by a producer warp: half the L2 traffic, where its
+programs fit one wave (``use_pairs``).
 """
 from __future__ import annotations
 
@@ -39,45 +43,6 @@ BLOCK_N = 128  # keys per block
 STAGES = 3  # K/V buffers: 8 + 96 KB of shared memory, two programs per SM
 NUM_WARPS = 4
 LOG2_E = 1.4426950408889634
-PAIRS = False  # the warp-specialised kernel below (two consumer warpgroups) instead of one warpgroup
-EMULATED_EXP = 0  # of every 4 probabilities, how many exp2 the FMA units compute instead of the MUFU
-
-# 2^f on [0, 1) as 1 + f (c1 + f (c2 + f c3)): coefficients fitted here for the least largest relative
-# error (8.6e-5, against bf16's 3.9e-3 rounding of P). FA4's trick: at d 64 the MUFU's exp2 (16 a clock
-# per SM) costs as much time as the two GEMMs of the same scores (4096 FLOP a clock per SM / 256 per
-# score), so moving some of them to the FMA pipes (128 a clock) can shorten the softmax.
-_EXP2_POLY = ("0f3F31F32A", "0f3E691BF4", "0f3D9DD4FF")
-
-
-def _exp2_asm(emulated: int) -> str:
-    """PTX for four exp2 (pack of 4): the first ``4 - emulated`` on the MUFU, the rest as
-    ``2^x = 2^floor(x) * 2^frac(x)``: floor by adding 1.5 * 2^23 rounding down, the polynomial on the
-    fraction, then ``floor(x) << 23`` added to the result's exponent bits. Inputs below -127 (the
-    masked -inf) give exponent 0, which the ``ftz`` arithmetic after it reads as 0."""
-    c1, c2, c3 = _EXP2_POLY
-    lines = ["{", ".reg .f32 x<4>, t<4>, j<4>, p<4>;", ".reg .b32 b<4>, e<4>;"]
-    for i in range(4):
-        if i < 4 - emulated:
-            lines.append(f"ex2.approx.ftz.f32 ${i}, ${i + 4};")
-            continue
-        lines += [
-            f"max.ftz.f32 x{i}, ${i + 4}, 0fC2FE0000;",
-            f"add.rm.ftz.f32 t{i}, x{i}, 0f4B400000;",
-            f"sub.ftz.f32 j{i}, t{i}, 0f4B400000;",
-            f"sub.ftz.f32 x{i}, x{i}, j{i};",
-            f"fma.rn.ftz.f32 p{i}, x{i}, {c3}, {c2};",
-            f"fma.rn.ftz.f32 p{i}, p{i}, x{i}, {c1};",
-            f"fma.rn.ftz.f32 p{i}, p{i}, x{i}, 0f3F800000;",
-            f"mov.b32 e{i}, t{i};",
-            f"shl.b32 e{i}, e{i}, 23;",
-            f"mov.b32 b{i}, p{i};",
-            f"add.s32 b{i}, b{i}, e{i};",
-            f"mov.b32 ${i}, b{i};",
-        ]
-    lines.append("}")
-    return "\n".join(lines)
-
-
 @gluon.jit
 def _issue_load(k_desc, v_desc, k_smem, v_smem, ready, stage, row, col, pred):
     """TMA-load the key and value block at storage row ``row`` into ``stage`` (skipped if not ``pred``)."""
@@ -88,21 +53,15 @@ def _issue_load(k_desc, v_desc, k_smem, v_smem, ready, stage, row, col, pred):
 
 
 @gluon.jit
-def _softmax(s, m_i, l_i, valid, scale_log2, BN: gl.constexpr, S_LAYOUT: gl.constexpr, EXP_ASM: gl.constexpr):
+def _softmax(s, m_i, l_i, valid, scale_log2, BN: gl.constexpr, S_LAYOUT: gl.constexpr):
     """One block's scores ``s`` [BM, BN] (its first ``valid`` columns real) against the running max
-    and sum: the probabilities (fp32), the rescale factor of the older state, the new max and sum.
-    ``EXP_ASM``: empty for the MUFU's exp2 everywhere, else ``_exp2_asm``'s mix."""
+    and sum: the probabilities (fp32), the rescale factor of the older state, the new max and sum."""
     if valid < BN:
         cols = gl.arange(0, BN, layout=gl.SliceLayout(0, S_LAYOUT))  # [BN]
         s = gl.where((cols < valid)[None, :], s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=1))  # [BM]
     shift = m_new * scale_log2  # [BM]
-    x = s * scale_log2 - shift[:, None]  # [BM, BN], <= 0
-    if EXP_ASM == "":
-        p = gl.exp2(x)
-    else:
-        p = gl.inline_asm_elementwise(EXP_ASM, "=f,=f,=f,=f,f,f,f,f", [x], dtype=gl.float32, is_pure=True,
-                                      pack=4)  # [BM, BN]
+    p = gl.exp2(s * scale_log2 - shift[:, None])  # [BM, BN]
     alpha = gl.exp2(m_i * scale_log2 - shift)  # [BM]
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, m_new, l_i
@@ -111,7 +70,7 @@ def _softmax(s, m_i, l_i, valid, scale_log2, BN: gl.constexpr, S_LAYOUT: gl.cons
 @gluon.jit
 def _attend_run(q_smem, k_desc, v_desc, k_smem, v_smem, ready, counter, row0, count, col, m_i, l_i, acc,
                 scale_log2, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, S_LAYOUT: gl.constexpr,
-                O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr, EXP_ASM: gl.constexpr):
+                O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr):
     """Fold keys ``row0 .. row0+count-1`` into the running state; ``counter`` counts the blocks loaded
     before (it names the stage and mbarrier phase of each block)."""
     blocks = gl.cdiv(count, BN)
@@ -124,7 +83,7 @@ def _attend_run(q_smem, k_desc, v_desc, k_smem, v_smem, ready, counter, row0, co
         mbarrier.wait(ready.index(stage), (counter // STAGES) & 1)
         s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), zeros, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=[s])  # [BM, BN]
-        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count, scale_log2, BN, S_LAYOUT, EXP_ASM)
+        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count, scale_log2, BN, S_LAYOUT)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
         p_op = gl.convert_layout(p.to(k_desc.dtype), P_LAYOUT)  # [BM, BN] as the A operand
         for i in range(1, blocks):
@@ -134,7 +93,7 @@ def _attend_run(q_smem, k_desc, v_desc, k_smem, v_smem, ready, counter, row0, co
             s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), zeros, use_acc=False, is_async=True)
             acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)  # block i-1's values
             s = warpgroup_mma_wait(num_outstanding=1, deps=[s])  # S_i ready; O += P V may still run
-            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count - i * BN, scale_log2, BN, S_LAYOUT, EXP_ASM)
+            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count - i * BN, scale_log2, BN, S_LAYOUT)
             acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p_op])
             _issue_load(k_desc, v_desc, k_smem, v_smem, ready, prev, row0 + (i - 1 + STAGES) * BN, col,
                         i - 1 + STAGES < blocks)
@@ -149,7 +108,7 @@ def _attend_run(q_smem, k_desc, v_desc, k_smem, v_smem, ready, counter, row0, co
 @gluon.jit
 def _runs_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, runs_ptr, num_queries, scale_log2,
                     stride_op, stride_ot, stride_oh, HEAD_DIM: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                    NUM_RUNS: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, EXP_ASM: gl.constexpr):
+                    NUM_RUNS: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
     """Program (query block, head, part): as ``triton_prefix._runs_attention``. ``WARPS`` 8 with ``BM``
     128: two warpgroups of 64 queries each sharing every K/V block."""
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -186,7 +145,7 @@ def _runs_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, runs_ptr, num_querie
         first_slot, count, offset = _run_piece(runs_ptr, r, lo, hi, offset)
         m_i, l_i, acc, counter = _attend_run(q_smem, k_desc, v_desc, k_smem, v_smem, ready, counter,
                                              first_slot, count, col, m_i, l_i, acc, scale_log2, BM, BN,
-                                             STAGES, S_LAYOUT, O_LAYOUT, P_LAYOUT, EXP_ASM)
+                                             STAGES, S_LAYOUT, O_LAYOUT, P_LAYOUT)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
     mbarrier.invalidate(q_ready)
@@ -237,82 +196,59 @@ def _store_part(acc, m_i, l_i, o_ptr, lse_ptr, row0, head, part, num_queries, sc
 # --- two consumer warpgroups sharing each K/V block, a producer warp loading them (FA3's layout) -------
 #
 # Why: the kernel above streams each head's keys once per 64 queries. At the steady state that is
-# 256 programs x 18.4 MB = 4.7 GB from L2 a call, ~6 TB/s at its speed: the L2's bandwidth, so the
-# tensor cores wait (the exp2 costs little: a copy in its place saves 9 %, scripts/ probe). Here a
-# program holds 128 queries as two warpgroups of 64 that read the same K/V stages (half the L2 traffic)
-# and run independently (warp specialisation: no lockstep, each overlaps its softmax with its own
-# wgmma as above); one warp issues the TMA loads. Stage ``s`` is refilled once both warpgroups have
-# retired their P V on it (``empty[s]``, count 2).
+# 256 programs x 18.4 MB = 4.7 GB from L2 a call, ~6 TB/s at its speed: about the L2's bandwidth, so
+# the tensor cores wait. The exponentials are not what binds it (exp2 replaced by a copy: -9 %; a
+# quarter of them as an FMA polynomial, FA4's trick: slower; docs/benchmarks.md, tenth session). Here
+# a program holds 128 queries as two warpgroups of 64 that read the same K/V stages (half the L2
+# traffic) and run independently (warp specialisation: no lockstep; each overlaps its softmax with its
+# own wgmma as above); one warp issues the TMA loads. Stage ``s`` is refilled once both warpgroups have
+# retired their P V on it (``empty[s]``, count 2). Their wgmma in strict alternation (FA3's ping-pong)
+# measured no faster, so they run free.
 
-PAIR_STAGES = 3  # 16 KB of queries + 3 x 32 KB of K/V: one program per SM (4 stages measured slower)
-PINGPONG = False  # the two warpgroups issue their wgmma in strict alternation
+PAIR_STAGES = 3  # 16 KB of queries + 3 x 32 KB of K/V: one program per SM
 CONSUMER_REGS = 240  # registers per thread of each consumer warpgroup (setmaxnreg)
-PRODUCER_REGS = 24
+PRODUCER_REGS = 24  # the producer warp's (padded) warpgroup
+PAIRS: bool | None = None  # None: pairs where their programs fit one wave (``use_pairs``); the bench forces either
 
 
 @gluon.jit
-def _take_turn(turn, turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """Ping-pong (FA3): wait until the other warpgroup has issued its wgmma of this round, so that one
-    warpgroup's softmax runs while the other's GEMMs hold the tensor cores. Warpgroup 0 goes first."""
-    if PINGPONG:
-        mbarrier.wait(turn.index(WG), (turns & 1) ^ (1 - WG))
-    return turns + 1
-
-
-@gluon.jit
-def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    if PINGPONG:
-        mbarrier.arrive(turn.index(1 - WG), count=1)
-
-
-@gluon.jit
-def _pair_consume_run(q_smem, k_smem, v_smem, ready, empty, turn, turns, counter, count, m_i, l_i, acc,
-                      scale_log2, WG: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                      S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr,
-                      EXP_ASM: gl.constexpr, PINGPONG: gl.constexpr):
-    """``_attend_run`` without the loads: wait for each block's stage, release it after its P V; with
-    ``PINGPONG``, every issue of wgmma is a turn taken in alternation with the other warpgroup (both
-    walk the same blocks, so both take the same number of turns)."""
+def _pair_consume_run(q_smem, k_smem, v_smem, ready, empty, counter, count, m_i, l_i, acc, scale_log2,
+                      BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, S_LAYOUT: gl.constexpr,
+                      O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr):
+    """``_attend_run`` without the loads: wait for each block's stage, release it after its P V."""
     blocks = gl.cdiv(count, BN)
     if blocks > 0:
         zeros = gl.zeros([BM, BN], gl.float32, S_LAYOUT)
         stage = counter % STAGES
         mbarrier.wait(ready.index(stage), (counter // STAGES) & 1)
-        turns = _take_turn(turn, turns, WG, PINGPONG)
         s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), zeros, use_acc=False, is_async=True)
-        _pass_turn(turn, WG, PINGPONG)
         s = warpgroup_mma_wait(num_outstanding=0, deps=[s])  # [BM, BN]
-        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count, scale_log2, BN, S_LAYOUT, EXP_ASM)
+        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count, scale_log2, BN, S_LAYOUT)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
         p_op = gl.convert_layout(p.to(k_smem.dtype), P_LAYOUT)
         for i in range(1, blocks):
             prev = (counter + i - 1) % STAGES
             stage = (counter + i) % STAGES
             mbarrier.wait(ready.index(stage), ((counter + i) // STAGES) & 1)
-            turns = _take_turn(turn, turns, WG, PINGPONG)
             s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), zeros, use_acc=False, is_async=True)
             acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-            _pass_turn(turn, WG, PINGPONG)
             s = warpgroup_mma_wait(num_outstanding=1, deps=[s])
-            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count - i * BN, scale_log2, BN, S_LAYOUT, EXP_ASM)
+            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count - i * BN, scale_log2, BN, S_LAYOUT)
             acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p_op])
             mbarrier.arrive(empty.index(prev), count=1)  # this warpgroup is done with block i-1's stage
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
             p_op = gl.convert_layout(p.to(k_smem.dtype), P_LAYOUT)
         last = (counter + blocks - 1) % STAGES
-        turns = _take_turn(turn, turns, WG, PINGPONG)
         acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-        _pass_turn(turn, WG, PINGPONG)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p_op])
         mbarrier.arrive(empty.index(last), count=1)
-    return m_i, l_i, acc, counter + blocks, turns
+    return m_i, l_i, acc, counter + blocks
 
 
 @gluon.jit
-def _pair_consumer(q_smem, k_smem, v_smem, q_ready, ready, empty, turn, o_ptr, lse_ptr, runs_ptr, num_queries,
+def _pair_consumer(q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr, runs_ptr, num_queries,
                    scale_log2, stride_op, stride_ot, stride_oh, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
-                   BM: gl.constexpr, BN: gl.constexpr, NUM_RUNS: gl.constexpr, STAGES: gl.constexpr,
-                   EXP_ASM: gl.constexpr, PINGPONG: gl.constexpr):
+                   BM: gl.constexpr, BN: gl.constexpr, NUM_RUNS: gl.constexpr, STAGES: gl.constexpr):
     """Warpgroup ``WG`` (0 or 1): queries ``WG*BM ..`` of the program's ``2*BM``, over every block."""
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BN, 16])
@@ -330,13 +266,10 @@ def _pair_consumer(q_smem, k_smem, v_smem, q_ready, ready, empty, turn, o_ptr, l
     lo, hi = _part_bounds(runs_ptr, part, gl.num_programs(2), NUM_RUNS)
     offset = 0
     counter = 0
-    turns = 0
     for r in gl.static_range(NUM_RUNS):
         _, count, offset = _run_piece(runs_ptr, r, lo, hi, offset)
-        m_i, l_i, acc, counter, turns = _pair_consume_run(q_tile, k_smem, v_smem, ready, empty, turn, turns,
-                                                          counter, count, m_i, l_i, acc, scale_log2, WG, BM, BN,
-                                                          STAGES, S_LAYOUT, O_LAYOUT, P_LAYOUT, EXP_ASM,
-                                                          PINGPONG)
+        m_i, l_i, acc, counter = _pair_consume_run(q_tile, k_smem, v_smem, ready, empty, counter, count, m_i, l_i,
+                                                   acc, scale_log2, BM, BN, STAGES, S_LAYOUT, O_LAYOUT, P_LAYOUT)
     _store_part(acc, m_i, l_i, o_ptr, lse_ptr, block * 2 * BM + WG * BM, head, part, num_queries, scale_log2,
                 stride_op, stride_ot, stride_oh, HEAD_DIM, BM, S_LAYOUT, O_LAYOUT)
 
@@ -369,8 +302,8 @@ def _pair_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, read
 @gluon.jit
 def _pair_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, runs_ptr, num_queries, scale_log2,
                     stride_op, stride_ot, stride_oh, HEAD_DIM: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                    NUM_RUNS: gl.constexpr, STAGES: gl.constexpr, EXP_ASM: gl.constexpr,
-                    PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                    NUM_RUNS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                    PRODUCER_REGS: gl.constexpr):
     """Program (block of ``2*BM`` queries, head, part): the same contract as ``_runs_attention``."""
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BM, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, HEAD_DIM], k_desc.layout)
@@ -378,24 +311,27 @@ def _pair_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, runs_ptr, num_querie
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # ping-pong: whose wgmma
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # both consumer warpgroups
     mbarrier.init(q_ready, count=1)
-    mbarrier.init(turn.index(0), count=1)
-    mbarrier.init(turn.index(1), count=1)
     fence_async_shared()
     gl.warp_specialize([
-        (_pair_consumer, (q_smem, k_smem, v_smem, q_ready, ready, empty, turn, o_ptr, lse_ptr, runs_ptr,
-                          num_queries, scale_log2, stride_op, stride_ot, stride_oh, 0, HEAD_DIM, BM, BN, NUM_RUNS,
-                          STAGES, EXP_ASM, PINGPONG)),
-        (_pair_consumer, (q_smem, k_smem, v_smem, q_ready, ready, empty, turn, o_ptr, lse_ptr, runs_ptr,
-                          num_queries, scale_log2, stride_op, stride_ot, stride_oh, 1, HEAD_DIM, BM, BN, NUM_RUNS,
-                          STAGES, EXP_ASM, PINGPONG)),
+        (_pair_consumer, (q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr, runs_ptr, num_queries,
+                          scale_log2, stride_op, stride_ot, stride_oh, 0, HEAD_DIM, BM, BN, NUM_RUNS, STAGES)),
+        (_pair_consumer, (q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr, runs_ptr, num_queries,
+                          scale_log2, stride_op, stride_ot, stride_oh, 1, HEAD_DIM, BM, BN, NUM_RUNS, STAGES)),
         (_pair_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, ready, empty, runs_ptr,
                           HEAD_DIM, BM, BN, NUM_RUNS, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def use_pairs(num_queries: int, heads: int, parts: int, sms: int, block_m: int = BLOCK_M) -> bool:
+    """Whether the warp-specialised kernel (one program of ``2 * block_m`` queries per SM) runs a call:
+    when its programs fit one wave. At 518 x 378 (1005 queries, 16 heads, one part) that is 128 programs
+    on the H200's 132 SMs; at 518 x 392 (1042 queries) it would be 144, two waves, where the probe
+    measured the one-warpgroup kernel faster (docs/benchmarks.md, tenth session)."""
+    return -(-num_queries // (2 * block_m)) * heads * parts <= sms
 
 
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
@@ -403,44 +339,39 @@ _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int = 1, stages: int | None = None,
                    block_m: int = BLOCK_M, block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
-                   emulated_exp: int | None = None, pairs: bool | None = None,
-                   pingpong: bool | None = None) -> tuple[Tensor, Tensor]:
+                   pairs: bool | None = None) -> tuple[Tensor, Tensor]:
     """As ``triton_prefix.runs_attention`` (bf16 or fp16 on Hopper): out ``[P, T, H, D]``, lse ``[P, H, T]``.
-    The tile and exp arguments are for the probe (scripts/); ``emulated_exp`` None: ``EMULATED_EXP``;
-    ``pairs``: the warp-specialised kernel (two consumer warpgroups of ``block_m`` queries, a producer
-    warp), None: ``PAIRS``; ``pingpong``: their wgmma in alternation, None: ``PINGPONG``."""
-    emulated_exp = EMULATED_EXP if emulated_exp is None else emulated_exp
-    pairs = PAIRS if pairs is None else pairs
-    pingpong = PINGPONG if pingpong is None else pingpong
-    stages = (PAIR_STAGES if pairs else STAGES) if stages is None else stages
-    if emulated_exp not in (0, 1, 2, 3, 4):
-        raise ValueError(f"emulated_exp counts exp2 of every 4 (0-4), got {emulated_exp}")
+    ``pairs``: the warp-specialised kernel (two consumer warpgroups of ``block_m`` queries and a
+    producer warp a program) or the one-warpgroup kernel; None: ``PAIRS``, and where that is None too,
+    ``use_pairs``. The tile arguments are for the probe (scripts/)."""
     if q.dtype not in _GL_DTYPES:
         raise ValueError(f"the Gluon kernel takes bf16 or fp16 (got {q.dtype})")
     q, k, v, out, lse = prepare_runs_call(q, k, v, runs, parts)
     t, h, d = q.shape
     n = k.shape[0]
+    if pairs is None:
+        pairs = PAIRS if PAIRS is not None else use_pairs(
+            t, h, parts, torch.cuda.get_device_properties(q.device).multi_processor_count, block_m)
+    stages = (PAIR_STAGES if pairs else STAGES) if stages is None else stages
     dtype = _GL_DTYPES[q.dtype]
     q_layout = gl.NVMMASharedLayout.get_default_for([block_m, d], dtype)
     kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, d], dtype)
     q_desc = TensorDescriptor(q, [t, h * d], [q.stride(0), 1], [block_m, d], q_layout)
     k_desc = TensorDescriptor(k, [n, h * d], [k.stride(0), 1], [block_n, d], kv_layout)
     v_desc = TensorDescriptor(v, [n, h * d], [v.stride(0), 1], [block_n, d], kv_layout)
-    exp_asm = _exp2_asm(emulated_exp) if emulated_exp else ""
     args = (q_desc, k_desc, v_desc, out, lse, runs.contiguous(), t, LOG2_E / math.sqrt(d), out.stride(0),
             out.stride(1), out.stride(2))
     if pairs:
         grid = (-(-t // (2 * block_m)), h, parts)
         warps = 4 + 4 + 4  # the default partition, the second consumer, the producer's (padded) warpgroup
         _pair_attention[grid](*args, HEAD_DIM=d, BM=block_m, BN=block_n, NUM_RUNS=runs.shape[0], STAGES=stages,
-                              EXP_ASM=exp_asm, PINGPONG=pingpong, CONSUMER_REGS=CONSUMER_REGS,
-                              PRODUCER_REGS=PRODUCER_REGS,
-                              num_warps=4, maxnreg=(65536 // (32 * warps)) // 8 * 8)
+                              CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
+                              maxnreg=(65536 // (32 * warps)) // 8 * 8)  # the registers setmaxnreg shares out
         return out, lse
     grid = (-(-t // block_m), h, parts)
     _runs_attention[grid](*args, HEAD_DIM=d, BM=block_m, BN=block_n, NUM_RUNS=runs.shape[0], STAGES=stages,
-                          WARPS=num_warps, EXP_ASM=exp_asm, num_warps=num_warps)
+                          WARPS=num_warps, num_warps=num_warps)
     return out, lse
 
 
-__all__ = ["runs_attention", "BLOCK_M"]
+__all__ = ["runs_attention", "use_pairs", "BLOCK_M"]
