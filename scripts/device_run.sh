@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run of record (device machine, nvidia-h200): GPU correctness tests, then the benchmark
 # benchmark table. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
-#   bash scripts/device_run.sh [record10|pairs10|record9|tests9|gemv9|pre9|camera9|record8|tests8|gluon8|camera7|record7|upload7|nhwc6|tests6|record6|prefix|round|official|gap|probe|check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
+#   bash scripts/device_run.sh [rest10|record10|pairs10|record9|tests9|gemv9|pre9|camera9|record8|tests8|gluon8|camera7|record7|upload7|nhwc6|tests6|record6|prefix|round|official|gap|probe|check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
 # Everything it prints also lands in $OUT (gpu_tests.log, bench.txt, long.txt) and the JIT-compiled
 # FlashInfer kernels are copied to $OUT/*.so so a later call can skip compiling (put each one at
 # .fi_aot/<name>/<name>.so and carry .fi_aot).
@@ -78,6 +78,11 @@ elif [ "$MODE" = record10 ]; then
   timeout 150 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider -k "gluon or runs_kernel or poisoned or graphed_session" 2>&1 | grep -E "parts 1 |page|passed|failed|Error|assert" | tee "$OUT/gpu_tests.log"
   IDLE_S=150 IDLE_HEADS=depth+camera,camera IDLE_VARIANTS=auto,auto+singles OFFICIAL_FIRST_S=240 official_beside_ours
   with_flashinfer 130 python3 scripts/attention_bench.py --kv-splits 1 --prefix-kernels sdpa,gluon --sets 2 --reps 20 2>&1 | grep -E "^\||keys" | tee "$OUT/attention.txt"
+elif [ "$MODE" = rest10 ]; then
+  # the GPU tests that record10 did not run (the rest of test_gpu.py, the faults, the sessions), then the
+  # default's kernel profile (camera only, then depth + camera)
+  timeout 140 python3 -m pytest test/test_gpu.py test/test_gpu_faults.py test/test_gpu_sessions.py -q -s -p no:cacheprovider -k "not (gluon or runs_kernel or poisoned or graphed_session)" -rfE 2>&1 | tee "$OUT/gpu_tests_full.log" | grep -E "passed|failed|FAILED|ERROR" | tee "$OUT/gpu_tests.log"
+  timeout 70 "${BENCH[@]}" --frames 100 --heads camera,depth+camera --variants auto --profile 2>&1 | grep -E "^\||rror|GPU kernel" | tee "$OUT/bench_profile.txt"
 elif [ "$MODE" = pairs10 ]; then
   # the warp-specialised runs kernel (two consumer warpgroups share each K/V block): a smoke call first
   # (a hang stops here), its GPU test against float64, the kernel alone per tile and stage count at the
@@ -261,7 +266,7 @@ elif [ "$MODE" = perf ] || [ "$MODE" = record ]; then
 elif [ "$MODE" != long ] && [ "$MODE" != final ]; then
   timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
-if [ "$MODE" = record10 ] || [ "$MODE" = pairs10 ] || [ "$MODE" = gemv9 ] || [ "$MODE" = camera9 ] || [ "$MODE" = pre9 ] || [ "$MODE" = record9 ] || [ "$MODE" = tests9 ] || [ "$MODE" = round ] || [ "$MODE" = official ] || [ "$MODE" = gap ] || [ "$MODE" = probe ] || [ "$MODE" = prefix ] || [ "$MODE" = record6 ] || [ "$MODE" = tests6 ] || [ "$MODE" = nhwc6 ] || [ "$MODE" = upload7 ] || [ "$MODE" = record7 ] || [ "$MODE" = camera7 ] || [ "$MODE" = gluon8 ] || [ "$MODE" = record8 ] || [ "$MODE" = tests8 ] || [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ] || [ "$MODE" = heads ]; then
+if [ "$MODE" = rest10 ] || [ "$MODE" = record10 ] || [ "$MODE" = pairs10 ] || [ "$MODE" = gemv9 ] || [ "$MODE" = camera9 ] || [ "$MODE" = pre9 ] || [ "$MODE" = record9 ] || [ "$MODE" = tests9 ] || [ "$MODE" = round ] || [ "$MODE" = official ] || [ "$MODE" = gap ] || [ "$MODE" = probe ] || [ "$MODE" = prefix ] || [ "$MODE" = record6 ] || [ "$MODE" = tests6 ] || [ "$MODE" = nhwc6 ] || [ "$MODE" = upload7 ] || [ "$MODE" = record7 ] || [ "$MODE" = camera7 ] || [ "$MODE" = gluon8 ] || [ "$MODE" = record8 ] || [ "$MODE" = tests8 ] || [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ] || [ "$MODE" = heads ]; then
   :  # done above
 elif [ "$MODE" = quick ]; then
   "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"
