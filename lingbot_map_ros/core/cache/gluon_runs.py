@@ -68,6 +68,21 @@ def _softmax(s, m_i, l_i, valid, scale_log2, BN: gl.constexpr, S_LAYOUT: gl.cons
 
 
 @gluon.jit
+def _first_block(q_smem, k_smem, ready, counter, count, zeros, m_i, l_i, acc, scale_log2, BN: gl.constexpr,
+                 STAGES: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr):
+    """A run's first block, which has no P V before it to overlap: S = Q Kᵀ, its softmax, the rescaled
+    accumulator and P as the A operand of the next wgmma."""
+    stage = counter % STAGES
+    mbarrier.wait(ready.index(stage), (counter // STAGES) & 1)
+    s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), zeros, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=[s])  # [BM, BN]
+    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count, scale_log2, BN, S_LAYOUT)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+    p_op = gl.convert_layout(p.to(k_smem.dtype), P_LAYOUT)  # [BM, BN] as the A operand
+    return p_op, m_i, l_i, acc
+
+
+@gluon.jit
 def _attend_run(q_smem, k_desc, v_desc, k_smem, v_smem, ready, counter, row0, count, col, m_i, l_i, acc,
                 scale_log2, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, S_LAYOUT: gl.constexpr,
                 O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr):
@@ -79,13 +94,8 @@ def _attend_run(q_smem, k_desc, v_desc, k_smem, v_smem, ready, counter, row0, co
             _issue_load(k_desc, v_desc, k_smem, v_smem, ready, (counter + i) % STAGES, row0 + i * BN, col,
                         i < blocks)
         zeros = gl.zeros([BM, BN], gl.float32, S_LAYOUT)
-        stage = counter % STAGES
-        mbarrier.wait(ready.index(stage), (counter // STAGES) & 1)
-        s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), zeros, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=[s])  # [BM, BN]
-        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count, scale_log2, BN, S_LAYOUT)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
-        p_op = gl.convert_layout(p.to(k_desc.dtype), P_LAYOUT)  # [BM, BN] as the A operand
+        p_op, m_i, l_i, acc = _first_block(q_smem, k_smem, ready, counter, count, zeros, m_i, l_i, acc, scale_log2,
+                                           BN, STAGES, S_LAYOUT, O_LAYOUT, P_LAYOUT)
         for i in range(1, blocks):
             prev = (counter + i - 1) % STAGES
             stage = (counter + i) % STAGES
@@ -219,13 +229,8 @@ def _pair_consume_run(q_smem, k_smem, v_smem, ready, empty, counter, count, m_i,
     blocks = gl.cdiv(count, BN)
     if blocks > 0:
         zeros = gl.zeros([BM, BN], gl.float32, S_LAYOUT)
-        stage = counter % STAGES
-        mbarrier.wait(ready.index(stage), (counter // STAGES) & 1)
-        s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), zeros, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=[s])  # [BM, BN]
-        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count, scale_log2, BN, S_LAYOUT)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
-        p_op = gl.convert_layout(p.to(k_smem.dtype), P_LAYOUT)
+        p_op, m_i, l_i, acc = _first_block(q_smem, k_smem, ready, counter, count, zeros, m_i, l_i, acc, scale_log2,
+                                           BN, STAGES, S_LAYOUT, O_LAYOUT, P_LAYOUT)
         for i in range(1, blocks):
             prev = (counter + i - 1) % STAGES
             stage = (counter + i) % STAGES
