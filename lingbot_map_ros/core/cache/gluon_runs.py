@@ -83,6 +83,22 @@ def _first_block(q_smem, k_smem, ready, counter, count, zeros, m_i, l_i, acc, sc
 
 
 @gluon.jit
+def _next_block(q_smem, k_smem, v_smem, ready, block, prev, valid, zeros, p_op, m_i, l_i, acc, scale_log2,
+                BN: gl.constexpr, STAGES: gl.constexpr, S_LAYOUT: gl.constexpr):
+    """Block ``block`` (counted over the program) once its stage is loaded: S = Q Kᵀ and the previous
+    block's O += P V issued together, the softmax of S while P V runs, then both retired. The caller
+    frees or refills stage ``prev`` and rescales the accumulator by ``alpha``."""
+    stage = block % STAGES
+    mbarrier.wait(ready.index(stage), (block // STAGES) & 1)
+    s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), zeros, use_acc=False, is_async=True)
+    acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)  # the previous block's values
+    s = warpgroup_mma_wait(num_outstanding=1, deps=[s])  # S ready; O += P V may still run
+    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, valid, scale_log2, BN, S_LAYOUT)
+    acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p_op])
+    return p, alpha, m_i, l_i, acc, p_op
+
+
+@gluon.jit
 def _attend_run(q_smem, k_desc, v_desc, k_smem, v_smem, ready, counter, row0, count, col, m_i, l_i, acc,
                 scale_log2, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, S_LAYOUT: gl.constexpr,
                 O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr):
@@ -98,13 +114,9 @@ def _attend_run(q_smem, k_desc, v_desc, k_smem, v_smem, ready, counter, row0, co
                                            BN, STAGES, S_LAYOUT, O_LAYOUT, P_LAYOUT)
         for i in range(1, blocks):
             prev = (counter + i - 1) % STAGES
-            stage = (counter + i) % STAGES
-            mbarrier.wait(ready.index(stage), ((counter + i) // STAGES) & 1)
-            s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), zeros, use_acc=False, is_async=True)
-            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)  # block i-1's values
-            s = warpgroup_mma_wait(num_outstanding=1, deps=[s])  # S_i ready; O += P V may still run
-            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count - i * BN, scale_log2, BN, S_LAYOUT)
-            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p_op])
+            p, alpha, m_i, l_i, acc, p_op = _next_block(q_smem, k_smem, v_smem, ready, counter + i, prev,
+                                                        count - i * BN, zeros, p_op, m_i, l_i, acc, scale_log2, BN,
+                                                        STAGES, S_LAYOUT)
             _issue_load(k_desc, v_desc, k_smem, v_smem, ready, prev, row0 + (i - 1 + STAGES) * BN, col,
                         i - 1 + STAGES < blocks)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
@@ -233,13 +245,9 @@ def _pair_consume_run(q_smem, k_smem, v_smem, ready, empty, counter, count, m_i,
                                            BN, STAGES, S_LAYOUT, O_LAYOUT, P_LAYOUT)
         for i in range(1, blocks):
             prev = (counter + i - 1) % STAGES
-            stage = (counter + i) % STAGES
-            mbarrier.wait(ready.index(stage), ((counter + i) // STAGES) & 1)
-            s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), zeros, use_acc=False, is_async=True)
-            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=1, deps=[s])
-            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, count - i * BN, scale_log2, BN, S_LAYOUT)
-            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p_op])
+            p, alpha, m_i, l_i, acc, p_op = _next_block(q_smem, k_smem, v_smem, ready, counter + i, prev,
+                                                        count - i * BN, zeros, p_op, m_i, l_i, acc, scale_log2, BN,
+                                                        STAGES, S_LAYOUT)
             mbarrier.arrive(empty.index(prev), count=1)  # this warpgroup is done with block i-1's stage
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
             p_op = gl.convert_layout(p.to(k_smem.dtype), P_LAYOUT)
