@@ -54,3 +54,31 @@ def test_the_warp_specialised_runs_kernel_runs_where_its_programs_fit_one_wave()
     assert not use_pairs(1005, 16, 2, 132)  # two parts: 256 programs
     assert use_pairs(1024, 16, 1, 128) and not use_pairs(1025, 16, 1, 128)  # the boundary
     assert use_pairs(150, 2, 3, 12) and not use_pairs(150, 2, 3, 11)  # 2 blocks x 2 heads x 3 parts
+
+
+def test_the_gluon_runs_kernels_compile_for_hopper_without_spills() -> None:
+    """Both Gluon kernels compile for sm_90a here, without a GPU (Triton's ptxas): the one-warpgroup
+    kernel in at most 255 registers (two programs per SM: 2 x 128 threads) and the warp-specialised one
+    with its register split (the consumers at CONSUMER_REGS, the producer at PRODUCER_REGS), neither
+    spilling, both with wgmma and TMA loads, and the pair kernel's stages within one SM's shared memory.
+    CI has no GPU: this is where a kernel edit that no longer builds, or spills, shows first."""
+    pytest.importorskip("triton.experimental.gluon")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from lingbot_map_ros.core.cache import gluon_runs
+
+    script = Path(__file__).with_name("gluon_compile_check.py")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).parents[1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    import json
+
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    single, pairs = report["single"], report["pairs"]
+    assert single["spill_bytes"] == 0 and pairs["spill_bytes"] == 0, report
+    assert single["registers"] <= 255 and not single["setmaxnreg"], report
+    assert {gluon_runs.CONSUMER_REGS, gluon_runs.PRODUCER_REGS} <= set(pairs["setmaxnreg"]), report
+    assert single["wgmma"] > 0 and pairs["wgmma"] > 0 and single["tma_loads"] > 0 and pairs["tma_loads"] > 0, report
+    assert pairs["shared_bytes"] <= 227 * 1024, report
