@@ -254,9 +254,7 @@ def main() -> None:
         from lingbot_map_ros.core.cache import gluon_runs
 
         runs = torch.tensor([[0, n]], dtype=torch.int32, device=dev)
-        # (block_m, block_n, warps, stages, parts). 128 x 64 in one warpgroup (218 registers, 66 KB: two
-        # programs per SM, each K/V block read once for 128 queries: half the L2 traffic of 64 x 128) needs
-        # two parts to fill the SMs; its rows time the kernel alone and the kernel with the LSE merge.
+        # GLUON_VARIANTS; a row with parts > 1 times the kernel alone and the kernel with the LSE merge
         for variant in GLUON_VARIANTS:
             tiles = dict(variant)
             parts = tiles.pop("parts")
