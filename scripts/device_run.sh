@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run of record (device machine, nvidia-h200): GPU correctness tests, then the benchmark
 # benchmark table. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
-#   bash scripts/device_run.sh [rest10|record10|pairs10|record9|tests9|gemv9|pre9|camera9|record8|tests8|gluon8|camera7|record7|upload7|nhwc6|tests6|record6|prefix|round|official|gap|probe|check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
+#   bash scripts/device_run.sh [encoder11|rest10|record10|pairs10|record9|tests9|gemv9|pre9|camera9|record8|tests8|gluon8|camera7|record7|upload7|nhwc6|tests6|record6|prefix|round|official|gap|probe|check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
 # Everything it prints also lands in $OUT (gpu_tests.log, bench.txt, long.txt) and the JIT-compiled
 # FlashInfer kernels are copied to $OUT/*.so so a later call can skip compiling (put each one at
 # .fi_aot/<name>/<name>.so and carry .fi_aot).
@@ -36,7 +36,13 @@ official_beside_ours() {  # the official code and the default, idle and with hal
   kill "${PIDS[@]}" 2>/dev/null; wait "${PIDS[@]}" 2>/dev/null
   timeout 80 "${BENCH[@]}" --frames 1000 --heads depth+camera --variants auto --report-every 100 2>&1 | grep -E "^\||frame" | tee "$OUT/bench_1000.txt"
 }
-if [ "$MODE" = round ]; then
+if [ "$MODE" = encoder11 ]; then
+  # the image encoder as a graph of its own, queued before the host plans the step: its GPU tests (bit for bit
+  # the one-graph step; a single scale frame eager), the host gap of both, then end to end against +onegraph
+  timeout 200 python3 -m pytest test/test_gpu.py test/test_config_runtime.py -q -s -p no:cacheprovider -k "encoder_graph or graphed_session or beside or depth_every or captured_once" 2>&1 | grep -E "rel diff|max \|diff|passed|failed|Error|assert" | tee "$OUT/gpu_tests.log"
+  for heads in camera depth+camera; do timeout 150 python3 scripts/host_gap.py --heads "$heads" --variants auto,auto+onegraph 2>&1 | grep -E "^\||gap" | tee -a "$OUT/host_gap.txt"; done
+  timeout 230 "${BENCH[@]}" --frames 208 --heads camera,depth+camera --variants auto,auto+onegraph 2>&1 | grep -E "^\||rror" | tee "$OUT/bench_encoder.txt"
+elif [ "$MODE" = round ]; then
   # the run of record, part 1: GPU tests; the default (depth head beside the camera head) against the
   # heads one after the other, with the kernel profile; camera only; attention per layer (split, cuDNN,
   # FlashInfer fa3) at the steady state and at a filling window
@@ -266,7 +272,7 @@ elif [ "$MODE" = perf ] || [ "$MODE" = record ]; then
 elif [ "$MODE" != long ] && [ "$MODE" != final ]; then
   timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
-if [ "$MODE" = rest10 ] || [ "$MODE" = record10 ] || [ "$MODE" = pairs10 ] || [ "$MODE" = gemv9 ] || [ "$MODE" = camera9 ] || [ "$MODE" = pre9 ] || [ "$MODE" = record9 ] || [ "$MODE" = tests9 ] || [ "$MODE" = round ] || [ "$MODE" = official ] || [ "$MODE" = gap ] || [ "$MODE" = probe ] || [ "$MODE" = prefix ] || [ "$MODE" = record6 ] || [ "$MODE" = tests6 ] || [ "$MODE" = nhwc6 ] || [ "$MODE" = upload7 ] || [ "$MODE" = record7 ] || [ "$MODE" = camera7 ] || [ "$MODE" = gluon8 ] || [ "$MODE" = record8 ] || [ "$MODE" = tests8 ] || [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ] || [ "$MODE" = heads ]; then
+if [ "$MODE" = encoder11 ] || [ "$MODE" = rest10 ] || [ "$MODE" = record10 ] || [ "$MODE" = pairs10 ] || [ "$MODE" = gemv9 ] || [ "$MODE" = camera9 ] || [ "$MODE" = pre9 ] || [ "$MODE" = record9 ] || [ "$MODE" = tests9 ] || [ "$MODE" = round ] || [ "$MODE" = official ] || [ "$MODE" = gap ] || [ "$MODE" = probe ] || [ "$MODE" = prefix ] || [ "$MODE" = record6 ] || [ "$MODE" = tests6 ] || [ "$MODE" = nhwc6 ] || [ "$MODE" = upload7 ] || [ "$MODE" = record7 ] || [ "$MODE" = camera7 ] || [ "$MODE" = gluon8 ] || [ "$MODE" = record8 ] || [ "$MODE" = tests8 ] || [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ] || [ "$MODE" = heads ]; then
   :  # done above
 elif [ "$MODE" = quick ]; then
   "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"

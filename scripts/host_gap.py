@@ -1,16 +1,19 @@
 """Where the time of one steady-state frame goes, host against device (GPU only).
 
-For the node's default one-frame path (full preset, bf16, CUDA graphs): per ``SessionManager.push``
-the host wall time, split into the host work before the graph replay (checks, page table, attention
-plan, camera cache plan, input copy), the replay itself (device time between two CUDA events around
-``graph.replay()``), and the host work after it (the wait for the outputs, their copy to the host,
-the result, the long-run policy). In a back-to-back loop the device idles for ``wall - replay``:
-the host gap that a pipelined step would hide. A second table splits the host work before the
-replay into the KV cache's step (page table, write slots, the attention plan within it) and the
-camera-head cache's step, and names two parts of the work after it: the KV cache's ``end_step`` and
-the frame's result (the rest of that column is the wait for the device and the copies to the host).
+For the node's default one-frame path (full preset, bf16, CUDA graphs) and any bench variant: per
+``SessionManager.push`` the host wall time and the device's span of the step, from the moment the
+frame's first graph is queued (``GraphedFrameStep.begin``: the image encoder's graph, or with
+``+onegraph`` nothing yet) to the end of the step graph (``finish``). In a back-to-back loop the
+device idles for ``wall - span``: host work that no graph hides. Inside the span, ``begin → finish``
+on the device is the encoder's graph or, when the host's plan takes longer, the wait for it.
 
-    python3 scripts/host_gap.py [--frames 120] [--heads depth+camera|camera] [--width 518 --height 378]
+Columns (medians, ms): push wall; device span; on the device, ``begin → finish`` and the step graph;
+on the host, the work before ``begin`` (checks, the frame's copy), between ``begin`` and ``finish``
+(the KV cache's and the camera cache's step: page table, write slots, the attention plan and their
+uploads) and after ``finish`` (the wait for the outputs, their copy, the result, the long-run policy).
+A second table splits the host parts by function.
+
+    python3 scripts/host_gap.py [--frames 120] [--heads depth+camera|camera] [--variants auto,auto+onegraph]
 """
 from __future__ import annotations
 
@@ -24,42 +27,96 @@ from lingbot_map_ros.core import cuda_graph
 from lingbot_map_ros.core import stream as stream_module
 from lingbot_map_ros.core.cache import camera_cache, paged, split_backend
 from lingbot_map_ros.core.config import RuntimeConfig, StreamConfig
-from lingbot_map_ros.core.session_manager import SessionManager
+from lingbot_map_ros.core.session_manager import SessionManager, load_model
+from lingbot_map_ros.tools.bench import variant_runtime
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--frames", type=int, default=120, help="steady frames measured (after the window is full)")
     p.add_argument("--heads", default="depth+camera", choices=("depth+camera", "camera"))
+    p.add_argument("--variants", default="auto", help="bench variants (lingbot_map_bench --help), comma list")
     p.add_argument("--width", type=int, default=518)
     p.add_argument("--height", type=int, default=378)
     p.add_argument("--preset", default="full", help="model preset (tiny: a dry run)")
     p.add_argument("--device", default="cuda", help="cuda (cpu: a dry run of the script, no graphs to time)")
     args = p.parse_args()
-    stream = StreamConfig(with_depth=args.heads == "depth+camera")
-    runtime = RuntimeConfig(device=args.device, model_preset=args.preset)
-    manager = SessionManager(runtime, stream, log=lambda m: None)
-    gen = torch.Generator().manual_seed(0)
-    pool = [torch.rand(3, args.height, args.width, generator=gen) for _ in range(8)]
-    if torch.cuda.is_available():
-        pool = [frame.pin_memory() for frame in pool]
-
+    settings = RuntimeConfig(device=args.device, model_preset=args.preset,
+                             dtype="bfloat16" if args.device.startswith("cuda") else "float32")
+    base = load_model(settings, log=lambda m: None)
     marks: dict[str, float] = {}
-    events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-    original_call = cuda_graph.GraphedFrameStep.__call__
+    events: list[torch.cuda.Event] = []
+    parts: dict[str, float] = {}  # host ms of this frame per part, reset before each push
+    _instrument(marks, events, parts)
+    on_cuda = base.runtime.device.type == "cuda"
+    print(f"host gap, {args.heads}, {args.width}x{args.height}, "
+          f"{torch.cuda.get_device_name() if on_cuda else 'cpu'}, {args.frames} steady frames (medians, ms)")
+    print("| variant | push wall | device span | device: begin → finish | device: step graph | host before begin "
+          "| host begin → finish (plan) | host after finish | device idle per frame |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    split_tables = []
+    for variant in args.variants.split(","):
+        runtime = variant_runtime(variant, base.runtime.device, base.runtime.dtype)
+        stream = StreamConfig(with_depth=args.heads == "depth+camera")
+        manager = SessionManager.around(base.model, base.cfg, stream, runtime, log=lambda m: None, settings=settings)
+        gen = torch.Generator().manual_seed(0)
+        pool = [torch.rand(3, args.height, args.width, generator=gen) for _ in range(8)]
+        if on_cuda:
+            pool = [frame.pin_memory() for frame in pool]
+        warm = stream.scale_frames + stream.sliding_window + 24
+        rows, per_part = [], {}
+        events.clear()
+        for i in range(warm + args.frames):
+            parts.clear()
+            marks.clear()
+            t0 = time.perf_counter()
+            manager.push(pool[i % len(pool)], float(i))
+            t1 = time.perf_counter()
+            if i >= warm and "finish_return" in marks:
+                rows.append((t0, marks["begin_call"], marks["begin_return"], marks["finish_call"],
+                             marks["finish_return"], t1))
+                for part, ms in parts.items():
+                    per_part.setdefault(part, []).append(ms)
+        if not rows or not on_cuda:
+            print(f"| {variant} | no graph replays to time ({manager.info.attention} on {manager.info.device}) |")
+            continue
+        torch.cuda.synchronize()
+        triples = [events[j:j + 3] for j in range(0, len(events), 3)][-len(rows):]
+        med = statistics.median
+        wall = med([(r[5] - r[0]) * 1e3 for r in rows])
+        span = med([a.elapsed_time(c) for a, _, c in triples])
+        device = [med([a.elapsed_time(b) for a, b, _ in triples]), med([b.elapsed_time(c) for _, b, c in triples])]
+        host = [med([(r[1] - r[0]) * 1e3 for r in rows]), med([(r[3] - r[2]) * 1e3 for r in rows]),
+                med([(r[5] - r[4]) * 1e3 for r in rows])]
+        cells = [wall, span, *device, *host, wall - span]
+        print(f"| {variant} | " + " | ".join(f"{ms:.2f}" for ms in cells) + " |")
+        split_tables.append((variant, {part: med(values) for part, values in per_part.items()}))
+    for variant, by_part in split_tables:
+        print(f"\n| host part, {variant} | median ms |\n|---|---|")
+        for part, ms in by_part.items():
+            print(f"| {part} | {ms:.3f} |")
 
-    def timed_call(self, image, rope_frame, with_depth):
-        marks["replay_call"] = time.perf_counter()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out = original_call(self, image, rope_frame, with_depth)
-        end.record()
-        events.append((start, end))
-        marks["replay_return"] = time.perf_counter()
+
+def _instrument(marks: dict[str, float], events: list, parts: dict[str, float]) -> None:
+    """Wrap the step's halves (host marks, device events) and the host parts (their host time)."""
+    step = cuda_graph.GraphedFrameStep
+    original_begin, original_finish = step.begin, step.finish
+
+    def begin(self, image):
+        marks["begin_call"] = time.perf_counter()
+        events.append(_event())
+        original_begin(self, image)
+        marks["begin_return"] = time.perf_counter()
+
+    def finish(self, rope_frame, with_depth):
+        marks["finish_call"] = time.perf_counter()
+        events.append(_event())
+        out = original_finish(self, rope_frame, with_depth)
+        events.append(_event())
+        marks["finish_return"] = time.perf_counter()
         return out
 
-    cuda_graph.GraphedFrameStep.__call__ = timed_call
-    parts: dict[str, float] = {}  # host ms of this frame per part, reset before each push
+    step.begin, step.finish = begin, finish
 
     def time_method(owner: type, name: str, part: str) -> None:
         """Wrap ``owner.name`` so that its host time adds to ``parts[part]``."""
@@ -79,40 +136,12 @@ def main() -> None:
     time_method(camera_cache.CameraKVCache, "begin_step", "camera begin_step")
     time_method(paged.PagedKVCache, "end_step", "kv end_step")
     time_method(stream_module.StreamingSession, "_make_result", "result")
-    per_part: dict[str, list[float]] = {}
-    warm = stream.scale_frames + stream.sliding_window + 24
-    rows = []
-    for i in range(warm + args.frames):
-        parts.clear()
-        t0 = time.perf_counter()
-        manager.push(pool[i % len(pool)], float(i))
-        t1 = time.perf_counter()
-        if i >= warm and marks:
-            rows.append((t0, marks["replay_call"], marks["replay_return"], t1))
-            for part, ms in parts.items():
-                per_part.setdefault(part, []).append(ms)
-    if not rows:
-        print(f"no graph replays to time ({manager.info.attention} on {manager.info.device})")
-        return
-    torch.cuda.synchronize()
-    replay_ms = [s.elapsed_time(e) for s, e in events[-args.frames:]]
-    wall = [(t1 - t0) * 1e3 for t0, _, _, t1 in rows]
-    pre = [(c - t0) * 1e3 for t0, c, _, _ in rows]
-    launch = [(r - c) * 1e3 for _, c, r, _ in rows]
-    post = [(t1 - r) * 1e3 for _, _, r, t1 in rows]
-    med = statistics.median
-    print(f"host gap, {args.heads}, {args.width}x{args.height}, {manager.info.attention}, "
-          f"{torch.cuda.get_device_name()}, {args.frames} steady frames (medians, ms)")
-    print("| push wall | replay (device) | host before replay | replay launch | after replay (wait + results) "
-          "| device idle per frame |")
-    print("|---|---|---|---|---|---|")
-    print(f"| {med(wall):.2f} | {med(replay_ms):.2f} | {med(pre):.2f} | {med(launch):.2f} | {med(post):.2f} "
-          f"| {med(wall) - med(replay_ms):.2f} |")
-    print()
-    print("| host part (inside the push) | median ms |")
-    print("|---|---|")
-    for part, values in per_part.items():
-        print(f"| {part} | {med(values):.3f} |")
+
+
+def _event() -> torch.cuda.Event:
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
 
 
 if __name__ == "__main__":

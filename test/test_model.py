@@ -549,6 +549,24 @@ def test_variants_and_frames_change_the_output() -> None:
     assert torch.equal(base, run(model, x, [0, 1], [0, 1], [0, 0]).pose_enc)
 
 
+def test_embedded_halves_equal_the_whole_forward() -> None:
+    """``forward_embedded(embed(x))`` (the CUDA-graph step's two graphs) is ``forward(x)`` bit for bit:
+    the same ops on the same values, with the depth head, for stream-like variants; and the encoder
+    half really depends on the variants (a cut after the special tokens would not)."""
+    model = tiny_model(seed=61)
+    perturb(model, seed=62)
+    x = torch.rand(3, 3, 28, 42, generator=torch.Generator().manual_seed(63))  # [S, 3, H, W]
+    frames, cam, scale = torch.tensor([4, 5, 6]), torch.tensor([1, 1, 0]), torch.tensor([1, 0, 1])
+    whole = run(model, x, frames, cam, scale, K=3, with_depth=True)
+    tokens = model.embed(x, cam, scale)  # [S, P, C]
+    assert tokens.shape == (3, 6 + 2 * 3, model.cfg.embed_dim)
+    halves = model.forward_embedded(tokens, (28, 42), rope_frames=frames, global_attention=DenseGlobalAttention(),
+                                    camera_attention=DenseCameraAttention(), num_iterations=3, with_depth=True)
+    assert torch.equal(halves.pose_enc, whole.pose_enc)
+    assert torch.equal(halves.depth, whole.depth) and torch.equal(halves.depth_conf, whole.depth_conf)
+    assert not torch.equal(model.embed(x, 1 - cam, scale), tokens)
+
+
 def test_seams_receive_expected_tensors_and_order() -> None:
     model = tiny_model(seed=61)
     cfg = model.cfg

@@ -158,3 +158,39 @@ def test_flush_runs_short_sequences(tiny_model):
     assert len(results) == 2 and all(r.is_scale_frame for r in results)
     ref, _ = whole_sequence_reference(model, frames, 4, 3, 1, 4)
     np.testing.assert_allclose(np.stack([r.pose_enc for r in results]), ref, rtol=2e-4, atol=2e-5)
+
+
+def test_graph_step_serves_phase_two_only(tiny_model, monkeypatch):
+    """The CUDA-graph step bakes in phase 2's token variants (camera and scale variant 1), so a scale
+    phase of one frame (``scale_frames=1``, or a flush of one buffered frame) must not go there. On the
+    CPU a stand-in computes what the graph step would; the stream must still equal the reference, and
+    the stand-in must have served exactly the phase-2 frames."""
+    from lingbot_map_ros.core.stream import StreamingSession
+
+    cfg, model = tiny_model
+    served: list[int] = []
+
+    class GraphStepStandIn:
+        def __init__(self, session: StreamingSession) -> None:
+            self.session = session
+
+        def begin(self, images: torch.Tensor) -> None:
+            self.images = images  # [1, 3, H, W]
+
+        def finish(self, rope_frame: int, with_depth: bool):
+            served.append(rope_frame)
+            ones = torch.ones(1, dtype=torch.long)  # what the captured graph holds
+            return self.session._call_model(self.images, torch.tensor([rope_frame]), ones, ones, with_depth)
+
+    monkeypatch.setattr(StreamingSession, "_graphed_step", lambda self: GraphStepStandIn(self))
+    frames = torch.rand(6, 3, 28, 42, generator=torch.Generator().manual_seed(11))
+    runtime = resolve_for(torch.device("cpu"), torch.float32, backend="sdpa")
+    for stream_cfg, n in ((StreamConfig(scale_frames=1, sliding_window=3, max_frame_num=64, max_stored_frames=64), 6),
+                          (StreamConfig(scale_frames=4, sliding_window=3), 1)):
+        served.clear()
+        manager = SessionManager.around(model, cfg, stream_cfg, runtime, log=lambda m: None)
+        manager.session.use_cuda_graphs = True
+        results = [r for f in frames[:n] for r in manager.push(f)] + manager.flush()
+        ref, _ = whole_sequence_reference(model, frames[:n], min(stream_cfg.scale_frames, n), 3, 1, 4)
+        assert served == list(range(1, n)), served  # phase 2's RoPE indices: 1..n-1 with one scale frame
+        np.testing.assert_allclose(np.stack([r.pose_enc for r in results]), ref, rtol=2e-4, atol=2e-5)

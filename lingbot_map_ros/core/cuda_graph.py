@@ -17,16 +17,23 @@ per such ``plan_signature`` and heads (with or without the depth head: ``depth_e
 some frames only) and kept (at most ``MAX_GRAPHS``, least recently used dropped), so the switch back
 and forth at every new session or long-run window costs a capture only the first time.
 
+The image encoder (DINO, ``LingBotMap.embed``) reads the frame and nothing else, so it is a graph of
+its own (``runtime.encoder_graph``): its replay is queued as soon as the frame is in, and the device
+encodes it while the host plans the step and launches the second graph. Without that split the
+device waited for the whole plan (0.6-0.9 ms a frame on the H200's hosts, docs/benchmarks.md).
+
 All graphs of a step share one memory pool. That is safe here because every replay's outputs are
 read (copied to the host) before the next replay: a later capture may reuse blocks that an earlier
 graph only needs *during* its replay, and outputs of one graph may sit in another's scratch memory,
-which only matters to outputs that are still needed when the other graph replays.
+which only matters to outputs that are still needed when the other graph replays. The encoder's
+tokens are such outputs: they stay referenced for the step's life, so no capture reuses their
+blocks, and the step graphs that read them replay after the encoder in stream order.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -56,12 +63,19 @@ MAX_GRAPHS = 20
 
 @dataclass
 class GraphStats:
-    captures: int = 0
+    captures: int = 0  # graphs of the step (per plan signature and heads)
     replays: int = 0
+    encoder_captures: int = 0  # graphs of the image encoder (one per step object)
 
 
 class GraphedFrameStep:
-    """Captures ``model(one frame)`` with the caches' static buffers per plan signature; replays it per frame."""
+    """Captures ``model(one frame)`` with the caches' static buffers per plan signature; replays it per frame.
+
+    With ``encode`` (``runtime.encoder_graph``) a frame is two graphs: the image encoder, which reads
+    the frame alone, and the rest, which reads the step's plan. ``begin(image)`` queues the encoder's
+    replay at once, so the device encodes the frame while the host plans the cache's step (page table,
+    write slots, the attention plan and their uploads) and launches the second graph: that host work
+    no longer leaves the device idle between two frames. ``__call__`` does both halves."""
 
     def __init__(
         self,
@@ -70,17 +84,23 @@ class GraphedFrameStep:
         device: torch.device,
         run_model: Callable[..., ModelOutput],
         plan_signature: Callable[[], tuple],
+        encode: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
     ) -> None:
+        """``run_model(inputs, rope_frames, with_depth) -> ModelOutput``: the step from ``inputs``, the
+        frame ``[1, 3, H, W]`` or, with ``encode(images) -> tokens``, the encoder's tokens."""
         self.model = model
         self.device = device
-        self._run_model = run_model  # run_model(images, rope_frames, with_depth) -> ModelOutput; eager or captured
+        self._run_model = run_model  # eager (warm-up) or captured
+        self._encode = encode
         self._plan_signature = plan_signature
         h, w = image_hw
         self.static_image = torch.zeros(1, 3, h, w, device=device)  # [1, 3, H, W]
         self.static_rope = torch.zeros(1, dtype=torch.long, device=device)  # [1]
+        self._encoder: Optional[tuple[torch.cuda.CUDAGraph, torch.Tensor]] = None  # its graph and tokens [1, P, C]
         # (plan signature, with_depth) -> (graph, its static outputs), most recently used last
         self._graphs: OrderedDict[tuple[tuple, bool], tuple[torch.cuda.CUDAGraph, ModelOutput]] = OrderedDict()
         self._pool = None
+        self._begun = False
         self.stats = GraphStats()
 
     @property
@@ -88,9 +108,31 @@ class GraphedFrameStep:
         """Plan signatures with a captured graph, least recently used first (one per heads variant)."""
         return [signature for signature, _ in self._graphs]
 
+    @property
+    def split(self) -> bool:
+        """Whether the image encoder is a graph of its own (``begin`` queues it before the step's plan)."""
+        return self._encode is not None
+
     def __call__(self, image: torch.Tensor, rope_frame: int, with_depth: bool) -> ModelOutput:
         """Run one frame. The returned tensors are the graph's static outputs: copy before the next call."""
+        self.begin(image)
+        return self.finish(rope_frame, with_depth)
+
+    def begin(self, image: torch.Tensor) -> None:
+        """Take the frame ``[3, H, W]`` (or ``[1, 3, H, W]``) and, with an encoder graph, queue its replay.
+        Nothing here reads the caches, so it may come before their ``begin_step``."""
         self.static_image.copy_(image.view_as(self.static_image), non_blocking=True)
+        if self._encode is not None:
+            if self._encoder is None:
+                self._encoder = self._capture_encoder()
+            self._encoder[0].replay()
+        self._begun = True
+
+    def finish(self, rope_frame: int, with_depth: bool) -> ModelOutput:
+        """The rest of the frame after ``begin``, with the plan of the caches' current step."""
+        if not self._begun:
+            raise RuntimeError("finish() without begin(): the frame is not in the step")
+        self._begun = False
         self.static_rope.fill_(rope_frame)
         key = (self._plan_signature(), with_depth)
         if key in self._graphs:
@@ -104,29 +146,48 @@ class GraphedFrameStep:
         self.stats.replays += 1
         return output
 
+    def _inputs(self) -> torch.Tensor:
+        """What the step graph reads: the encoder's tokens [1, P, C], or the frame [1, 3, H, W]."""
+        return self.static_image if self._encoder is None else self._encoder[1]
+
+    def _capture_encoder(self) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        assert self._encode is not None
+        encode = self._encode
+        graph, tokens = self._capture_graph(lambda: encode(self.static_image))
+        self.stats.encoder_captures += 1
+        return graph, tokens
+
     def _capture(self, with_depth: bool) -> tuple[torch.cuda.CUDAGraph, ModelOutput]:
+        graph, output = self._capture_graph(lambda: self._run_model(self._inputs(), self.static_rope, with_depth))
+        self.stats.captures += 1
+        return graph, output
+
+    def _capture_graph(self, run: Callable[[], Any]) -> tuple[torch.cuda.CUDAGraph, Any]:
+        """``run()`` warmed up, then captured into the step's pool; returns the graph and its outputs."""
         # Warm up on a side stream first (allocator pools, cuBLAS/cuDNN handles, lazily built RoPE
         # tables, compiled kernels): capture must see no first-time work. The warm-up really runs this
         # frame's step, which is harmless: the replay recomputes the same values into the same slots.
         side = side_stream(self.device, "warmup")
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            self._run_model(self.static_image, self.static_rope, with_depth)
+            run()
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         try:
             with torch.cuda.graph(graph, pool=self._pool):
-                output = self._run_model(self.static_image, self.static_rope, with_depth)
+                output = run()
         except BaseException:
             # An aborted capture (e.g. out of memory: the capture allocates in its own pool, so it needs
             # more memory than the eager warm-up) leaves blocks in the pool; they are only given back
-            # when no graph uses the pool any more, so drop every graph of this step with it.
+            # when no graph uses the pool any more, so drop every graph of this step with it (the
+            # encoder's too: its tokens live in the pool).
             graph.reset()
             self._graphs.clear()
+            self._encoder = None
+            self._begun = False
             self._pool = None
             torch.cuda.empty_cache()
             raise
-        self.stats.captures += 1
         return graph, output

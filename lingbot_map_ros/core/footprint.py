@@ -191,7 +191,9 @@ def footprint(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig, heigh
     depth1 = depth_head_bytes(cfg, s, height, width, stream.depth_chunk) if stream.with_depth else 0
     depth_frame = depth_head_bytes(cfg, 1, height, width) if stream.with_depth else 0
     graphs = rt.cuda_graphs and rt.device.type == "cuda"
-    graph_pool = frame + depth_frame if graphs else 0
+    # the image encoder's graph keeps its tokens [1, P, C] for the step graphs to read (its scratch is reused)
+    encoder_tokens = (page_size + SPECIAL_TOKENS_PER_FRAME) * cfg.embed_dim * rt.dtype.itemsize
+    graph_pool = frame + depth_frame + (encoder_tokens if rt.encoder_graph else 0) if graphs else 0
     step_peak = max(phase1 + depth1, 0 if graphs else frame + depth_frame)
     parts = (
         FootprintPart("weights", weights, True, f"{cfg.preset}: aggregator {str(rt.dtype)[6:]}, heads float32"),
@@ -201,7 +203,7 @@ def footprint(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig, heigh
         FootprintPart("special_pool", special_pool, True, f"{layout.special_pages} pages"),
         FootprintPart("camera_cache", camera, True, "camera-head trunk K/V, float32"),
         FootprintPart("backend_buffers", buffers, True, "attention backends' fixed buffers, cuBLAS workspaces"),
-        FootprintPart("cuda_graph_pool", graph_pool, True, "one-frame step's activations, held by the graphs"),
+        FootprintPart("cuda_graph_pool", graph_pool, True, "one-frame step's activations (+ the encoder's tokens), held by the graphs"),
         FootprintPart("phase1_step", phase1, False, f"{s} scale frames together ({s * (page_size + 6)} tokens)"),
         FootprintPart("phase1_depth_head", depth1, False,
                       f"depth head over {min(s, stream.depth_chunk)} frames at a time" if depth1 else "depth off"),
@@ -249,7 +251,7 @@ def assumed_runtime(device: str, dtype: torch.dtype, *, backend: str = "sdpa", s
     on_cuda = dev.type == "cuda"
     return ResolvedRuntime(device=dev, dtype=dtype, backend=backend, backend_reason="assumed for the footprint",
                            sdpa_kernel=sdpa_kernel if on_cuda else "flash", cuda_graphs=cuda_graphs and on_cuda,
-                           autocast=autocast)
+                           encoder_graph=cuda_graphs and on_cuda, autocast=autocast)
 
 
 def budget_problem(fp: Footprint, budget_bytes: float, what: str = "the configuration") -> str:

@@ -47,6 +47,7 @@ class ResolvedRuntime:
     parallel_heads: bool = False  # graph step: the depth head on a side stream beside the camera head (resolve_for: on)
     depth_channels_last: bool = False  # the depth head's conv weights channels-last (resolve_for: on with CUDA)
     step_kernels: str = "torch"  # graph step's small kernels (camera decode, K/V write, q/k-norm+RoPE): torch|triton
+    encoder_graph: bool = False  # graph step: the image encoder a graph of its own, queued before the host plans
     reasons: tuple[str, ...] = field(default=())  # one line per decision, for logs and diagnostics
 
     @property
@@ -58,6 +59,7 @@ class ResolvedRuntime:
         heads = "+serialheads" if self.cuda_graphs and not self.parallel_heads else ""
         heads += "+nchwdepth" if self.device.type == "cuda" and not self.depth_channels_last else ""
         heads += "+torchstep" if self.cuda_graphs and self.step_kernels == "torch" else ""
+        heads += "+onegraph" if self.cuda_graphs and not self.encoder_graph else ""
         split = kernel == "split" and self.cuda_graphs
         prefix = "+cudnnprefix" if split and self.prefix_kernel == "sdpa" else ""
         return f"{self.backend}:{kernel}{mode}{'+compiled' if self.compile_blocks else ''}{ranges}{prefix}{heads}"
@@ -253,6 +255,7 @@ def resolve_for(
     prefix_kernel: str = "auto",
     depth_channels_last: bool = True,
     step_kernels: str = "auto",
+    encoder_graph: bool = True,
 ) -> ResolvedRuntime:
     """The one function that decides, for a concrete device and dtype. Raises ``ValueError`` (with
     the reason) for a combination that cannot run."""
@@ -323,11 +326,19 @@ def resolve_for(
     step, step_why = resolve_step_kernels(step_kernels, device, graphs)
     if graphs:
         reasons.append(f"graph step's small kernels: {step} ({step_why})")
+    # On by default since its measurement (docs/benchmarks.md, eleventh session); ``encoder_graph=False``
+    # (bench ``+onegraph``) captures the whole step as one graph, launched after the host's plan.
+    split_encoder = graphs and bool(encoder_graph)
+    if split_encoder:
+        reasons.append("image encoder a graph of its own, queued before the host plans the step (the device "
+                       "encodes the frame meanwhile)")
+    elif graphs:
+        reasons.append("one graph per step, launched after the host's plan (requested)")
     return ResolvedRuntime(
         device=device, dtype=dtype, backend=chosen, backend_reason=backend_reason, flashinfer_kernel=fi_kernel,
         sdpa_kernel=sk, cuda_graphs=graphs, compile_blocks=fused, autotune=bool(autotune), autocast=bool(autocast),
         kv_splits=kv_splits, prefix_kernel=prefix, parallel_heads=heads_side_by_side, depth_channels_last=nhwc,
-        step_kernels=step, reasons=tuple(reasons),
+        step_kernels=step, encoder_graph=split_encoder, reasons=tuple(reasons),
     )
 
 

@@ -310,19 +310,31 @@ class StreamingSession:
         key = (self._kv_hw, self.stream_cfg.camera_iterations)
         if self._graph_step is None or self._graph_key != key:
             kv = self._kv
-            ones = torch.ones(1, dtype=torch.long, device=self.device)
-
+            ones = torch.ones(1, dtype=torch.long, device=self.device)  # phase 2: camera and scale variant 1
             fusion = self._fusion  # compiled block bodies (None: eager blocks), compiled in the warm-up run
-
             depth_stream = side_stream(self.device, "depth") if self.runtime.parallel_heads else None
+            image_hw = self._kv_hw
+
+            def encode(images: torch.Tensor) -> torch.Tensor:
+                with self._inference(fusion):
+                    return self.model.embed(images, ones, ones)  # [1, P, C]
+
+            def run_from_tokens(tokens: torch.Tensor, rope_frames: torch.Tensor, with_depth: bool):
+                with self._inference(fusion):
+                    return self.model.forward_embedded(
+                        tokens, image_hw, rope_frames=rope_frames, global_attention=self._kv,
+                        camera_attention=self._camera_kv, num_iterations=self.stream_cfg.camera_iterations,
+                        with_depth=with_depth, max_positions=self.stream_cfg.max_frame_num, depth_stream=depth_stream)
 
             def run(images: torch.Tensor, rope_frames: torch.Tensor, with_depth: bool):
                 return self._call_model(images, rope_frames, ones, ones, with_depth, fusion=fusion, validate=False,
                                         depth_stream=depth_stream)
 
             backend = kv.single_frame_backend
+            split = self.runtime.encoder_graph
             self._graph_step = GraphedFrameStep(
-                self.model, self._kv_hw, self.device, run, lambda: getattr(backend, "plan_signature", ())
+                self.model, self._kv_hw, self.device, run_from_tokens if split else run,
+                lambda: getattr(backend, "plan_signature", ()), encode=encode if split else None,
             )
             self._graph_key = key
         return self._graph_step
@@ -380,6 +392,7 @@ class StreamingSession:
             torch.ones(1, dtype=torch.long),  # and scale variant 1 (docs/model.md §6)
             store=is_kf,
             with_depth=self._depth_on(self._frame_index),
+            one_frame_step=True,
         )
         if is_kf:
             self._stored += 1
@@ -398,7 +411,10 @@ class StreamingSession:
         *,
         store: bool,
         with_depth: bool,
+        one_frame_step: bool = False,
     ):
+        """One model step over the caches. ``one_frame_step``: a phase-2 frame (camera and scale variant
+        1), which the CUDA graphs serve; the scale frames (even a single one) take the eager path."""
         assert self._kv is not None and self._camera_kv is not None
         s = images.shape[0]
         # Check the camera cache's room first so that a refusal leaves both caches untouched.
@@ -406,16 +422,21 @@ class StreamingSession:
             raise SessionError(
                 f"camera-head cache full ({self._camera_kv.length} of {self._camera_kv.capacity} frames)"
             )
+        start = time.perf_counter()
+        graphed = self._graphed_step() if self.use_cuda_graphs and one_frame_step else None
+        if graphed is not None:
+            # The frame in first: with an encoder graph the device encodes it while the host plans the
+            # step below (a refused step leaves only the encoder's scratch tokens written).
+            graphed.begin(images)
         try:
             self._kv.begin_step(s, store=store)
         except CacheFull as exc:
             raise SessionError(f"KV cache full: {exc}") from exc
         self._camera_kv.begin_step(s, store=store)
         self._last_visible_keys = self._kv.visible_key_count
-        start = time.perf_counter()
         try:
-            if self.use_cuda_graphs and s == 1:
-                out = self._graphed_step()(images, int(rope_frames[0]), with_depth)
+            if graphed is not None:
+                out = graphed.finish(int(rope_frames[0]), with_depth)
             else:
                 out = self._call_model(images, rope_frames, camera_variant, scale_variant, with_depth)
             pose_enc = out.pose_enc.float().cpu().numpy()  # [S, 9]; synchronises with the GPU
@@ -433,13 +454,7 @@ class StreamingSession:
         the compiled block bodies, graph step only; ``validate=False`` there: no host checks in a graph;
         ``depth_stream``: the depth head beside the camera head, graph step only).
         The caches are the session's current ones; rebuilding them drops the captured graph."""
-        # fusion None keeps what the caller set (the benchmark's kernel profile runs eager steps fused)
-        fused = fused_blocks(fusion) if fusion is not None else contextlib.nullcontext()
-        if hasattr(self.model.depth_head, "frame_chunk"):  # frames per depth-head call (the budget's choice)
-            self.model.depth_head.frame_chunk = self.stream_cfg.depth_chunk
-            self.model.depth_head.use_channels_last(self.runtime.depth_channels_last)
-        compute = self.dtype if self.runtime.autocast else torch.float32
-        with torch.inference_mode(), _autocast(self.device, compute), fused:
+        with self._inference(fusion):
             return self.model(
                 images.to(self.device, non_blocking=True),
                 rope_frames=rope_frames.to(self.device),
@@ -453,6 +468,18 @@ class StreamingSession:
                 validate=validate,
                 depth_stream=depth_stream,
             )
+
+    @contextlib.contextmanager
+    def _inference(self, fusion: Optional[BlockFusion]):
+        """Where every model call runs: inference mode, the official autocast and, with ``fusion``, the
+        compiled block bodies (None keeps what the caller set: the benchmark's profile runs eager steps fused)."""
+        fused = fused_blocks(fusion) if fusion is not None else contextlib.nullcontext()
+        if hasattr(self.model.depth_head, "frame_chunk"):  # frames per depth-head call (the budget's choice)
+            self.model.depth_head.frame_chunk = self.stream_cfg.depth_chunk
+            self.model.depth_head.use_channels_last(self.runtime.depth_channels_last)
+        compute = self.dtype if self.runtime.autocast else torch.float32
+        with torch.inference_mode(), _autocast(self.device, compute), fused:
+            yield
 
     def _make_result(self, out, j: int, **flags: Any) -> FrameResult:
         """Frame ``j`` of a model call's output (``flags``: stamp, is_keyframe, is_scale, rope_index,

@@ -99,18 +99,39 @@ class Aggregator(nn.Module):
         """``validate=False`` skips the value checks that read tensors back to the host (a GPU sync,
         forbidden inside CUDA-graph capture); the streaming session guarantees those ranges itself."""
         S, ph, pw = self._check_inputs(images, rope_frames, camera_variant, scale_variant, check_values=validate)
-        device = images.device
         # Build/validate RoPE first: an out-of-range frame index must fail before any compute.
-        rope_g = self.rope3d.applier(rope_frames, ph, pw, device, max_positions, check=validate)
-        rope_f = self.rope2d.applier(ph, pw, device)
+        self.rope3d.applier(rope_frames, ph, pw, images.device, max_positions, check=validate)
+        tokens = self.embed(images, camera_variant, scale_variant)  # [S, P, C]
+        return self.attend(tokens, (ph, pw), rope_frames=rope_frames, global_attention=global_attention,
+                           max_positions=max_positions, check_rope=False)  # checked above
 
+    def embed(self, images: Tensor, camera_variant: Tensor, scale_variant: Tensor) -> Tensor:
+        """The first half of ``forward``: frames ``[S, 3, H, W]`` in [0, 1] -> ``[S, P, C]`` (special
+        tokens, then the DINO patch tokens). It depends on the frames alone, never on the cache: the
+        CUDA-graph step runs it as a graph of its own while the host plans the cache's step."""
         x = (images.float() - self._resnet_mean) / self._resnet_std  # [S, 3, H, W]
         x = x.to(self.patch_embed.patch_embed.proj.weight.dtype)
         patches = self.patch_embed(x)  # [S, Np, C]
-        specials = self.special_tokens(camera_variant.to(device), scale_variant.to(device))  # [S, 6, C]
-        tokens = torch.cat([specials, patches], dim=1)  # [S, P, C] (dtype promotion as in the official model)
-        P, C = tokens.shape[1], tokens.shape[2]
+        specials = self.special_tokens(camera_variant.to(images.device), scale_variant.to(images.device))  # [S, 6, C]
+        return torch.cat([specials, patches], dim=1)  # [S, P, C] (dtype promotion as in the official model)
 
+    def attend(
+        self,
+        tokens: Tensor,
+        patch_grid: tuple[int, int],
+        *,
+        rope_frames: Tensor,
+        global_attention: GlobalAttention,
+        max_positions: int = DEFAULT_MAX_POSITIONS,
+        check_rope: bool = True,
+    ) -> list[Tensor]:
+        """The second half of ``forward``: ``embed``'s tokens ``[S, P, C]`` (``patch_grid``: patch rows
+        and columns of a frame) through the alternating frame / global blocks -> list of ``[S, P, 2C]``.
+        ``check_rope=False``: the caller guarantees the RoPE range (no read-back: CUDA-graph capture)."""
+        S, P, C = tokens.shape
+        ph, pw = patch_grid
+        rope_g = self.rope3d.applier(rope_frames, ph, pw, tokens.device, max_positions, check=check_rope)
+        rope_f = self.rope2d.applier(ph, pw, tokens.device)
         attend_f = frame_attend(rope_f)
         outputs: list[Tensor] = []
         for i in range(self.cfg.depth):

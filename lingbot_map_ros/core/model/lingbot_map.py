@@ -75,9 +75,8 @@ class LingBotMap(nn.Module):
         stream. The camera head is a chain of small kernels over one token per frame that leaves most
         of the GPU idle; the depth head fills it. Both read the aggregator's tokens only, and the
         current stream waits for the depth head before returning, so the caller sees one step."""
-        if not 1 <= num_iterations <= MAX_CAMERA_ITERATIONS:
-            raise ValueError(f"num_iterations must be in 1..{MAX_CAMERA_ITERATIONS} (got {num_iterations})")
-        tokens = self.aggregator(
+        _check_iterations(num_iterations)
+        layers = self.aggregator(
             images,
             rope_frames=rope_frames,
             camera_variant=camera_variant,
@@ -86,20 +85,53 @@ class LingBotMap(nn.Module):
             max_positions=max_positions,
             validate=validate,
         )  # list of [S, P, 2C]
-        hw = (images.shape[2], images.shape[3])
+        return self._heads(layers, (images.shape[2], images.shape[3]), camera_attention, num_iterations,
+                           with_depth, depth_stream)
+
+    def embed(self, images: Tensor, camera_variant: Tensor, scale_variant: Tensor) -> Tensor:
+        """``forward`` up to the tokens that enter the first block: images ``[S, 3, H, W]`` -> ``[S, P, C]``.
+        The image encoder (DINO) reads the frames only, never the caches, so the CUDA-graph step runs
+        it as a graph of its own while the host still plans the step (``cuda_graph.py``)."""
+        return self.aggregator.embed(images, camera_variant, scale_variant)
+
+    def forward_embedded(
+        self,
+        tokens: Tensor,
+        image_hw: tuple[int, int],
+        *,
+        rope_frames: Tensor,
+        global_attention: GlobalAttention,
+        camera_attention: CameraAttention,
+        num_iterations: int = 4,
+        with_depth: bool = False,
+        max_positions: int = DEFAULT_MAX_POSITIONS,
+        depth_stream: torch.cuda.Stream | None = None,
+    ) -> ModelOutput:
+        """The rest of ``forward`` from ``embed``'s tokens ``[S, P, C]`` of ``image_hw`` frames; no checks
+        that read tensors back (the graph step's caller guarantees the ranges):
+        ``forward(images, ...) == forward_embedded(embed(images, ...), ...)``, kernel for kernel."""
+        _check_iterations(num_iterations)
+        grid = (image_hw[0] // self.cfg.patch_size, image_hw[1] // self.cfg.patch_size)
+        layers = self.aggregator.attend(tokens, grid, rope_frames=rope_frames, global_attention=global_attention,
+                                        max_positions=max_positions, check_rope=False)  # list of [S, P, 2C]
+        return self._heads(layers, image_hw, camera_attention, num_iterations, with_depth, depth_stream)
+
+    def _heads(self, layers: list[Tensor], hw: tuple[int, int], camera_attention: CameraAttention,
+               num_iterations: int, with_depth: bool, depth_stream: torch.cuda.Stream | None) -> ModelOutput:
+        """The camera head (and the depth head when asked) over the aggregator's layers ``[S, P, 2C]``."""
         depth_here = with_depth and self.depth_head is not None
         if depth_here and depth_stream is not None:
-            main = torch.cuda.current_stream(images.device)
+            main = torch.cuda.current_stream(layers[-1].device)
             depth_stream.wait_stream(main)  # the tokens are written on the current stream
             with torch.cuda.stream(depth_stream):
-                depth, depth_conf = self.depth_head(tokens, hw)
-            poses = self.camera_head(tokens[-1][:, 0], camera_attention, num_iterations)
+                depth, depth_conf = self.depth_head(layers, hw)
+            poses = self.camera_head(layers[-1][:, 0], camera_attention, num_iterations)
             main.wait_stream(depth_stream)  # join: the outputs (and the tokens' reuse) come after both heads
             return ModelOutput(pose_enc=poses[-1], depth=depth, depth_conf=depth_conf)
-        poses = self.camera_head(tokens[-1][:, 0], camera_attention, num_iterations)
+        poses = self.camera_head(layers[-1][:, 0], camera_attention, num_iterations)
         out = ModelOutput(pose_enc=poses[-1])
         if depth_here:
-            out.depth, out.depth_conf = self.depth_head(tokens, hw)
+            out.depth, out.depth_conf = self.depth_head(layers, hw)
         return out
 
     @torch.no_grad()
@@ -127,6 +159,11 @@ class LingBotMap(nn.Module):
                 _trunc_normal(value, std=0.02, gen=gen)
             p.copy_(value)
         self.aggregator.reset_buffers()
+
+
+def _check_iterations(num_iterations: int) -> None:
+    if not 1 <= num_iterations <= MAX_CAMERA_ITERATIONS:
+        raise ValueError(f"num_iterations must be in 1..{MAX_CAMERA_ITERATIONS} (got {num_iterations})")
 
 
 def _trunc_normal(t: Tensor, std: float, gen: torch.Generator, bound: float = 2.0) -> None:
