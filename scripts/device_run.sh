@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run of record (device machine, nvidia-h200): GPU correctness tests, then the benchmark
 # benchmark table. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
-#   bash scripts/device_run.sh [encoder11|rest10|record10|pairs10|record9|tests9|gemv9|pre9|camera9|record8|tests8|gluon8|camera7|record7|upload7|nhwc6|tests6|record6|prefix|round|official|gap|probe|check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
+#   bash scripts/device_run.sh [depth11|encoder11|rest10|record10|pairs10|record9|tests9|gemv9|pre9|camera9|record8|tests8|gluon8|camera7|record7|upload7|nhwc6|tests6|record6|prefix|round|official|gap|probe|check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
 # Everything it prints also lands in $OUT (gpu_tests.log, bench.txt, long.txt) and the JIT-compiled
 # FlashInfer kernels are copied to $OUT/*.so so a later call can skip compiling (put each one at
 # .fi_aot/<name>/<name>.so and carry .fi_aot).
@@ -42,6 +42,14 @@ if [ "$MODE" = encoder11 ]; then
   timeout 200 python3 -m pytest test/test_gpu.py test/test_config_runtime.py -q -s -p no:cacheprovider -k "encoder_graph or graphed_session or beside or depth_every or captured_once" 2>&1 | grep -E "rel diff|max \|diff|passed|failed|Error|assert" | tee "$OUT/gpu_tests.log"
   for heads in camera depth+camera; do timeout 150 python3 scripts/host_gap.py --heads "$heads" --variants auto,auto+onegraph 2>&1 | grep -E "^\||gap" | tee -a "$OUT/host_gap.txt"; done
   timeout 230 "${BENCH[@]}" --frames 208 --heads camera,depth+camera --variants auto,auto+onegraph 2>&1 | grep -E "^\||rror" | tee "$OUT/bench_encoder.txt"
+elif [ "$MODE" = depth11 ]; then
+  # the depth head compiled with the fused blocks and the staged read-back: GPU tests (the compiled head
+  # against float64, the read-back, the two-graph step), the host gap, end to end against +eagerdepth and
+  # +onegraph, then the default's kernel profile
+  timeout 200 python3 -m pytest test/test_gpu.py test/test_config_runtime.py test/test_readback.py -q -s -p no:cacheprovider -k "encoder_graph or compiled_depth or readback or beside or depth_every or channels_last or graphed_session" 2>&1 | grep -E "rel diff|float64|max \|diff|passed|failed|Error|assert" | tee "$OUT/gpu_tests.log"
+  timeout 100 python3 scripts/host_gap.py --heads depth+camera --variants auto,auto+eagerdepth 2>&1 | grep -E "^\||gap" | tee -a "$OUT/host_gap.txt"
+  timeout 200 "${BENCH[@]}" --frames 208 --heads depth+camera,camera --variants auto,auto+eagerdepth,auto+onegraph 2>&1 | grep -E "^\||rror" | tee "$OUT/bench_depth.txt"
+  timeout 120 "${BENCH[@]}" --frames 100 --heads camera,depth+camera --variants auto --profile 2>&1 | grep -E "^\||rror|GPU kernel" | tee "$OUT/bench_profile.txt"
 elif [ "$MODE" = round ]; then
   # the run of record, part 1: GPU tests; the default (depth head beside the camera head) against the
   # heads one after the other, with the kernel profile; camera only; attention per layer (split, cuDNN,
@@ -272,7 +280,7 @@ elif [ "$MODE" = perf ] || [ "$MODE" = record ]; then
 elif [ "$MODE" != long ] && [ "$MODE" != final ]; then
   timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
-if [ "$MODE" = encoder11 ] || [ "$MODE" = rest10 ] || [ "$MODE" = record10 ] || [ "$MODE" = pairs10 ] || [ "$MODE" = gemv9 ] || [ "$MODE" = camera9 ] || [ "$MODE" = pre9 ] || [ "$MODE" = record9 ] || [ "$MODE" = tests9 ] || [ "$MODE" = round ] || [ "$MODE" = official ] || [ "$MODE" = gap ] || [ "$MODE" = probe ] || [ "$MODE" = prefix ] || [ "$MODE" = record6 ] || [ "$MODE" = tests6 ] || [ "$MODE" = nhwc6 ] || [ "$MODE" = upload7 ] || [ "$MODE" = record7 ] || [ "$MODE" = camera7 ] || [ "$MODE" = gluon8 ] || [ "$MODE" = record8 ] || [ "$MODE" = tests8 ] || [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ] || [ "$MODE" = heads ]; then
+if [ "$MODE" = depth11 ] || [ "$MODE" = encoder11 ] || [ "$MODE" = rest10 ] || [ "$MODE" = record10 ] || [ "$MODE" = pairs10 ] || [ "$MODE" = gemv9 ] || [ "$MODE" = camera9 ] || [ "$MODE" = pre9 ] || [ "$MODE" = record9 ] || [ "$MODE" = tests9 ] || [ "$MODE" = round ] || [ "$MODE" = official ] || [ "$MODE" = gap ] || [ "$MODE" = probe ] || [ "$MODE" = prefix ] || [ "$MODE" = record6 ] || [ "$MODE" = tests6 ] || [ "$MODE" = nhwc6 ] || [ "$MODE" = upload7 ] || [ "$MODE" = record7 ] || [ "$MODE" = camera7 ] || [ "$MODE" = gluon8 ] || [ "$MODE" = record8 ] || [ "$MODE" = tests8 ] || [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ] || [ "$MODE" = heads ]; then
   :  # done above
 elif [ "$MODE" = quick ]; then
   "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"

@@ -653,10 +653,28 @@ def test_depth_position_code(Cf, h, w, H, W) -> None:
 
     got = sincos_position_map(Cf, h, w, H, W, torch.float32)
     torch.testing.assert_close(got.double(), ref_pe(Cf, h, w, H, W), atol=2e-7, rtol=0)
-    head = tiny_model(seed=95).depth_head
+    from lingbot_map_ros.core.model.depth_head import _add_pe, sincos_position_codes
+
     x = torch.randn(2, Cf, h, w, generator=torch.Generator().manual_seed(Cf + h))
-    assert torch.equal(head._add_pe(x, (H, W)), x + got[None] * 0.1)  # broadcast add == materialised add
-    assert torch.equal(head._add_pe(x, (H, W)), x + got[None] * 0.1)  # cached path
+    code = tuple(c * 0.1 for c in sincos_position_codes(Cf, h, w, H, W, torch.float32))
+    assert torch.equal(_add_pe(x, code), x + got[None] * 0.1)  # broadcast add == materialised add
+
+
+def test_depth_head_position_codes_match_each_map_and_are_cached() -> None:
+    """The head looks its five position codes up once per image size: the projected maps' (one per
+    level, at the patch grid) and the output features' (at the image size), each 0.1·PE of its shape."""
+    from lingbot_map_ros.core.model.depth_head import sincos_position_codes
+
+    head = tiny_model(seed=95).depth_head
+    H, W = 28, 42
+    codes = head._pe_codes((H, W), torch.device("cpu"))
+    shapes = [(p.out_channels, 2, 3) for p in head.projects] + [(head.scratch.output_conv1.out_channels, H, W)]
+    assert len(codes) == 5
+    for (cu, cv), (C, h, w) in zip(codes, shapes):
+        ru, rv = sincos_position_codes(C, h, w, H, W, torch.float32)
+        assert torch.equal(cu, ru * 0.1) and torch.equal(cv, rv * 0.1)
+    again = head._pe_codes((H, W), torch.device("cpu"))
+    assert all(a[0] is b[0] and a[1] is b[1] for a, b in zip(codes, again))  # cached, not rebuilt
 
 
 def test_bfloat16_build_runs_and_tracks_fp32() -> None:
@@ -698,3 +716,23 @@ def test_depth_head_weights_in_channels_last_layout_give_the_same_maps():
     assert depth_nhwc.shape == depth_nchw.shape == (2, h, w)
     torch.testing.assert_close(depth_nhwc, depth_nchw, rtol=2e-5, atol=1e-6)
     torch.testing.assert_close(conf_nhwc, conf_nchw, rtol=2e-5, atol=1e-6)
+
+
+def test_depth_head_arithmetic_traces_as_one_graph() -> None:
+    """``dpt_chunk`` is what the graph step compiles with ``fullgraph=True``: Dynamo must trace it whole
+    (no graph break: a break is an error on the GPU) and the traced function must give the eager
+    values. The backend here is Dynamo's ``eager`` one (no code generation on the CPU); the GPU test
+    compares Inductor's kernels with float64."""
+    from lingbot_map_ros.core.model.depth_head import dpt_chunk
+    from lingbot_map_ros.core.model.fusion import allow_recompiles
+
+    allow_recompiles(64)
+    head = tiny_model(seed=97).depth_head
+    perturb_gen = torch.Generator().manual_seed(98)
+    tokens = [torch.randn(1, 6 + 2 * 3, head.norm.normalized_shape[0], generator=perturb_gen) for _ in range(4)]
+    codes = head._pe_codes((28, 42), torch.device("cpu"))
+    traced = torch.compile(dpt_chunk, backend="eager", fullgraph=True, dynamic=False)
+    with torch.inference_mode():
+        want = dpt_chunk(head, tokens, codes, (28, 42))
+        got = traced(head, tokens, codes, (28, 42))
+    assert got[0].shape == (1, 28, 42) and all(torch.equal(a, b) for a, b in zip(got, want))

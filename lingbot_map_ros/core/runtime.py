@@ -48,6 +48,7 @@ class ResolvedRuntime:
     depth_channels_last: bool = False  # the depth head's conv weights channels-last (resolve_for: on with CUDA)
     step_kernels: str = "torch"  # graph step's small kernels (camera decode, K/V write, q/k-norm+RoPE): torch|triton
     encoder_graph: bool = False  # graph step: the image encoder a graph of its own, queued before the host plans
+    compile_depth: bool = False  # graph step: the depth head's arithmetic compiled with the fused blocks
     reasons: tuple[str, ...] = field(default=())  # one line per decision, for logs and diagnostics
 
     @property
@@ -60,6 +61,7 @@ class ResolvedRuntime:
         heads += "+nchwdepth" if self.device.type == "cuda" and not self.depth_channels_last else ""
         heads += "+torchstep" if self.cuda_graphs and self.step_kernels == "torch" else ""
         heads += "+onegraph" if self.cuda_graphs and not self.encoder_graph else ""
+        heads += "+eagerdepth" if self.compile_blocks and not self.compile_depth else ""
         split = kernel == "split" and self.cuda_graphs
         prefix = "+cudnnprefix" if split and self.prefix_kernel == "sdpa" else ""
         return f"{self.backend}:{kernel}{mode}{'+compiled' if self.compile_blocks else ''}{ranges}{prefix}{heads}"
@@ -256,6 +258,7 @@ def resolve_for(
     depth_channels_last: bool = True,
     step_kernels: str = "auto",
     encoder_graph: bool = True,
+    compile_depth: bool = True,
 ) -> ResolvedRuntime:
     """The one function that decides, for a concrete device and dtype. Raises ``ValueError`` (with
     the reason) for a combination that cannot run."""
@@ -307,6 +310,13 @@ def resolve_for(
         raise ValueError("GEMM autotuning needs the fused blocks (compile_blocks)")
     if autotune:
         reasons.append("fused blocks' GEMMs autotuned (Inductor max-autotune)")
+    # With the fused blocks (CUDA graphs, Triton): the depth head's elementwise work fused around its
+    # convolutions (docs/benchmarks.md, eleventh session); ``compile_depth=False`` (``+eagerdepth``) keeps it eager.
+    depth_fused = fused and bool(compile_depth)
+    if depth_fused:
+        reasons.append("depth head compiled with the fused blocks (its upsamplings and elementwise work fused)")
+    elif fused:
+        reasons.append("depth head eager (requested)")
     # On by default since its measurement (docs/benchmarks.md: depth+camera 31.95 -> 31.00 ms on the
     # H200, poses bit for bit equal); ``parallel_heads=False`` (bench ``+serialheads``) is the old order.
     heads_side_by_side = graphs and bool(parallel_heads)
@@ -338,7 +348,7 @@ def resolve_for(
         device=device, dtype=dtype, backend=chosen, backend_reason=backend_reason, flashinfer_kernel=fi_kernel,
         sdpa_kernel=sk, cuda_graphs=graphs, compile_blocks=fused, autotune=bool(autotune), autocast=bool(autocast),
         kv_splits=kv_splits, prefix_kernel=prefix, parallel_heads=heads_side_by_side, depth_channels_last=nhwc,
-        step_kernels=step, encoder_graph=split_encoder, reasons=tuple(reasons),
+        step_kernels=step, encoder_graph=split_encoder, compile_depth=depth_fused, reasons=tuple(reasons),
     )
 
 

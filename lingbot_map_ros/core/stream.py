@@ -42,6 +42,7 @@ from .cuda_graph import GraphedFrameStep, side_stream
 from .geometry import decode_pose_encoding
 from .model import LingBotMap
 from .model.fusion import BlockFusion, fused_blocks
+from .readback import StagedReadback
 from .results import CacheSnapshot, FrameResult
 from .runtime import ResolvedRuntime
 from .session_errors import FrameSizeChanged, SessionError, StoredFrameLimit
@@ -87,9 +88,11 @@ class StreamingSession:
                     if runtime.autotune else None)
         ours = runtime.step_kernels == "triton"
         self._fusion: Optional[BlockFusion] = (
-            BlockFusion(compile_options=autotune, triton_kernels=ours) if runtime.compile_blocks else None)
+            BlockFusion(compile_options=autotune, triton_kernels=ours, depth_head=runtime.compile_depth)
+            if runtime.compile_blocks else None)
         self._graph_step: Optional[GraphedFrameStep] = None
         self._graph_key: Optional[tuple] = None
+        self._readback = StagedReadback()
         self._kv: Optional[PagedKVCache] = None  # allocated for the first frame's size
         self._camera_kv: Optional[CameraKVCache] = None
         self._kv_hw: Optional[tuple[int, int]] = None
@@ -439,9 +442,8 @@ class StreamingSession:
                 out = graphed.finish(int(rope_frames[0]), with_depth)
             else:
                 out = self._call_model(images, rope_frames, camera_variant, scale_variant, with_depth)
-            pose_enc = out.pose_enc.float().cpu().numpy()  # [S, 9]; synchronises with the GPU
-            depth = None if out.depth is None else out.depth.float().cpu().numpy()
-            conf = None if out.depth_conf is None else out.depth_conf.float().cpu().numpy()
+            # [S, 9], [S, H, W] x 2 or None: one wait for the step and the copies (readback.py)
+            pose_enc, depth, conf = self._readback.fetch((out.pose_enc, out.depth, out.depth_conf))
         finally:
             self._kv.end_step()
             self._camera_kv.end_step()

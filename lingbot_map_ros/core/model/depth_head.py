@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .fusion import active_fusion
 from .rope import SIZES_KEPT
 from .table_cache import TableCache
 
@@ -160,32 +161,58 @@ class DPTDepthHead(nn.Module):
                 confs.append(c)
         return torch.cat(depths, dim=0), torch.cat(confs, dim=0)
 
-    def _add_pe(self, x: Tensor, image_hw: tuple[int, int]) -> Tensor:
-        """``x + 0.1·PE`` without materialising PE: codes cached per (shape, image, dtype, device)."""
-        C, h, w = x.shape[1], x.shape[2], x.shape[3]
-        def build() -> tuple[Tensor, Tensor]:
-            cu, cv = sincos_position_codes(C, h, w, image_hw[0], image_hw[1], x.dtype)
-            return cu.to(x.device) * 0.1, cv.to(x.device) * 0.1  # scaled once, same fp32 products
-
-        cu, cv = self._pe_cache.get_or_build((C, h, w, image_hw, x.dtype, str(x.device)), build)
-        half = C // 2
-        return torch.cat([x[:, :half] + cu[None, :, None, :], x[:, half:] + cv[None, :, :, None]], dim=1)
-
-    def _forward_chunk(self, tokens: list[Tensor], image_hw: tuple[int, int]) -> tuple[Tensor, Tensor]:
+    def _pe_codes(self, image_hw: tuple[int, int], device: torch.device,
+                  dtype: torch.dtype = torch.float32) -> list[tuple[Tensor, Tensor]]:
+        """``0.1·PE`` as its two codes (``sincos_position_codes``) for every map the head adds it to: the
+        four projected token maps, then the output features. Cached per shape, image, dtype and device,
+        and looked up here on the host so that the head's arithmetic (``dpt_chunk``) is a pure function."""
         H, W = image_hw
         ph, pw = H // self.patch_size, W // self.patch_size
-        layers = []
-        for level, t in enumerate(tokens):
-            x = self.norm(t[:, self.patch_start_idx :])  # [n, Np, 2C]
-            x = x.transpose(1, 2).reshape(x.shape[0], x.shape[2], ph, pw)  # [n, 2C, ph, pw]
-            x = self._add_pe(self.projects[level](x), image_hw)  # [n, oc_l, ph, pw]
-            layers.append(self.resize_layers[level](x))
-        s = self.scratch
-        l1, l2, l3, l4 = s.layer1_rn(layers[0]), s.layer2_rn(layers[1]), s.layer3_rn(layers[2]), s.layer4_rn(layers[3])
-        o = s.refinenet4(l4, None, tuple(l3.shape[2:]))
-        o = s.refinenet3(o, l3, tuple(l2.shape[2:]))
-        o = s.refinenet2(o, l2, tuple(l1.shape[2:]))
-        o = s.refinenet1(o, l1, (2 * l1.shape[2], 2 * l1.shape[3]))
-        o = _upsample(s.output_conv1(o), (H, W))  # [n, F/2, H, W]
-        o = s.output_conv2(self._add_pe(o, image_hw))  # [n, 2, H, W]
-        return torch.exp(o[:, 0]), 1 + torch.exp(o[:, 1])
+        shapes = [(p.out_channels, ph, pw) for p in self.projects] + [(self.scratch.output_conv1.out_channels, H, W)]
+
+        def codes(C: int, h: int, w: int) -> tuple[Tensor, Tensor]:
+            def build() -> tuple[Tensor, Tensor]:
+                cu, cv = sincos_position_codes(C, h, w, H, W, dtype)
+                return cu.to(device) * 0.1, cv.to(device) * 0.1  # scaled once, same products as x's dtype
+
+            return self._pe_cache.get_or_build((C, h, w, image_hw, dtype, str(device)), build)
+
+        return [codes(*shape) for shape in shapes]
+
+    def _forward_chunk(self, tokens: list[Tensor], image_hw: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        codes = self._pe_codes(image_hw, tokens[0].device, tokens[0].dtype)
+        fusion = active_fusion()
+        if fusion is not None and tokens[0].is_cuda:  # the graph step: compiled (fused elementwise work)
+            return fusion.depth_chunk(dpt_chunk, self, tokens, codes, image_hw)
+        return dpt_chunk(self, tokens, codes, image_hw)
+
+
+def _add_pe(x: Tensor, code: tuple[Tensor, Tensor]) -> Tensor:
+    """``x + 0.1·PE`` without materialising PE (``code``: the two scaled codes of ``x``'s shape)."""
+    cu, cv = code
+    half = x.shape[1] // 2
+    return torch.cat([x[:, :half] + cu[None, :, None, :], x[:, half:] + cv[None, :, :, None]], dim=1)
+
+
+def dpt_chunk(head: DPTDepthHead, tokens: list[Tensor], codes: list[tuple[Tensor, Tensor]],
+              image_hw: tuple[int, int]) -> tuple[Tensor, Tensor]:
+    """The head's arithmetic on one chunk of frames: 4 × ``[n, P, dim_in]`` fp32 -> depth, confidence
+    ``[n, H, W]``. A pure function of its tensors (``codes``: ``DPTDepthHead._pe_codes``), so the graph
+    step can compile it (``fusion.BlockFusion.depth_chunk``) and the eager path runs it as it is."""
+    H, W = image_hw
+    ph, pw = H // head.patch_size, W // head.patch_size
+    layers = []
+    for level, t in enumerate(tokens):
+        x = head.norm(t[:, head.patch_start_idx :])  # [n, Np, 2C]
+        x = x.transpose(1, 2).reshape(x.shape[0], x.shape[2], ph, pw)  # [n, 2C, ph, pw]
+        x = _add_pe(head.projects[level](x), codes[level])  # [n, oc_l, ph, pw]
+        layers.append(head.resize_layers[level](x))
+    s = head.scratch
+    l1, l2, l3, l4 = s.layer1_rn(layers[0]), s.layer2_rn(layers[1]), s.layer3_rn(layers[2]), s.layer4_rn(layers[3])
+    o = s.refinenet4(l4, None, tuple(l3.shape[2:]))
+    o = s.refinenet3(o, l3, tuple(l2.shape[2:]))
+    o = s.refinenet2(o, l2, tuple(l1.shape[2:]))
+    o = s.refinenet1(o, l1, (2 * l1.shape[2], 2 * l1.shape[3]))
+    o = _upsample(s.output_conv1(o), (H, W))  # [n, F/2, H, W]
+    o = s.output_conv2(_add_pe(o, codes[-1]))  # [n, 2, H, W]
+    return torch.exp(o[:, 0]), 1 + torch.exp(o[:, 1])

@@ -120,10 +120,12 @@ def allow_recompiles(count: int) -> None:
 class BlockFusion:
     """Compiled ``pre``/``post`` regions shared by every block; ``block`` runs one block through them."""
 
-    def __init__(self, *, compile_options: Optional[dict] = None, triton_kernels: bool = False) -> None:
+    def __init__(self, *, compile_options: Optional[dict] = None, triton_kernels: bool = False,
+                 depth_head: bool = False) -> None:
         """``triton_kernels`` (CUDA with Triton only): our kernels where they apply, the aggregator blocks'
         q/k-norm + RoPE + cast (``qk_rope.py``, after a compiled LN₁ → qkv) instead of Inductor's two
-        kernels, and the camera head's one-token fp32 blocks as four fused GEMVs (``gemv.py``)."""
+        kernels, and the camera head's one-token fp32 blocks as four fused GEMVs (``gemv.py``).
+        ``depth_head``: the DPT head's arithmetic compiled too (``depth_chunk``); else it runs eager."""
         # 3 block kinds x a few shapes, plus head room: never fall back to eager silently.
         allow_recompiles(64)
         options = {"emulate_precision_casts": True}
@@ -132,7 +134,29 @@ class BlockFusion:
         self._pre = torch.compile(_pre, fullgraph=True, dynamic=False, options=options)
         self._pre_qkv = torch.compile(_pre_qkv, fullgraph=True, dynamic=False, options=options)
         self._post = torch.compile(_post, fullgraph=True, dynamic=False, options=options)
+        self.fuses_depth_head = depth_head
+        self._options = options
+        self._depth: Optional[Callable[..., tuple[Tensor, Tensor]]] = None  # compiled on first use
         self.calls = 0
+        self.depth_calls = 0
+
+    def depth_chunk(self, chunk: Callable[..., tuple[Tensor, Tensor]], head: nn.Module, tokens: list[Tensor],
+                    codes: list[tuple[Tensor, Tensor]], image_hw: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        """``chunk(head, tokens, codes, image_hw)``, the DPT head's arithmetic (``depth_head.dpt_chunk``,
+        handed in: this module never imports the head), compiled when this fusion fuses the depth head.
+
+        Why: eager, the head is its convolutions (cuDNN) plus ~25 elementwise kernels over fp32 maps of
+        up to 518x378x128 (ReLUs and residual adds of each fusion block, five bilinear upsamplings whose
+        NHWC kernel reads far below the memory's speed, the position codes); Inductor fuses them into
+        the upsamplings' neighbours. The head runs beside the camera head and outlasts it, so its time
+        is the depth + camera frame's tail. fp32 throughout: the results differ from eager only by the
+        order of fp32 additions (LayerNorm, the bilinear weights)."""
+        if not self.fuses_depth_head:
+            return chunk(head, tokens, codes, image_hw)
+        if self._depth is None:
+            self._depth = torch.compile(chunk, fullgraph=True, dynamic=False, options=self._options)
+        self.depth_calls += 1
+        return self._depth(head, tokens, codes, image_hw)
 
     def block(self, blk: nn.Module, x: Tensor, attend: AttendCall) -> Tensor:
         attn = blk.attn
