@@ -323,9 +323,10 @@ def test_encoder_graph_changes_nothing_and_is_captured_once():
     inputs), through a filling and a full window, a reset and fused blocks; the encoder's graph is
     captured once per step and replayed every frame; a single scale frame keeps its own variants."""
     def stream(scale: int = 2, **kwargs):
+        kwargs = {"cuda_graphs": True, "sdpa_kernel": "split", **kwargs}
         manager = _tiny_bf16_manager(StreamConfig(scale_frames=scale, sliding_window=3, keyframe_interval=2,
                                                   max_frame_num=64, max_stored_frames=60, with_depth=True),
-                                     cuda_graphs=True, sdpa_kernel="split", **kwargs)
+                                     **kwargs)
         frames = torch.rand(12, 3, 56, 84, generator=torch.Generator().manual_seed(8))
         out = [r for f in frames[:7] for r in manager.push(f)]
         manager.reset()

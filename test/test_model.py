@@ -736,3 +736,25 @@ def test_depth_head_arithmetic_traces_as_one_graph() -> None:
         want = dpt_chunk(head, tokens, codes, (28, 42))
         got = traced(head, tokens, codes, (28, 42))
     assert got[0].shape == (1, 28, 42) and all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_position_table_is_built_once_per_size_and_follows_the_weights() -> None:
+    """The DINO position table (resampled per frame size) is cached: the same values as resampling on
+    the spot, the same tensor on the next call, and a new one after the weights change in place (a
+    checkpoint load) or move to another dtype; a new size gets its own."""
+    from lingbot_map_ros.core.model.patch_embed import resample_pos_embed
+
+    dino = tiny_model(seed=71).aggregator.patch_embed
+    first = dino.position_table(2, 3, 28, 42, torch.float32)
+    assert torch.equal(first, resample_pos_embed(dino.pos_embed, 2, 3, 28, 42).float())
+    assert dino.position_table(2, 3, 28, 42, torch.float32) is first
+    with torch.no_grad():
+        dino.pos_embed.add_(0.25)  # what loading a checkpoint does to the parameter
+    changed = dino.position_table(2, 3, 28, 42, torch.float32)
+    assert changed is not first and torch.equal(changed, resample_pos_embed(dino.pos_embed, 2, 3, 28, 42).float())
+    other = dino.position_table(3, 3, 42, 42, torch.float32)
+    assert other.shape[1] == 1 + 9 and dino.position_table(2, 3, 28, 42, torch.float32) is changed
+    dino.double()
+    assert dino.position_table(2, 3, 28, 42, torch.float64).dtype == torch.float64
+    assert torch.equal(dino.position_table(2, 3, 28, 42, torch.float64),
+                       resample_pos_embed(dino.pos_embed, 2, 3, 28, 42).double())

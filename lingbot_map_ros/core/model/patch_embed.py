@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .blocks import DENSE_ATTEND, Block
+from .rope import SIZES_KEPT
+from .table_cache import TableCache
 
 
 class PatchConv(nn.Module):
@@ -80,6 +82,24 @@ class DinoV2Backbone(nn.Module):
             for _ in range(depth)
         )
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
+        # resampled position tables per (grid, image, dtype, device, weights): (the source it was built
+        # from, the table); the source is held so that its address cannot be reused while the key names it
+        self._pos_tables: TableCache[tuple[Tensor, Tensor]] = TableCache(SIZES_KEPT)
+
+    def position_table(self, ph: int, pw: int, height: int, width: int, dtype: torch.dtype) -> Tensor:
+        """``resample_pos_embed(...)`` cast to ``dtype``, ``[1, 1+Np, C]``, built once per frame size.
+
+        Why: the resampling (antialiased bicubic over the 37×37 table) ran on every frame, ~65 µs of
+        the H200's frame step for a table that only changes with the size or the weights (a load or a
+        cast bumps the parameter's version or moves it: a new key)."""
+        source = self.pos_embed.detach()  # shares the storage and the version counter
+        key = (ph, pw, height, width, dtype, source.device, source.dtype, source.data_ptr(), source._version)
+
+        def build() -> tuple[Tensor, Tensor]:
+            with torch.no_grad():
+                return source, resample_pos_embed(source, ph, pw, height, width).to(dtype)
+
+        return self._pos_tables.get_or_build(key, build)[1]
 
     def forward(self, x: Tensor) -> Tensor:
         """x: normalised ``[N, 3, H, W]`` (H, W multiples of the patch size) -> ``[N, Np, C]``."""
@@ -87,7 +107,7 @@ class DinoV2Backbone(nn.Module):
         ph, pw = H // self.patch_size, W // self.patch_size
         tokens = self.patch_embed(x)  # [N, Np, C]
         tokens = torch.cat([self.cls_token.expand(N, -1, -1).to(tokens.dtype), tokens], dim=1)  # [N, 1+Np, C]
-        tokens = tokens + resample_pos_embed(self.pos_embed, ph, pw, H, W).to(tokens.dtype)
+        tokens = tokens + self.position_table(ph, pw, H, W, tokens.dtype)
         regs = self.register_tokens.expand(N, -1, -1).to(tokens.dtype)  # [N, R, C]
         tokens = torch.cat([tokens[:, :1], regs, tokens[:, 1:]], dim=1)  # [N, 1+R+Np, C]
         for block in self.blocks:
