@@ -168,10 +168,11 @@ def qk_rope_cases() -> dict[str, float]:
 
 def gemv_cases() -> dict[str, float]:
     """The camera head's fused GEMVs against float64: LN -> linear (-> exact GELU) and linear -> LayerScale
-    + residual, for shapes with ragged row blocks and K not a multiple of the chunk (37 x 300, 300 x 600)."""
+    + residual, for shapes with ragged row blocks and K not a multiple of the chunk, in both tiles of
+    ``gemv._tile`` (N <= 2048: 2 rows x 1024 columns; wider: 16 rows x 256 columns)."""
     gen = torch.Generator().manual_seed(10)
     errors: dict[str, float] = {}
-    for n, k in ((37, 300), (300, 600)):  # K: not a power of two (the statistics load is masked)
+    for n, k in ((37, 300), (300, 600), (2053, 260)):  # K: not a power of two (the statistics load is masked)
         x = torch.randn(1, 1, k, generator=gen) * 2 + 0.5  # [1, 1, K]
         w = torch.randn(n, k, generator=gen) / k**0.5  # [N, K]
         b = torch.randn(n, generator=gen)
