@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run of record (device machine, nvidia-h200): GPU correctness tests, then the benchmark
 # benchmark table. Reproduce with the device tool, carrying .whl (and .fi_cache if present):
-#   bash scripts/device_run.sh [cudnn11|final11|record11|rest11|depth11|encoder11|rest10|record10|pairs10|record9|tests9|gemv9|pre9|camera9|record8|tests8|gluon8|camera7|record7|upload7|nhwc6|tests6|record6|prefix|round|official|gap|probe|check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
+#   bash scripts/device_run.sh [final11|record11|rest11|depth11|encoder11|rest10|record10|pairs10|record9|tests9|gemv9|pre9|camera9|record8|tests8|gluon8|camera7|record7|upload7|nhwc6|tests6|record6|prefix|round|official|gap|probe|check|heads|waves|autotune|window32|sessions|explore|final|split|record|perf|quick|full|long]
 # Everything it prints also lands in $OUT (gpu_tests.log, bench.txt, long.txt) and the JIT-compiled
 # FlashInfer kernels are copied to $OUT/*.so so a later call can skip compiling (put each one at
 # .fi_aot/<name>/<name>.so and carry .fi_aot).
@@ -71,11 +71,6 @@ elif [ "$MODE" = final11 ]; then
   echo "host load: $BUSY busy processes of $(nproc) cores: ${PIDS[*]}"
   timeout 90 "${BENCH[@]}" --frames 208 --heads depth+camera,camera --variants auto 2>&1 | grep -E "^\||rror" | tee "$OUT/bench_loaded.txt"
   kill "${PIDS[@]}" 2>/dev/null; wait "${PIDS[@]}" 2>/dev/null
-elif [ "$MODE" = cudnn11 ]; then
-  # the graph step's convolutions with cuDNN's algorithms timed at capture: the GPU tests of the graph step
-  # (captures with it on), then end to end against +cudnnheuristic, both heads
-  timeout 150 python3 -m pytest test/test_gpu.py test/test_config_runtime.py -q -s -p no:cacheprovider -k "encoder_graph or beside or depth_every or channels_last or graphed_session or captured_once" 2>&1 | grep -E "rel diff|max \|diff|passed|failed|Error|assert" | tee "$OUT/gpu_tests.log"
-  timeout 150 "${BENCH[@]}" --frames 208 --heads depth+camera,camera --variants auto,auto+cudnnheuristic 2>&1 | grep -E "^\||rror" | tee "$OUT/bench_cudnn.txt"
 elif [ "$MODE" = round ]; then
   # the run of record, part 1: GPU tests; the default (depth head beside the camera head) against the
   # heads one after the other, with the kernel profile; camera only; attention per layer (split, cuDNN,
@@ -306,7 +301,7 @@ elif [ "$MODE" = perf ] || [ "$MODE" = record ]; then
 elif [ "$MODE" != long ] && [ "$MODE" != final ]; then
   timeout 200 python3 -m pytest test/test_gpu.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
-if [ "$MODE" = cudnn11 ] || [ "$MODE" = final11 ] || [ "$MODE" = record11 ] || [ "$MODE" = rest11 ] || [ "$MODE" = depth11 ] || [ "$MODE" = encoder11 ] || [ "$MODE" = rest10 ] || [ "$MODE" = record10 ] || [ "$MODE" = pairs10 ] || [ "$MODE" = gemv9 ] || [ "$MODE" = camera9 ] || [ "$MODE" = pre9 ] || [ "$MODE" = record9 ] || [ "$MODE" = tests9 ] || [ "$MODE" = round ] || [ "$MODE" = official ] || [ "$MODE" = gap ] || [ "$MODE" = probe ] || [ "$MODE" = prefix ] || [ "$MODE" = record6 ] || [ "$MODE" = tests6 ] || [ "$MODE" = nhwc6 ] || [ "$MODE" = upload7 ] || [ "$MODE" = record7 ] || [ "$MODE" = camera7 ] || [ "$MODE" = gluon8 ] || [ "$MODE" = record8 ] || [ "$MODE" = tests8 ] || [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ] || [ "$MODE" = heads ]; then
+if [ "$MODE" = final11 ] || [ "$MODE" = record11 ] || [ "$MODE" = rest11 ] || [ "$MODE" = depth11 ] || [ "$MODE" = encoder11 ] || [ "$MODE" = rest10 ] || [ "$MODE" = record10 ] || [ "$MODE" = pairs10 ] || [ "$MODE" = gemv9 ] || [ "$MODE" = camera9 ] || [ "$MODE" = pre9 ] || [ "$MODE" = record9 ] || [ "$MODE" = tests9 ] || [ "$MODE" = round ] || [ "$MODE" = official ] || [ "$MODE" = gap ] || [ "$MODE" = probe ] || [ "$MODE" = prefix ] || [ "$MODE" = record6 ] || [ "$MODE" = tests6 ] || [ "$MODE" = nhwc6 ] || [ "$MODE" = upload7 ] || [ "$MODE" = record7 ] || [ "$MODE" = camera7 ] || [ "$MODE" = gluon8 ] || [ "$MODE" = record8 ] || [ "$MODE" = tests8 ] || [ "$MODE" = perf ] || [ "$MODE" = record ] || [ "$MODE" = final ] || [ "$MODE" = split ] || [ "$MODE" = check ] || [ "$MODE" = explore ] || [ "$MODE" = sessions ] || [ "$MODE" = window32 ] || [ "$MODE" = autotune ] || [ "$MODE" = waves ] || [ "$MODE" = heads ]; then
   :  # done above
 elif [ "$MODE" = quick ]; then
   "${BENCH[@]}" --frames 120 --variants flashinfer+graph,sdpa+graph --heads depth+camera 2>&1 | tee "$OUT/bench.txt"

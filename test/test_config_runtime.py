@@ -183,8 +183,7 @@ def test_split_prefix_kernel_resolves_with_a_reason_and_names_itself():
     # the name: no suffix for the default (Triton), +cudnnprefix for cuDNN's
     graphed = runtime.ResolvedRuntime(device=cpu, dtype=torch.bfloat16, backend="sdpa", backend_reason="",
                                       sdpa_kernel="split", cuda_graphs=True, parallel_heads=True,
-                                      step_kernels="triton", encoder_graph=True,
-                                      cudnn_benchmark=True)
+                                      step_kernels="triton", encoder_graph=True)
     assert graphed.attention == "sdpa:split+graph+cudnnprefix"
     assert dataclasses.replace(graphed, prefix_kernel="triton").attention == "sdpa:split+graph"
 
@@ -201,12 +200,9 @@ def test_encoder_graph_resolves_with_the_graphs_and_names_its_absence() -> None:
     assert variant_runtime("auto+onegraph", cpu, torch.float32) == eager
     graphed = runtime.ResolvedRuntime(device=cpu, dtype=torch.bfloat16, backend="sdpa", backend_reason="",
                                       sdpa_kernel="split", cuda_graphs=True, parallel_heads=True,
-                                      step_kernels="triton", prefix_kernel="gluon", encoder_graph=True,
-                                      cudnn_benchmark=True)
+                                      step_kernels="triton", prefix_kernel="gluon", encoder_graph=True)
     assert graphed.attention == "sdpa:split+graph"
     assert dataclasses.replace(graphed, encoder_graph=False).attention == "sdpa:split+graph+onegraph"
-    assert dataclasses.replace(graphed, cudnn_benchmark=False).attention == "sdpa:split+graph+cudnnheuristic"
-    assert not eager.cudnn_benchmark and "cudnnheuristic" not in eager.attention
     if torch.cuda.is_available():  # the resolver itself, where graphs can be on
         cuda = torch.device("cuda")
         on = runtime.resolve_for(cuda, torch.bfloat16)
@@ -214,7 +210,6 @@ def test_encoder_graph_resolves_with_the_graphs_and_names_its_absence() -> None:
         assert on.encoder_graph and any("image encoder a graph of its own" in r for r in on.reasons)
         assert not off.encoder_graph and off.attention.endswith("+onegraph")
         assert variant_runtime("auto+onegraph", cuda, torch.bfloat16) == off
-        assert on.cudnn_benchmark and not variant_runtime("auto+cudnnheuristic", cuda, torch.bfloat16).cudnn_benchmark
 
 
 def test_step_kernels_resolve_with_a_reason_and_name_themselves() -> None:
@@ -232,7 +227,6 @@ def test_step_kernels_resolve_with_a_reason_and_name_themselves() -> None:
     assert runtime.resolve_for(cpu, torch.float32).step_kernels == "torch"
     graphed = runtime.ResolvedRuntime(device=cpu, dtype=torch.bfloat16, backend="sdpa", backend_reason="",
                                       sdpa_kernel="split", cuda_graphs=True, parallel_heads=True,
-                                      prefix_kernel="triton", step_kernels="triton", encoder_graph=True,
-                                      cudnn_benchmark=True)
+                                      prefix_kernel="triton", step_kernels="triton", encoder_graph=True)
     assert graphed.attention == "sdpa:split+graph"
     assert dataclasses.replace(graphed, step_kernels="torch").attention == "sdpa:split+graph+torchstep"

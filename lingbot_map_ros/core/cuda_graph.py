@@ -85,17 +85,13 @@ class GraphedFrameStep:
         run_model: Callable[..., ModelOutput],
         plan_signature: Callable[[], tuple],
         encode: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
-        time_convolutions: bool = False,
     ) -> None:
         """``run_model(inputs, rope_frames, with_depth) -> ModelOutput``: the step from ``inputs``, the
-        frame ``[1, 3, H, W]`` or, with ``encode(images) -> tokens``, the encoder's tokens.
-        ``time_convolutions``: cuDNN times its convolution algorithms in the warm-up before a capture
-        (``cudnn.benchmark``); the captured graph keeps the fastest, so the timing is paid once a graph."""
+        frame ``[1, 3, H, W]`` or, with ``encode(images) -> tokens``, the encoder's tokens."""
         self.model = model
         self.device = device
         self._run_model = run_model  # eager (warm-up) or captured
         self._encode = encode
-        self._time_convolutions = time_convolutions
         self._plan_signature = plan_signature
         h, w = image_hw
         self.static_image = torch.zeros(1, 3, h, w, device=device)  # [1, 3, H, W]
@@ -173,14 +169,14 @@ class GraphedFrameStep:
         # frame's step, which is harmless: the replay recomputes the same values into the same slots.
         side = side_stream(self.device, "warmup")
         side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side), self._convolution_choice():
+        with torch.cuda.stream(side):
             run()
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         try:
-            with torch.cuda.graph(graph, pool=self._pool), self._convolution_choice():
+            with torch.cuda.graph(graph, pool=self._pool):
                 output = run()
         except BaseException:
             # An aborted capture (e.g. out of memory: the capture allocates in its own pool, so it needs
@@ -195,10 +191,3 @@ class GraphedFrameStep:
             torch.cuda.empty_cache()
             raise
         return graph, output
-
-    def _convolution_choice(self):
-        """cuDNN's ``benchmark`` flag for the warm-up and the capture (the capture finds the warm-up's
-        timings in cuDNN's cache, for the same shapes); the other cuDNN flags stay as they are."""
-        cudnn = torch.backends.cudnn
-        return cudnn.flags(enabled=cudnn.enabled, benchmark=self._time_convolutions or cudnn.benchmark,
-                           deterministic=cudnn.deterministic, allow_tf32=cudnn.allow_tf32)

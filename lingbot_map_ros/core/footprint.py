@@ -252,8 +252,7 @@ def assumed_runtime(device: str, dtype: torch.dtype, *, backend: str = "sdpa", s
     on_cuda = dev.type == "cuda"
     return ResolvedRuntime(device=dev, dtype=dtype, backend=backend, backend_reason="assumed for the footprint",
                            sdpa_kernel=sdpa_kernel if on_cuda else "flash", cuda_graphs=cuda_graphs and on_cuda,
-                           encoder_graph=cuda_graphs and on_cuda, cudnn_benchmark=cuda_graphs and on_cuda,
-                           autocast=autocast)
+                           encoder_graph=cuda_graphs and on_cuda, autocast=autocast)
 
 
 def budget_problem(fp: Footprint, budget_bytes: float, what: str = "the configuration") -> str:

@@ -49,7 +49,6 @@ class ResolvedRuntime:
     step_kernels: str = "torch"  # graph step's small kernels (camera decode, K/V write, q/k-norm+RoPE): torch|triton
     encoder_graph: bool = False  # graph step: the image encoder a graph of its own, queued before the host plans
     compile_depth: bool = False  # graph step: the depth head's arithmetic compiled with the fused blocks
-    cudnn_benchmark: bool = False  # graph step: cuDNN's convolution algorithms timed at capture (not guessed)
     reasons: tuple[str, ...] = field(default=())  # one line per decision, for logs and diagnostics
 
     @property
@@ -63,7 +62,6 @@ class ResolvedRuntime:
         heads += "+torchstep" if self.cuda_graphs and self.step_kernels == "torch" else ""
         heads += "+onegraph" if self.cuda_graphs and not self.encoder_graph else ""
         heads += "+eagerdepth" if self.compile_blocks and not self.compile_depth else ""
-        heads += "+cudnnheuristic" if self.cuda_graphs and not self.cudnn_benchmark else ""
         split = kernel == "split" and self.cuda_graphs
         prefix = "+cudnnprefix" if split and self.prefix_kernel == "sdpa" else ""
         return f"{self.backend}:{kernel}{mode}{'+compiled' if self.compile_blocks else ''}{ranges}{prefix}{heads}"
@@ -261,7 +259,6 @@ def resolve_for(
     step_kernels: str = "auto",
     encoder_graph: bool = True,
     compile_depth: bool = True,
-    cudnn_benchmark: bool = True,
 ) -> ResolvedRuntime:
     """The one function that decides, for a concrete device and dtype. Raises ``ValueError`` (with
     the reason) for a combination that cannot run."""
@@ -347,19 +344,11 @@ def resolve_for(
                        "encodes the frame meanwhile)")
     elif graphs:
         reasons.append("one graph per step, launched after the host's plan (requested)")
-    # The graph step's convolutions (the patch embedding, the depth head) keep the algorithm chosen when the
-    # step is captured; timing cuDNN's candidates then costs once per captured graph (docs/benchmarks.md).
-    timed_convs = graphs and bool(cudnn_benchmark)
-    if timed_convs:
-        reasons.append("graph step's convolutions: cuDNN's algorithms timed at capture")
-    elif graphs:
-        reasons.append("graph step's convolutions: cuDNN's heuristic algorithms (requested)")
     return ResolvedRuntime(
         device=device, dtype=dtype, backend=chosen, backend_reason=backend_reason, flashinfer_kernel=fi_kernel,
         sdpa_kernel=sk, cuda_graphs=graphs, compile_blocks=fused, autotune=bool(autotune), autocast=bool(autocast),
         kv_splits=kv_splits, prefix_kernel=prefix, parallel_heads=heads_side_by_side, depth_channels_last=nhwc,
-        step_kernels=step, encoder_graph=split_encoder, compile_depth=depth_fused,
-        cudnn_benchmark=timed_convs, reasons=tuple(reasons),
+        step_kernels=step, encoder_graph=split_encoder, compile_depth=depth_fused, reasons=tuple(reasons),
     )
 
 

@@ -338,7 +338,6 @@ class StreamingSession:
             self._graph_step = GraphedFrameStep(
                 self.model, self._kv_hw, self.device, run_from_tokens if split else run,
                 lambda: getattr(backend, "plan_signature", ()), encode=encode if split else None,
-                time_convolutions=self.runtime.cudnn_benchmark,
             )
             self._graph_key = key
         return self._graph_step

@@ -43,8 +43,7 @@ class BenchRow:
 
 VARIANT_HELP = (
     "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+autotune][+bf16][+kvN][+serialheads]"
-    "[+cudnnprefix|+tritonprefix|+gluonprefix][+nchwdepth][+torchstep][+onegraph][+eagerdepth][+cudnnheuristic]"
-    "[+pairs|+singles]: "
+    "[+cudnnprefix|+tritonprefix|+gluonprefix][+nchwdepth][+torchstep][+onegraph][+eagerdepth][+pairs|+singles]: "
     "BACKEND sdpa|flashinfer, KERNEL split|cudnn|flash (sdpa) or fa2|fa3 (flashinfer); "
     "+compile = torch.compile-fused blocks in the graph step; "
     "+autotune = their GEMMs autotuned by Inductor (max-autotune, minutes to compile); "
@@ -57,8 +56,7 @@ VARIANT_HELP = (
     "+torchstep = the graph step's small pieces as PyTorch ops (the camera head's attention as masked SDPA; "
     "auto: our Triton kernels); +onegraph = the graph step as one graph launched after the host's plan (auto: "
     "the image encoder a graph of its own, queued first); +eagerdepth = the depth head eager in the graph step "
-    "(auto: compiled with the fused blocks); +cudnnheuristic = the graph step's convolutions with cuDNN's "
-    "heuristic algorithms (auto: timed at capture); +pairs / +singles = the Gluon prefix kernel with two "
+    "(auto: compiled with the fused blocks); +pairs / +singles = the Gluon prefix kernel with two "
     "consumer warpgroups sharing each K/V block (warp-specialised) / with one (auto: pairs where their programs "
     "fit one wave). "
     "e.g. sdpa:split+graph+compile,flashinfer:fa3+graph; "
@@ -105,15 +103,13 @@ def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
     step_kernels = "torch" if "torchstep" in flags else "auto"
     encoder_graph = "onegraph" not in flags
     compile_depth = "eagerdepth" not in flags
-    cudnn_benchmark = "cudnnheuristic" not in flags
     flags = [f for f in flags if f not in kv and f not in ("parallelheads", "serialheads", "nchwdepth", "torchstep",
-                                                           "onegraph", "eagerdepth", "cudnnheuristic")
+                                                           "onegraph", "eagerdepth")
              and f not in prefix_flags and not _gluon_flag(f)]
     if head == "auto" and not flags:
         return resolve_for(device, dtype, kv_splits=kv_splits, parallel_heads=parallel_heads,
                            prefix_kernel=prefix_kernel, depth_channels_last=nhwc, step_kernels=step_kernels,
-                           encoder_graph=encoder_graph, compile_depth=compile_depth,
-                           cudnn_benchmark=cudnn_benchmark)
+                           encoder_graph=encoder_graph, compile_depth=compile_depth)
     backend, _, kernel = head.partition(":")
     unknown = set(flags) - {"graph", "eager", "compile", "autotune", "bf16"}
     if unknown:
@@ -125,8 +121,7 @@ def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
                        compile_blocks="on" if {"compile", "autotune"} & set(flags) else "off",
                        autotune="autotune" in flags, autocast="bf16" not in flags, kv_splits=kv_splits,
                        parallel_heads=parallel_heads, prefix_kernel=prefix_kernel, depth_channels_last=nhwc,
-                       step_kernels=step_kernels, encoder_graph=encoder_graph, compile_depth=compile_depth,
-                       cudnn_benchmark=cudnn_benchmark)
+                       step_kernels=step_kernels, encoder_graph=encoder_graph, compile_depth=compile_depth)
 
 
 def _memory_bytes(device: torch.device) -> int:
