@@ -130,3 +130,48 @@ def test_new_sizes_and_resets_leave_no_memory_behind():
           f"new tensors: {_grown(tensors_first, _live_cuda_tensors())}")
     grown = _grown(tensors_first, _live_cuda_tensors())
     assert second == first and third == first, f"a size change leaves memory behind: {grown}"
+
+
+def test_out_of_memory_while_capturing_the_frame_graphs_is_contained():
+    """The first one-frame step at a new size warms up and captures the image encoder's graph and the
+    step's graph; when memory runs out there (the cap leaves 1 MiB above what is allocated), the frame
+    fails, nothing of a half-made graph stays, and once memory is back the next frames capture anew and
+    run. Three such faults leave the memory of the first one: nothing accumulates."""
+    from lingbot_map_ros.core.config import RuntimeConfig, StreamConfig
+    from lingbot_map_ros.core.session_manager import InferenceFailed, SessionManager
+
+    runtime = RuntimeConfig(device="cuda", dtype="bfloat16", model_preset="tiny", attention_backend="sdpa")
+    manager = SessionManager(runtime, StreamConfig(scale_frames=1, sliding_window=4), log=lambda _: None)
+    assert manager.session.runtime.encoder_graph and manager.session.runtime.cuda_graphs
+    small = torch.rand(3, 14 * 8, 518)  # [3, H, W]
+    medium = torch.rand(3, 14 * 24, 518)
+    total = torch.cuda.get_device_properties(0).total_memory
+
+    def cycle() -> int:
+        """Graphs at the small size, then the medium size's first one-frame step without memory to spare."""
+        manager.reset()
+        assert len([r for _ in range(3) for r in manager.push(small)]) == 3
+        manager.reset()
+        assert len(manager.push(medium)) == 1  # the scale frame (eager): new caches, the graphs dropped
+        assert manager.session._graph_step is None  # the new size dropped the small size's graphs
+        step = manager.session._graphed_step()  # its fixed input buffers, before the cap; nothing captured
+        assert not step.signatures and step.stats.encoder_captures == 0
+        torch.cuda.synchronize()
+        torch.cuda.set_per_process_memory_fraction(min(1.0, (torch.cuda.memory_allocated() + 2**20) / total))
+        try:
+            with pytest.raises(InferenceFailed) as info:
+                manager.push(medium)
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0)
+        assert isinstance(info.value.cause, torch.cuda.OutOfMemoryError), repr(info.value.cause)
+        results = [r for _ in range(3) for r in manager.push(medium)]  # scale frame, then two graphed steps
+        assert len(results) == 3 and all(r.non_finite_fields() == [] for r in results)
+        step = manager.session._graph_step
+        assert step is not None and step.split and step.stats.replays >= 2 and step.signatures
+        torch.cuda.synchronize()
+        return torch.cuda.memory_allocated()
+
+    first = cycle()
+    second, third = cycle(), cycle()
+    print(f"allocated MiB after capture faults: {first / 2**20:.1f}, {second / 2**20:.1f}, {third / 2**20:.1f}")
+    assert second == first and third == first, "a fault while capturing leaves memory behind"
