@@ -82,19 +82,16 @@ class GraphedFrameStep:
         model: LingBotMap,
         image_hw: tuple[int, int],
         device: torch.device,
-        encode: Callable[[torch.Tensor], torch.Tensor],
-        run_from_tokens: Callable[..., ModelOutput],
+        run_model: Callable[..., ModelOutput],
         plan_signature: Callable[[], tuple],
-        split: bool = True,
+        encode: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
     ) -> None:
-        """``encode(images) -> tokens`` (the image encoder) and ``run_from_tokens(tokens, rope_frames,
-        with_depth) -> ModelOutput`` (the rest of the step), eager (warm-up) or captured. ``split``: the
-        encoder a graph of its own, queued by ``begin``; else both halves in each step graph."""
+        """``run_model(inputs, rope_frames, with_depth) -> ModelOutput``: the step from ``inputs``, the
+        frame ``[1, 3, H, W]`` or, with ``encode(images) -> tokens``, the encoder's tokens."""
         self.model = model
         self.device = device
+        self._run_model = run_model  # eager (warm-up) or captured
         self._encode = encode
-        self._run_from_tokens = run_from_tokens
-        self._split = split
         self._plan_signature = plan_signature
         h, w = image_hw
         self.static_image = torch.zeros(1, 3, h, w, device=device)  # [1, 3, H, W]
@@ -114,7 +111,7 @@ class GraphedFrameStep:
     @property
     def split(self) -> bool:
         """Whether the image encoder is a graph of its own (``begin`` queues it before the step's plan)."""
-        return self._split
+        return self._encode is not None
 
     def __call__(self, image: torch.Tensor, rope_frame: int, with_depth: bool) -> ModelOutput:
         """Run one frame. The returned tensors are the graph's static outputs: copy before the next call."""
@@ -125,7 +122,7 @@ class GraphedFrameStep:
         """Take the frame ``[3, H, W]`` (or ``[1, 3, H, W]``) and, with an encoder graph, queue its replay.
         Nothing here reads the caches, so it may come before their ``begin_step``."""
         self.static_image.copy_(image.view_as(self.static_image), non_blocking=True)
-        if self._split:
+        if self._encode is not None:
             if self._encoder is None:
                 self._encoder = self._capture_encoder()
             self._encoder[0].replay()
@@ -149,18 +146,19 @@ class GraphedFrameStep:
         self.stats.replays += 1
         return output
 
+    def _inputs(self) -> torch.Tensor:
+        """What the step graph reads: the encoder's tokens [1, P, C], or the frame [1, 3, H, W]."""
+        return self.static_image if self._encoder is None else self._encoder[1]
+
     def _capture_encoder(self) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        graph, tokens = self._capture_graph(lambda: self._encode(self.static_image))
+        assert self._encode is not None
+        encode = self._encode
+        graph, tokens = self._capture_graph(lambda: encode(self.static_image))
         self.stats.encoder_captures += 1
         return graph, tokens
 
     def _capture(self, with_depth: bool) -> tuple[torch.cuda.CUDAGraph, ModelOutput]:
-        def step() -> ModelOutput:
-            # split: the encoder graph's tokens; else the encoder runs inside this graph
-            tokens = self._encoder[1] if self._encoder is not None else self._encode(self.static_image)
-            return self._run_from_tokens(tokens, self.static_rope, with_depth)
-
-        graph, output = self._capture_graph(step)
+        graph, output = self._capture_graph(lambda: self._run_model(self._inputs(), self.static_rope, with_depth))
         self.stats.captures += 1
         return graph, output
 

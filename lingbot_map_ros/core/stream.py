@@ -329,10 +329,15 @@ class StreamingSession:
                         camera_attention=self._camera_kv, num_iterations=self.stream_cfg.camera_iterations,
                         with_depth=with_depth, max_positions=self.stream_cfg.max_frame_num, depth_stream=depth_stream)
 
+            def run(images: torch.Tensor, rope_frames: torch.Tensor, with_depth: bool):
+                return self._call_model(images, rope_frames, ones, ones, with_depth, fusion=fusion, validate=False,
+                                        depth_stream=depth_stream)
+
             backend = kv.single_frame_backend
+            split = self.runtime.encoder_graph
             self._graph_step = GraphedFrameStep(
-                self.model, self._kv_hw, self.device, encode, run_from_tokens,
-                lambda: getattr(backend, "plan_signature", ()), split=self.runtime.encoder_graph,
+                self.model, self._kv_hw, self.device, run_from_tokens if split else run,
+                lambda: getattr(backend, "plan_signature", ()), encode=encode if split else None,
             )
             self._graph_key = key
         return self._graph_step
@@ -445,10 +450,13 @@ class StreamingSession:
         elapsed_ms = (time.perf_counter() - start) * 1e3
         return (pose_enc, depth, conf), elapsed_ms
 
-    def _call_model(self, images, rope_frames, camera_variant, scale_variant, with_depth: bool):
-        """The eager model call of a step (phase 1, and every step without CUDA graphs; the graph step
-        captures ``LingBotMap.embed`` + ``forward_embedded`` instead, ``_graphed_step``)."""
-        with self._inference(None):
+    def _call_model(self, images, rope_frames, camera_variant, scale_variant, with_depth: bool, *, fusion=None,
+                    validate: bool = True, depth_stream: Optional[torch.cuda.Stream] = None):
+        """The one model call of a step, eager or captured into the one-frame CUDA graph (``fusion``:
+        the compiled block bodies, graph step only; ``validate=False`` there: no host checks in a graph;
+        ``depth_stream``: the depth head beside the camera head, graph step only).
+        The caches are the session's current ones; rebuilding them drops the captured graph."""
+        with self._inference(fusion):
             return self.model(
                 images.to(self.device, non_blocking=True),
                 rope_frames=rope_frames.to(self.device),
@@ -459,6 +467,8 @@ class StreamingSession:
                 num_iterations=self.stream_cfg.camera_iterations,
                 with_depth=with_depth,
                 max_positions=self.stream_cfg.max_frame_num,
+                validate=validate,
+                depth_stream=depth_stream,
             )
 
     @contextlib.contextmanager
