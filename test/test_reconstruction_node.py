@@ -294,12 +294,21 @@ def test_depth_every_set_at_runtime_thins_the_depth_outputs_only(env):
     carry ~/depth, ~/camera_info and ~/points, three frames apart; every frame still gets its pose and
     ends PROCESSED. Back at 1, every frame has depth again."""
     col = env["col"]
+    send_frames(env, 2, first=30)  # the session is in phase 2 even when this test runs alone (the env's
+    # scale_frames is 2, and scale frames carry depth whatever depth_every says)
     _set_parameter(col, "depth_every", 3)
     try:
         stamps = send_frames(env, 6, first=40)  # every frame: PROCESSED and a pose
-        time.sleep(1.0)  # outputs of a frame follow its pose: let the last ones arrive
+        kinds = ("depth", "camera_info", "points")
+
+        def received(rx) -> dict:
+            return {k: set(by_stamp(rx[k])) & set(stamps) for k in kinds}
+
+        # outputs of a frame follow its pose: wait for two frames' worth, then a moment for any third
+        assert col.wait(lambda rx: all(len(v) >= 2 for v in received(rx).values()), 30), received(col.rx)
+        time.sleep(0.5)
         with col.cv:
-            got = {k: set(by_stamp(col.rx[k])) & set(stamps) for k in ("depth", "camera_info", "points")}
+            got = received(col.rx)
         with_depth = [i for i, s in enumerate(stamps) if s in got["depth"]]
         assert len(with_depth) == 2 and with_depth[1] - with_depth[0] == 3, with_depth
         assert got["camera_info"] == got["points"] == got["depth"]
