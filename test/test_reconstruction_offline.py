@@ -57,15 +57,24 @@ def test_offline_depth_ply_and_colmap(tmp_path):
 
     _, vert = read_ply(ply)
     got = np.stack([vert["x"], vert["y"], vert["z"]], 1).astype(np.float64)
-    assert len(got) == len(ref_xyz)  # 1e-4 voxels: no two points share one
+    # 1e-4 voxels: a reference point shares one only with another closer than the voxel's diagonal (the
+    # tiny random model sometimes gives two frames nearly the same pose and depth); the map fuses such
+    # points into their weighted mean, and keeps every other point alone, where it was
+    diagonal = np.sqrt(3) * 1e-4
+    pair = np.linalg.norm(ref_xyz[:, None, :] - ref_xyz[None, :, :], axis=-1)  # [R, R]
+    np.fill_diagonal(pair, np.inf)
+    alone = pair.min(axis=1) > diagonal  # [R]
+    assert alone.mean() > 0.9, "the scene is too crowded for this test's 1e-4 voxels"
     dist = np.linalg.norm(ref_xyz[:, None, :] - got[None, :, :], axis=-1)  # [R, G]
     nearest = dist.argmin(axis=1)
-    assert np.max(dist[np.arange(len(ref_xyz)), nearest]) < 1e-4
-    assert len(set(nearest.tolist())) == len(ref_xyz)  # one to one
+    reach = dist[np.arange(len(ref_xyz)), nearest]  # [R]
+    assert np.max(reach[alone]) < 1e-4 and np.max(reach, initial=0.0) < diagonal
+    assert len(set(nearest[alone].tolist())) == alone.sum()  # one to one for the points alone
+    assert alone.sum() < len(got) <= len(ref_xyz) or len(got) == len(ref_xyz) == alone.sum()
     got_rgb = np.stack([vert["red"], vert["green"], vert["blue"]], 1)
-    np.testing.assert_array_equal(got_rgb[nearest], ref_rgb)
+    np.testing.assert_array_equal(got_rgb[nearest[alone]], ref_rgb[alone])
 
-    assert len(points) == len(ref_xyz)
+    assert len(points) == len(got)
     for i in range(1, n + 1):
         q, t, cam_id, name, _ = images[i]
         png = np.asarray(Image.open(colmap / "images" / name))
