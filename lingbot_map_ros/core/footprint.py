@@ -193,7 +193,7 @@ def footprint(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig, heigh
     graphs = rt.cuda_graphs and rt.device.type == "cuda"
     # the image encoder's graph keeps its tokens [1, P, C] for the step graphs to read (its scratch is reused)
     encoder_tokens = (page_size + SPECIAL_TOKENS_PER_FRAME) * cfg.embed_dim * rt.dtype.itemsize
-    graph_pool = frame + depth_frame + (encoder_tokens if rt.encoder_graph else 0) if graphs else 0
+    graph_pool = frame + depth_frame + encoder_tokens if graphs else 0
     step_peak = max(phase1 + depth1, 0 if graphs else frame + depth_frame)
     parts = (
         FootprintPart("weights", weights, True, f"{cfg.preset}: aggregator {str(rt.dtype)[6:]}, heads float32"),
@@ -252,7 +252,7 @@ def assumed_runtime(device: str, dtype: torch.dtype, *, backend: str = "sdpa", s
     on_cuda = dev.type == "cuda"
     return ResolvedRuntime(device=dev, dtype=dtype, backend=backend, backend_reason="assumed for the footprint",
                            sdpa_kernel=sdpa_kernel if on_cuda else "flash", cuda_graphs=cuda_graphs and on_cuda,
-                           encoder_graph=cuda_graphs and on_cuda, autocast=autocast)
+                           autocast=autocast)
 
 
 def budget_problem(fp: Footprint, budget_bytes: float, what: str = "the configuration") -> str:
