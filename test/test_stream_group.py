@@ -217,3 +217,30 @@ def test_reset_save_and_load_of_one_stream_leave_the_others_unchanged(loaded, tm
     for a, b in zip(got["b"], want, strict=True):
         np.testing.assert_allclose(a.pose_enc, b.pose_enc, rtol=0, atol=ATOL)
         assert a.cache == b.cache and a.frame_index == b.frame_index
+
+
+def test_footprint_counts_every_stream_and_the_weights_once(loaded):
+    """Predicted against allocated: the weights once, each stream's pages (the pool's shares) and
+    camera cache; a budget that holds two streams' footprint refuses three, with the numbers."""
+    from dataclasses import replace
+
+    from lingbot_map_ros.core.memory_budget import MemoryBudgetExceeded
+    from lingbot_map_ros.core.stream_group import group_footprint
+
+    group = StreamGroup(loaded, STREAM, ["a", "b", "c"], log=lambda m: None)
+    for t in range(2):  # the scale frames: every stream's caches allocated
+        group.step({n: (frames_of(60 + t, 1)[0], t) for n in ("a", "b", "c")})
+    fp = group_footprint(loaded, STREAM, 3, HW)
+    one = group_footprint(loaded, STREAM, 1, HW)
+    weights = sum(t.numel() * t.element_size() for t in [*loaded.model.parameters(), *loaded.model.buffers()])
+    assert fp.part("weights") == one.part("weights") == weights
+    assert fp.part("patch_pool") + fp.part("special_pool") == group.pool_bytes() == 3 * (
+        one.part("patch_pool") + one.part("special_pool"))
+    cameras = sum(m.session.camera_cache.nbytes for m in group.managers.values())
+    assert fp.part("camera_cache") == cameras == 3 * one.part("camera_cache")
+    assert fp.part("batched_step") > one.part("frame_step") and fp.total > one.total
+    two = group_footprint(loaded, STREAM, 2).total
+    tight = replace(STREAM, gpu_memory_budget=two / 1e9)
+    StreamGroup(loaded, tight, ["a", "b"], log=lambda m: None)
+    with pytest.raises(MemoryBudgetExceeded, match="a group of 3 streams needs"):
+        StreamGroup(loaded, tight, ["a", "b", "c"], log=lambda m: None)

@@ -45,6 +45,8 @@ import torch
 from .cache.batched import GroupCameraAttention, GroupGlobalAttention
 from .cache.pool import SharedKVPool, batched_page_request
 from .config import SPECIAL_TOKENS_PER_FRAME, StreamConfig
+from .footprint import Footprint, budget_problem, fits, footprint, worst_case_height
+from .memory_budget import MemoryBudget, MemoryBudgetExceeded
 from .readback import StagedReadback
 from .results import FrameResult
 from .session_errors import SessionError, StoredFrameLimit
@@ -77,6 +79,14 @@ class _Entry:
     stamp: Any
 
 
+def group_footprint(loaded: LoadedModel, stream: StreamConfig, streams: int,
+                    hw: Optional[tuple[int, int]] = None) -> Footprint:
+    """The memory of ``streams`` streams of ``stream`` over ``loaded`` (the weights once), at ``hw`` or
+    the tallest frame of the configured width (what the budget is held to, as for one stream)."""
+    h, w = hw if hw is not None else (worst_case_height(stream.image_width), stream.image_width)
+    return footprint(loaded.cfg, loaded.runtime, stream, h, w, streams)
+
+
 class StreamGroup:
     """N camera streams, one model, one page pool per frame size, batched phase-2 steps."""
 
@@ -99,6 +109,10 @@ class StreamGroup:
         if batched_attention == "auto":
             batched_attention = "flashinfer" if rt.backend == "flashinfer" and rt.device.type == "cuda" else "loop"
         self.batched_attention = batched_attention
+        self.footprint = group_footprint(loaded, stream, len(names))
+        budget = MemoryBudget().bytes_for(stream, rt.device)
+        if not fits(self.footprint, budget):  # checked before any stream allocates its caches
+            raise MemoryBudgetExceeded(budget_problem(self.footprint, budget, f"a group of {len(names)} streams"))
         self._pools: dict[tuple[int, ...], SharedKVPool] = {}
         self._batched_backend = None
         self._readback = StagedReadback()
@@ -294,4 +308,4 @@ class StreamGroup:
         return pool.storage, self._batched_backend
 
 
-__all__ = ["BATCHED_ATTENTION", "StreamGroup", "StreamOutcome"]
+__all__ = ["BATCHED_ATTENTION", "StreamGroup", "StreamOutcome", "group_footprint"]
