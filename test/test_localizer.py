@@ -147,3 +147,34 @@ def test_node_help_prints_and_starts_nothing():
     assert res.stdout.startswith("usage: lingbot_map_node") and "transform_publish_period (0.05)" in res.stdout
     for marker in ("configuring: building the model", "ready: active", "stopped cleanly"):  # no node ran
         assert marker not in res.stdout + res.stderr, marker
+
+
+def test_every_robot_setting_of_the_readme_is_reachable_from_the_launch_file():
+    """What the README sets on a robot (``-p name:=`` of ``ros2 run``, ``name:=`` of ``ros2 launch``) is a
+    launch argument that sets the parameter, typed as the node declares it."""
+    import re
+    from pathlib import Path
+
+    from test_launch import PARAMS, _context
+
+    from lingbot_map_ros.core.settings import SETTINGS_BY_NAME
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    mod, context = _context(params_file=str(PARAMS))
+    declared = {a.name for a in mod.generate_launch_description().entities if hasattr(a, "default_value")}
+    set_by_run = set(re.findall(r"-p (\w+):=", readme))
+    launches = [line for line in readme.splitlines() if line.startswith("ros2 launch lingbot_map_ros")]
+    set_by_launch = {name for line in launches for name in re.findall(r" (\w+):=", line)}
+    assert set_by_run and len(launches) >= 3
+    assert set_by_launch <= declared, set_by_launch - declared
+    wanted = (set_by_run | set_by_launch) & set(SETTINGS_BY_NAME)
+    assert {"qos_reliability", "initial_session", "mapping", "base_frame"} <= wanted
+    # autostart has an argument of its own; trajectory_path is set in "The node by hand", not on a robot
+    assert wanted - {"autostart", "trajectory_path"} <= set(mod.PARAMETER_ARGUMENTS), \
+        wanted - set(mod.PARAMETER_ARGUMENTS)
+    examples = {"str": "x", "bool": "false", "float": "0.25", "int": "392"}
+    arguments = {n: examples[k.__name__] for n, k in mod.PARAMETER_ARGUMENTS.items()}
+    mod, context = _context(params_file=str(PARAMS), **arguments)
+    overrides = mod.node_settings(context)[0][1]
+    for name in mod.PARAMETER_ARGUMENTS:
+        assert type(overrides[name]) is type(SETTINGS_BY_NAME[name].default), name  # what declare_parameter takes
