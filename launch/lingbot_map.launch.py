@@ -35,8 +35,17 @@ PACKAGE = "lingbot_map_ros"
 EXECUTABLE = "lingbot_map_node"
 NODE_NAME = "lingbot_map"
 PARAMS_FILE = "config/lingbot_map.yaml"  # relative to the package share folder
-# launch arguments that set the node parameter of the same name when given (empty: the params file's)
-ROBOT_ARGUMENTS = ("base_frame", "odom_frame", "scale_source", "world_frame")
+# launch arguments that set the node parameter of the same name when given (empty: the params file's),
+# with the parameter's type: what a robot user sets (README: On a robot, Saving, resuming and
+# localizing, Fitting a small GPU). Any other parameter goes through params_file:= (a copy of
+# config/lingbot_map.yaml), e.g. the covariance diagonals of ~/odom.
+PARAMETER_ARGUMENTS: dict[str, type] = {
+    "base_frame": str, "odom_frame": str, "scale_source": str, "world_frame": str,
+    "qos_reliability": str, "publish_depth": bool, "transform_publish_period": float,
+    "transform_tolerance": float, "initial_session": str, "mapping": bool, "session_path": str,
+    "gpu_memory_budget": float, "fit_window": bool, "image_width": int,
+}
+TRUE_WORDS = ("true", "1", "yes")
 # diagnostics_aggregator:=true starts diagnostic_aggregator's aggregator_node with this analyzer file
 # (rqt_robot_monitor shows its /diagnostics_agg); it is not a dependency, so only where it is installed.
 AGGREGATOR_PACKAGE = "diagnostic_aggregator"
@@ -98,10 +107,10 @@ def node_settings(context) -> tuple[list, list]:
     use_sim_time = LaunchConfiguration("use_sim_time").perform(context)
     if use_sim_time:  # a bag played with --clock, a simulator: the node's clock follows /clock
         overrides["use_sim_time"] = use_sim_time.lower() in ("true", "1", "yes")
-    for name in ROBOT_ARGUMENTS:  # the robot's frames and the scale source: only when given
+    for name, kind in PARAMETER_ARGUMENTS.items():  # only when given: else the params file's value stays
         value = LaunchConfiguration(name).perform(context)
         if value:
-            overrides[name] = value
+            overrides[name] = parameter_value(name, value, kind)
     # the managed node configures and activates itself unless autostart is false
     overrides["autostart"] = LaunchConfiguration("autostart").perform(context).lower() in ("true", "1", "yes")
     # The node follows image_transport's naming: remapping `image` also moves `image/compressed`.
@@ -110,6 +119,19 @@ def node_settings(context) -> tuple[list, list]:
     if depth_topic:  # registered depth for scale_source depth (depth/compressed moves with it, as image does)
         remappings.append(("depth", depth_topic))
     return [params_file, overrides], remappings
+
+
+def parameter_value(name: str, text: str, kind: type):
+    """A launch argument's text as the parameter's type (the node refuses a wrong type at start)."""
+    if kind is bool:
+        if text.lower() not in TRUE_WORDS + ("false", "0", "no"):
+            raise ValueError(f"launch argument {name}:={text}: expected true or false")
+        return text.lower() in TRUE_WORDS
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(f"launch argument {name}:={text}: expected {'a number' if kind is float else 'an integer'}"
+                         ) from None
 
 
 def _node(context):
@@ -229,6 +251,34 @@ def generate_launch_description():
         DeclareLaunchArgument("world_frame", default_value="",
                               description="the node's world frame (e.g. map); empty = as in params_file; RViz's "
                                           "fixed frame follows it"),
+        DeclareLaunchArgument("qos_reliability", default_value="",
+                              description="best_effort or reliable (the image subscription; reliable keeps every "
+                                          "frame of a loaded host); empty = as in params_file (default best_effort)"),
+        DeclareLaunchArgument("publish_depth", default_value="",
+                              description="true: run the depth head and publish ~/depth; empty = as in params_file"),
+        DeclareLaunchArgument("transform_publish_period", default_value="",
+                              description="s between re-sends of the world -> odom correction (0: only when a frame "
+                                          "is placed); empty = as in params_file (default 0.05)"),
+        DeclareLaunchArgument("transform_tolerance", default_value="",
+                              description="s ahead of now that re-sent corrections are stamped; empty = as in "
+                                          "params_file (default 0.1)"),
+        DeclareLaunchArgument("initial_session", default_value="",
+                              description="a saved session loaded at configure (the node resumes in its world); "
+                                          "empty = as in params_file (default: a new session)"),
+        DeclareLaunchArgument("mapping", default_value="",
+                              description="false: localization only in the (loaded) map; empty = as in params_file "
+                                          "(default true)"),
+        DeclareLaunchArgument("session_path", default_value="",
+                              description="folder ~/save_session writes and ~/load_session reads; empty = as in "
+                                          "params_file"),
+        DeclareLaunchArgument("gpu_memory_budget", default_value="",
+                              description="GB the session may allocate (0: the free memory at configure minus a "
+                                          "margin); empty = as in params_file"),
+        DeclareLaunchArgument("fit_window", default_value="",
+                              description="true: shrink sliding_window to the largest that fits the budget; empty = "
+                                          "as in params_file"),
+        DeclareLaunchArgument("image_width", default_value="",
+                              description="model input width (a multiple of 14, 224..518); empty = as in params_file"),
         DeclareLaunchArgument("depth_topic", default_value="",
                               description="registered depth image topic for scale_source depth (e.g. "
                                           "/camera/camera/aligned_depth_to_color/image_raw); empty = `depth`"),

@@ -10,6 +10,7 @@ A region is the text between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -
   and the tools' ``--help`` say, from the same rows);
 * ``launch-arguments``: the arguments the launch file declares (what ``ros2 launch ... --show-args``
   prints, read through the same ``ros2launch`` function);
+* ``fits``: ``lingbot_map_ros/core/sizing.py`` (the window configure picks per budget, width and heads);
 * ``topics``, ``services``, ``tf``: ``lingbot_map_ros/ros/interfaces.py`` (checked against a running
   node by ``test/test_interfaces.py``).
 
@@ -179,12 +180,25 @@ def render_tf() -> str:
     return table(["parent", "child", "when", "stamp"], rows)
 
 
+def render_fits() -> str:
+    """"What fits in N GB": the window configure picks (``fit_window``) for each budget x width x heads, from
+    the footprint model (the full model, bf16, the node's default kernels on CUDA, default settings)."""
+    import torch
+
+    from lingbot_map_ros.core.config import RuntimeConfig, StreamConfig, model_config
+    from lingbot_map_ros.core.footprint import assumed_runtime
+    from lingbot_map_ros.core.sizing import fits_table
+
+    return fits_table(model_config("full"), assumed_runtime("cuda", torch.bfloat16), RuntimeConfig(), StreamConfig())
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "parameters": render_parameters,
     "launch-arguments": render_launch_arguments,
     "topics": render_topics,
     "services": render_services,
     "tf": render_tf,
+    "fits": render_fits,
 }
 
 

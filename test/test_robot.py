@@ -197,13 +197,15 @@ class Robot:
         rclpy.shutdown(context=self.ctx)
 
 
-def start_node(tmp, domain: int, name: str, **params) -> NodeProcess:
+def start_node(tmp, domain: int, name: str, extra_args: tuple = (), **params) -> NodeProcess:
     base = dict(model_preset="tiny", device="cpu", scale_frames=2, sliding_window=3, camera_iterations=2,
-                qos_reliability="reliable", world_frame=WORLD, diagnostics_period=0.3)
+                qos_reliability="reliable", world_frame=WORLD, diagnostics_period=0.3,
+                transform_publish_period=0.0)  # /tf carries the placed frames only (test_nav2.py: the re-sends)
     base.update(params)
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump({"/**": {"ros__parameters": base}}))
-    node = NodeProcess(["--params-file", str(path), "-r", f"image:={TOPIC}", "-r", f"depth:={DEPTH_TOPIC}"],
+    node = NodeProcess(["--params-file", str(path), "-r", f"image:={TOPIC}", "-r", f"depth:={DEPTH_TOPIC}",
+                        *extra_args],
                        echo=False, env=dict(os.environ, ROS_DOMAIN_ID=str(domain)), log_path=str(tmp / f"{name}.log"))
     assert node.wait_ready(120), f"node did not start: {node.why_not_ready()}\n{node.output()[-3000:]}"
     return node

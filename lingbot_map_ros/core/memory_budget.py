@@ -41,12 +41,26 @@ def device_free_bytes(device: torch.device) -> float:
     return float(free + torch.cuda.memory_allocated(device))
 
 
+def integrated_gpu(device: torch.device) -> bool:
+    """Whether ``device`` is an integrated GPU (a Jetson): its memory is the system's RAM."""
+    return device.type == "cuda" and bool(getattr(torch.cuda.get_device_properties(device), "is_integrated", False))
+
+
+INTEGRATED_AUTO_REFUSED = ("gpu_memory_budget 0 (the free memory at configure) is refused on an integrated GPU "
+                           "(a Jetson): its memory is the system RAM that the rest of the robot (nav2, drivers) "
+                           "shares, and what is free at configure is not this node's; set gpu_memory_budget to the "
+                           "GB it may use (lingbot_map_bench --footprint sizes it)")
+
+
 class MemoryBudget:
     """The budget of one manager: 0 GB means the free memory at the first check minus a margin on
-    CUDA (remembered, so the model the manager loads itself does not shrink it), no limit on the CPU."""
+    CUDA (remembered, so the model the manager loads itself does not shrink it), no limit on the CPU.
+    On an integrated GPU 0 is refused (``INTEGRATED_AUTO_REFUSED``): free memory there is the system's."""
 
-    def __init__(self, free_bytes: Callable[[torch.device], float] = device_free_bytes) -> None:
+    def __init__(self, free_bytes: Callable[[torch.device], float] = device_free_bytes,
+                 integrated: Callable[[torch.device], bool] = integrated_gpu) -> None:
         self._free_bytes = free_bytes
+        self._integrated = integrated
         self._auto: dict[str, float] = {}
         self.fitted_window: Optional[int] = None
         self.configured_window = 0
@@ -56,6 +70,8 @@ class MemoryBudget:
             return stream.gpu_memory_budget * GB
         if device.type != "cuda":
             return 0.0
+        if self._integrated(device):
+            raise MemoryBudgetExceeded(INTEGRATED_AUTO_REFUSED)
         key = str(device)
         if key not in self._auto:
             self._auto[key] = max(0.0, self._free_bytes(device) - MEMORY_MARGIN_GB * GB)
@@ -139,5 +155,5 @@ def allocated_bytes(device: torch.device, model: torch.nn.Module, caches: list) 
     return sum(t.numel() * t.element_size() for t in tensors) + sum(c.nbytes for c in caches if c is not None)
 
 
-__all__ = ["MEMORY_MARGIN_GB", "MemoryBudget", "MemoryBudgetExceeded", "MemoryReport", "allocated_bytes",
-           "device_free_bytes"]
+__all__ = ["INTEGRATED_AUTO_REFUSED", "MEMORY_MARGIN_GB", "MemoryBudget", "MemoryBudgetExceeded", "MemoryReport",
+           "allocated_bytes", "device_free_bytes", "integrated_gpu"]

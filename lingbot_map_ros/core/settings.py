@@ -13,6 +13,7 @@ Plain data and pure functions; no rclpy (``ros/parameters.py`` turns a row into 
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -198,7 +199,22 @@ ROBOT_SETTINGS: tuple[Setting, ...] = (
             "before a depth scale locks.", "next_frame", range=(1, 1000)),
     Setting("scale_min_travel", 0.5, "Metres the body must travel in odom_frame before an odometry scale "
             "locks.", "next_frame", range=(0.0, 1000.0)),
+    Setting("transform_publish_period", 0.05, "Seconds between re-sends of the latest world_frame -> "
+            "odom_frame (or -> base_frame; with base_frame only) correction, stamped now + transform_tolerance, "
+            "as AMCL and slam_toolbox do, so tf2 consumers (nav2 costmaps) never extrapolate between frames. "
+            "The correction changes only when a frame is placed; none exists before the first placed frame "
+            "of a session (a reset forgets it). 0: sent only when a frame is placed, at the image stamp.", "startup",
+            range=(0.0, 10.0)),
+    Setting("transform_tolerance", 0.1, "Seconds: re-sent corrections are stamped this far ahead of now "
+            "(AMCL's transform_tolerance).", "next_frame", range=(0.0, 10.0)),
+    Setting("pose_covariance_diagonal", [-1.0] * 6, "~/odom pose covariance diagonal (x, y, z, roll, pitch, "
+            "yaw; m^2 and rad^2), for a filter that fuses ~/odom (robot_localization cannot override an "
+            "input's covariance). All six >= 0, or the default (-1: unknown, the first element -1 and the rest "
+            "0, as REP 145 marks it).", "next_frame"),
+    Setting("twist_covariance_diagonal", [-1.0] * 6, "~/odom twist covariance diagonal (vx, vy, vz, wx, wy, "
+            "wz; (m/s)^2 and (rad/s)^2); same rules as pose_covariance_diagonal.", "next_frame"),
 )
+COVARIANCE_SETTINGS = ("pose_covariance_diagonal", "twist_covariance_diagonal")
 
 # --- saved sessions (docs/sessions.md): the map (the model's KV cache) kept across restarts
 SESSION_STAGING = ("auto", "host")
@@ -233,10 +249,42 @@ def robot_problems(values: dict) -> list[str]:
         problems.append("odom_frame needs base_frame (the frame the robot's odometry moves: odom_frame -> base_frame)")
     if odom and odom == base:
         problems.append("odom_frame must differ from base_frame")
+    for name in COVARIANCE_SETTINGS:
+        if name in values:
+            problem = covariance_problem(values[name])
+            if problem:
+                problems.append(f"{name}: {problem}")
     if values.get("scale_source") == "odometry" and not (base and odom):
         problems.append("scale_source odometry needs base_frame and odom_frame (the travel of base_frame in "
                         "odom_frame)")
     return problems
+
+
+def covariance_problem(diagonal) -> str:
+    """Why ``diagonal`` cannot be a covariance diagonal of ~/odom ("": it can): six finite values, all
+    >= 0, or all negative (unknown)."""
+    values = [float(v) for v in diagonal]
+    if len(values) != 6:
+        return f"needs 6 values (x, y, z, roll, pitch, yaw), got {len(values)}"
+    if not all(math.isfinite(v) for v in values):
+        return f"values must be finite (got {values})"
+    if any(v < 0 for v in values) and not all(v < 0 for v in values):
+        return f"all six >= 0, or all negative for unknown (got {values})"
+    return ""
+
+
+def covariance_matrix(diagonal) -> list[float]:
+    """The 36 row-major values of a ~/odom covariance: ``diagonal`` on the diagonal, or unknown (-1 first,
+    then zeros) when the diagonal is negative."""
+    values = [float(v) for v in diagonal]
+    matrix = [0.0] * 36
+    if any(v < 0 for v in values):
+        matrix[0] = -1.0
+        return matrix
+    for i, v in enumerate(values):
+        matrix[7 * i] = v
+    return matrix
+
 
 SETTING_NAMES = tuple(s.name for s in SETTINGS)
 SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
@@ -316,4 +364,4 @@ def validate_values(values: dict, *, resolve: bool = True) -> list[str]:
 
 __all__ = ["APPLIES", "DEPTH_OUTPUTS", "RUNTIME_FIELDS", "SETTINGS", "SETTINGS_BY_NAME", "SETTING_NAMES",
            "STREAM_FIELDS", "Setting", "applies_of_field", "configs_from_values", "defaults", "validate_values",
-           "ROBOT_SETTINGS", "SESSION_SETTINGS", "robot_problems"]
+           "ROBOT_SETTINGS", "SESSION_SETTINGS", "covariance_matrix", "covariance_problem", "robot_problems"]

@@ -250,10 +250,16 @@ def _tf_status(d: DiagnosticsSnapshot, t: RobotReport) -> DiagnosticStatus:
         level = DiagnosticStatus.ERROR
         msg = "; ".join(f"{child} already has the parent {parent}: nothing published for it on /tf. Fix: {fix}"
                         for child, (parent, fix) in sorted(t.conflicts.items()))
+    if t.other_publishers:
+        level = DiagnosticStatus.ERROR
+        msg = "; ".join(f"another node publishes {edge} too: {who}. A transform must come from one node: stop "
+                        "one of them, or give each its own frames" for edge, who in sorted(t.other_publishers.items())
+                        ) + ("; " + msg if t.conflicts else "")
     return _status(d, "tf", level, msg, [
         ("world_frame", t.world_frame), ("base_frame", t.base_frame or "-"), ("odom_frame", t.odom_frame or "-"),
         ("published_edge", t.edge or "-"), ("publish_tf", t.publish_tf),
         ("parent_conflicts", "; ".join(f"{c} <- {p}" for c, (p, _) in sorted(t.conflicts.items())) or "-"),
+        ("other_publishers", "; ".join(f"{e}: {w}" for e, w in sorted(t.other_publishers.items())) or "-"),
         ("frames_no_transform", t.no_transform), ("last_missing_link", t.missing_link or "-"),
         ("last_missing_reason", t.missing_reason or "-"), ("tf_jumps", t.tf_jumps),
         ("last_tf_jump", t.last_jump or "-"),

@@ -81,6 +81,7 @@ class DepthPairing:
         self._kept: collections.OrderedDict = collections.OrderedDict()  # colour stamp ns -> grid [h', w']
         self._waiting_depth: collections.OrderedDict = collections.OrderedDict()  # depth stamps not paired yet
         self._waiting_colour: collections.OrderedDict = collections.OrderedDict()
+        self._colour_seen: collections.deque = collections.deque(maxlen=4 * DEPTH_KEPT)  # received colour stamps
         self.counts: collections.Counter = collections.Counter()  # received, paired, and the bad kinds
         self.last_problem = ""
         self._logged: set[str] = set()
@@ -120,6 +121,7 @@ class DepthPairing:
             return
         with self._lock:
             self._remember(self._waiting_colour, _stamp_ns(header))
+            self._colour_seen.append(_stamp_ns(header))
         colour_in.signalMessage(_ColourStamp(header, wh))  # may pair at once (depth came first)
 
     def _on_depth(self, msg) -> None:
@@ -143,11 +145,24 @@ class DepthPairing:
             # will never find a partner now
             lost_depth = self._expire(self._waiting_depth, c_ns - slop_ns)
             lost_colour = self._expire(self._waiting_colour, d_ns - slop_ns)
+            offset = [ns for ns in lost_depth if self._colour_near(ns)]
         if lost_depth:
-            self._bad("unpaired_depth", f"{lost_depth} depth image(s) without a colour partner within "
-                                        f"depth_sync_slop {self._values['depth_sync_slop']} s (stamps of "
-                                        f"{self.topic} and the colour topic differ?)", lost_depth)
+            n_lost = len(lost_depth) - len(offset)
+            if offset:
+                cause = (f"{len(offset)} had a colour frame near their stamp but beyond the slop: the stamps of "
+                         f"{self.topic} and the colour topic differ by more than depth_sync_slop")
+            else:
+                cause = ""
+            if n_lost:
+                cause += ("; " if cause else "") + (
+                    f"{n_lost} had no colour frame at their time: the colour image never reached the node (lost "
+                    "messages: the middleware dropped it, e.g. best_effort on a loaded host; 'input' in "
+                    "/diagnostics counts them; qos_reliability reliable keeps them)")
+            self._bad("unpaired_depth", f"{len(lost_depth)} depth image(s) without a colour partner within "
+                                        f"depth_sync_slop {self._values['depth_sync_slop']} s: {cause}",
+                      len(lost_depth))
         if lost_colour:
+            lost_colour = len(lost_colour)
             self._bad("colour_without_depth", f"{lost_colour} colour frame(s) without a depth partner on "
                                               f"{self.topic} within depth_sync_slop", lost_colour)
         if not self._wanted():
@@ -168,11 +183,21 @@ class DepthPairing:
                 self._kept.popitem(last=False)
 
     @staticmethod
-    def _expire(waiting: collections.OrderedDict, before_ns: int) -> int:
+    def _expire(waiting: collections.OrderedDict, before_ns: int) -> list[int]:
         old = [ns for ns in waiting if ns < before_ns]
         for ns in old:
             del waiting[ns]
-        return len(old)
+        return old
+
+    def _colour_near(self, depth_ns: int) -> bool:
+        """Whether a received colour frame lies closer to ``depth_ns`` than half the colour period: then
+        the pair failed on the stamps, not on a lost colour image (called with the lock held)."""
+        seen = sorted(self._colour_seen)
+        if len(seen) < 2:
+            return bool(seen)
+        gaps = sorted(b - a for a, b in zip(seen, seen[1:]) if b > a)
+        half_period = gaps[len(gaps) // 2] / 2 if gaps else 0
+        return min(abs(ns - depth_ns) for ns in seen) < half_period
 
     def _bad(self, kind: str, text: str, n: int = 1) -> None:
         """Counted every time, logged once per kind: a steady fault must not flood the log."""

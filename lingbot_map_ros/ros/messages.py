@@ -66,20 +66,28 @@ def pose_stamped(c2w: np.ndarray, stamp: TimeMsg, world_frame: str) -> PoseStamp
 
 
 def odometry(pose: PoseStamped, child_frame: str,
-             twist: Optional[tuple[np.ndarray, np.ndarray]] = None) -> Odometry:
+             twist: Optional[tuple[np.ndarray, np.ndarray]] = None,
+             pose_covariance: Optional[Sequence[float]] = None,
+             twist_covariance: Optional[Sequence[float]] = None) -> Odometry:
     """``pose`` as Odometry of ``child_frame``; ``twist`` = (linear, angular) [3] each, in the child
     frame (REP 105), when the node can give one (consecutive metric poses).
 
-    There is no covariance estimate: both covariances are marked unknown (-1 in the first element,
-    the rest 0), so that no filter fuses them with a confidence they do not have. A consumer that
-    fuses this (robot_localization) must be given covariances of its own.
+    The model gives no covariance estimate: the covariances are the user's (36 row-major values,
+    ``settings.covariance_matrix`` of the ``*_covariance_diagonal`` parameters); None marks one unknown
+    (-1 in the first element, the rest 0), so that no filter fuses it with a confidence it does not have.
     """
     odom = Odometry()
     odom.header = pose.header
     odom.child_frame_id = child_frame
     odom.pose.pose = pose.pose
-    odom.pose.covariance[0] = -1.0
-    odom.twist.covariance[0] = -1.0
+    if pose_covariance is None:
+        odom.pose.covariance[0] = -1.0
+    else:
+        odom.pose.covariance = [float(v) for v in pose_covariance]
+    if twist_covariance is None:
+        odom.twist.covariance[0] = -1.0
+    else:
+        odom.twist.covariance = [float(v) for v in twist_covariance]
     if twist is not None:
         lin, ang = twist
         odom.twist.twist.linear.x, odom.twist.twist.linear.y, odom.twist.twist.linear.z = (float(v) for v in lin)

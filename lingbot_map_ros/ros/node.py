@@ -41,6 +41,7 @@ DROPPED_QUEUE), so the node never falls behind the camera.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Optional
 
@@ -204,6 +205,7 @@ class LingBotMapNode(LifecycleNode):
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._stage.start()  # before frames are let in
         self._active = True
+        self._outputs.robot.tree.repeating = True  # the world -> odom correction is re-sent while active
         self._state_label = "active"
         self.get_logger().info(f"ready: active, {self._intake.topic} -> {self.resolve_topic_name('~/pose')}")
         return super().on_activate(state)
@@ -214,6 +216,7 @@ class LingBotMapNode(LifecycleNode):
         The preprocessing thread is joined first, so nothing reaches the inference thread's queue
         after it was emptied here; the frame inside the model finishes."""
         self._active = False
+        self._outputs.robot.tree.repeating = False
         self._state_label = "inactive"
         if self._stage is not None:
             self._stage.stop("the node was deactivated")
@@ -245,6 +248,7 @@ class LingBotMapNode(LifecycleNode):
     def _teardown(self) -> None:
         """Stop both threads (the frame in the model finishes), drop the subscription and the model."""
         self._active = False
+        self._outputs.robot.tree.repeating = False
         worker = self._worker
         self.shutdown(reason="the node was cleaned up")
         self._intake.unsubscribe()
@@ -364,10 +368,16 @@ def make_executor(context=None) -> SingleThreadedExecutor:
 
 def main(args=None) -> int:
     """``lingbot_map_node``: run the managed node until SIGINT/SIGTERM (exit 0); exit 2 when its
-    parameters are invalid. With ``autostart`` (default) it configures and activates itself; a
-    failed configure (e.g. an unreadable checkpoint) is logged with its reason and leaves the node
+    parameters are invalid; ``--help`` prints the usage and the parameters and exits 0 (no node).
+    With ``autostart`` (default) it configures and activates itself; a failed configure (e.g. an
+    unreadable checkpoint) is logged with its reason and leaves the node
     unconfigured, alive, so the parameters can be fixed and `ros2 lifecycle set ... configure` run.
     The first SIGINT/SIGTERM stops it; later ones are reported and ignored (``StopSignals``)."""
+    from ..tools.cli import asks_for_help, node_help
+
+    if asks_for_help(sys.argv[1:] if args is None else args):  # help only: no ROS, no node
+        print(node_help(), end="", flush=True)
+        return 0
     signals = StopSignals().install()  # before rclpy.init: rclpy's handler chains to it
     rclpy.init(args=args)
     try:

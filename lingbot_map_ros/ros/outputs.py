@@ -26,7 +26,9 @@ from std_msgs.msg import Header
 
 from lingbot_map_ros.msg import CacheStats, FrameStatus
 
+from ..core.settings import covariance_matrix
 from . import messages as rosmsg
+from .edge_publishers import EdgePublishers
 from .frames import Frame, FrameLedger, stamp_sec
 from .robot_frames import RobotFrames, Withheld
 from .transforms import FrameTree, NoTransform
@@ -52,7 +54,9 @@ class ResultPublisher:
         self._values = values
         self._ledger = ledger
         self.recon = None
-        self.robot = RobotFrames(node, values, FrameTree(node), depth)
+        tree = FrameTree(node, repeat_period=float(values["transform_publish_period"]),
+                         tolerance=lambda: float(values["transform_tolerance"]))
+        self.robot = RobotFrames(node, values, tree, depth, publishers=EdgePublishers(node))
         reliable10 = QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE)
         self._pose_pub = node.create_publisher(PoseStamped, "~/pose", reliable10)
         self._odom_pub = node.create_publisher(Odometry, "~/odom", reliable10)
@@ -145,7 +149,9 @@ class ResultPublisher:
 
         pose = rosmsg.pose_stamped(pose_matrix, header.stamp, world)
         self._pose_pub.publish(pose)
-        self._odom_pub.publish(rosmsg.odometry(pose, placed.child, placed.twist))
+        self._odom_pub.publish(rosmsg.odometry(pose, placed.child, placed.twist,
+                                               covariance_matrix(values["pose_covariance_diagonal"]),
+                                               covariance_matrix(values["twist_covariance_diagonal"])))
 
         with self._lock:
             if self._path.maxlen != int(values["path_max_length"]):
@@ -166,7 +172,10 @@ class ResultPublisher:
             self._path_pub.publish(rosmsg.path_message(pose.header, path_poses))
 
         if placed.tf is not None:
-            self.robot.tree.send(placed.tf[0], placed.tf[1], header.stamp, placed.tf[2])
+            # a correction (with base_frame) is re-sent between frames; a camera pose is not (it is a
+            # measurement at its image stamp, not a transform that holds until the next frame)
+            self.robot.tree.send(placed.tf[0], placed.tf[1], header.stamp, placed.tf[2],
+                                 repeat=bool(values["base_frame"]))
 
         recon = self.recon
         depth = r.depth

@@ -17,6 +17,10 @@ what the node publishes for it, on the inference thread:
    ``world -> camera``; never ``odom -> base`` (the robot's odometry owns it), and nothing when the
    child already has another parent (ERROR in ``/diagnostics`` with the fix, once in the log).
 
+The correction of step 4 is kept by the ``FrameTree`` and re-sent between frames
+(``transform_publish_period``); a new session forgets it (``begin_session``). Another node sending
+the same edge is an ERROR naming it (``EdgePublishers``).
+
 Reporting: a missing link WARNs naming it (log once per outage, ``/diagnostics`` ``tf``), a jump of a
 transform that should be constant (``base -> camera``) is counted and logged once, the scale's state
 is the ``scale`` status. No per-frame log lines.
@@ -84,14 +88,17 @@ class RobotReport:
     depth_problem: str = ""
     cost_ms: tuple = (math.nan, math.nan, math.nan)  # median, p90, max of place() + the depth scaling per frame
     cost_cpu_ms: tuple = (math.nan, math.nan, math.nan)  # the same in the inference thread's own CPU time
+    other_publishers: dict = field(default_factory=dict)  # "world -> child" -> who else publishes it
 
 
 class RobotFrames:
     """The frames and the scale of the current session, applied to each result (inference thread);
     ``report`` for the executor thread. ``depth`` is the ``DepthPairing`` (scale_source depth)."""
 
-    def __init__(self, node, values: Mapping, tree: FrameTree, depth=None):
+    def __init__(self, node, values: Mapping, tree: FrameTree, depth=None, publishers=None):
         self._log = node.get_logger()
+        self._publishers = publishers  # EdgePublishers: names another publisher of the node's edge
+        self._logged_foreign: set[str] = set()
         self._values = values
         self.tree = tree
         self.depth = depth
@@ -265,6 +272,9 @@ class RobotFrames:
         with self._lock:
             self._reset_session()
             self._session = None
+        forget = getattr(self.tree, "forget", None)
+        if forget is not None:
+            forget()
 
     def session_state(self) -> dict:
         """What a saved session needs to continue in the same world: the window, the session's first
@@ -325,9 +335,24 @@ class RobotFrames:
                 self._log.warning(text + " (reported once; counted in /diagnostics 'tf')")
 
     # ------------------------------------------------------------------ executor thread
+    def _other_publishers(self) -> dict[str, str]:
+        """The node's edges another node sent lately -> who (ERROR in /diagnostics, logged once each)."""
+        if self._publishers is None:
+            return {}
+        found = {}
+        for (parent, child) in self.tree.foreign_edges(RECENT_S):
+            edge = f"{parent} -> {child}"
+            found[edge] = self._publishers.names(edge, RECENT_S)
+            if edge not in self._logged_foreign:
+                self._logged_foreign.add(edge)
+                self._log.error(f"another node publishes {edge} too ({found[edge]}): a transform must come from one "
+                                "node; stop one of them, or give each its own frames")
+        return found
+
     def report(self) -> RobotReport:
         v = self._values
         depth_counts, depth_problem = self.depth.report() if self.depth is not None else ({}, "")
+        other_publishers = self._other_publishers()
         with self._lock:
             cost, cost_cpu = (_summary([c[k] for c in self._costs]) for k in (0, 1))
             return RobotReport(
@@ -337,6 +362,7 @@ class RobotFrames:
                 missing_reason=self._missing[1], missing_time=self._missing[2], tf_jumps=self._jumps,
                 last_jump=self._last_jump[0], last_jump_time=self._last_jump[1], scale=self.scale.status(),
                 depth_counts=depth_counts, depth_problem=depth_problem, cost_ms=cost, cost_cpu_ms=cost_cpu,
+                other_publishers=other_publishers,
             )
 
 

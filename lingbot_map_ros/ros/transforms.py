@@ -3,7 +3,14 @@
 * In: a ``tf2_ros.Buffer`` fed by a ``TransformListener`` (``/tf`` and ``/tf_static``); ``lookup``
   asks it for a transform at an image stamp, waiting up to ``tf_timeout``, and says which link is
   missing when it does not come (``NoTransform``).
-* Out: a ``tf2_ros.TransformBroadcaster`` (``send``).
+* Out: a ``tf2_ros.TransformBroadcaster`` (``send``). The node's correction (its one edge) is kept
+  and, with ``transform_publish_period`` > 0, re-sent by a timer stamped ``now + transform_tolerance``
+  (AMCL and slam_toolbox do the same), so a tf2 consumer looking up "now" never has to extrapolate
+  between frames; the value changes only when a frame is placed (``send``), ``forget`` drops it
+  (a new session: its world is not the old one's), ``repeating`` pauses it (the node inactive).
+* One edge, one publisher: an echo of the node's own edge is recognised by its stamp and value
+  (each send is remembered for a while); a transform of that edge that is not one of them comes
+  from another node (``foreign_edges``), which ``EdgePublishers`` then names.
 * The one-parent rule: a TF tree is a tree, so before the node publishes ``parent -> child`` it asks
   whether ``child`` already has another parent (``parent_of``), e.g. a camera driver's
   ``camera_link -> camera_color_optical_frame``; then the node publishes nothing for it.
@@ -17,9 +24,10 @@ arrives, which is what ``parent_of`` answers from.
 """
 from __future__ import annotations
 
+import collections
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 from rclpy.duration import Duration
@@ -31,6 +39,8 @@ from . import messages as rosmsg
 
 AUTHORITY = "lingbot_map"
 BUFFER_SECONDS = 10.0  # tf2's default cache: lookups at stamps up to this old succeed
+SENDS_KEPT = 1024  # own sends remembered per edge to tell their echo from another publisher's transform
+ECHO_ATOL = 1e-6  # an echo carries the sent values (float64 both ways); another node's differ or come at other stamps
 
 
 class NoTransform(Exception):
@@ -63,7 +73,8 @@ class FrameTree:
     inference thread (tf2's BufferCore has its own lock; the parent record has one here).
     """
 
-    def __init__(self, node, buffer_seconds: float = BUFFER_SECONDS):
+    def __init__(self, node, buffer_seconds: float = BUFFER_SECONDS, repeat_period: float = 0.0,
+                 tolerance: Callable[[], float] = lambda: 0.0):
         self._node = node
         self.buffer = Buffer(cache_time=Duration(seconds=buffer_seconds))
         self._buffer_seconds = buffer_seconds
@@ -73,8 +84,15 @@ class FrameTree:
         # lookups whose whole chain is static (a camera mount): (target, source) -> (matrix, chain children);
         # dropped as soon as any transform for one of those children arrives
         self._static_lookups: dict[tuple[str, str], tuple[np.ndarray, frozenset]] = {}
+        # own sends per edge: stamp ns -> (translation, quaternion), the oldest forgotten first
+        self._sent: dict[tuple[str, str], collections.OrderedDict] = {}
+        self._foreign: dict[tuple[str, str], float] = {}  # own edge -> time.monotonic() another node's was seen
+        self._latest: Optional[tuple[str, str, np.ndarray]] = None  # the correction the timer re-sends
+        self.repeating = False  # the node sets it while active
+        self._tolerance = tolerance
         self._listener = _TreeListener(self, node)
         self._broadcaster = TransformBroadcaster(node)
+        self._repeat_timer = node.create_timer(repeat_period, self._repeat) if repeat_period > 0 else None
 
     # ------------------------------------------------------------------ in (executor thread)
     def take(self, transforms, static: bool) -> None:
@@ -84,6 +102,8 @@ class FrameTree:
             parent, child = t.header.frame_id.lstrip("/"), t.child_frame_id.lstrip("/")
             with self._lock:
                 if (parent, child) in self._own:
+                    if not self._is_echo((parent, child), t):
+                        self._foreign[(parent, child)] = now
                     continue
                 self._parents[child] = (parent, now, static)
                 if self._static_lookups:
@@ -96,6 +116,22 @@ class FrameTree:
             except TransformException as exc:  # a malformed transform (NaN, empty frame id): tf2 refuses it
                 self._node.get_logger().warning(f"TF transform {parent} -> {child} refused by tf2: {exc}",
                                                 throttle_duration_sec=10.0)
+
+    def _is_echo(self, edge: tuple[str, str], t) -> bool:
+        """Whether ``t`` is one of the node's own sends of ``edge`` (called with the lock held)."""
+        sent = self._sent.get(edge)
+        values = None if sent is None else sent.get(Time.from_msg(t.header.stamp).nanoseconds)
+        if values is None:
+            return False
+        tr, q = t.transform.translation, t.transform.rotation
+        got = (tr.x, tr.y, tr.z, q.x, q.y, q.z, q.w)
+        return all(abs(a - b) <= ECHO_ATOL for a, b in zip(got, values))
+
+    def foreign_edges(self, within: float) -> dict[tuple[str, str], float]:
+        """The node's own edges that another publisher sent within the last ``within`` s: edge -> s ago."""
+        now = time.monotonic()
+        with self._lock:
+            return {edge: now - seen for edge, seen in self._foreign.items() if now - seen <= within}
 
     def parent_of(self, child: str) -> Optional[str]:
         """The parent another node gives ``child`` in the TF tree (None: none). A moving parent not
@@ -155,10 +191,45 @@ class FrameTree:
         return frozenset(children)
 
     # ------------------------------------------------------------------ out
-    def send(self, parent: str, child: str, stamp, matrix: np.ndarray) -> None:
-        self._broadcaster.sendTransform(rosmsg.transform_stamped(matrix, stamp, parent, child))
+    def send(self, parent: str, child: str, stamp, matrix: np.ndarray, repeat: bool = False) -> None:
+        """A placed frame's edge at its image stamp. ``repeat`` (a correction: ``world -> odom`` or
+        ``world -> base``, not a camera pose): kept for the timer, and with the timer on sent at once
+        stamped ``now + transform_tolerance`` too (so the newest future-stamped sample carries it)."""
+        with self._lock:
+            if repeat:
+                self._latest = (parent, child, matrix)
+        self._publish(parent, child, stamp, matrix)
+        if repeat and self._repeat_timer is not None and self.repeating:
+            self._repeat()
+
+    def forget(self) -> None:
+        """A new session: the old correction places nothing in the new world; nothing is re-sent until
+        the new session places a frame."""
+        with self._lock:
+            self._latest = None
+
+    def _repeat(self) -> None:
+        """The timer (executor thread): the latest correction again, stamped ``now + tolerance``."""
+        with self._lock:
+            latest = self._latest if self.repeating else None
+        if latest is None:
+            return
+        ahead = Duration(seconds=max(0.0, float(self._tolerance())))
+        self._publish(latest[0], latest[1], (self._node.get_clock().now() + ahead).to_msg(), latest[2])
+
+    def _publish(self, parent: str, child: str, stamp, matrix: np.ndarray) -> None:
+        msg = rosmsg.transform_stamped(matrix, stamp, parent, child)
+        tr, q = msg.transform.translation, msg.transform.rotation
+        with self._lock:  # remembered before it goes out: its echo may come back at once
+            sent = self._sent.setdefault((parent, child), collections.OrderedDict())
+            sent[Time.from_msg(stamp).nanoseconds] = (tr.x, tr.y, tr.z, q.x, q.y, q.z, q.w)
+            while len(sent) > SENDS_KEPT:
+                sent.popitem(last=False)
+        self._broadcaster.sendTransform(msg)
 
     def destroy(self) -> None:
+        if self._repeat_timer is not None:
+            self._node.destroy_timer(self._repeat_timer)
         self._listener.unregister()
         self._node.destroy_publisher(self._broadcaster.pub_tf)
 

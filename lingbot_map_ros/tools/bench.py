@@ -301,6 +301,12 @@ def footprint_tables(runtime_cfg: RuntimeConfig, stream_cfg: StreamConfig, args:
     tables = []
     for heads in [h for h in args.heads.split(",") if h]:
         stream = dataclasses.replace(stream_cfg, with_depth=heads == "depth+camera")
+        if stream.gpu_memory_budget > 0:  # the window configure picks for the budget (fit_window), then its table
+            from ..core.sizing import configure_fit, fit_line
+
+            fit = configure_fit(cfg, rt, runtime_cfg, stream)
+            tables.append(fit_line(fit, stream))
+            stream = fit.stream or stream
         tables.append(footprint(cfg, rt, stream, args.height, args.width).table())
     return "\n\n".join(tables)
 

@@ -143,5 +143,33 @@ def distinct_outputs(pairs: Iterable[tuple[str, str]]) -> None:
         seen[key] = option
 
 
-__all__ = ["INTERRUPTED_EXIT", "OneLineParser", "USAGE_EXIT", "UsageError", "distinct_outputs",
-           "fail", "need_dir", "need_file", "one_line", "output_dir", "output_path", "run_tool"]
+def asks_for_help(argv: Sequence[str]) -> bool:
+    """``-h`` / ``--help`` among the program's own arguments (before ``--ros-args``, whose ``-h`` is not ours)."""
+    own = list(argv)
+    if "--ros-args" in own:
+        own = own[: own.index("--ros-args")]
+    return "-h" in own or "--help" in own
+
+
+def node_help() -> str:
+    """``lingbot_map_node --help``: how to run the node and its parameters (the settings table), without
+    starting ROS."""
+    from ..core.settings import APPLIES, SETTINGS
+
+    lines = [
+        "usage: lingbot_map_node [--ros-args [-p NAME:=VALUE ...] [--params-file FILE] [-r image:=TOPIC]]",
+        "",
+        "The LingBot-Map managed node: camera images in ('image', or 'image/compressed'), poses, depth, points",
+        "and /tf out (README: The node). With autostart (default) it configures and activates itself.",
+        "Launch file: ros2 launch lingbot_map_ros lingbot_map.launch.py --show-args",
+        "",
+        "parameters (NAME (default): meaning; when a change applies):",
+    ]
+    for s in SETTINGS:
+        default = "''" if s.default == "" else s.default
+        lines.append(f"  {s.name} ({default}): {s.description} [{APPLIES[s.applies]}]")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["INTERRUPTED_EXIT", "OneLineParser", "USAGE_EXIT", "UsageError", "asks_for_help", "distinct_outputs",
+           "fail", "node_help", "need_dir", "need_file", "one_line", "output_dir", "output_path", "run_tool"]
