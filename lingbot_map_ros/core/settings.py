@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -216,6 +217,58 @@ ROBOT_SETTINGS: tuple[Setting, ...] = (
 )
 COVARIANCE_SETTINGS = ("pose_covariance_diagonal", "twist_covariance_diagonal")
 
+# --- several cameras on one GPU (README "Several cameras"): one stream per camera over one model and one
+# page pool; the names decide the topics, the per-camera outputs and the streams of a saved session.
+MAX_CAMERAS = 8
+CAMERA_SETTINGS: tuple[Setting, ...] = (
+    Setting("cameras", [], "Camera names. Empty: one camera on 'image', as without this parameter. [front, rear]: "
+            "one stream each on front/image and rear/image (/compressed with image_transport compressed; "
+            "<name>/depth with scale_source depth), one model and one page pool for all, a tick batches the "
+            "newest frame of each camera; per-camera outputs under ~/<name>/. At most 8; base_frame is required "
+            "with more than one.", "configure"),
+    Setting("primary_camera", "", "The camera whose estimate drives the body pose (~/pose, ~/odom, ~/path, /tf) "
+            "while it tracks. Empty: the first of cameras.", "configure"),
+    Setting("camera_timeout", 0.5, "Seconds without a processed frame after which a camera counts as stalled: "
+            "the next camera that tracks drives the body pose (the offset at the hand-over is carried, never a "
+            "jump) and /diagnostics WARNs naming the stalled camera.", "next_frame", range=(0.01, 60.0)),
+)
+_CAMERA_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+
+
+def camera_problems(values: dict) -> list[str]:
+    """Reasons why ``cameras`` / ``primary_camera`` cannot run (empty: they can)."""
+    if "cameras" not in values:
+        return []
+    names = list(values.get("cameras") or [])
+    problems: list[str] = []
+    if len(names) > MAX_CAMERAS:
+        problems.append(f"cameras: at most {MAX_CAMERAS} (got {len(names)})")
+    bad = [n for n in names if not isinstance(n, str) or not _CAMERA_NAME.fullmatch(n)]
+    if bad:
+        problems.append(f"cameras: {bad} are not camera names (a letter, then letters, digits or _: the name "
+                        "becomes the topics <name>/image and ~/<name>/pose)")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        problems.append(f"cameras: {repeated} given more than once")
+    primary = str(values.get("primary_camera", ""))
+    if primary and primary not in names:
+        problems.append(f"primary_camera {primary!r} is not one of cameras {names}")
+    if len(names) > 1 and not values.get("base_frame"):
+        problems.append(f"cameras {names}: more than one camera needs base_frame (every camera's estimate becomes "
+                        "the body pose through base_frame -> its camera frame in TF)")
+    return problems
+
+
+def camera_names(values: dict) -> list[str]:
+    """The configured camera names ([] : the single camera on ``image``)."""
+    return list(values.get("cameras") or [])
+
+
+def primary_camera(values: dict) -> str:
+    """The driving camera: ``primary_camera``, else the first of ``cameras`` ("" without cameras)."""
+    names = camera_names(values)
+    return str(values.get("primary_camera") or "") or (names[0] if names else "")
+
 # --- saved sessions (docs/sessions.md): the map (the model's KV cache) kept across restarts
 SESSION_STAGING = ("auto", "host")
 SESSION_SETTINGS: tuple[Setting, ...] = (
@@ -235,7 +288,7 @@ SESSION_SETTINGS: tuple[Setting, ...] = (
             "map and nothing is stored, the KV cache stays as it is; true again: mapping continues. "
             "Applies from the next frame.", "next_frame"),
 )
-SETTINGS = SETTINGS + ROBOT_SETTINGS + SESSION_SETTINGS
+SETTINGS = SETTINGS + ROBOT_SETTINGS + CAMERA_SETTINGS + SESSION_SETTINGS
 
 
 def robot_problems(values: dict) -> list[str]:
@@ -348,6 +401,7 @@ def validate_values(values: dict, *, resolve: bool = True) -> list[str]:
         if values.get("camera_frame") and values["camera_frame"] == values["world_frame"]:
             problems.append("camera_frame must differ from world_frame")
     problems += robot_problems(values)
+    problems += camera_problems(values)
     if "trajectory_path" in values and not values["trajectory_path"].strip():
         problems.append("trajectory_path must not be empty")
     if "session_path" in values and not values["session_path"].strip():
@@ -364,4 +418,5 @@ def validate_values(values: dict, *, resolve: bool = True) -> list[str]:
 
 __all__ = ["APPLIES", "DEPTH_OUTPUTS", "RUNTIME_FIELDS", "SETTINGS", "SETTINGS_BY_NAME", "SETTING_NAMES",
            "STREAM_FIELDS", "Setting", "applies_of_field", "configs_from_values", "defaults", "validate_values",
-           "ROBOT_SETTINGS", "SESSION_SETTINGS", "covariance_matrix", "covariance_problem", "robot_problems"]
+           "ROBOT_SETTINGS", "SESSION_SETTINGS", "CAMERA_SETTINGS", "MAX_CAMERAS", "camera_names", "camera_problems",
+           "primary_camera", "covariance_matrix", "covariance_problem", "robot_problems"]

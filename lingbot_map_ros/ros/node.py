@@ -66,8 +66,8 @@ from .parameters import (
     PARAMETERS,
     ParamSpec,
     configs_from_values,
+    declare,
     declare_error,
-    descriptor,
     staging_choice,
     validate_values,
 )
@@ -94,7 +94,7 @@ class LingBotMapNode(LifecycleNode):
         super().__init__(node_name, **kwargs)
         for spec in PARAMETERS:
             try:
-                self.declare_parameter(spec.name, spec.default, descriptor(spec))
+                declare(self, spec)
             except rclpy.exceptions.ParameterException as exc:  # a refused value from the command line or file
                 raise ValueError(declare_error(spec, exc)) from None
         self._values = {p.name: self.get_parameter(p.name).value for p in PARAMETERS}

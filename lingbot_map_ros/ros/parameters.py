@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from typing import Mapping, Optional
 
-from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType
+from rclpy.parameter import Parameter
 
 from ..core.settings import (
     APPLIES,
@@ -34,6 +35,8 @@ SPECS = SETTINGS_BY_NAME
 def descriptor(spec: Setting) -> ParameterDescriptor:
     """The descriptor ROS tools show for ``spec``; its range lets ROS refuse out-of-range values itself."""
     d = ParameterDescriptor(description=spec.description, read_only=spec.read_only)
+    if isinstance(spec.default, list) and not spec.default:  # an empty default tells ROS no element type
+        d.type = ParameterType.PARAMETER_STRING_ARRAY
     notes = []
     if spec.range is not None:
         lo, hi = spec.range
@@ -46,6 +49,18 @@ def descriptor(spec: Setting) -> ParameterDescriptor:
     notes.append(APPLIES[spec.applies])
     d.additional_constraints = "; ".join(notes)
     return d
+
+
+def declare(node, spec: Setting) -> None:
+    """Declare ``spec`` on ``node``. An empty string-array default (``cameras``) is declared by its type
+    and then set to ``[]``: rclpy would type a bare ``[]`` as a byte array and refuse every list of
+    names given later."""
+    if isinstance(spec.default, list) and not spec.default:
+        declared = node.declare_parameter(spec.name, Parameter.Type.STRING_ARRAY, descriptor(spec))
+        if declared.type_ == Parameter.Type.NOT_SET:
+            node.set_parameters([Parameter(spec.name, Parameter.Type.STRING_ARRAY, [])])
+        return
+    node.declare_parameter(spec.name, spec.default, descriptor(spec))
 
 
 _RCLPY_INVALID_VALUE = re.compile(r"Invalid parameter value \((?P<value>.*)\) for parameter\. Reason: (?P<reason>.*)",
@@ -84,5 +99,5 @@ def staging_choice(values: Mapping) -> Optional[bool]:
 
 
 __all__ = ["PARAMETERS", "PARAMETER_NAMES", "RUNTIME_FIELDS", "SPECS", "STREAM_FIELDS", "ParamSpec",
-           "configs_from_values", "declare_error", "descriptor", "staging_choice", "validate_values"]
+           "configs_from_values", "declare", "declare_error", "descriptor", "staging_choice", "validate_values"]
 
