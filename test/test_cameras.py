@@ -3,8 +3,11 @@ algebra (one world, anchoring, the body pose, hand-over, the model-unit ratio), 
 computed here in float64."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from lingbot_map_ros.core.geometry import se3, se3_inverse
+from lingbot_map_ros.core.rig import Rig, scaled
 from lingbot_map_ros.core.settings import (
     MAX_CAMERAS,
     SETTINGS_BY_NAME,
@@ -81,3 +84,94 @@ def test_cameras_from_the_command_line_and_the_empty_default(ros_domain_id):
             LingBotMapNode(context=ctx, cli_args=["--ros-args", "-p", "cameras:=[front, rear]"])
     finally:
         rclpy.shutdown(context=ctx)
+
+
+# ------------------------------------------------------------------------------------ the rig's algebra
+def _truth(t: float) -> np.ndarray:
+    """The body in odom: a constant-rate turn about one axis and a straight line (both exact under
+    the rig's interpolation), so any error below comes from the rig, not from the motion."""
+    axis = np.array([0.2, 0.1, 1.0]) / np.linalg.norm([0.2, 0.1, 1.0])
+    angle = 0.3 * t
+    k = np.array([[0, -axis[2], axis[1]], [axis[2], 0, -axis[0]], [-axis[1], axis[0], 0]])
+    rot = np.eye(3) + np.sin(angle) * k + (1 - np.cos(angle)) * k @ k
+    return se3(rot, [0.8 * t, 0.1 * t, 0.02 * t])
+
+
+EXTRINSICS = {"front": se3(np.eye(3), [0.3, 0.0, 0.2]),
+              "rear": se3(np.diag([-1.0, -1.0, 1.0]), [-0.25, 0.05, 0.3])}
+
+
+def _observed(first_t: float, t: float, unit: float = 1.0, bias: np.ndarray = np.eye(4)) -> np.ndarray:
+    """A stream's body pose in its own world (its first body pose), in its own unit."""
+    return scaled(bias @ se3_inverse(_truth(first_t)) @ _truth(t), unit)
+
+
+def _place(rig: Rig, name: str, first_t: float, t: float, unit: float = 1.0, bias=np.eye(4), odom=True):
+    body = _observed(first_t, t, unit, bias)
+    return rig.place(name, t, body, body @ EXTRINSICS[name], now=t, base_in_odom=_truth(t) if odom else None)
+
+
+def test_rig_one_world_late_start_and_unit_from_the_primary():
+    rig = Rig(["front", "rear"], "front", timeout=0.5, unit_from_primary=True, min_travel=0.5)
+    world = se3_inverse(_truth(0.0))  # the world: the body at the first stream's first frame
+    rear_first, placed = None, {"front": [], "rear": []}
+    for i in range(40):
+        t = 0.1 * i
+        out = _place(rig, "front", 0.0, t)
+        placed["front"].append((t, out))
+        if t >= 1.0 and i % 3 == 0:  # the rear camera starts later, at its own rate, in its own unit
+            rear_first = t if rear_first is None else rear_first
+            placed["rear"].append((t, _place(rig, "rear", rear_first, t + 0.013, unit=0.37)))
+    for t, out in placed["front"]:
+        np.testing.assert_allclose(out.published_body, world @ _truth(t), atol=1e-9)
+        np.testing.assert_allclose(out.camera, world @ _truth(t) @ EXTRINSICS["front"], atol=1e-9)
+    withheld = [out for _, out in placed["rear"] if isinstance(out, str)]
+    used = [(t, out) for t, out in placed["rear"] if not isinstance(out, str)]
+    assert withheld and "scale_min_travel" in withheld[0] and used  # withheld until the body travelled 0.5
+    assert rig.report(4.0)["rear"].unit == pytest.approx(1 / 0.37, rel=1e-9)
+    for t, out in used:  # the rear camera lands in the same world, in the world's unit
+        assert not out.drives
+        np.testing.assert_allclose(out.body, world @ _truth(t + 0.013), atol=1e-9)
+        np.testing.assert_allclose(out.camera, world @ _truth(t + 0.013) @ EXTRINSICS["rear"], atol=1e-9)
+
+
+def test_rig_hand_over_is_continuous_and_the_primary_takes_the_drive_back():
+    rig = Rig(["front", "rear"], "front", timeout=0.5, unit_from_primary=False, min_travel=0.5)
+    world = se3_inverse(_truth(0.0))
+    disagreement = se3(np.eye(3), [0.03, -0.02, 0.0])  # the rear camera's error of its world
+    published = []
+    for i in range(80):
+        t = 0.05 * i
+        if not 1.5 <= t < 2.6 and i % 2 == 0:  # the front camera stalls from 1.5 s to 2.6 s
+            out = _place(rig, "front", 0.0, t, odom=False)
+            if out.drives:
+                published.append((t, "front", out.published_body))
+        if i % 3 == 1:
+            out = _place(rig, "rear", 0.15, t, bias=disagreement, odom=False)
+            if out.drives:
+                published.append((t, "rear", out.published_body, out.handed_over))
+            if 1.4 + 0.55 < t < 2.6:
+                assert rig.report(t)["front"].state == "stalled"
+    drivers = [p[1] for p in published]
+    first_rear = drivers.index("rear")
+    assert published[first_rear][3] == "rear drives: front stalled"
+    assert 1.5 + 0.5 <= published[first_rear][0] <= 1.5 + 0.5 + 0.15  # within the timeout plus one frame
+    back = drivers.index("front", first_rear)
+    assert rig.handovers == 2
+    for entry in published:  # every published pose is the true body: the offset carried the disagreement
+        np.testing.assert_allclose(entry[2], world @ _truth(entry[0]), atol=1e-9)
+    assert all(d == "front" for d in drivers[back:])
+
+
+def test_rig_new_session_of_one_stream_is_anchored_again():
+    rig = Rig(["front", "rear"], "front", timeout=0.5, unit_from_primary=False, min_travel=0.5)
+    world = se3_inverse(_truth(0.0))
+    rear_first = 0.05
+    for i in range(30):
+        t = 0.1 * i
+        _place(rig, "front", 0.0, t)
+        if i == 15:  # the rear stream starts a new session: a new world of its own
+            rig.begin_stream("rear")
+            rear_first = t + 0.05
+        out = _place(rig, "rear", rear_first, t + 0.05)
+        np.testing.assert_allclose(out.body, world @ _truth(t + 0.05), atol=1e-9)
