@@ -44,6 +44,7 @@ PARAMETER_ARGUMENTS: dict[str, type] = {
     "qos_reliability": str, "publish_depth": bool, "transform_publish_period": float,
     "transform_tolerance": float, "initial_session": str, "mapping": bool, "session_path": str,
     "gpu_memory_budget": float, "fit_window": bool, "image_width": int,
+    "primary_camera": str, "camera_timeout": float,
 }
 TRUE_WORDS = ("true", "1", "yes")
 # diagnostics_aggregator:=true starts diagnostic_aggregator's aggregator_node with this analyzer file
@@ -111,6 +112,9 @@ def node_settings(context) -> tuple[list, list]:
         value = LaunchConfiguration(name).perform(context)
         if value:
             overrides[name] = parameter_value(name, value, kind)
+    cameras = camera_list(LaunchConfiguration("cameras").perform(context))
+    if cameras:  # several cameras: <name>/image and <name>/depth each (remap them in your own launch file)
+        overrides["cameras"] = cameras
     # the managed node configures and activates itself unless autostart is false
     overrides["autostart"] = LaunchConfiguration("autostart").perform(context).lower() in ("true", "1", "yes")
     # The node follows image_transport's naming: remapping `image` also moves `image/compressed`.
@@ -119,6 +123,11 @@ def node_settings(context) -> tuple[list, list]:
     if depth_topic:  # registered depth for scale_source depth (depth/compressed moves with it, as image does)
         remappings.append(("depth", depth_topic))
     return [params_file, overrides], remappings
+
+
+def camera_list(text: str) -> list[str]:
+    """``cameras:=front,rear`` or ``cameras:="[front, rear]"`` -> ["front", "rear"] ("" -> [])."""
+    return [n for n in text.strip().strip("[]").replace(",", " ").split() if n]
 
 
 def parameter_value(name: str, text: str, kind: type):
@@ -279,6 +288,16 @@ def generate_launch_description():
                                           "as in params_file"),
         DeclareLaunchArgument("image_width", default_value="",
                               description="model input width (a multiple of 14, 224..518); empty = as in params_file"),
+        DeclareLaunchArgument("cameras", default_value="",
+                              description="camera names, e.g. front,rear: one stream each on <name>/image (and "
+                                          "<name>/depth), one model, one body pose (README: Several cameras); "
+                                          "empty = as in params_file (default: one camera on image_topic)"),
+        DeclareLaunchArgument("primary_camera", default_value="",
+                              description="the camera that drives the body pose while it tracks; empty = as in "
+                                          "params_file (default: the first of cameras)"),
+        DeclareLaunchArgument("camera_timeout", default_value="",
+                              description="s without a processed frame before a camera counts as stalled and the "
+                                          "next one drives; empty = as in params_file (default 0.5)"),
         DeclareLaunchArgument("depth_topic", default_value="",
                               description="registered depth image topic for scale_source depth (e.g. "
                                           "/camera/camera/aligned_depth_to_color/image_raw); empty = `depth`"),

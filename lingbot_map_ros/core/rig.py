@@ -57,6 +57,7 @@ class RigPlacement:
     drives: bool  # this frame is the body pose's (published on ~/pose, ~/odom, ~/path, /tf)
     published_body: Optional[np.ndarray]  # [4, 4] what ~/pose carries (offset applied); None unless drives
     handed_over: str  # "" or the hand-over this frame made ("rear drives: front stalled")
+    unit: float = 1.0  # the stream's translation (and depth) unit in the world's
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,7 @@ class Rig:
             if base_in_odom is not None:
                 self._correction = published @ se3_inverse(base_in_odom)
         return RigPlacement(camera=world_body @ extrinsic, body=world_body, drives=drives, published_body=published,
-                            handed_over=note)
+                            handed_over=note, unit=float(s.unit))
 
     def _estimate_unit(self, s: _Stream, stamp: float, body: np.ndarray, base_in_odom) -> str:
         """The held body's travel over this stream's own, over the same stamps ("" once locked)."""

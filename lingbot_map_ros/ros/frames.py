@@ -141,10 +141,10 @@ class FrameLedger:
     image callback, the inference thread and the transitions all end frames through here.
     """
 
-    def __init__(self, node, session_id: Callable[[], int]):
+    def __init__(self, node, session_id: Callable[[], int], topic: str = "~/frame_status"):
         self._log = node.get_logger()
         self._session_id = session_id
-        self._status_pub = node.create_publisher(FrameStatus, "~/frame_status", QoSProfile(depth=50))
+        self._status_pub = node.create_publisher(FrameStatus, topic, QoSProfile(depth=50))
         self._context = node.context
         self.lock = threading.Lock()
         self.c = Counters()

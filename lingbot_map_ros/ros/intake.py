@@ -66,10 +66,11 @@ class DepthPairing:
     another encoding, size or aspect ratio, depth without a colour partner, colour without depth.
     """
 
-    def __init__(self, node, values: Mapping, wanted: Callable[[], bool]):
+    def __init__(self, node, values: Mapping, wanted: Callable[[], bool], base: str = "depth"):
         from .depth_io import GridCache
 
         self._node = node
+        self._base = base  # the topic before remapping: depth, or <camera>/depth
         self._values = values
         self._wanted = wanted
         self._grid = GridCache(width=lambda: int(values.get("image_width", 518)))
@@ -91,7 +92,7 @@ class DepthPairing:
         return self._sub is not None
 
     def resolve_topic(self) -> str:
-        return transport_topic(self._node, "depth", self._values["image_transport"])
+        return transport_topic(self._node, self._base, self._values["image_transport"])
 
     def subscribe(self, qos) -> None:
         """(Re-)create the depth subscription and the synchronizer (same QoS as the colour topic)."""
@@ -230,10 +231,11 @@ class ImageIntake:
 
     def __init__(self, node, values: Mapping, ledger: FrameLedger, input_size: InputSize,
                  sink: Callable[[Frame], None], is_active: Callable[[], bool], state_label: Callable[[], str],
-                 depth: Optional[DepthPairing] = None):
+                 depth: Optional[DepthPairing] = None, base: str = "image"):
         from .image_io import UnsupportedImage, message_to_rgb
 
         self._node = node
+        self._base = base  # the topic before remapping: image, or <camera>/image
         self._values = values
         self._ledger = ledger
         self._input_size = input_size
@@ -251,7 +253,7 @@ class ImageIntake:
         return self._sub is not None
 
     def resolve_topic(self) -> str:
-        return transport_topic(self._node, "image", self._values["image_transport"])
+        return transport_topic(self._node, self._base, self._values["image_transport"])
 
     def subscribe(self) -> None:
         """(Re-)create the subscription from the current parameters."""

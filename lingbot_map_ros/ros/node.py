@@ -55,6 +55,7 @@ from rclpy.qos import QoSProfile, QoSReliabilityPolicy
 
 from lingbot_map_ros.msg import FrameStatus
 
+from ..core.settings import camera_names
 from .diagnostics import COUNTER_NAMES, DIAG_PREFIX, DiagnosticsSnapshot, diagnostic_array
 from .frames import Frame, FrameLedger, InputRejected
 from .input_size import InputSize
@@ -113,6 +114,7 @@ class LingBotMapNode(LifecycleNode):
         self._manager = None
         self._worker = None  # inference.InferenceWorker
         self._stage = None  # pipeline.PreprocessStage (its thread runs while active)
+        self._cameras = None  # cameras.CameraSystem: the several-camera mode (parameter cameras)
         self._active = False
         self._state_label = "unconfigured"
         self._configure_error = ""
@@ -159,6 +161,8 @@ class LingBotMapNode(LifecycleNode):
         if problems:
             return self._configure_failed("invalid parameters: " + "; ".join(problems))
         runtime, stream = configs_from_values(self._values)
+        if camera_names(self._values):
+            return self._configure_cameras(runtime, stream)
         self.get_logger().info(
             f"configuring: building the model (preset {runtime.resolved_preset()}, device {runtime.device}, "
             f"dtype {runtime.dtype}, backend {runtime.attention_backend}); stream {stream}"
@@ -203,7 +207,10 @@ class LingBotMapNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._stage.start()  # before frames are let in
+        if self._cameras is not None:
+            self._cameras.activate()
+        else:
+            self._stage.start()  # before frames are let in
         self._active = True
         self._outputs.robot.tree.repeating = True  # the world -> odom correction is re-sent while active
         self._state_label = "active"
@@ -220,6 +227,8 @@ class LingBotMapNode(LifecycleNode):
         self._state_label = "inactive"
         if self._stage is not None:
             self._stage.stop("the node was deactivated")
+        if self._cameras is not None:
+            self._cameras.deactivate()
         frame = self._worker.queue.frames.take() if self._worker is not None else None
         if frame is not None:
             self._ledger.finish(frame.header, FrameStatus.DROPPED_INACTIVE, "the node was deactivated")
@@ -239,6 +248,27 @@ class LingBotMapNode(LifecycleNode):
         self._teardown()
         return TransitionCallbackReturn.SUCCESS  # back to unconfigured
 
+    def _configure_cameras(self, runtime, stream) -> TransitionCallbackReturn:
+        """``cameras`` set: one model, one stream per camera (ros/cameras.py)."""
+        from .cameras import CameraSystem
+
+        if self._values["initial_session"]:
+            return self._configure_failed("initial_session is not available with several cameras in this version")
+        if self._cameras is None or self._cameras.names != camera_names(self._values):
+            self._cameras = CameraSystem(self, self._values, self._outputs, is_active=lambda: self._active,
+                                         state_label=lambda: self._state_label)
+        try:
+            self._cameras.configure(runtime, stream, on_view=self._session_view.update, context_ok=self.context.ok)
+        except Exception as exc:  # noqa: BLE001 - any failure of the model build fails the transition
+            self._cameras.teardown("configure failed")
+            return self._configure_failed(*build_failure(exc))
+        self._manager = self._cameras.primary_manager
+        self._configure_error = ""
+        self._state_label = "inactive"
+        self.get_logger().info(f"configured: cameras {self._cameras.names} (primary {self._cameras.primary}) on "
+                               f"{self._cameras.topics}")
+        return TransitionCallbackReturn.SUCCESS
+
     def _configure_failed(self, reason: str, exc: Optional[BaseException] = None) -> TransitionCallbackReturn:
         self._configure_error = reason
         self._ledger.record_error(f"configure failed: {reason}; the node stays unconfigured (fix the parameters, "
@@ -252,6 +282,8 @@ class LingBotMapNode(LifecycleNode):
         worker = self._worker
         self.shutdown(reason="the node was cleaned up")
         self._intake.unsubscribe()
+        if self._cameras is not None:
+            self._cameras.teardown("the node was cleaned up")
         if worker is not None:
             worker.close("the node was cleaned up")
         self._manager = None
@@ -271,6 +303,8 @@ class LingBotMapNode(LifecycleNode):
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.stop(timeout)
+        if self._cameras is not None:
+            self._cameras.shutdown(reason, timeout)
 
     # ------------------------------------------------------------------ wiring
     def _offer(self, frame: Frame) -> None:
@@ -289,6 +323,8 @@ class LingBotMapNode(LifecycleNode):
         return manager.prepare_load(path, on_device=staging_choice(self._values))
 
     def _submit(self, command: tuple, wait: float = 0.0) -> Optional[str]:
+        if self._cameras is not None:
+            return self._cameras.submit(command, wait)
         worker = self._worker
         return worker.submit(command, wait) if worker is not None else None
 
@@ -339,7 +375,10 @@ class LingBotMapNode(LifecycleNode):
                 timeline=timeline, overlapped=overlapped, robot=robot, memory=view.memory,
             )
             c.dropped_since_diag = c.rejected_since_diag = 0
-        self._diag_pub.publish(diagnostic_array(snapshot, self.get_clock().now().to_msg()))
+        array = diagnostic_array(snapshot, self.get_clock().now().to_msg())
+        if self._cameras is not None:
+            array.status.extend(self._cameras.statuses(self.get_fully_qualified_name()))
+        self._diag_pub.publish(array)
 
 
 def build_failure(exc: BaseException) -> tuple[str, Optional[BaseException]]:

@@ -145,11 +145,32 @@ class ResultPublisher:
             frame.model_image = None
             self._finish_processed(r, frame, session_id, manager, world, t0, note=placed.reason)
             return
-        pose_matrix = placed.pose
+        self.publish_body(placed.pose, header, placed.child, placed.twist, placed.tf)
 
+        recon = self.recon
+        depth = r.depth
+        t_scale, c_scale = time.perf_counter(), time.thread_time()
+        depth_wanted = any(bool(values[k]) for k in ("publish_depth", "publish_points", "publish_map"))
+        if depth is not None and placed.depth_factor != 1.0 and depth_wanted:
+            depth = (depth * np.float32(placed.depth_factor)).astype(np.float32)  # metres when metric
+        self.robot.record_cost(place_ms + (time.perf_counter() - t_scale) * 1e3,
+                               place_cpu_ms + (time.thread_time() - c_scale) * 1e3)
+        if values["publish_depth"] and depth is not None:
+            self._depth_pub.publish(rosmsg.depth_image(depth, header.stamp, camera_frame))
+        if recon is not None:  # depth confidence, camera info, points, map (after the pose), in the world's unit
+            recon.publish(dataclasses.replace(r, c2w=placed.camera, depth=depth), frame.model_image, header,
+                          camera_frame, world)
+        frame.model_image = None
+        self._finish_processed(r, frame, session_id, manager, world, t0)
+
+    def publish_body(self, pose_matrix: np.ndarray, header: Header, child: str, twist, tf) -> None:
+        """``~/pose``, ``~/odom``, ``~/path``, the trajectory and the /tf edge of one placed pose (several
+        cameras: the rig's body pose, from the driving camera)."""
+        values = self._values
+        world = values["world_frame"]
         pose = rosmsg.pose_stamped(pose_matrix, header.stamp, world)
         self._pose_pub.publish(pose)
-        self._odom_pub.publish(rosmsg.odometry(pose, placed.child, placed.twist,
+        self._odom_pub.publish(rosmsg.odometry(pose, child, twist,
                                                covariance_matrix(values["pose_covariance_diagonal"]),
                                                covariance_matrix(values["twist_covariance_diagonal"])))
 
@@ -171,27 +192,10 @@ class ResultPublisher:
         if path_poses is not None:
             self._path_pub.publish(rosmsg.path_message(pose.header, path_poses))
 
-        if placed.tf is not None:
+        if tf is not None:
             # a correction (with base_frame) is re-sent between frames; a camera pose is not (it is a
             # measurement at its image stamp, not a transform that holds until the next frame)
-            self.robot.tree.send(placed.tf[0], placed.tf[1], header.stamp, placed.tf[2],
-                                 repeat=bool(values["base_frame"]))
-
-        recon = self.recon
-        depth = r.depth
-        t_scale, c_scale = time.perf_counter(), time.thread_time()
-        depth_wanted = any(bool(values[k]) for k in ("publish_depth", "publish_points", "publish_map"))
-        if depth is not None and placed.depth_factor != 1.0 and depth_wanted:
-            depth = (depth * np.float32(placed.depth_factor)).astype(np.float32)  # metres when metric
-        self.robot.record_cost(place_ms + (time.perf_counter() - t_scale) * 1e3,
-                               place_cpu_ms + (time.thread_time() - c_scale) * 1e3)
-        if values["publish_depth"] and depth is not None:
-            self._depth_pub.publish(rosmsg.depth_image(depth, header.stamp, camera_frame))
-        if recon is not None:  # depth confidence, camera info, points, map (after the pose), in the world's unit
-            recon.publish(dataclasses.replace(r, c2w=placed.camera, depth=depth), frame.model_image, header,
-                          camera_frame, world)
-        frame.model_image = None
-        self._finish_processed(r, frame, session_id, manager, world, t0)
+            self.robot.tree.send(tf[0], tf[1], header.stamp, tf[2], repeat=bool(values["base_frame"]))
 
     def _finish_processed(self, r: FrameResult, frame: Frame, session_id: int, manager, world: str, t0: float,
                           note: str = "") -> None:

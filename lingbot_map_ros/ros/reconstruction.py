@@ -145,8 +145,13 @@ class ReconstructionPublisher:
 
     def __init__(self, node, get_values: Callable[[], Mapping[str, Any]],
                  device: Union[None, str, torch.device, Callable[[], Optional[torch.device]]] = None,
-                 map_device: Union[str, torch.device] = "cpu"):
+                 map_device: Union[str, torch.device] = "cpu", prefix: str = "~/",
+                 map_into: Optional["ReconstructionPublisher"] = None):
+        """``prefix``: where the per-frame outputs go (``~/<camera>/`` for one of several cameras);
+        ``map_into``: the publisher whose map this one's points join (several cameras, one map): then
+        this one has no map, ``~/save_map`` or timer of its own."""
         self._node = node
+        self._map_into = map_into
         self._get_values = get_values
         # a callable follows the model when the node rebuilds it on another device
         self._device = device if callable(device) else (lambda d=device: d)
@@ -168,12 +173,14 @@ class ReconstructionPublisher:
         # latched: RViz (or a recorder) started later still gets the last map at once
         latched = QoSProfile(depth=1, reliability=QoSReliabilityPolicy.RELIABLE,
                              durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
-        self._conf_pub = node.create_publisher(Image, "~/depth_confidence", reliable10)
-        self._info_pub = node.create_publisher(CameraInfo, "~/camera_info", reliable10)
-        self._points_pub = node.create_publisher(PointCloud2, "~/points", big)
-        self._map_pub = node.create_publisher(PointCloud2, "~/map_points", latched)
-        self._save_srv = node.create_service(Trigger, "~/save_map", self._on_save_map)
-        self._timer = node.create_timer(MAP_TICK_S, self._on_tick)
+        self._conf_pub = node.create_publisher(Image, prefix + "depth_confidence", reliable10)
+        self._info_pub = node.create_publisher(CameraInfo, prefix + "camera_info", reliable10)
+        self._points_pub = node.create_publisher(PointCloud2, prefix + "points", big)
+        self._map_pub = self._save_srv = self._timer = None
+        if map_into is None:
+            self._map_pub = node.create_publisher(PointCloud2, "~/map_points", latched)
+            self._save_srv = node.create_service(Trigger, "~/save_map", self._on_save_map)
+            self._timer = node.create_timer(MAP_TICK_S, self._on_tick)
 
     # ------------------------------------------------------------------ inference thread
     def publish(self, result: FrameResult, model_image: Optional[torch.Tensor], header: Header,
@@ -226,6 +233,9 @@ class ReconstructionPublisher:
         self._enqueue(("reset",), 0, 0)
 
     def _enqueue(self, item: tuple, n: int, max_points: int) -> None:
+        if self._map_into is not None:
+            self._map_into._enqueue(item, n, max_points)
+            return
         with self._qlock:
             self._queue.append(item)
             self._queued_points += n
@@ -332,10 +342,12 @@ class ReconstructionPublisher:
     def destroy(self) -> None:
         """Remove the publishers, the service and the timer (lifecycle cleanup / shutdown)."""
         node = self._node
-        node.destroy_timer(self._timer)
-        node.destroy_service(self._save_srv)
+        if self._timer is not None:
+            node.destroy_timer(self._timer)
+            node.destroy_service(self._save_srv)
         for pub in (self._conf_pub, self._info_pub, self._points_pub, self._map_pub):
-            node.destroy_publisher(pub)
+            if pub is not None:
+                node.destroy_publisher(pub)
 
 
 __all__ = [

@@ -56,6 +56,7 @@ class Placement:
     depth_factor: float  # published depth = model depth x this (metres when metric)
     twist: Optional[tuple[np.ndarray, np.ndarray]]  # body-frame (linear, angular) from the previous pose
     tf: Optional[tuple[str, str, np.ndarray]]  # (parent, child, T_parent_child) for /tf, None: nothing
+    base_in_odom: Optional[np.ndarray] = None  # [4, 4] T_odom_base at the image stamp (with odom_frame)
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ class RobotFrames:
                 pose, child = body_pose(camera, extrinsic), base
         tf = self._tf_edge(world, base, odom, camera_frame, pose, base_in_odom) if v["publish_tf"] else None
         return Placement(camera=camera, pose=pose, child=child, depth_factor=metric.factor,
-                         twist=self._twist(header, pose), tf=tf)
+                         twist=self._twist(header, pose), tf=tf, base_in_odom=base_in_odom)
 
     def _lookups(self, header, camera_frame: str, base: str, odom: str, timeout: float):
         """(T_base_cam or None, T_odom_base or None) at the image stamp; raises ``NoTransform``."""
@@ -188,6 +189,11 @@ class RobotFrames:
         extrinsic = np.eye(4) if camera_frame == base else tree.lookup(base, camera_frame, header.stamp, timeout)
         base_in_odom = tree.lookup(odom, base, header.stamp, timeout) if odom else None
         return extrinsic, base_in_odom
+
+    def tf_edge(self, world: str, base: str, odom: str, camera_frame: str, pose: np.ndarray,
+                base_in_odom: Optional[np.ndarray]) -> Optional[tuple[str, str, np.ndarray]]:
+        """The /tf edge of the body pose ``pose`` (several cameras: the rig's body pose, placed here)."""
+        return self._tf_edge(world, base, odom, camera_frame, pose, base_in_odom)
 
     def _tf_edge(self, world: str, base: str, odom: str, camera_frame: str, pose: np.ndarray,
                  base_in_odom: Optional[np.ndarray]) -> Optional[tuple[str, str, np.ndarray]]:

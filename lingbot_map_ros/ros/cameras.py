@@ -1,0 +1,487 @@
+"""Several cameras in one node (parameter ``cameras``; README "Several cameras").
+
+One model, one page pool (``core.stream_group.StreamGroup``), one stream per camera. What each
+camera has of its own (``CameraChannel``): its subscriptions (``<name>/image`` or
+``<name>/image/compressed``, ``<name>/depth`` with ``scale_source: depth``), its frame ledger and
+``~/<name>/frame_status``, its input size, its preprocessing thread, its latest-frame queue (a newer
+frame replaces the waiting one, which ends DROPPED_QUEUE counted under the camera), its robot frames
+and scale (``RobotFrames``: ``base_frame -> camera`` at each image stamp; depth, odometry and fixed
+scales metric per stream), its time-jump detector, and ``~/<name>/pose``, ``~/<name>/cache_stats``,
+``~/<name>/depth``.
+
+One inference thread (``CameraGroupWorker``) runs the ticks: it takes the newest waiting frame of every
+camera and runs them through ``StreamGroup.step`` as one batched step; a camera without a frame waits
+for none. Each result is placed by its camera's ``RobotFrames`` (its own world), then by the rig
+(``core.rig.Rig``: the one world, the one body pose, the hand-over); the driving camera's body pose
+goes out through the node's ``ResultPublisher.publish_body`` (``~/pose``, ``~/odom``, ``~/path``,
+``/tf``). Bad input, a fault or a non-finite output of one camera ends that camera's frames and
+never touches another stream (the group's fault containment).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import statistics
+import threading
+import time
+from typing import Any, Callable, Mapping, Optional
+
+import numpy as np
+from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
+from geometry_msgs.msg import PoseStamped
+from rclpy.qos import QoSProfile, QoSReliabilityPolicy
+from sensor_msgs.msg import Image
+
+from lingbot_map_ros.msg import CacheStats, FrameStatus
+
+from ..core.geometry import body_twist
+from ..core.rig import Rig, RigPlacement
+from ..core.settings import camera_names, primary_camera
+from . import messages as rosmsg
+from .diagnostics import DIAG_PREFIX, RATE_WINDOW_S
+from .frames import Frame, FrameLedger, InputRejected, LatestFrame, stamp_sec
+from .input_size import InputSize
+from .intake import DepthPairing, ImageIntake
+from .robot_frames import RobotFrames, Withheld
+from .time_jump import TimeJumpDetector
+from .transforms import NoTransform
+
+REPLACED = "replaced by a newer frame of the same camera before inference"
+
+
+class CameraChannel:
+    """One camera: its input, its ledger, its queue, its frames in the robot, its outputs."""
+
+    def __init__(self, node, values: Mapping, name: str, tree, cond: threading.Condition,
+                 is_active: Callable[[], bool], state_label: Callable[[], str]):
+        from ..core.preprocess import FramePreprocessor
+
+        self.name = name
+        self._node = node
+        self._values = values
+        self.session_id = 0
+        self.ledger = FrameLedger(node, session_id=lambda: self.session_id, topic=f"~/{name}/frame_status")
+        self.input_size = InputSize(lambda: FramePreprocessor(fast_resize=bool(values["fast_resize"]),
+                                                              width=int(values["image_width"])))
+        # its own world and scale; the rig publishes the body's /tf edge, never a camera's RobotFrames
+        self.robot = RobotFrames(node, collections.ChainMap({"publish_tf": False}, values), tree)
+        self.depth = DepthPairing(node, values, wanted=lambda: self.robot.wants_depth, base=f"{name}/depth")
+        self.robot.depth = self.depth
+        self.queue = LatestFrame(self.ledger, REPLACED, cond=cond)
+        self.stage = None  # its PreprocessStage, while configured
+        self.recon = None  # its ReconstructionPublisher (~/<name>/points, ...; the map is the node's), configured
+        self.intake = ImageIntake(node, values, self.ledger, self.input_size, sink=self._offer, is_active=is_active,
+                                  state_label=state_label, depth=self.depth, base=f"{name}/image")
+        reliable10 = QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE)
+        self.pose_pub = node.create_publisher(PoseStamped, f"~/{name}/pose", reliable10)
+        self.stats_pub = node.create_publisher(CacheStats, f"~/{name}/cache_stats", reliable10)
+        self.depth_pub = node.create_publisher(Image, f"~/{name}/depth", reliable10)
+        self.time_jump = TimeJumpDetector()
+        self.non_finite_in_a_row = 0
+        self.warned_no_frame_id = False
+
+    def _offer(self, frame: Frame) -> None:
+        stage = self.stage
+        if stage is not None and stage.running:
+            stage.offer(frame)
+        else:
+            self.ledger.finish(frame.header, FrameStatus.DROPPED_INACTIVE, "no preprocessing thread is running")
+
+    def camera_frame(self, header) -> str:
+        if header.frame_id:
+            return header.frame_id
+        if not self.warned_no_frame_id:
+            self.warned_no_frame_id = True
+            self._node.get_logger().warning(f"camera {self.name}: image header has no frame_id: its frames cannot "
+                                            "be placed on the robot (base_frame -> camera)")
+        return f"{self.name}_optical"
+
+
+class CameraGroupWorker:
+    """The inference thread of several cameras: commands between ticks, one batched step per tick."""
+
+    def __init__(self, node, group, channels: dict[str, CameraChannel], values: Mapping, outputs, rig: Rig,
+                 on_view: Callable[[], None], context_ok: Callable[[], bool]):
+        self._node = node
+        self._log = node.get_logger()
+        self.group = group
+        self.channels = channels
+        self._values = values
+        self._outputs = outputs
+        self.rig = rig
+        self._on_view = on_view
+        self._context_ok = context_ok
+        self.cond = next(iter(channels.values())).queue.cond
+        self._commands: list = []
+        self._stop = False
+        self._thread: Optional[threading.Thread] = None
+        self._previous_body: Optional[tuple[float, np.ndarray]] = None
+        self.world = 0  # the one world's number: ~/reset starts the next (the fused map starts empty)
+        self.lock = threading.Lock()  # the rig's report (executor thread) against the ticks
+        for name, channel in channels.items():
+            group.manager(name).on_new_session = self._session_listener(channel)
+
+    # ------------------------------------------------------------------ thread
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="lingbot_map_cameras", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        with self.cond:
+            self._stop = True
+            self.cond.notify_all()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def submit(self, command: tuple, wait: float = 0.0) -> Any:
+        done = threading.Event()
+        box: dict = {}
+        with self.cond:
+            self._commands.append((command, done, box))
+            self.cond.notify_all()
+        if wait > 0 and done.wait(wait):
+            return box.get("result")
+        return None
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                while (not self._stop and not self._commands
+                       and not any(c.queue.waiting for c in self.channels.values())):
+                    self.cond.wait(0.5)
+                if self._stop:
+                    return
+                commands, self._commands = self._commands, []
+            for command in commands:
+                self._run_command(command)
+            frames = {name: f for name, c in self.channels.items() if (f := c.queue.take()) is not None}
+            if frames:
+                try:
+                    self._tick(frames)
+                except Exception as exc:  # never let one tick kill the node; each frame still ends once
+                    if not self._context_ok():
+                        return
+                    for name, frame in frames.items():
+                        ledger = self.channels[name].ledger
+                        ledger.record_error(f"camera {name}: inference failed: {type(exc).__name__}: {exc}", exc)
+                        ledger.finish(frame.header, FrameStatus.FAILED_INFERENCE,
+                                      f"inference error: {type(exc).__name__}: {exc}")
+
+    # ------------------------------------------------------------------ one tick
+    def _tick(self, frames: dict[str, Frame]) -> None:
+        from ..core.session_manager import InferenceFailed, SessionCause
+
+        step: dict[str, tuple[Any, Frame]] = {}
+        for name, frame in frames.items():
+            channel = self.channels[name]
+            frame.taken = time.perf_counter()
+            frame.ready_wait_ms = (frame.taken - frame.pre_end) * 1e3
+            manager = self.group.manager(name)
+            jump = channel.time_jump.check(stamp_sec(frame.header.stamp), manager.session_id)
+            if jump is not None:
+                manager.reset(jump, SessionCause.TIME_JUMP)
+            try:
+                channel.input_size.check(*frame.wh)
+            except InputRejected as exc:
+                channel.ledger.reject(frame.header, exc.kind, str(exc))
+                continue
+            frame.push_start = time.perf_counter()
+            manager.mapping = bool(self._values["mapping"])
+            step[name] = (frame.model_image, frame)
+        if not step:
+            return
+        outcomes = self.group.step(step)
+        end = time.perf_counter()
+        for name, outcome in outcomes.items():
+            channel = self.channels[name]
+            frame = step[name][1]
+            frame.push_end = end
+            if isinstance(outcome.error, InferenceFailed):
+                reason = f"inference failed: {outcome.error}"
+                channel.ledger.record_error(f"camera {name}: {reason}; a new session of this camera was started")
+                channel.ledger.finish(frame.header, FrameStatus.FAILED_INFERENCE, reason)
+                continue
+            if outcome.error is not None:
+                channel.ledger.finish(frame.header, FrameStatus.REFUSED_POLICY, str(outcome.error))
+                continue
+            if not outcome.results:
+                manager = self.group.manager(name)
+                channel.ledger.interim(frame.header, FrameStatus.BUFFERED,
+                                       f"buffered for the joint scale-frame call ({manager.buffered} of "
+                                       f"{manager.stream_cfg.scale_frames})")
+            for result in outcome.results:
+                self._publish(channel, result)
+        self._on_view()
+
+    def _publish(self, channel: CameraChannel, r) -> None:
+        from ..core.session_manager import SessionCause
+
+        frame: Frame = r.stamp
+        header = frame.header
+        manager = self.group.manager(channel.name)
+        bad = r.non_finite_fields()
+        if bad:
+            channel.non_finite_in_a_row += 1
+            reason = f"non-finite model output ({', '.join(bad)}): nothing published"
+            channel.ledger.note_non_finite(reason)
+            channel.ledger.finish(header, FrameStatus.NON_FINITE_OUTPUT, reason)
+            limit = int(self._values["max_non_finite_frames"])
+            if channel.non_finite_in_a_row >= limit:
+                channel.non_finite_in_a_row = 0
+                manager.reset(f"{limit} consecutive frames with non-finite output", SessionCause.NON_FINITE)
+            return
+        channel.non_finite_in_a_row = 0
+        t0 = time.perf_counter()
+        session_id = manager.session_id
+        channel.session_id = session_id
+        camera_frame = channel.camera_frame(header)
+        placed = channel.robot.place(r, header, camera_frame, session_id)
+        if isinstance(placed, NoTransform):
+            channel.ledger.finish(header, FrameStatus.NO_TRANSFORM, str(placed))
+            return
+        note = ""
+        if isinstance(placed, Withheld):
+            note = placed.reason
+        else:
+            with self.lock:
+                out = self.rig.place(channel.name, stamp_sec(header.stamp), placed.pose, placed.camera,
+                                     time.monotonic(), placed.base_in_odom)
+            if isinstance(out, str):
+                note = out
+            else:
+                self._publish_placed(channel, r, frame, out, placed)
+        frame.model_image = None
+        publish_ms = (time.perf_counter() - t0) * 1e3
+        counts, overhead_ms = channel.ledger.processed(r, frame, session_id, publish_ms, note)
+        channel.stats_pub.publish(rosmsg.cache_stats(r, header.stamp, str(self._values["world_frame"]), session_id,
+                                                     counts, overhead_ms, manager.info))
+
+    def _publish_placed(self, channel: CameraChannel, r, frame: Frame, out: RigPlacement, placed) -> None:
+        header = frame.header
+        values = self._values
+        world = str(values["world_frame"])
+        channel.pose_pub.publish(rosmsg.pose_stamped(out.camera, header.stamp, world))
+        if out.handed_over:
+            self._log.warning(f"hand-over: {out.handed_over}")
+        if out.drives and out.published_body is not None:
+            base, odom = str(values["base_frame"]), str(values["odom_frame"])
+            body = out.published_body
+            tf = None
+            if values["publish_tf"]:
+                tf = self._outputs.robot.tf_edge(world, base, odom, channel.camera_frame(header), body,
+                                                 placed.base_in_odom)
+            self._outputs.publish_body(body, header, base, self._twist(header, body), tf)
+        depth = r.depth
+        factor = float(placed.depth_factor) * out.unit  # metres when metric; the world's unit
+        if depth is not None and factor != 1.0:
+            depth = (depth * np.float32(factor)).astype(np.float32)
+        if values["publish_depth"] and depth is not None:
+            channel.depth_pub.publish(rosmsg.depth_image(depth, header.stamp, channel.camera_frame(header)))
+        if channel.recon is not None:  # its points in the one world; the map fuses every camera's
+            channel.recon.publish(dataclasses.replace(r, c2w=out.camera, depth=depth, session_id=self.world),
+                                  frame.model_image, header, channel.camera_frame(header), world)
+
+    def _twist(self, header, body: np.ndarray):
+        t = stamp_sec(header.stamp)
+        previous, self._previous_body = self._previous_body, (t, body)
+        if previous is None or str(self._values["scale_source"]) == "model":
+            return None
+        dt = t - previous[0]
+        return body_twist(previous[1], body, dt) if 0.0 < dt <= 1.0 else None
+
+    # ------------------------------------------------------------------ sessions and commands
+    def _session_listener(self, channel: CameraChannel):
+        from .inference import SESSION_COUNTERS
+
+        def started(start) -> None:
+            for frame in start.discarded:
+                channel.ledger.finish(frame.header, FrameStatus.DROPPED_RESET,
+                                      f"buffered for the scale frames, then discarded: {start.reason}")
+            channel.session_id = start.session_id
+            channel.input_size.renew()
+            channel.robot.begin_session()
+            with self.lock:
+                self.rig.begin_stream(channel.name)
+            channel.ledger.note_new_session(start.reason, SESSION_COUNTERS[start.cause])
+            self._log.info(f"camera {channel.name}: new session {start.session_id}: {start.reason}")
+        return started
+
+    def _run_command(self, item) -> None:
+        from ..core.session_manager import SessionCause
+
+        (kind, arg), done, box = item
+        try:
+            if kind == "reset":  # every stream, one new world
+                for name in self.channels:
+                    self.group.manager(name).reset(arg, SessionCause.RESET)
+                with self.lock:
+                    self.rig.reset()
+                self._previous_body = None
+                self.world += 1
+                self._outputs.clear()
+                if self._outputs.recon is not None:
+                    self._outputs.recon.reset()
+                box["result"] = f"every camera's stream restarted ({', '.join(self.channels)}): a new world frame"
+                self._on_view()
+            else:
+                box["result"] = f"error: {kind} is not available with several cameras in this version"
+        except Exception as exc:  # noqa: BLE001 - a command's failure is its answer
+            self._log.error(f"{kind} failed: {type(exc).__name__}: {exc}")
+            box["result"] = f"error: {exc}"
+        finally:
+            done.set()
+
+    def close(self, why: str) -> None:
+        """After ``stop``: waiting frames end DROPPED_INACTIVE, buffered ones DROPPED_RESET; the model goes."""
+        for name, channel in self.channels.items():
+            frame = channel.queue.take()
+            if frame is not None:
+                channel.ledger.finish(frame.header, FrameStatus.DROPPED_INACTIVE, why)
+            manager = self.group.manager(name)
+            for stamp in manager.pending_stamps():
+                channel.ledger.finish(stamp.header, FrameStatus.DROPPED_RESET,
+                                      "buffered for the scale frames when the model was freed")
+            manager.release()
+
+
+class CameraSystem:
+    """The node's several-camera mode, from configure to cleanup (built only when ``cameras`` is set)."""
+
+    def __init__(self, node, values: Mapping, outputs, is_active: Callable[[], bool], state_label: Callable[[], str]):
+        self._node = node
+        self._values = values
+        self._outputs = outputs
+        self.names = camera_names(values)  # frozen at configure
+        self.primary = primary_camera(values)
+        self.cond = threading.Condition()
+        self.channels = {n: CameraChannel(node, values, n, outputs.robot.tree, self.cond, is_active, state_label)
+                         for n in self.names}
+        self.worker: Optional[CameraGroupWorker] = None
+        self.group = None
+
+    def configure(self, runtime, stream, on_view: Callable[[Any], None], context_ok: Callable[[], bool]) -> None:
+        """Build the model once and a stream per camera; raises with the reason when it cannot."""
+        from ..core.session_manager import load_model
+        from ..core.stream_group import StreamGroup
+        from .pipeline import PreprocessStage
+        from .reconstruction import ReconstructionPublisher
+
+        log = self._node.get_logger()
+        loaded = load_model(runtime, log=log.info)
+        self.group = StreamGroup(loaded, stream, self.names, log=log.info)
+        values = self._values
+        rig = Rig(self.names, self.primary, float(values["camera_timeout"]),
+                  unit_from_primary=str(values["scale_source"]) == "model",
+                  min_travel=float(values["scale_min_travel"]))
+        self.worker = CameraGroupWorker(self._node, self.group, self.channels, values, self._outputs, rig,
+                                        on_view=lambda: on_view(self.group.manager(self.primary)),
+                                        context_ok=context_ok)
+        device = loaded.runtime.device
+        if self._outputs.recon is None:  # the one map (~/map_points, ~/save_map) of every camera
+            self._outputs.recon = ReconstructionPublisher(self._node, lambda: values, device=device)
+        for channel in self.channels.values():
+            channel.stage = PreprocessStage(values, channel.ledger, channel.input_size, sink=channel.queue.put,
+                                            context_ok=context_ok)
+            channel.recon = ReconstructionPublisher(self._node, lambda: values, device=device,
+                                                    prefix=f"~/{channel.name}/", map_into=self._outputs.recon)
+            channel.input_size.renew()
+        on_view(self.group.manager(self.primary))
+        self.worker.start()
+        for channel in self.channels.values():
+            channel.intake.subscribe()
+
+    @property
+    def primary_manager(self):
+        return self.group.manager(self.primary) if self.group is not None else None
+
+    @property
+    def topics(self) -> str:
+        return ", ".join(c.intake.topic for c in self.channels.values())
+
+    def activate(self) -> None:
+        for channel in self.channels.values():
+            channel.stage.start()
+
+    def deactivate(self) -> None:
+        for channel in self.channels.values():
+            if channel.stage is not None and channel.stage.running:
+                channel.stage.stop("the node was deactivated")
+            frame = channel.queue.take()
+            if frame is not None:
+                channel.ledger.finish(frame.header, FrameStatus.DROPPED_INACTIVE, "the node was deactivated")
+
+    def submit(self, command: tuple, wait: float = 0.0) -> Optional[str]:
+        worker = self.worker
+        return worker.submit(command, wait) if worker is not None else None
+
+    def shutdown(self, reason: str, timeout: float = 30.0) -> None:
+        for channel in self.channels.values():
+            stage, channel.stage = channel.stage, None
+            if stage is not None and stage.running:
+                stage.stop(reason, timeout)
+        worker = self.worker
+        if worker is not None:
+            worker.stop(timeout)
+
+    def teardown(self, why: str) -> None:
+        self.shutdown(why)
+        for channel in self.channels.values():
+            channel.intake.unsubscribe()
+            recon, channel.recon = channel.recon, None
+            if recon is not None:
+                recon.destroy()
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            worker.close(why)
+        self.group = None
+
+    # ------------------------------------------------------------------ /diagnostics (executor thread)
+    def statuses(self, hardware_id: str) -> list[DiagnosticStatus]:
+        """One status per camera: its rate, latency, drops, state (tracking / stalled / driving) and scale."""
+        now = time.monotonic()
+        worker = self.worker
+        if worker is not None:
+            with worker.lock:
+                reports = worker.rig.report(now)
+                driver = worker.rig.driver
+                last_handover = worker.rig.last_handover
+        else:
+            reports, driver, last_handover = {}, None, ""
+        out = []
+        for name, channel in self.channels.items():
+            ledger = channel.ledger
+            with ledger.lock:
+                c = ledger.c
+                recent = [t for t in ledger.recv_times if now - t <= RATE_WINDOW_S]
+                latency = statistics.median(ledger.latencies) if ledger.latencies else math.nan
+                received, processed, dropped = c.received, c.processed, c.dropped
+                dropped_queue, rejected = c.dropped_queue, c.rejected
+            report = reports.get(name)
+            state = report.state if report is not None else "unconfigured"
+            level, message = DiagnosticStatus.OK, f"{state}"
+            if state == "stalled":
+                level = DiagnosticStatus.WARN
+                message = (f"{name} stalled: no processed frame for {report.age_s:.1f} s (camera_timeout "
+                           f"{self._values['camera_timeout']} s); {driver or 'no camera'} drives the body pose")
+            elif state == "waiting":
+                message = f"{name}: no frame yet on {channel.intake.topic}"
+            elif state == "unit_estimating":
+                message = f"{name}: taking the world's unit from the body's travel"
+            scale = channel.robot.scale.status()
+            values = [("topic", channel.intake.topic), ("state", state), ("driving", str(driver == name).lower()),
+                      ("primary", str(name == self.primary).lower()),
+                      ("rate_hz", f"{len(recent) / RATE_WINDOW_S:.2f}"), ("latency_ms", f"{latency:.1f}"),
+                      ("frames_received", received), ("frames_processed", processed), ("frames_dropped", dropped),
+                      ("frames_dropped_queue", dropped_queue), ("frames_rejected", rejected),
+                      ("scale_source", scale.source), ("scale_state", scale.state),
+                      ("unit_in_world", f"{report.unit:.6g}" if report is not None else "nan"),
+                      ("last_handover", last_handover)]
+            out.append(DiagnosticStatus(level=level, name=f"{DIAG_PREFIX}camera {name}", message=message,
+                                        hardware_id=hardware_id,
+                                        values=[KeyValue(key=k, value=str(v)) for k, v in values]))
+        return out
+
+
+__all__ = ["CameraChannel", "CameraGroupWorker", "CameraSystem"]
