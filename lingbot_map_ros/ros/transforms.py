@@ -71,6 +71,8 @@ class FrameTree:
 
     Thread use: the listener runs on the executor thread, ``lookup``/``send``/``parent_of`` on the
     inference thread (tf2's BufferCore has its own lock; the parent record has one here).
+    ``node`` None: a recording's tree (``lingbot_map_offline --bag``): fed with the bag's transforms
+    through ``take``, looked up without waiting, nothing published.
     """
 
     def __init__(self, node, buffer_seconds: float = BUFFER_SECONDS, repeat_period: float = 0.0,
@@ -90,9 +92,11 @@ class FrameTree:
         self._latest: Optional[tuple[str, str, np.ndarray]] = None  # the correction the timer re-sends
         self.repeating = False  # the node sets it while active
         self._tolerance = tolerance
-        self._listener = _TreeListener(self, node)
-        self._broadcaster = TransformBroadcaster(node)
-        self._repeat_timer = node.create_timer(repeat_period, self._repeat) if repeat_period > 0 else None
+        # node None: a recording's tree (lingbot_map_offline --bag), fed through ``take`` and never published
+        self._listener = _TreeListener(self, node) if node is not None else None
+        self._broadcaster = TransformBroadcaster(node) if node is not None else None
+        self._repeat_timer = (node.create_timer(repeat_period, self._repeat)
+                              if node is not None and repeat_period > 0 else None)
 
     # ------------------------------------------------------------------ in (executor thread)
     def take(self, transforms, static: bool) -> None:
@@ -114,6 +118,8 @@ class FrameTree:
                 else:
                     self.buffer.set_transform(t, AUTHORITY)
             except TransformException as exc:  # a malformed transform (NaN, empty frame id): tf2 refuses it
+                if self._node is None:
+                    continue
                 self._node.get_logger().warning(f"TF transform {parent} -> {child} refused by tf2: {exc}",
                                                 throttle_duration_sec=10.0)
 
@@ -161,7 +167,7 @@ class FrameTree:
             return cached[0]
         when = Time.from_msg(stamp)
         try:
-            if self.buffer.can_transform_core(target, source, when)[0]:  # the usual case: no waiting machinery
+            if self._node is None or self.buffer.can_transform_core(target, source, when)[0]:  # no waiting needed
                 t = self.buffer.lookup_transform_core(target, source, when)
             else:  # not (yet) there: tf2_ros waits up to the timeout for it
                 t = self.buffer.lookup_transform(target, source, when, Duration(seconds=max(0.0, float(timeout))))
@@ -225,9 +231,12 @@ class FrameTree:
             sent[Time.from_msg(stamp).nanoseconds] = (tr.x, tr.y, tr.z, q.x, q.y, q.z, q.w)
             while len(sent) > SENDS_KEPT:
                 sent.popitem(last=False)
-        self._broadcaster.sendTransform(msg)
+        if self._broadcaster is not None:
+            self._broadcaster.sendTransform(msg)
 
     def destroy(self) -> None:
+        if self._node is None:
+            return
         if self._repeat_timer is not None:
             self._node.destroy_timer(self._repeat_timer)
         self._listener.unregister()

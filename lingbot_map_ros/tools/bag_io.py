@@ -124,6 +124,18 @@ def stamp_seconds(header) -> float:
     return int(header.stamp.sec) + int(header.stamp.nanosec) * 1e-9
 
 
+class HeaderStamp(float):
+    """A header stamp as float seconds that keeps its exact nanoseconds (``ns``): a TF lookup at a
+    recording's stamp must hit the recorded transforms exactly, not 100 ns past the last one."""
+
+    ns: int
+
+    def __new__(cls, header) -> "HeaderStamp":
+        obj = super().__new__(cls, stamp_seconds(header))
+        obj.ns = int(header.stamp.sec) * 10**9 + int(header.stamp.nanosec)
+        return obj
+
+
 def iter_bag_decoded(path: PathLike, topic: str = "") -> Iterator[tuple[str, Any, Optional[bytes], int]]:
     """``(msgtype, message, CDR bytes or None, receive time ns)`` of one image topic, in bag order.
 
@@ -172,7 +184,7 @@ def iter_bag_images(path: PathLike, topic: str = "") -> Iterator[tuple[np.ndarra
     not quietly skip frames it was asked to reconstruct).
     """
     for _, msg, _, _ in iter_bag_decoded(path, topic):
-        yield message_to_rgb(msg), stamp_seconds(msg.header)
+        yield message_to_rgb(msg), HeaderStamp(msg.header)
 
 
 def check_first_image(path: PathLike, topic: str = "") -> tuple[str, str, int]:
@@ -195,6 +207,137 @@ def check_first_image(path: PathLike, topic: str = "") -> tuple[str, str, int]:
     return chosen, msgtype, message_count(path, chosen)
 
 
+# ------------------------------------------------------------------------------------ a robot's recording
+TF_TYPE = "tf2_msgs/msg/TFMessage"
+TF_TOPICS = ("/tf", "/tf_static")
+# at one stamp the robot's transforms and the depth image go out before the colour image, so the node
+# has all a frame needs when the frame arrives (as a live robot's odometry and depth usually do)
+KIND_ORDER = {"tf_static": 0, "tf": 1, "depth": 2, "image": 3}
+
+
+def tf_topics(path: PathLike) -> list[str]:
+    """The bag's ``/tf`` and ``/tf_static`` topics (TFMessage), in that order."""
+    with _Opened(path) as reader:
+        found = {c.topic for c in reader.connections if c.msgtype in (TF_TYPE, "tf/msg/tfMessage")}
+    return [t for t in TF_TOPICS if t in found]
+
+
+def pick_depth_topic(path: PathLike, topic: str) -> tuple[str, str]:
+    """``(topic, msgtype)`` of a depth topic (Image 16UC1/32FC1 or compressedDepth), else ``BagError``."""
+    topics = image_topics(path)
+    if topic not in topics:
+        raise BagError(f"{path}: no depth topic {topic!r} (image topics: {', '.join(sorted(topics)) or 'none'}); "
+                       "choose one with --depth-topic")
+    return topic, topics[topic]
+
+
+def to_ros2(msg: Any, msgtype: str, store=None) -> Any:
+    """A ROS 1 message (rosbags' dataclass) as the Jazzy one of the same type, field by field (``Header.seq``
+    and any other field Jazzy lacks are left out; nested messages and arrays of them converted too)."""
+    store = store or _typestore()
+    cls = store.types[msgtype]
+    fields = {}
+    for name in cls.__dataclass_fields__:
+        if name == "__msgtype__":
+            continue
+        value = getattr(msg, name)
+        fields[name] = _convert(value, store)
+    return cls(**fields)
+
+
+def _convert(value: Any, store) -> Any:
+    if hasattr(value, "__msgtype__"):
+        return to_ros2(value, value.__msgtype__, store)
+    if isinstance(value, list):
+        return [_convert(v, store) for v in value]
+    return value
+
+
+def message_cdr(msg: Any, msgtype: str, raw: Optional[bytes], store=None) -> bytes:
+    """Jazzy CDR bytes of a bag message: rosbag2's recorded bytes, or a ROS 1 message rebuilt."""
+    if raw is not None:
+        return raw
+    store = store or _typestore()
+    if msgtype == "tf/msg/tfMessage":  # ROS 1's old tf name of the same message
+        msgtype = TF_TYPE
+    return bytes(store.serialize_cdr(to_ros2(msg, msgtype, store), msgtype))
+
+
+def bag_recording_info(path: PathLike, topic: str = "") -> tuple[str, tuple[int, int], float]:
+    """The colour topic's ``(frame_id, (width, height), duration s)``: the camera frame, the size the depth
+    is registered to, and how long the TF tree must keep transforms."""
+    chosen, _ = pick_image_topic(path, topic)
+    for _, msg, _, _ in iter_bag_decoded(path, chosen):
+        rgb = message_to_rgb(msg)
+        frame_id, wh = str(msg.header.frame_id), (int(rgb.shape[1]), int(rgb.shape[0]))
+        break
+    else:
+        raise BagError(f"{path}: topic {chosen} has no messages")
+    with _Opened(path) as reader:
+        duration = max(0.0, (int(reader.end_time) - int(reader.start_time)) * 1e-9)
+    return frame_id, wh, duration
+
+
+def _sort_stamp(kind: str, msg: Any) -> int:
+    if kind == "tf_static":
+        return -1
+    if kind == "tf":
+        return max((int(t.header.stamp.sec) * 10**9 + int(t.header.stamp.nanosec) for t in msg.transforms), default=0)
+    return int(msg.header.stamp.sec) * 10**9 + int(msg.header.stamp.nanosec)
+
+
+def iter_robot_messages(path: PathLike, topics: dict[str, str], window: int = 64
+                        ) -> Iterator[tuple[str, str, str, Any, Optional[bytes], int]]:
+    """``(kind, topic, msgtype, message, rosbag2 CDR bytes or None, stamp ns)`` of ``topics`` (topic -> kind:
+    image, depth, tf, tf_static) in stamp order (``KIND_ORDER`` at equal stamps), sorted within a window of
+    ``window`` messages (a recording is nearly in stamp order already). A TF message's stamp is its newest
+    transform's; /tf_static comes first."""
+    import heapq
+
+    kind_of = dict(topics)
+    ros1 = bag_kind(path)[0] == "ros1"
+    heap: list = []
+    seq = 0
+    with _Opened(path) as reader:
+        connections = [c for c in reader.connections if c.topic in kind_of]
+        for conn, _, raw in reader.messages(connections=connections):
+            msg = reader.deserialize(raw, conn.msgtype)
+            kind = kind_of[conn.topic]
+            stamp = _sort_stamp(kind, msg)
+            heapq.heappush(heap, (stamp, KIND_ORDER[kind], seq, kind, conn.topic, conn.msgtype, msg,
+                                  None if ros1 else bytes(raw)))
+            seq += 1
+            if len(heap) > window:
+                item = heapq.heappop(heap)
+                yield item[3], item[4], item[5], item[6], item[7], item[0]
+        while heap:
+            item = heapq.heappop(heap)
+            yield item[3], item[4], item[5], item[6], item[7], item[0]
+
+
+def write_robot_bag(path: PathLike, topics: dict[str, str], items: Iterable[tuple[str, int, Any]],
+                    storage: str = "mcap") -> Path:
+    """A robot recording for tests: ``topics`` topic -> Jazzy msgtype, ``items`` (topic, receive time ns,
+    a Jazzy message built with ``bag_typestore()``). rosbag2 only (``mcap``/``sqlite3``)."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+
+    out = Path(path)
+    if out.exists():
+        raise BagError(f"{out} exists; bag writers never overwrite")
+    store = _typestore()
+    plugins = {"mcap": StoragePlugin.MCAP, "sqlite3": StoragePlugin.SQLITE3}
+    with Writer(out, version=9, storage_plugin=plugins[storage]) as writer:
+        conns = {t: writer.add_connection(t, m, typestore=store) for t, m in topics.items()}
+        for topic, t_ns, msg in items:
+            writer.write(conns[topic], int(t_ns), store.serialize_cdr(msg, topics[topic]))
+    return out
+
+
+def bag_typestore():
+    """The Jazzy message classes a test builds a robot recording from."""
+    return _typestore()
+
+
 def _split_stamp(stamp: float) -> tuple[int, int]:
     ns = int(round(float(stamp) * 1e9))
     return ns // 1_000_000_000, ns % 1_000_000_000
@@ -202,7 +345,7 @@ def _split_stamp(stamp: float) -> tuple[int, int]:
 
 def image_fields(pixels: np.ndarray, encoding: str = "rgb8") -> dict:
     """Fields of a raw ``sensor_msgs/Image`` holding ``pixels`` (RGB [H, W, 3] uint8 for rgb8/bgr8,
-    [H, W] uint8 for mono8, [H, W] uint16 for 16UC1/mono16, little endian)."""
+    [H, W] uint8 for mono8, [H, W] uint16 for 16UC1/mono16, [H, W] float32 for 32FC1, little endian)."""
     a = np.asarray(pixels)
     if encoding in ("rgb8", "bgr8"):
         if a.dtype != np.uint8 or a.ndim != 3 or a.shape[2] != 3:
@@ -215,8 +358,12 @@ def image_fields(pixels: np.ndarray, encoding: str = "rgb8") -> dict:
         if a.dtype != np.uint16 or a.ndim != 2:
             raise ValueError(f"{encoding} frames must be [H, W] uint16, got {a.dtype} {a.shape}")
         a = a.astype("<u2")
+    elif encoding == "32FC1":  # a depth image in metres
+        if a.dtype != np.float32 or a.ndim != 2:
+            raise ValueError(f"32FC1 frames must be [H, W] float32, got {a.dtype} {a.shape}")
+        a = a.astype("<f4")
     else:
-        raise ValueError(f"encoding must be rgb8, bgr8, mono8, 16UC1 or mono16 (got {encoding!r})")
+        raise ValueError(f"encoding must be rgb8, bgr8, mono8, 16UC1, mono16 or 32FC1 (got {encoding!r})")
     a = np.ascontiguousarray(a)
     h, w = a.shape[:2]
     return dict(height=h, width=w, encoding=encoding, is_bigendian=0, step=a.nbytes // h,
@@ -331,6 +478,17 @@ def write_image_bag(
 
 __all__ = [
     "BagError",
+    "HeaderStamp",
+    "KIND_ORDER",
+    "TF_TYPE",
+    "bag_recording_info",
+    "bag_typestore",
+    "iter_robot_messages",
+    "message_cdr",
+    "pick_depth_topic",
+    "tf_topics",
+    "to_ros2",
+    "write_robot_bag",
     "STORAGES",
     "bag_kind",
     "check_first_image",

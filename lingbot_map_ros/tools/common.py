@@ -7,6 +7,7 @@ validation: the tools and the node cannot disagree about what a setting means or
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any, Iterable, Optional
 
 from ..core.config import RuntimeConfig, StreamConfig
@@ -31,6 +32,7 @@ def add_session_options(parser: argparse.ArgumentParser, *, names: Iterable[str]
     g = parser.add_argument_group("model and session (same names, defaults and rules as the node parameters)")
     for name in names:
         s = SETTINGS_BY_NAME[name]
+        s = dataclasses.replace(s, description=s.description.replace("%", "%%"))  # argparse formats help with %
         default = overrides.get(name, s.default)
         if isinstance(s.default, bool):
             g.add_argument(s.option, action=argparse.BooleanOptionalAction, default=default,

@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--bag", help="rosbag2 folder (mcap or sqlite3) or ROS 1 .bag file with Image/CompressedImage "
                      "messages; stamps: the message headers")
     p.add_argument("--topic", default="", help="image topic inside --bag (default: the only image topic)")
+    p.add_argument("--depth-topic", default="", help="--bag: the depth topic registered to the colour image "
+                   "(scale_source depth), paired by stamp as the node pairs it")
     p.add_argument("--stamps", default="", help="--images: stamps file, one stamp (s) per image in name order, or "
                    "TUM rgb.txt 'stamp path' lines (they then choose the images)")
     p.add_argument("--fps", type=float, default=0.0, help="--video: keep about this many frames per second; "
@@ -81,10 +83,28 @@ def build_parser() -> argparse.ArgumentParser:
     add_session_options(p)
     # the node's unprojection and map settings: same names, defaults and ranges (the settings table)
     add_session_options(p, names=RECON_OPTIONS, with_depth=False)
+    # a robot's recording (--bag with /tf, /tf_static, a depth topic): the node's robot settings
+    add_session_options(p, names=ROBOT_OPTIONS, with_depth=False)
     return p
 
 
 RECON_OPTIONS = ("points_stride", "points_min_confidence", "map_voxel_size", "map_max_points")
+ROBOT_OPTIONS = ("base_frame", "odom_frame", "world_frame", "camera_frame", "scale_source", "scale_factor",
+                 "scale_min_samples", "scale_min_travel", "depth_sync_slop")
+
+
+def robot_mode(args: argparse.Namespace) -> bool:
+    """Whether the run places its poses in a robot's TF tree / a metric unit (the node's robot mode)."""
+    return bool(args.base_frame or args.depth_topic or args.scale_source != "model")
+
+
+def robot_values(args: argparse.Namespace) -> dict:
+    from ..core.settings import defaults
+
+    values = defaults()
+    values.update({name: getattr(args, name) for name in ROBOT_OPTIONS})
+    values["image_width"] = args.image_width
+    return values
 
 
 def check_outputs(args: argparse.Namespace) -> None:
@@ -114,6 +134,19 @@ def check_outputs(args: argparse.Namespace) -> None:
         raise UsageError(f"--save-session {args.save_session}: its parent folder does not exist")
     if args.stamps and not args.images:
         raise UsageError("--stamps goes with --images (videos and bags carry their own stamps)")
+    if robot_mode(args):
+        from ..core.settings import robot_problems
+
+        if not args.bag:
+            raise UsageError("the robot settings (--base-frame, --depth-topic, --scale-source) need --bag: the "
+                             "recording's /tf, /tf_static and depth")
+        problems = robot_problems(robot_values(args))
+        if args.scale_source == "depth" and not args.depth_topic:
+            problems.append("--scale-source depth needs --depth-topic")
+        if args.depth_topic and args.scale_source != "depth":
+            problems.append("--depth-topic is read for --scale-source depth")
+        if problems:
+            raise UsageError("; ".join(problems))
     if args.ply or args.colmap:
         from ..core.settings import SETTINGS_BY_NAME
 
@@ -138,8 +171,14 @@ def frame_source(args: argparse.Namespace):
     return frame_sources.open_bag(args.bag, topic=args.topic, preprocessor=prep)
 
 
-def save_results(results: list[FrameResult], out: str, tum: str = "", with_depth: bool = False) -> None:
-    """Write the results under exactly the names given (temp file + rename: never a half file)."""
+def save_results(results: list[FrameResult], out: str, tum: str = "", with_depth: bool = False,
+                 robot=None) -> None:
+    """Write the results under exactly the names given (temp file + rename: never a half file).
+
+    ``robot`` (a ``bag_robot.BagRobot``): also what the node would publish, per frame: ``robot_pose``
+    [S, 4, 4] (the body pose in ``world_frame``, metric when the scale is; NaN where the frame was
+    withheld), ``robot_placed`` [S], ``robot_tf`` [S, 4, 4] (the /tf edge: world -> odom, -> base or ->
+    camera), ``scale`` and ``scale_state``; the TUM file then holds the placed poses."""
     pose_enc = np.stack([r.pose_enc for r in results]).astype(np.float32)  # [S, 9]
     out_path = Path(out)
     if out_path.suffix.lower() == ".json":
@@ -152,6 +191,15 @@ def save_results(results: list[FrameResult], out: str, tum: str = "", with_depth
             extra["depth"] = np.stack([r.depth for r in maps]).astype(np.float32)  # [K, H, W]
             extra["depth_conf"] = np.stack([r.depth_conf for r in maps]).astype(np.float32)  # [K, H, W]
             extra["has_depth"] = np.array([r.depth is not None for r in results])  # [S]: the frames of depth's rows
+        if robot is not None:
+            nan = np.full((4, 4), np.nan)
+            placed = [robot.placed.get(r.stamp.ns) for r in results]
+            extra["robot_pose"] = np.stack([p.pose if p is not None else nan for p in placed])  # [S, 4, 4]
+            extra["robot_tf"] = np.stack([p.tf[2] if p is not None and p.tf is not None else nan for p in placed])
+            extra["robot_placed"] = np.array([p is not None for p in placed])
+            status = robot.scale()
+            extra["scale"] = np.array(status.value if status.metric else np.nan)
+            extra["scale_state"] = np.array(status.state)
         arrays = dict(
             **extra,
             pose_enc=pose_enc,
@@ -166,7 +214,10 @@ def save_results(results: list[FrameResult], out: str, tum: str = "", with_depth
         )
         with atomic_open(out_path, "wb") as f:
             np.savez(f, **arrays)  # a file object: no ".npz" appended
-    if tum:
+    if tum and robot is not None:
+        placed = [(float(r.stamp), robot.placed[r.stamp.ns].pose) for r in results if r.stamp.ns in robot.placed]
+        write_tum(tum, [t for t, _ in placed], [m for _, m in placed])  # atomic
+    elif tum:
         write_tum(tum, [float(r.stamp) for r in results], [r.c2w for r in results])  # atomic
 
 
@@ -195,8 +246,8 @@ def _run(args: argparse.Namespace, source) -> int:
     say: Callable[[str], None] = (lambda m: None) if quiet else (lambda m: print(f"[{PROG}] {m}", file=sys.stderr))
     try:
         stream = stream_from_args(args)
-        if args.ply or args.colmap:  # the exports need the depth head
-            stream = dataclasses.replace(stream, with_depth=True)
+        if args.ply or args.colmap or (robot_mode(args) and args.scale_source == "depth"):
+            stream = dataclasses.replace(stream, with_depth=True)  # the exports and the depth scale need the head
         manager = SessionManager(runtime_from_args(args), stream, log=say)
     except (ValueError, OSError, RuntimeError) as exc:  # a bad checkpoint (keys, shapes, unsafe pickle)
         msg = str(exc).replace("set allow_unsafe_checkpoint:=true", "pass --allow-unsafe-checkpoint")
@@ -213,6 +264,14 @@ def _run(args: argparse.Namespace, source) -> int:
         say(report.message())
     manager.mapping = not args.no_mapping
     say(f"{source.description}; stamps from {source.stamps_from}")
+    robot = None
+    if robot_mode(args):
+        from .bag_io import BagError
+
+        try:
+            robot = _bag_robot(args, say)
+        except BagError as exc:
+            return fail(PROG, f"--bag {exc}")
     results: list[FrameResult] = []
     dropped = 0
     start = time.perf_counter()
@@ -231,7 +290,7 @@ def _run(args: argparse.Namespace, source) -> int:
                 if args.max_frames and count >= args.max_frames:
                     break
                 stamps.append(float(stamp))
-                tagged = _IndexedStamp(stamp, count)
+                tagged = _IndexedStamp(stamp, count, getattr(stamp, "ns", None))
                 if recon is not None:
                     recon.waiting[count] = frame
                 try:
@@ -244,6 +303,7 @@ def _run(args: argparse.Namespace, source) -> int:
                         for lost in (tagged, *getattr(exc, "discarded", ())):  # buffered frames a new session dropped
                             recon.waiting.pop(lost.index, None)
                     continue
+                _place(robot, new)
                 results += _consume(new, recon, args.with_depth)
                 bar.update(1, extra=f"{len(results)} poses")
         except KeyboardInterrupt:
@@ -251,7 +311,9 @@ def _run(args: argparse.Namespace, source) -> int:
         except SourceError as exc:  # an undecodable frame in the middle: keep what was done
             error = str(exc)
         try:
-            results += _consume(manager.flush(), recon, args.with_depth)  # frames still buffered for phase 1
+            flushed = manager.flush()  # frames still buffered for phase 1
+            _place(robot, flushed)
+            results += _consume(flushed, recon, args.with_depth)
         except KeyboardInterrupt:  # a second Ctrl-C: save what is there now
             interrupted = True
     finally:
@@ -264,7 +326,12 @@ def _run(args: argparse.Namespace, source) -> int:
     problems = stamp_problems(stamps)
     if problems:
         say(f"warning: the input's stamps have {problems}; evaluation against a ground truth may mis-associate")
-    save_results(results, args.out, args.tum, with_depth=args.with_depth)
+    save_results(results, args.out, args.tum, with_depth=args.with_depth, robot=robot)
+    if robot is not None:
+        scale = robot.scale()
+        say(f"robot: {len(robot.placed)} of {len(results)} poses placed in {args.world_frame} (body: "
+            f"{args.base_frame or 'the camera'}); scale {scale.state}"
+            + (f" {scale.value:.6g} m per model unit" if scale.metric else ""))
     if args.plot:
         from .plotting import RunSeries, plot_run
 
@@ -298,14 +365,39 @@ def _sigterm_as_interrupt(signum, frame) -> None:
 
 class _IndexedStamp(float):
     """The source's stamp (a float, as before) that also knows which pushed frame it belongs to, so a
-    result finds its input frame (for colours and COLMAP images) whatever the session buffers."""
+    result finds its input frame (for colours and COLMAP images) whatever the session buffers, and
+    a bag's exact header stamp (``ns``; None for other sources)."""
 
     index: int
+    ns: Optional[int]
 
-    def __new__(cls, value: float, index: int) -> "_IndexedStamp":
+    def __new__(cls, value: float, index: int, ns: Optional[int] = None) -> "_IndexedStamp":
         obj = super().__new__(cls, value)
         obj.index = index
+        obj.ns = ns
         return obj
+
+
+def _bag_robot(args: argparse.Namespace, say):
+    """The robot of a ``--bag`` run: the recording's TF and depth through the node's ``RobotFrames``."""
+    from .bag_io import bag_recording_info
+    from .bag_robot import BagRobot
+
+    frame_id, colour_wh, duration = bag_recording_info(args.bag, args.topic)
+    camera_frame = args.camera_frame or frame_id
+    robot = BagRobot(args.bag, robot_values(args), camera_frame, args.depth_topic, lambda: colour_wh, say,
+                     duration)
+    say(f"robot: {args.world_frame} -> {args.odom_frame or args.base_frame or camera_frame} from the bag's TF; "
+        f"camera frame {camera_frame}; scale {args.scale_source}")
+    return robot
+
+
+def _place(robot, results: list[FrameResult]) -> None:
+    """Each finite result through the node's robot placement (before its depth is dropped)."""
+    if robot is None:
+        return
+    for r in results:
+        robot.place(r)
 
 
 class _Reconstruction:

@@ -12,6 +12,12 @@ ones, field by field), either
   rejected - the node publishes one status per received frame), so nothing is dropped and a
   trajectory gets one pose per recorded frame.
 
+A robot's recording (``--depth-topic``, and the bag's ``/tf`` + ``/tf_static``, published unless
+``--no-tf``) goes out in header-stamp order with each message's own stamps: at one stamp the
+transforms and the depth image before the colour image, so the node (``base_frame``, ``odom_frame``,
+``scale_source: depth``) has what a frame needs when it arrives, as on the robot. ``/tf_static`` is
+published latched (transient local), the others as recorded; only the colour images are paced.
+
 Before anything is published the bag, the topic and its first image are checked (a depth topic or
 an unsupported encoding is refused in one line, exit 2). Ctrl-C stops the replay and prints what was
 sent and acknowledged (exit 130). Discovery is kept on loopback
@@ -40,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bag", help="rosbag2 folder (mcap or sqlite3) or ROS 1 .bag file")
     p.add_argument("--topic", default="", help="image topic in the bag (default: the only image topic)")
     p.add_argument("--topic-out", default="", help="topic to publish on (default: the bag's topic)")
+    p.add_argument("--depth-topic", default="", help="also publish this depth topic of the bag (Image 16UC1/32FC1 "
+                   "or compressedDepth), on its own name (remap the node's 'depth' to it)")
+    p.add_argument("--tf", action=argparse.BooleanOptionalAction, default=True,
+                   help="also publish the bag's /tf and /tf_static (default: when the bag has them)")
     p.add_argument("--rate", type=float, default=1.0,
                    help="1.0 = recorded rate, 2.0 = twice as fast, 0 = as fast as the node acknowledges")
     p.add_argument("--qos", default="reliable", choices=["reliable", "best_effort"],
@@ -70,9 +80,11 @@ def _status_topic(args: argparse.Namespace) -> str:
 class _Replayer:
     """Publisher of raw image bytes plus a FrameStatus listener, on one rclpy node."""
 
-    def __init__(self, rclpy, topic: str, msgtype: str, qos_name: str, status_topic: str, say) -> None:
-        from rclpy.qos import QoSProfile, QoSReliabilityPolicy, qos_profile_sensor_data
+    def __init__(self, rclpy, topic: str, msgtype: str, qos_name: str, status_topic: str, say,
+                 others: Optional[dict[str, str]] = None) -> None:
+        from rclpy.qos import QoSDurabilityPolicy, QoSProfile, QoSReliabilityPolicy, qos_profile_sensor_data
         from sensor_msgs.msg import CompressedImage, Image
+        from tf2_msgs.msg import TFMessage
 
         from lingbot_map_ros.msg import FrameStatus
 
@@ -86,6 +98,17 @@ class _Replayer:
             else qos_profile_sensor_data
         )
         self.pub = self.node.create_publisher(msg_cls, topic, qos)
+        # the robot's other topics (topic -> msgtype): depth like the image, /tf as tf2 does, /tf_static latched
+        self.others = {}
+        for other, other_type in (others or {}).items():
+            if other == "/tf_static":
+                cls, other_qos = TFMessage, QoSProfile(depth=100, reliability=QoSReliabilityPolicy.RELIABLE,
+                                                       durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
+            elif other == "/tf":
+                cls, other_qos = TFMessage, QoSProfile(depth=100, reliability=QoSReliabilityPolicy.RELIABLE)
+            else:
+                cls, other_qos = (CompressedImage if other_type.endswith("CompressedImage") else Image), qos
+            self.others[other] = self.node.create_publisher(cls, other, other_qos)
         self.status_topic = status_topic
         self.acked: dict[tuple[int, int], int] = {}  # stamp -> last status code
         self.status_counts: dict[int, int] = {}
@@ -132,6 +155,7 @@ def replay(args: argparse.Namespace) -> int:
         return fail(PROG, "--max-missing must be >= 1 and --max-frames >= 0")
     try:
         topic_in, msgtype, count = check_first_image(args.bag, args.topic)  # before any DDS set-up
+        robot = robot_topics(args, topic_in)
     except (BagError, OSError) as exc:
         return fail(PROG, str(exc))
     topic_out = args.topic_out or topic_in
@@ -149,7 +173,8 @@ def replay(args: argparse.Namespace) -> int:
     rep: Optional[_Replayer] = None
     progress = {"sent": 0, "missing": 0}
     try:
-        rep = _Replayer(rclpy, topic_out, msgtype, args.qos, _status_topic(args), say)
+        rep = _Replayer(rclpy, topic_out, msgtype, args.qos, _status_topic(args), say,
+                        others={t: m for t, (kind, m) in robot.items() if kind != "image"})
         if args.wait_subscriber > 0 and not rep.wait_until(lambda: rep.pub.get_subscription_count() > 0,
                                                            args.wait_subscriber):
             if args.rate == 0:  # nobody would ever acknowledge: fail now, not after a timeout per frame
@@ -164,11 +189,13 @@ def replay(args: argparse.Namespace) -> int:
                     PROG, f"--rate 0 needs the node's {rep.status_topic}; nobody publishes it (check --node)", 1
                 )
         rep.spin_for(0.5)  # let the node's side of discovery match our publisher too
-        say(f"{args.bag}: {topic_in} ({msgtype}) -> {topic_out}, "
+        say(f"{args.bag}: {topic_in} ({msgtype}) -> {topic_out}"
+            + "".join(f", {t}" for t in robot if t != topic_in) + ", "
             + ("paced by " + rep.status_topic if args.rate == 0 else f"rate x{args.rate:g}"))
         total = min(count, args.max_frames) if args.max_frames and count else (args.max_frames or count or None)
-        sent, missing = _publish_all(rep, iter_bag_messages(args.bag, topic_in), store, stamp_seconds, args, say,
-                                     total, progress)
+        messages = (robot_messages(args.bag, robot, store) if len(robot) > 1
+                    else (("image", topic_in, m, raw, t) for m, raw, t in iter_bag_messages(args.bag, topic_in)))
+        sent, missing = _publish_all(rep, messages, store, stamp_seconds, args, say, total, progress)
         if args.rate > 0:
             rep.spin_for(args.drain)
         say(f"published {sent} frames; node statuses: {rep.summary()}")
@@ -205,9 +232,12 @@ def _publish_loop(rep: _Replayer, messages, store, stamp_seconds, args, say, bar
     sent = missing = consecutive = 0
     t0_bag: Optional[int] = None
     t0_wall = time.monotonic()
-    for msgtype, raw, t_ns in messages:
+    for kind, topic, msgtype, raw, t_ns in messages:
         if args.max_frames and sent >= args.max_frames:
             break
+        if kind != "image":  # the robot's transforms and depth: as they come, not paced, not acknowledged
+            rep.others[topic].publish(raw)
+            continue
         header = store.deserialize_cdr(raw, msgtype).header
         key = (int(header.stamp.sec), int(header.stamp.nanosec))
         if args.rate > 0:
@@ -234,6 +264,28 @@ def _publish_loop(rep: _Replayer, messages, store, stamp_seconds, args, say, bar
             rep.rclpy.spin_once(rep.node, timeout_sec=0.0)  # take statuses as they come
         bar.update(1, extra=rep.summary())
     return sent, missing
+
+
+def robot_topics(args: argparse.Namespace, image_topic: str) -> dict[str, tuple[str, str]]:
+    """topic -> (kind, msgtype) of what is replayed: the image, ``--depth-topic``, the bag's TF (``--tf``)."""
+    from .bag_io import TF_TYPE, pick_depth_topic, tf_topics
+
+    topics = {image_topic: ("image", "")}
+    if args.depth_topic:
+        topics[args.depth_topic] = ("depth", pick_depth_topic(args.bag, args.depth_topic)[1])
+    if args.tf:
+        for topic in tf_topics(args.bag):
+            topics[topic] = ("tf_static" if topic == "/tf_static" else "tf", TF_TYPE)
+    return topics
+
+
+def robot_messages(bag: str, robot: dict[str, tuple[str, str]], store):
+    """``(kind, topic, msgtype, Jazzy CDR bytes, stamp ns)`` of a robot's recording, in stamp order."""
+    from .bag_io import TF_TYPE, iter_robot_messages, message_cdr
+
+    for kind, topic, msgtype, msg, raw, stamp in iter_robot_messages(bag, {t: k for t, (k, _) in robot.items()}):
+        out_type = TF_TYPE if kind.startswith("tf") else msgtype
+        yield kind, topic, out_type, message_cdr(msg, msgtype, raw, store), max(stamp, 0)
 
 
 def main(argv: list[str] | None = None) -> int:
