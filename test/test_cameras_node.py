@@ -11,9 +11,11 @@ The reference of each camera is the core run here alone on that camera's frames 
 test's own float64 algebra: ``~/<name>/pose`` is that camera's estimate re-expressed in its first body
 pose, times ONE rigid anchor per stream (1e-6). The front camera creates the world (its anchor is the
 identity); the rear one is anchored at its first frame by the body pose the node held then
-(correction x odometry, 1e-6). Then the front camera stops: after ``camera_timeout`` the rear camera
-drives ``~/pose`` with one constant offset no larger than the two cameras' disagreement, and
-/diagnostics names the stalled camera; when the front camera returns it drives again.
+(correction x odometry, 1e-6). A flood of corrupt rear images ends each of them REJECTED_INPUT on the
+rear camera and changes nothing in either camera's poses (both still equal their lone runs). Then the
+front camera stops: after ``camera_timeout`` the rear camera drives ``~/pose`` with one constant
+offset, the two cameras' disagreement at one instant, and /diagnostics names the stalled camera;
+when the front camera returns it drives again.
 """
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ from lingbot_map_ros.tools.node_client import (  # noqa: E402
     stamp_ns,
 )
 
-PROCESSED, BUFFERED = 0, 4
+PROCESSED, REJECTED_INPUT, BUFFERED = 0, 2, 4
 W, H = 224, 168
 NS = "/lingbot_map"
 WORLD, BASE, ODOM = "map", "base_link", "odom"
@@ -137,6 +139,7 @@ class Rig:
         self.body = Listener(NS, "/unused/image", context=self.ctx, name="client_body")
         self.render = {n: SyntheticCamera(W, H, seed=i + 3) for i, n in enumerate(MOUNTS)}
         self.sent: dict[str, list[int]] = {n: [] for n in MOUNTS}
+        self.corrupt: dict[str, list[int]] = {n: [] for n in MOUNTS}
 
     def _spin(self) -> None:
         try:
@@ -166,6 +169,17 @@ class Rig:
             self.sent[name].append(ns)
         for name, ns in events:
             assert self.cams[name].wait_for(lambda rx: ns in rx.status, timeout), f"no status for {name} {ns}"
+
+    def flood(self, name: str, stamps: list[int], timeout: float = 30.0) -> None:
+        """Images whose data is cut short (the size says more): each must end REJECTED_INPUT on its camera."""
+        for k in range(0, len(stamps), 3):  # bursts of 3: the subscription keeps the last 5 messages
+            burst = stamps[k:k + 3]
+            for ns in burst:
+                msg = image_message(self.image(name, ns), ns, f"{name}_optical")
+                msg.data = bytes(msg.data)[:1000]
+                self.cams[name].pub.publish(msg)
+            self.corrupt[name] += burst
+            assert self.cams[name].wait_for(lambda rx: all(ns in rx.status for ns in burst), timeout), "flood unseen"
 
     def image(self, name: str, ns: int) -> np.ndarray:
         return self.render[name].render(int((ns - STAMP0) // 10_000_000) % 50)
@@ -232,6 +246,8 @@ def run(tmp_path_factory, new_domain_id):
             pair = events[i:i + 2] if i + 1 < len(events) and events[i][0] != events[i + 1][0] else events[i:i + 1]
             rig.send(pair)
             i += len(pair)
+            if i >= 6 and not rig.corrupt["rear"]:  # a flood of corrupt images on the rear camera, between its frames
+                rig.flood("rear", [events[i - 1][1] + 1_000_000 * (k + 1) for k in range(12)])
         # C: the front camera stops; the rear one goes on in real time past camera_timeout
         phases["C"] = [("rear", s) for s in rear[6:14]]
         t_stop = time.monotonic()
@@ -277,6 +293,12 @@ def test_every_frame_of_every_camera_ends_once(run):
                 finals = [m for m in lst.rx.status.get(s, []) if m.status != BUFFERED]
                 assert len(finals) == 1, f"{name} {s}: {[m.status for m in finals]}"
                 assert finals[0].status == PROCESSED, f"{name} {s}: {finals[0].reason}"
+        for s in rig.corrupt[name]:  # the flood: each rejected once, on its own camera
+            finals = [m for m in lst.rx.status.get(s, []) if m.status != BUFFERED]
+            assert [m.status for m in finals] == [REJECTED_INPUT], f"{name} {s}: {[m.reason for m in finals]}"
+    assert rig.corrupt["rear"] and not rig.corrupt["front"]
+    with rig.cams["front"].lock:
+        assert not set(rig.corrupt["rear"]) & set(rig.cams["front"].rx.status)
     with rig.body.lock:
         assert not rig.body.rx.status, "the single-camera ~/frame_status carries nothing with cameras"
 
