@@ -306,6 +306,11 @@ def footprint_tables(runtime_cfg: RuntimeConfig, stream_cfg: StreamConfig, args:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--cameras" or a.startswith("--cameras=") for a in argv):  # N streams: tools/bench_streams.py
+        from .bench_streams import main as streams_main
+
+        return streams_main(argv)
     p = argparse.ArgumentParser(prog="lingbot_map_bench", description=__doc__.splitlines()[0])
     add_session_options(p)
     p.add_argument("--height", type=int, default=378, help="model input height (multiple of 14)")
