@@ -76,12 +76,15 @@ def run_group(group: StreamGroup, schedule: dict[str, list[int]], frames: dict[s
     return got, fed, batched
 
 
-def test_batched_streams_equal_their_lone_runs(loaded):
+@pytest.mark.parametrize("attention", ["loop", "pool-sdpa"])
+def test_batched_streams_equal_their_lone_runs(loaded, attention):
     """Three streams: every tick, every other tick, and from tick 5 on; the fast one passes the
-    stored-frame limit (a long-run window switch) and evicts inside the batched run."""
+    stored-frame limit (a long-run window switch) and evicts inside the batched run. ``loop``: each
+    stream's own backend; ``pool-sdpa``: one request over the pool (page ids of the shares), the
+    addressing FlashInfer's batched plan uses."""
     schedule = {"front": list(range(26)), "rear": list(range(0, 26, 2)), "left": list(range(5, 26))}
     frames = {name: frames_of(seed, len(at)) for seed, (name, at) in enumerate(schedule.items())}
-    group = StreamGroup(loaded, STREAM, list(schedule), log=lambda m: None)
+    group = StreamGroup(loaded, STREAM, list(schedule), log=lambda m: None, batched_attention=attention)
     got, fed, batched = run_group(group, schedule, frames, 26)
     assert batched > 20  # most phase-2 frames really ran batched
     assert group.manager("front").window_switches >= 1

@@ -44,6 +44,7 @@ import torch
 
 from .cache.batched import GroupCameraAttention, GroupGlobalAttention
 from .cache.pool import SharedKVPool, batched_page_request
+from .cache.sdpa_backend import BatchedSdpaBackend
 from .config import SPECIAL_TOKENS_PER_FRAME, StreamConfig
 from .footprint import Footprint, budget_problem, fits, footprint, worst_case_height
 from .memory_budget import MemoryBudget, MemoryBudgetExceeded
@@ -53,7 +54,7 @@ from .session_errors import SessionError, StoredFrameLimit
 from .session_manager import InferenceFailed, LoadedModel, SessionCause, SessionManager
 from .stream import PhaseTwoStep
 
-BATCHED_ATTENTION = ("auto", "loop", "flashinfer")
+BATCHED_ATTENTION = ("auto", "loop", "flashinfer", "pool-sdpa")
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,9 @@ class StreamGroup:
         """``loaded``: the model every stream runs (built once); ``stream``: the settings of every
         stream (the pool's shares are cut for its geometry); ``names``: the streams, in order.
         ``batched_attention``: ``loop`` (each stream's own backend inside the attention call),
-        ``flashinfer`` (one FlashInfer call over the pool), ``auto`` (FlashInfer when the runtime's
-        backend is FlashInfer on CUDA, else the loop)."""
+        ``flashinfer`` (one FlashInfer call over the pool), ``pool-sdpa`` (the same request over the
+        pool through SDPA: the FlashInfer form's reference, any device), ``auto`` (FlashInfer when the
+        runtime's backend is FlashInfer on CUDA, else the loop)."""
         names = list(names)
         if not names or len(set(names)) != len(names):
             raise ValueError(f"stream names must be given, each once (got {names})")
@@ -268,7 +270,7 @@ class StreamGroup:
         tokens = SPECIAL_TOKENS_PER_FRAME + (h // self.loaded.cfg.patch_size) * (w // self.loaded.cfg.patch_size)
         caches = [s.global_cache for s in sessions]
         pool, batched = None, None
-        if self.batched_attention == "flashinfer":
+        if self.batched_attention in ("flashinfer", "pool-sdpa"):
             pool, batched = self._plan_batched(entries, tokens)
         attention = GroupGlobalAttention(caches, tokens, pool, batched)  # type: ignore[arg-type]
         camera = GroupCameraAttention([s.camera_cache for s in sessions])  # type: ignore[misc]
@@ -294,10 +296,12 @@ class StreamGroup:
                      < p.storage.data_ptr() + p.nbytes), None)
         if pool is None:
             raise RuntimeError("the batched FlashInfer step needs the streams' pages in one pool")
+        rt, cfg = self.loaded.runtime, self.loaded.cfg
+        if self._batched_backend is None and self.batched_attention == "pool-sdpa":
+            self._batched_backend = BatchedSdpaBackend(device=rt.device)
         if self._batched_backend is None:
             from .cache.flashinfer_backend import BatchedFlashInferBackend
 
-            rt, cfg = self.loaded.runtime, self.loaded.cfg
             self._batched_backend = BatchedFlashInferBackend(num_heads=cfg.num_heads, head_dim=cfg.head_dim,
                                                              dtype=rt.dtype, device=rt.device,
                                                              kernel=rt.flashinfer_kernel)
