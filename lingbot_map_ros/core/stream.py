@@ -194,7 +194,7 @@ class StreamingSession:
     def open_step(self, step: PhaseTwoStep) -> None:
         """Append the step's frame to both caches and plan their attention (``SessionError``:
         nothing changed). Then the model call, then ``close_step`` (or ``abort_step``)."""
-        self._open_caches(1, store=step.store)
+        self._open_caches(1, store=step.store, undoable=True)
 
     def close_step(self) -> None:
         """End both caches' step after the model call (a non-keyframe is rolled back)."""
@@ -520,13 +520,14 @@ class StreamingSession:
                 f"camera-head cache full ({self._camera_kv.length} of {self._camera_kv.capacity} frames)"
             )
 
-    def _open_caches(self, frames: int, *, store: bool, room_checked: bool = False) -> None:
-        """Both caches' ``begin_step`` for a step of ``frames`` frames (``SessionError``: nothing changed)."""
+    def _open_caches(self, frames: int, *, store: bool, room_checked: bool = False, undoable: bool = False) -> None:
+        """Both caches' ``begin_step`` for a step of ``frames`` frames (``SessionError``: nothing changed;
+        ``undoable``: ``abort_step`` can take it back)."""
         assert self._kv is not None and self._camera_kv is not None
         if not room_checked:
             self._check_camera_room(frames)
         try:
-            self._kv.begin_step(frames, store=store)
+            self._kv.begin_step(frames, store=store, undoable=undoable)
         except CacheFull as exc:
             raise SessionError(f"KV cache full: {exc}") from exc
         self._camera_kv.begin_step(frames, store=store)

@@ -110,6 +110,11 @@ class StreamGroup:
         rt = loaded.runtime
         if batched_attention == "auto":
             batched_attention = "flashinfer" if rt.backend == "flashinfer" and rt.device.type == "cuda" else "loop"
+        if batched_attention == "flashinfer":
+            try:
+                import flashinfer  # noqa: F401 - optional: refuse here, not at every batched step
+            except ImportError as exc:
+                raise ValueError(f"batched_attention 'flashinfer' needs the flashinfer package ({exc})") from None
         self.batched_attention = batched_attention
         self.footprint = group_footprint(loaded, stream, len(names))
         budget = MemoryBudget().bytes_for(stream, rt.device)
