@@ -19,8 +19,9 @@ import torch
 
 from ..core.config import RuntimeConfig, StreamConfig
 from ..core.model.fusion import fused_blocks
+from ..core.model_host import ModelHost
 from ..core.runtime import resolve_device, resolve_for
-from ..core.session_manager import LoadedModel, SessionManager, load_model
+from ..core.session_manager import SessionManager
 from .common import add_session_options, check_session_args, runtime_from_args, stream_from_args
 
 
@@ -141,12 +142,12 @@ def _peak_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def run_one(base: LoadedModel, runtime_cfg: RuntimeConfig, stream_cfg: StreamConfig, variant: str, frames: int,
+def run_one(base: ModelHost, runtime_cfg: RuntimeConfig, stream_cfg: StreamConfig, variant: str, frames: int,
             height: int, width: int, heads: str, report_every: int = 0,
             profile: bool = False) -> tuple[BenchRow, np.ndarray]:
     """One variant over ``frames`` frames through a session manager around the already built model
     (``base``: one model for every variant; the variant only changes the resolved runtime)."""
-    device, dtype = base.runtime.device, base.runtime.dtype
+    device, dtype = base.resolved.device, base.resolved.dtype
     runtime = variant_runtime(variant, device, dtype)
     backend = runtime.backend
     stream_cfg = dataclasses.replace(stream_cfg, with_depth=(heads == "depth+camera"))
@@ -179,7 +180,7 @@ def run_one(base: LoadedModel, runtime_cfg: RuntimeConfig, stream_cfg: StreamCon
             mem_mark = _memory_bytes(device)
         if report_every and (i + 1) % report_every == 0:
             recent = per_frame[-report_every:]
-            windows = manager.window_switches
+            windows = manager.policy.window_switches
             print(f"  frames {i + 1}: median {np.median(recent):.2f} ms/frame over the last {len(recent)}, "
                   f"memory {_memory_bytes(device) / 1e9:.3f} GB, windows {windows}", file=sys.stderr, flush=True)
     mem_last = _memory_bytes(device)
@@ -347,9 +348,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{steady_start} frames): steady-state and memory-growth figures are not reported", file=sys.stderr)
     # random weights unless --checkpoint (weights change no timing, but a user may want to check theirs);
     # built once, the variants only change the resolved runtime
-    base = load_model(runtime_cfg, log=lambda m: None)
+    base = ModelHost.load(runtime_cfg, log=lambda m: None)
     print(f"weights: {base.weights}", file=sys.stderr)
-    dtype = base.runtime.dtype
+    dtype = base.resolved.dtype
     variants = [v for v in args.variants.split(",") if v] or ["auto"]
     rows = []
     pose_diffs: list[str] = []
