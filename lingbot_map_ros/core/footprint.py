@@ -16,7 +16,7 @@ the max only without graphs). Transient estimates are the live tensors at the bu
 stage, from the token count ``frames x (patches + 6)``; the constants below say what they stand for.
 The weights and the pools are exact (``test_footprint.py`` checks them against the tensors built);
 the activations are estimates whose ratio to ``torch.cuda.max_memory_allocated`` the device script
-(``scripts/footprint_check.py``) reports.
+(``bench/footprint_check.py``) reports.
 
 No torch allocation happens here: the weights are counted on a model built on the meta device.
 """
