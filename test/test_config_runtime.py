@@ -152,11 +152,12 @@ def test_bench_variants_parse_into_overrides_the_node_never_sees():
     assert parse_variant("portable")[2].capability == PORTABLE_CAPABILITY == (8, 9)
     assert parse_variant("auto+torchstep+singles@sm110")[2] == BenchOverrides(
         capability=(11, 0), step_kernels="torch", gluon_pairs=False)
+    assert parse_variant("auto+pairs+parts9")[2] == BenchOverrides(gluon_pairs=True, kv_parts=9)
     assert parse_variant("sdpa:split+graph+compile+cudnnprefix") == (
         "sdpa:split", ["graph", "compile"], BenchOverrides(prefix_kernel="sdpa"))
     assert variant_runtime("auto", cpu, torch.float32) == runtime.resolve_for(cpu, torch.float32)
     for gone in ("auto+serialheads", "auto+onegraph", "auto+eagerdepth", "auto+nchwdepth", "auto+kv5",
-                 "sdpa+graph+autotune", "auto+compile"):
+                 "sdpa+graph+autotune", "auto+compile", "auto+parts0"):
         with pytest.raises(ValueError, match="unknown variant flags"):
             variant_runtime(gone, cpu, torch.float32)
     with pytest.raises(ValueError, match="bad capability"):
@@ -287,3 +288,21 @@ def test_step_kernels_resolve_with_a_reason_and_name_themselves() -> None:
                                       step_kernels="triton")
     assert graphed.attention == "sdpa:split+graph"
     assert dataclasses.replace(graphed, step_kernels="torch").attention == "sdpa:split+graph+torchstep"
+
+
+def test_bench_kernel_constants_hold_for_one_variant_and_are_restored():
+    """``+partsN`` and ``+pairs`` set the split kernel's key ranges and the Gluon layout for one variant's
+    run only: inside, the factory's choice function answers N; after, the shape-based choices are back."""
+    pytest.importorskip("triton.experimental.gluon")
+    from lingbot_map_ros.core.cache import gluon_runs, split_backend
+    from lingbot_map_ros.tools.bench import kernel_constants, parse_variant
+
+    choose, pairs = split_backend.auto_kv_splits, gluon_runs.PAIRS
+    with kernel_constants(parse_variant("auto+pairs+parts11")[2]):
+        assert split_backend.auto_kv_splits(1042, 16, 132, 72, query_tile=64, blocks_per_sm=2) == 11
+        assert gluon_runs.PAIRS is True
+    assert split_backend.auto_kv_splits is choose and gluon_runs.PAIRS is pairs
+    assert choose(1042, 16, 132, 72, query_tile=64, blocks_per_sm=2) == 12  # two waves of 272 programs, cut 12 ways
+    with pytest.raises(RuntimeError), kernel_constants(parse_variant("auto+parts3")[2]):
+        raise RuntimeError("a failing variant")
+    assert split_backend.auto_kv_splits is choose

@@ -46,14 +46,15 @@ class BenchRow:
 
 VARIANT_HELP = (
     "comma list of auto | portable | BACKEND[:KERNEL][+graph|+eager][+compile][+bf16], each optionally with "
-    "[+cudnnprefix|+tritonprefix|+gluonprefix][+torchstep][+pairs|+singles][@smXY]: "
+    "[+cudnnprefix|+tritonprefix|+gluonprefix][+torchstep][+pairs|+singles][+partsN][@smXY]: "
     "auto = the node's default parameters on this device; portable = auto@sm89 (what a GPU without Hopper's "
     "instructions resolves to: Ampere, Ada, Orin); BACKEND sdpa|flashinfer, KERNEL split|cudnn|flash (sdpa) or "
     "fa2|fa3 (flashinfer); +compile = torch.compile-fused blocks in the graph step; +bf16 = no autocast "
     "(opt-in numerics); +cudnnprefix / +tritonprefix / +gluonprefix = the split kernel's prefix by cuDNN / our "
     "runs kernel in Triton / in Gluon; +torchstep = the graph step's small pieces as PyTorch ops; +pairs / "
     "+singles = the Gluon runs kernel with two consumer warpgroups a program / one (auto: pairs where their "
-    "programs fit one wave); @smXY = resolved for compute capability X.Y (a stand-in for this GPU's). "
+    "programs fit one wave); +partsN = the split kernel's prefix read as N key ranges (auto: the fewest waves "
+    "of programs on the SMs); @smXY = resolved for compute capability X.Y (a stand-in for this GPU's). "
     "e.g. auto,portable,sdpa:split+graph+compile,flashinfer:fa3+graph"
 )
 
@@ -72,6 +73,7 @@ class BenchOverrides:
     prefix_kernel: str = "auto"  # the split kernel's prefix (``+cudnnprefix`` ...)
     step_kernels: str = "auto"  # ``+torchstep``: the PyTorch ops
     gluon_pairs: Optional[bool] = None  # ``+pairs`` / ``+singles``: the Gluon kernel's layout, else by shape
+    kv_parts: int = 0  # ``+partsN``: the split kernel's key ranges, else ``split_backend.auto_kv_splits``'s
 
 
 def parse_variant(variant: str) -> tuple[str, list[str], BenchOverrides]:
@@ -88,10 +90,11 @@ def parse_variant(variant: str) -> tuple[str, list[str], BenchOverrides]:
         capability = (int(digits[:-1]), int(digits[-1]))
     prefix = [PREFIX_FLAGS[f] for f in flags if f in PREFIX_FLAGS]
     pairs = [f == "pairs" for f in flags if f in ("pairs", "singles")]
+    parts = [f for f in flags if f.startswith("parts") and f[5:].isdigit() and int(f[5:]) >= 1]
     overrides = BenchOverrides(capability=capability, prefix_kernel=prefix[-1] if prefix else "auto",
                                step_kernels="torch" if "torchstep" in flags else "auto",
-                               gluon_pairs=pairs[-1] if pairs else None)
-    rest = [f for f in flags if f not in PREFIX_FLAGS and f not in ("torchstep", "pairs", "singles")]
+                               gluon_pairs=pairs[-1] if pairs else None, kv_parts=int(parts[-1][5:]) if parts else 0)
+    rest = [f for f in flags if f not in PREFIX_FLAGS and f not in ("torchstep", "pairs", "singles") and f not in parts]
     unknown = set(rest) - {"graph", "eager", "compile", "bf16"}
     if unknown or (head == "auto" and rest):
         raise ValueError(f"unknown variant flags {sorted(unknown or rest)} in {variant!r}; {VARIANT_HELP}")
@@ -104,22 +107,22 @@ PORTABLE_CAPABILITY = (8, 9)
 
 
 @contextlib.contextmanager
-def gluon_kernel_constants(overrides: BenchOverrides):
+def kernel_constants(overrides: BenchOverrides):
     """``+pairs`` / ``+singles``: the Gluon prefix kernel with two consumer warpgroups a program or one,
-    for this variant's run, instead of its choice by shape (``gluon_runs.use_pairs``); a kernel
-    constant, not a runtime decision (the bench measures the alternatives of one build), restored after
-    the run."""
-    if overrides.gluon_pairs is None:
-        yield
-        return
-    from ..core.cache import gluon_runs
+    instead of its choice by shape (``gluon_runs.use_pairs``); ``+partsN``: the split kernel's key ranges
+    instead of ``split_backend.auto_kv_splits``'s choice. Kernel constants, not runtime decisions (the
+    bench measures the alternatives of one build), set for this variant's run and restored after it."""
+    from ..core.cache import gluon_runs, split_backend
 
-    saved = gluon_runs.PAIRS
-    gluon_runs.PAIRS = overrides.gluon_pairs
+    saved = gluon_runs.PAIRS, split_backend.auto_kv_splits
+    if overrides.gluon_pairs is not None:
+        gluon_runs.PAIRS = overrides.gluon_pairs
+    if overrides.kv_parts:
+        split_backend.auto_kv_splits = lambda *args, **kwargs: overrides.kv_parts
     try:
         yield
     finally:
-        gluon_runs.PAIRS = saved
+        gluon_runs.PAIRS, split_backend.auto_kv_splits = saved
 
 
 def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
@@ -462,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         for variant in variants:
             try:
                 profiled = args.profile and variant == profile_variant and heads == head_list[0]
-                with gluon_kernel_constants(parse_variant(variant)[2]):
+                with kernel_constants(parse_variant(variant)[2]):
                     row, poses = run_one(base, runtime_cfg, stream_cfg, variant, args.frames, args.height,
                                          args.width, heads, args.report_every, profile=profiled)
             except Exception as exc:  # one broken variant must not lose the others' numbers
