@@ -199,15 +199,18 @@ def stand_in_gpu(monkeypatch):
 
 
 # compute capability -> (what auto resolves to without FlashInfer, with FlashInfer): the table of
-# docs/hardware.md. Ampere, Orin and Ada have no TMA: cuDNN reads the split kernel's prefix; Hopper runs our
-# Gluon runs kernel whatever is installed; Blackwell and Thor run its Triton version (TMA, no wgmma).
+# docs/hardware.md. Ampere (A100 8.0, RTX 30 8.6), Orin (8.7) and Ada (8.9) have no TMA: cuDNN reads the split
+# kernel's prefix; Hopper runs our Gluon runs kernel whatever is installed; Blackwell (10.0, RTX 50 12.0) and
+# Thor (11.0) run its Triton version (TMA, no wgmma).
 CAPABILITY_PATHS = {
     (8, 0): ("sdpa:split+graph+compiled+cudnnprefix", "flashinfer:fa2+graph+compiled"),
+    (8, 6): ("sdpa:split+graph+compiled+cudnnprefix", "flashinfer:fa2+graph+compiled"),
     (8, 7): ("sdpa:split+graph+compiled+cudnnprefix", "flashinfer:fa2+graph+compiled"),
     (8, 9): ("sdpa:split+graph+compiled+cudnnprefix", "flashinfer:fa2+graph+compiled"),
     (9, 0): ("sdpa:split+graph+compiled", "sdpa:split+graph+compiled"),
     (10, 0): ("sdpa:split+graph+compiled", "flashinfer:fa2+graph+compiled"),
     (11, 0): ("sdpa:split+graph+compiled", "flashinfer:fa2+graph+compiled"),
+    (12, 0): ("sdpa:split+graph+compiled", "flashinfer:fa2+graph+compiled"),
 }
 
 
