@@ -4,7 +4,7 @@ Runs the official repository's own profiling path (``gct_profile.py``: its model
 its ``torch.compile`` recipe, its per-frame CUDA events with a sync after each frame) from a checkout
 given by ``--official``, and prints the steady median and p90 the way ``lingbot_map_bench`` does
 (frames from ``scale + window`` on), so that one table can hold both. Nothing of the official code is
-part of this package: the checkout is carried to the GPU machine beside it (docs/benchmarks.md says how).
+part of this package: the checkout is carried to the GPU machine beside it (scripts/device_run.sh says how).
 
     python3 bench/official_bench.py --official .official [--frames 208] [--backend flashinfer|sdpa]
 """

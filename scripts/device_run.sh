@@ -19,8 +19,10 @@
 # the log is $OUT/NAME.log. LINGBOT_COMMIT (the code's short hash) and OFFICIAL_COMMIT name what ran.
 #
 # Carry: .whl_fi (flashinfer-python, apache-tvm-ffi wheels: scripts/device_env.sh says how to fetch them),
-# .official (the official repository's lingbot_map/ and gct_profile.py), and .inductor_cache to reuse the
-# kernel cache of an earlier call (the compiled kernels are kept in .inductor_cache/kc on a warm machine).
+# .official (the official code, git-ignored, made on a machine with network access:
+#   git clone https://github.com/Robbyant/lingbot-map /tmp/lingbot-map && git -C /tmp/lingbot-map checkout 4cd9860 &&
+#   mkdir -p .official && cp -r /tmp/lingbot-map/lingbot_map /tmp/lingbot-map/gct_profile.py .official/ ),
+# and .inductor_cache to reuse the kernel cache of an earlier call (kept in .inductor_cache/kc on a warm machine).
 set -uo pipefail
 MODE=${1:-tests}; shift || true
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
