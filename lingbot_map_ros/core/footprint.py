@@ -16,7 +16,7 @@ the max only without graphs). Transient estimates are the live tensors at the bu
 stage, from the token count ``frames x (patches + 6)``; the constants below say what they stand for.
 The weights and the pools are exact (``test_footprint.py`` checks them against the tensors built);
 the activations are estimates whose ratio to ``torch.cuda.max_memory_allocated`` the device script
-(``scripts/footprint_check.py``) reports.
+(``bench/footprint_check.py``) reports.
 
 No torch allocation happens here: the weights are counted on a model built on the meta device.
 """
@@ -43,7 +43,7 @@ FLASHINFER_WORKSPACE_BYTES = 256 * 2**20  # per FlashInfer wrapper (cache/flashi
 BLOCK_LIVE_HIDDEN_COPIES = 2
 # The depth head's busiest point at full resolution: the upsampled output_conv1 map (F/2 channels)
 # and the refinenet1 map at 8x the patch grid (F channels), in units of those maps. Calibrated on the
-# H200 (2026-12-02, full/bf16, widths 518/392/280 x windows 16/32/64, docs/benchmarks.md): counting
+# H200 (full/bf16, widths 518/392/280 x windows 16/32/64; docs/performance.md, memory): counting
 # the tensors alive in the code gave 3 and 2 and over-predicted every depth row by 8-18 % (the head
 # frees its intermediates as it goes); 1.5 and 1.25 put all 18 rows within -1 %..+1 %.
 DEPTH_FULLRES_COPIES = 1.5

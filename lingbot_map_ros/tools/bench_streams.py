@@ -31,8 +31,9 @@ import torch
 
 from ..core.config import StreamConfig
 from ..core.footprint import GB
+from ..core.model_host import ModelHost
 from ..core.runtime import resolve_device
-from ..core.session_manager import LoadedModel, SessionManager, load_model
+from ..core.session_manager import SessionManager
 from ..core.stream_group import StreamGroup, group_footprint
 from .common import add_session_options, check_session_args, runtime_from_args, stream_from_args
 
@@ -87,8 +88,8 @@ def _timed_ticks(tick: Callable[[int], dict[str, list]], frames: int, steady: in
     return np.array(times), poses
 
 
-def run_batched(base: LoadedModel, stream: StreamConfig, n: int, frames: int, pools) -> tuple[StreamsRow, dict]:
-    device = base.runtime.device
+def run_batched(base: ModelHost, stream: StreamConfig, n: int, frames: int, pools) -> tuple[StreamsRow, dict]:
+    device = base.resolved.device
     _reset_peak(device)
     group = StreamGroup(base, stream, [f"cam{i}" for i in range(n)], log=lambda m: None)
 
@@ -106,11 +107,10 @@ def run_batched(base: LoadedModel, stream: StreamConfig, n: int, frames: int, po
     return row, poses
 
 
-def run_sequential(base: LoadedModel, stream: StreamConfig, n: int, frames: int, pools) -> tuple[StreamsRow, dict]:
-    device = base.runtime.device
+def run_sequential(base: ModelHost, stream: StreamConfig, n: int, frames: int, pools) -> tuple[StreamsRow, dict]:
+    device = base.resolved.device
     _reset_peak(device)
-    managers = [SessionManager.around(base.model, base.cfg, stream, base.runtime, log=lambda m: None,
-                                      random_weights=base.info.random_weights) for _ in range(n)]
+    managers = [SessionManager(base, stream, log=lambda m: None) for _ in range(n)]
 
     def tick(i: int) -> dict[str, list]:
         return {f"cam{s}": m.push(pools[s][i % len(pools[s])], float(i)) for s, m in enumerate(managers)}
@@ -151,10 +151,9 @@ def run_processes(argv: list[str], n: int) -> StreamsRow:
                       f"ms per frame in each process; steady phases overlap {overlap / max(max(spans), 1e-9):.0%}")
 
 
-def worker(base: LoadedModel, stream: StreamConfig, frames: int, pools) -> None:
+def worker(base: ModelHost, stream: StreamConfig, frames: int, pools) -> None:
     """One stream alone; prints its steady per-frame times and the span they cover (JSON)."""
-    manager = SessionManager.around(base.model, base.cfg, stream, base.runtime, log=lambda m: None,
-                                    random_weights=base.info.random_weights)
+    manager = SessionManager(base, stream, log=lambda m: None)
     steady = _steady_start(stream)
     times, start = [], 0.0
     for i in range(frames):
@@ -164,7 +163,7 @@ def worker(base: LoadedModel, stream: StreamConfig, frames: int, pools) -> None:
         manager.push(pools[0][i % len(pools[0])], float(i))
         if i >= steady:
             times.append((time.perf_counter() - t0) * 1e3)
-    print(json.dumps({"times": times, "start": start, "end": time.time(), "peak": _peak(base.runtime.device)}))
+    print(json.dumps({"times": times, "start": start, "end": time.time(), "peak": _peak(base.resolved.device)}))
 
 
 def format_table(rows: list[StreamsRow], header: str) -> str:
@@ -206,7 +205,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.error(str(exc))
     runtime_cfg = runtime_from_args(args)
     stream = dataclasses.replace(stream_from_args(args), with_depth=args.heads == "depth+camera")
-    base = load_model(runtime_cfg, log=lambda m: None)
+    base = ModelHost.load(runtime_cfg, log=lambda m: None)
     n = args.cameras
     pools = _frames(args.height, args.width, n, device)
     if args.worker:
