@@ -2,6 +2,7 @@
 batched run's poses against the same streams pushed one after another (the tool's own check)."""
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -16,9 +17,13 @@ def _pose_difference(out: str) -> float:
     return float(re.search(r"batched vs one after another \(same frames\): ([0-9.e+-]+)", out).group(1))
 
 
-def test_cameras_prints_batched_and_sequential_rows(capsys):
-    assert bench_main(["--cameras", "3", *ARGS]) == 0
+def test_cameras_prints_batched_and_sequential_rows(capsys, tmp_path):
+    assert bench_main(["--cameras", "3", *ARGS, "--json", str(tmp_path / "part.json")]) == 0
     out = capsys.readouterr().out
+    rows = json.loads((tmp_path / "part.json").read_text())["rows"]
+    assert [(r["table"], r["streams"], r["mode"]) for r in rows] == [
+        ("streams", 1, "one stream (reference)"), ("streams", 3, "batched"), ("streams", 3, "one after another")]
+    assert rows[1]["predicted_gb"] > 0 and rows[1]["fps_total"] > 0
     for row in ("| one stream (reference) | 1 |", "| batched | 3 |", "| one after another | 3 |"):
         assert row in out, out
     assert "batched step of 3 / one stream's step" in out

@@ -47,6 +47,7 @@ class StreamsRow:
     total_fps: float  # frames of every stream per second, steady state
     peak_gb: float
     note: str = ""
+    predicted_gb: float = float("nan")  # the footprint of the group (batched rows)
 
 
 def _frames(height: int, width: int, streams: int, device: torch.device) -> list[list[torch.Tensor]]:
@@ -104,6 +105,7 @@ def run_batched(base: ModelHost, stream: StreamConfig, n: int, frames: int, pool
     fp = group_footprint(base, stream, n, group.managers["cam0"].session.image_hw)
     row = _row("batched" if n > 1 else "batched (one stream: the single-camera path)", n, times, _peak(device),
                f"footprint {fp.total / GB:.2f} GB predicted")
+    row.predicted_gb = fp.total / GB
     return row, poses
 
 
@@ -194,6 +196,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--frames", type=int, default=160, help="frames per stream, phase 1 included")
     p.add_argument("--heads", default="depth+camera", choices=("depth+camera", "camera"))
     p.add_argument("--processes", action="store_true", help="also run the N streams as N processes")
+    p.add_argument("--json", default="", help="also write the rows as a run-of-record part (table 'streams')")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     check_session_args(p, args)
@@ -225,7 +228,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         del base
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        child = [a for a in argv if a != "--processes"]
+        child = _without(argv, "--processes", "--json")
         rows.append(run_processes(child, n))
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU x{os.cpu_count()}"
     header = (f"lingbot_map_bench --cameras {n}: preset {runtime_cfg.resolved_preset()}, {args.width}x{args.height}, "
@@ -237,7 +240,37 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"{batched.total_fps / sequential.total_fps:.2f}x")
     print(f"pose_enc relative difference, batched vs one after another (same frames): "
           f"{pose_difference(batched_poses, sequential_poses):.2e}")
+    if args.json:
+        from .bench import write_results
+
+        write_results(args.json, result_rows(rows, args, stream), device)
     return 0
+
+
+def _without(argv: list[str], flag: str, valued: str) -> list[str]:
+    """``argv`` without ``flag`` and without ``valued`` and its value (the worker's own command line)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == valued:
+            skip = True
+        elif a != flag and not a.startswith(valued + "="):
+            out.append(a)
+    return out
+
+
+def result_rows(rows: list[StreamsRow], args: argparse.Namespace, stream: StreamConfig) -> list[dict]:
+    """The rows of table ``streams`` of a run of record (``bench/record.py`` merges the parts)."""
+
+    def num(x: float, digits: int = 2):
+        return None if x != x else round(float(x), digits)
+
+    return [{"table": "streams", "geometry": f"{args.width}x{args.height}", "heads": args.heads,
+             "window": stream.sliding_window, "scale_frames": stream.scale_frames,
+             "camera_iterations": stream.camera_iterations, "streams": r.streams, "mode": r.mode,
+             "median_ms": num(r.step_median_ms), "p90_ms": num(r.step_p90_ms), "fps_total": num(r.total_fps, 1),
+             "peak_gb": num(r.peak_gb), "predicted_gb": num(r.predicted_gb), "frames": args.frames} for r in rows]
 
 
 if __name__ == "__main__":
