@@ -202,7 +202,7 @@ def lone_camera_poses(name: str, stamps: list[int], rig: Rig) -> dict[int, np.nd
     values = defaults()
     values.update({k: v for k, v in PARAMS.items() if k in values})
     runtime, stream = configs_from_values(values)
-    manager = SessionManager(runtime, stream, log=lambda m: None)
+    manager = SessionManager.open(runtime, stream, log=lambda m: None)
     pre = FramePreprocessor(width=W)
     out = {}
     for ns in stamps:

@@ -24,6 +24,7 @@ import re
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -145,6 +146,16 @@ def test_stage_holds_one_frame_in_preprocessing_and_one_waiting(rig):
     assert (c.received, c.processed, c.dropped, c.pending) == (3, 0, 1, 2)  # two frames handed on, pending
 
 
+def _inside(thread: threading.Thread, function: str) -> bool:
+    """Whether ``thread`` is running ``function`` now (somewhere in its stack)."""
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None:
+        if frame.f_code.co_name == function:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def test_stop_ends_the_frame_in_hand_and_the_waiting_one_then_restarts(rig):
     stage, ledger, sunk = rig["stage"], rig["ledger"], rig["sunk"]
     stage.start()
@@ -153,8 +164,12 @@ def test_stop_ends_the_frame_in_hand_and_the_waiting_one_then_restarts(rig):
     stage.offer(_frame(ledger, 2))
     stopper = threading.Thread(target=stage.stop, args=("the node was deactivated",))
     stopper.start()
-    time.sleep(0.2)
-    assert stopper.is_alive(), "stop must wait for the frame in preprocessing"
+    # the marker: the stopping thread is inside Thread.join while the frame in hand is held at the gate
+    # (a stop that does not wait for it never gets there: it ends, and the wait below says so)
+    deadline = time.monotonic() + 10
+    while stopper.is_alive() and not _inside(stopper, "join") and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert stopper.is_alive() and _inside(stopper, "join"), "stop must wait for the frame in preprocessing"
     rig["gate"].set()
     stopper.join(10)
     assert not stopper.is_alive() and not stage.running
@@ -174,13 +189,13 @@ class FakeManager:
         self.session_id = 1
         self.pushed: list[tuple[int, tuple]] = []
         self.stream_cfg = StreamConfig(scale_frames=2)
-        self.buffered = 0
+        self.session = SimpleNamespace(buffered=0, mapping=True)  # what the worker reads of the session
         self.on_new_session = None
         self.last_start = None
 
     def push(self, tensor, stamp):
         self.pushed.append((stamp.header.stamp.sec, tuple(tensor.shape)))
-        self.buffered = 1
+        self.session.buffered = 1
         return []  # buffered for the scale frames: BUFFERED, no final status yet
 
     def reset(self, reason, cause):
@@ -271,13 +286,13 @@ class BufferingManager(FakeManager):
     def push(self, tensor, stamp):
         self.pushed.append((stamp.header.stamp.sec, tuple(tensor.shape)))
         self.waiting.append(stamp)
-        self.buffered = len(self.waiting)
+        self.session.buffered = len(self.waiting)
         return []
 
     def reset(self, reason, cause):
         self.session_id += 1
         discarded, self.waiting = self.waiting, []
-        self.buffered = 0
+        self.session.buffered = 0
         self.last_start = SessionStart(self.session_id, cause, reason, tuple(discarded))
         self.on_new_session(self.last_start)
         return self.last_start

@@ -127,8 +127,8 @@ def test_abort_step_says_when_the_pages_are_not_as_before() -> None:
             cache.begin_step(1, store=True)
             cache.end_step()
         before = _state(cache.table)
-        cache.begin_step(1, store=True)  # evicts the oldest window frame
+        cache.begin_step(1, store=True, undoable=True)  # evicts the oldest window frame
         assert cache.abort_step() is exact
         assert _state(cache.table) == before
-        cache.begin_step(1, store=False)  # a non-keyframe never overwrites a visible page
+        cache.begin_step(1, store=False, undoable=True)  # a non-keyframe never overwrites a visible page
         assert cache.abort_step() is True

@@ -21,12 +21,12 @@ pytest.importorskip("lingbot_map_ros.msg")
 pytestmark = [pytest.mark.ros, pytest.mark.slow]  # starts nodes or tool processes
 
 from geometry_msgs.msg import PoseStamped  # noqa: E402
+from map_files import read_ply  # noqa: E402
 from rclpy.context import Context  # noqa: E402
 from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from rclpy.qos import QoSDurabilityPolicy, QoSProfile, QoSReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import CameraInfo, Image, PointCloud2  # noqa: E402
 from std_srvs.srv import Trigger  # noqa: E402
-from test_reconstruction import read_ply  # noqa: E402
 
 from lingbot_map_ros.msg import FrameStatus  # noqa: E402
 from lingbot_map_ros.tools.node_client import NodeProcess, SyntheticCamera, image_message, stamp_ns  # noqa: E402
@@ -304,9 +304,10 @@ def test_depth_every_set_at_runtime_thins_the_depth_outputs_only(env):
         def received(rx) -> dict:
             return {k: set(by_stamp(rx[k])) & set(stamps) for k in kinds}
 
-        # outputs of a frame follow its pose: wait for two frames' worth, then a moment for any third
-        assert col.wait(lambda rx: all(len(v) >= 2 for v in received(rx).values()), 30), received(col.rx)
-        time.sleep(0.5)
+        # markers: three more frames (one period), one of them with depth. Each topic has one ordered
+        # writer, so once a marker's output is here every output of the six frames before it is too
+        markers = send_frames(env, 3, first=46)
+        assert col.wait(lambda rx: all(set(by_stamp(rx[k])) & set(markers) for k in kinds), 30), received(col.rx)
         with col.cv:
             got = received(col.rx)
         with_depth = [i for i, s in enumerate(stamps) if s in got["depth"]]

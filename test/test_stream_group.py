@@ -14,8 +14,10 @@ import torch
 
 from lingbot_map_ros.core.config import StreamConfig, model_config
 from lingbot_map_ros.core.model import build_model
+from lingbot_map_ros.core.model_host import ModelHost
 from lingbot_map_ros.core.runtime import resolve_for
-from lingbot_map_ros.core.session_manager import InferenceFailed, LoadedModel, SessionManager, session_info
+from lingbot_map_ros.core.session_events import InferenceFailed
+from lingbot_map_ros.core.session_manager import SessionManager
 from lingbot_map_ros.core.stream_group import StreamGroup
 
 ATOL = 1e-6
@@ -25,12 +27,12 @@ STREAM = StreamConfig(scale_frames=2, sliding_window=3, camera_iterations=2, max
 
 
 @pytest.fixture(scope="module")
-def loaded() -> LoadedModel:
+def loaded() -> ModelHost:
     cfg = model_config("tiny")
     model, _ = build_model(cfg, seed=4321, enable_depth=True)
     model.eval()
     rt = resolve_for(torch.device("cpu"), torch.float32, backend="sdpa")
-    return LoadedModel(model, cfg, rt, session_info(rt, cfg, model, random_weights=True))
+    return ModelHost.around(model, cfg, rt)
 
 
 def frames_of(seed: int, n: int) -> list[torch.Tensor]:
@@ -38,8 +40,8 @@ def frames_of(seed: int, n: int) -> list[torch.Tensor]:
     return [torch.rand(3, *HW, generator=g) for _ in range(n)]
 
 
-def lone_results(loaded: LoadedModel, frames: list[torch.Tensor], stream: StreamConfig = STREAM):
-    manager = SessionManager.around(loaded.model, loaded.cfg, stream, loaded.runtime, log=lambda m: None)
+def lone_results(loaded: ModelHost, frames: list[torch.Tensor], stream: StreamConfig = STREAM):
+    manager = SessionManager(loaded, stream, log=lambda m: None)
     return [r for i, f in enumerate(frames) for r in manager.push(f, i)]
 
 
@@ -76,15 +78,18 @@ def run_group(group: StreamGroup, schedule: dict[str, list[int]], frames: dict[s
     return got, fed, batched
 
 
-def test_batched_streams_equal_their_lone_runs(loaded):
+@pytest.mark.parametrize("attention", ["loop", "pool-sdpa"])
+def test_batched_streams_equal_their_lone_runs(loaded, attention):
     """Three streams: every tick, every other tick, and from tick 5 on; the fast one passes the
-    stored-frame limit (a long-run window switch) and evicts inside the batched run."""
+    stored-frame limit (a long-run window switch) and evicts inside the batched run. ``loop``: each
+    stream's own backend; ``pool-sdpa``: one request over the pool (page ids of the shares), the
+    addressing FlashInfer's batched plan uses."""
     schedule = {"front": list(range(26)), "rear": list(range(0, 26, 2)), "left": list(range(5, 26))}
     frames = {name: frames_of(seed, len(at)) for seed, (name, at) in enumerate(schedule.items())}
-    group = StreamGroup(loaded, STREAM, list(schedule), log=lambda m: None)
+    group = StreamGroup(loaded, STREAM, list(schedule), log=lambda m: None, batched_attention=attention)
     got, fed, batched = run_group(group, schedule, frames, 26)
     assert batched > 20  # most phase-2 frames really ran batched
-    assert group.manager("front").window_switches >= 1
+    assert group.manager("front").policy.window_switches >= 1
     assert max(r.cache.frames_evicted for r in got["rear"]) > 0
     assert len(group.pools) == 1 and group.pools[0].shares.num_shares == 3
     for name in schedule:
@@ -207,7 +212,7 @@ def test_reset_save_and_load_of_one_stream_leave_the_others_unchanged(loaded, tm
             got[n] += o.results
     assert_same(got["a"], lone_results(loaded, frames["a"]))
     # b: frames 0-2, saved, 3-4, reset (5-6: a new session's scale frames), loaded: 7-8 continue from the save
-    lone = SessionManager.around(loaded.model, loaded.cfg, STREAM, loaded.runtime, log=lambda m: None)
+    lone = SessionManager(loaded, STREAM, log=lambda m: None)
     want = [r for t in range(3) for r in lone.push(frames["b"][t], t)]
     want += [r for t in (3, 4) for r in lone.push(frames["b"][t], t)]
     lone.reset()

@@ -16,7 +16,7 @@ the max only without graphs). Transient estimates are the live tensors at the bu
 stage, from the token count ``frames x (patches + 6)``; the constants below say what they stand for.
 The weights and the pools are exact (``test_footprint.py`` checks them against the tensors built);
 the activations are estimates whose ratio to ``torch.cuda.max_memory_allocated`` the device script
-(``scripts/footprint_check.py``) reports.
+(``bench/footprint_check.py``) reports.
 
 No torch allocation happens here: the weights are counted on a model built on the meta device.
 """
@@ -43,7 +43,7 @@ FLASHINFER_WORKSPACE_BYTES = 256 * 2**20  # per FlashInfer wrapper (cache/flashi
 BLOCK_LIVE_HIDDEN_COPIES = 2
 # The depth head's busiest point at full resolution: the upsampled output_conv1 map (F/2 channels)
 # and the refinenet1 map at 8x the patch grid (F channels), in units of those maps. Calibrated on the
-# H200 (2026-12-02, full/bf16, widths 518/392/280 x windows 16/32/64, docs/benchmarks.md): counting
+# H200 (full/bf16, widths 518/392/280 x windows 16/32/64; docs/performance.md, memory): counting
 # the tensors alive in the code gave 3 and 2 and over-predicted every depth row by 8-18 % (the head
 # frees its intermediates as it goes); 1.5 and 1.25 put all 18 rows within -1 %..+1 %.
 DEPTH_FULLRES_COPIES = 1.5
@@ -162,8 +162,9 @@ def backend_buffer_bytes(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamCo
         total += FLASHINFER_WORKSPACE_BYTES * (2 if rt.cuda_graphs else 1)
     elif rt.cuda_graphs and rt.sdpa_kernel not in ("split", "cudnn"):
         from .cache.factory import max_stored_frames
+        from .cache.pages import visible_patch_pages
 
-        max_keys = (stream.scale_frames + stream.sliding_window + 1) * page_size + (
+        max_keys = visible_patch_pages(stream.scale_frames, stream.sliding_window) * page_size + (
             SPECIAL_TOKENS_PER_FRAME * max_stored_frames(stream))
         total += max_keys * (2 * cfg.embed_dim * element_size(rt.dtype) + 8)  # StaticSdpaBackend K, V, slots
     return total
@@ -178,6 +179,7 @@ def footprint(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig, heigh
     buffers and CUDA-graph pool (its lone steps) once per stream; and the batched step of every
     stream's frame at once (eager, so transient) as one more candidate for the largest step."""
     from .cache.factory import pool_layout  # late: the cache package imports the backends
+    from .cache.pages import visible_patch_pages
 
     if streams < 1:
         raise ValueError(f"streams must be >= 1 (got {streams})")
@@ -199,7 +201,8 @@ def footprint(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig, heigh
     s = stream.scale_frames
     eager_sdpa = rt.backend == "sdpa"  # phase 1 (and eager one-frame steps) gather the visible keys
     phase1 = aggregator_step_bytes(cfg, rt, s, page_size, s * (page_size + SPECIAL_TOKENS_PER_FRAME), eager_sdpa)
-    visible = (s + stream.sliding_window + 1) * page_size + SPECIAL_TOKENS_PER_FRAME * stream.max_stored_frames
+    visible = (visible_patch_pages(s, stream.sliding_window) * page_size
+               + SPECIAL_TOKENS_PER_FRAME * stream.max_stored_frames)
     frame = aggregator_step_bytes(cfg, rt, 1, page_size, visible, eager_sdpa and not rt.cuda_graphs)
     depth1 = depth_head_bytes(cfg, s, height, width, stream.depth_chunk) if stream.with_depth else 0
     depth_frame = depth_head_bytes(cfg, 1, height, width) if stream.with_depth else 0

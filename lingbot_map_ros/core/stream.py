@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .cache import CacheFull, CameraKVCache, PagedKVCache
-from .cache.factory import build_camera_cache, build_global_cache, saved_state_problems
+from .cache.factory import CACHE_SIZING_FIELDS, build_camera_cache, build_global_cache, saved_state_problems
 from .config import (
     PATCH_SIZE,
     SPECIAL_TOKENS_PER_FRAME,
@@ -135,6 +135,15 @@ class StreamingSession:
         """Frames processed in this session so far (the next frame's ``frame_index``)."""
         return self._frame_index
 
+    @property
+    def cache_frame_size(self) -> Optional[tuple[int, int]]:
+        """The frame size (H, W) the caches are allocated for; None before the first frame."""
+        return self._kv_hw
+
+    def caches(self) -> list:
+        """The allocated caches (the memory report counts their pools)."""
+        return [c for c in (self._kv, self._camera_kv) if c is not None]
+
     def push(self, frame: torch.Tensor | np.ndarray, stamp: Any = None) -> list[Processed]:
         """Take one preprocessed frame ``[3, H, W]`` in [0, 1]; return the frames processed now.
 
@@ -194,7 +203,7 @@ class StreamingSession:
     def open_step(self, step: PhaseTwoStep) -> None:
         """Append the step's frame to both caches and plan their attention (``SessionError``:
         nothing changed). Then the model call, then ``close_step`` (or ``abort_step``)."""
-        self._open_caches(1, store=step.store)
+        self._open_caches(1, store=step.store, undoable=True)
 
     def close_step(self) -> None:
         """End both caches' step after the model call (a non-keyframe is rolled back)."""
@@ -254,9 +263,8 @@ class StreamingSession:
         if problems:
             raise ValueError("; ".join(problems))
         old = self.stream_cfg
-        geometry = ("scale_frames", "sliding_window", "camera_iterations", "max_frame_num", "max_stored_frames")
         self.stream_cfg = stream
-        if any(getattr(stream, name) != getattr(old, name) for name in geometry):
+        if any(getattr(stream, name) != getattr(old, name) for name in CACHE_SIZING_FIELDS):
             self._release_caches()
 
     def set_keyframe_interval(self, keyframe_interval: int) -> None:
@@ -520,13 +528,14 @@ class StreamingSession:
                 f"camera-head cache full ({self._camera_kv.length} of {self._camera_kv.capacity} frames)"
             )
 
-    def _open_caches(self, frames: int, *, store: bool, room_checked: bool = False) -> None:
-        """Both caches' ``begin_step`` for a step of ``frames`` frames (``SessionError``: nothing changed)."""
+    def _open_caches(self, frames: int, *, store: bool, room_checked: bool = False, undoable: bool = False) -> None:
+        """Both caches' ``begin_step`` for a step of ``frames`` frames (``SessionError``: nothing changed;
+        ``undoable``: ``abort_step`` can take it back)."""
         assert self._kv is not None and self._camera_kv is not None
         if not room_checked:
             self._check_camera_room(frames)
         try:
-            self._kv.begin_step(frames, store=store)
+            self._kv.begin_step(frames, store=store, undoable=undoable)
         except CacheFull as exc:
             raise SessionError(f"KV cache full: {exc}") from exc
         self._camera_kv.begin_step(frames, store=store)

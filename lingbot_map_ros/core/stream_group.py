@@ -44,16 +44,19 @@ import torch
 
 from .cache.batched import GroupCameraAttention, GroupGlobalAttention
 from .cache.pool import SharedKVPool, batched_page_request
+from .cache.sdpa_backend import BatchedSdpaBackend
 from .config import SPECIAL_TOKENS_PER_FRAME, StreamConfig
 from .footprint import Footprint, budget_problem, fits, footprint, worst_case_height
 from .memory_budget import MemoryBudget, MemoryBudgetExceeded
+from .model_host import ModelHost
 from .readback import StagedReadback
 from .results import FrameResult
 from .session_errors import SessionError, StoredFrameLimit
-from .session_manager import InferenceFailed, LoadedModel, SessionCause, SessionManager
+from .session_events import InferenceFailed, SessionCause
+from .session_manager import SessionManager
 from .stream import PhaseTwoStep
 
-BATCHED_ATTENTION = ("auto", "loop", "flashinfer")
+BATCHED_ATTENTION = ("auto", "loop", "flashinfer", "pool-sdpa")
 
 
 @dataclass(frozen=True)
@@ -79,37 +82,44 @@ class _Entry:
     stamp: Any
 
 
-def group_footprint(loaded: LoadedModel, stream: StreamConfig, streams: int,
+def group_footprint(host: ModelHost, stream: StreamConfig, streams: int,
                     hw: Optional[tuple[int, int]] = None) -> Footprint:
-    """The memory of ``streams`` streams of ``stream`` over ``loaded`` (the weights once), at ``hw`` or
-    the tallest frame of the configured width (what the budget is held to, as for one stream)."""
+    """The memory of ``streams`` streams of ``stream`` over ``host``'s model (the weights once), at
+    ``hw`` or the tallest frame of the configured width (what the budget is held to, as for one stream)."""
     h, w = hw if hw is not None else (worst_case_height(stream.image_width), stream.image_width)
-    return footprint(loaded.cfg, loaded.runtime, stream, h, w, streams)
+    return footprint(host.cfg, host.resolved, stream, h, w, streams)
 
 
 class StreamGroup:
     """N camera streams, one model, one page pool per frame size, batched phase-2 steps."""
 
-    def __init__(self, loaded: LoadedModel, stream: StreamConfig, names: Sequence[str],
+    def __init__(self, host: ModelHost, stream: StreamConfig, names: Sequence[str],
                  log: Callable[[str], None] = print, *, batched_attention: str = "auto") -> None:
-        """``loaded``: the model every stream runs (built once); ``stream``: the settings of every
-        stream (the pool's shares are cut for its geometry); ``names``: the streams, in order.
+        """``host``: the model every stream runs (``core/model_host.py``, the weights once); ``stream``:
+        the settings of every stream (the pool's shares are cut for its geometry); ``names``: the
+        streams, in order.
         ``batched_attention``: ``loop`` (each stream's own backend inside the attention call),
-        ``flashinfer`` (one FlashInfer call over the pool), ``auto`` (FlashInfer when the runtime's
-        backend is FlashInfer on CUDA, else the loop)."""
+        ``flashinfer`` (one FlashInfer call over the pool), ``pool-sdpa`` (the same request over the
+        pool through SDPA: the FlashInfer form's reference, any device), ``auto`` (FlashInfer when the
+        runtime's backend is FlashInfer on CUDA, else the loop)."""
         names = list(names)
         if not names or len(set(names)) != len(names):
             raise ValueError(f"stream names must be given, each once (got {names})")
         if batched_attention not in BATCHED_ATTENTION:
             raise ValueError(f"batched_attention must be one of {BATCHED_ATTENTION} (got {batched_attention!r})")
-        self.loaded = loaded
+        self.host = host
         self.log = log
         self.names = names
-        rt = loaded.runtime
+        rt = host.resolved
         if batched_attention == "auto":
             batched_attention = "flashinfer" if rt.backend == "flashinfer" and rt.device.type == "cuda" else "loop"
+        if batched_attention == "flashinfer":
+            try:
+                import flashinfer  # noqa: F401 - optional: refuse here, not at every batched step
+            except ImportError as exc:
+                raise ValueError(f"batched_attention 'flashinfer' needs the flashinfer package ({exc})") from None
         self.batched_attention = batched_attention
-        self.footprint = group_footprint(loaded, stream, len(names))
+        self.footprint = group_footprint(host, stream, len(names))
         budget = MemoryBudget().bytes_for(stream, rt.device)
         if not fits(self.footprint, budget):  # checked before any stream allocates its caches
             raise MemoryBudgetExceeded(budget_problem(self.footprint, budget, f"a group of {len(names)} streams"))
@@ -118,8 +128,7 @@ class StreamGroup:
         self._readback = StagedReadback()
         self._managers: dict[str, SessionManager] = {}
         for name in names:
-            manager = SessionManager.around(loaded.model, loaded.cfg, stream, rt, log=log,
-                                            random_weights=loaded.info.random_weights)
+            manager = SessionManager(host, stream, log)
             if len(names) > 1:  # one stream keeps its own pages: exactly the single-camera cache
                 manager.session.page_storage = self._share_provider(name)
             self._managers[name] = manager
@@ -153,7 +162,7 @@ class StreamGroup:
             if pool is None:
                 pool = self._pools[key] = SharedKVPool(
                     num_shares=len(self.names), num_blocks=blocks, pages_per_share=pages, page_size=page,
-                    num_heads=heads, head_dim=dim, dtype=dtype, device=self.loaded.runtime.device)
+                    num_heads=heads, head_dim=dim, dtype=dtype, device=self.host.resolved.device)
                 self.log(f"page pool for {page}-token pages: {len(self.names)} shares of {pages} pages, "
                          f"{pool.nbytes / 1e9:.3f} GB")
             if pool.storage.dtype != dtype:
@@ -262,13 +271,13 @@ class StreamGroup:
         host arrays: pose_enc [B, 9], depth and confidence [n, H, W] of the frames with depth (or None)."""
         sessions = [e.manager.session for e in entries]
         first = sessions[0]
-        device = self.loaded.runtime.device
+        device = self.host.resolved.device
         b = len(entries)
         h, w = first.image_hw  # type: ignore[misc]
-        tokens = SPECIAL_TOKENS_PER_FRAME + (h // self.loaded.cfg.patch_size) * (w // self.loaded.cfg.patch_size)
+        tokens = SPECIAL_TOKENS_PER_FRAME + (h // self.host.cfg.patch_size) * (w // self.host.cfg.patch_size)
         caches = [s.global_cache for s in sessions]
         pool, batched = None, None
-        if self.batched_attention == "flashinfer":
+        if self.batched_attention in ("flashinfer", "pool-sdpa"):
             pool, batched = self._plan_batched(entries, tokens)
         attention = GroupGlobalAttention(caches, tokens, pool, batched)  # type: ignore[arg-type]
         camera = GroupCameraAttention([s.camera_cache for s in sessions])  # type: ignore[misc]
@@ -277,7 +286,7 @@ class StreamGroup:
         depth_frames = [i for i, e in enumerate(entries) if e.step.with_depth]
         cfg = first.stream_cfg
         with first.inference():
-            out = self.loaded.model(
+            out = self.host.model(
                 images.to(device, non_blocking=True),
                 rope_frames=torch.tensor([e.step.rope_index for e in entries], device=device),
                 camera_variant=ones, scale_variant=ones, global_attention=attention, camera_attention=camera,
@@ -294,10 +303,12 @@ class StreamGroup:
                      < p.storage.data_ptr() + p.nbytes), None)
         if pool is None:
             raise RuntimeError("the batched FlashInfer step needs the streams' pages in one pool")
+        rt, cfg = self.host.resolved, self.host.cfg
+        if self._batched_backend is None and self.batched_attention == "pool-sdpa":
+            self._batched_backend = BatchedSdpaBackend(device=rt.device)
         if self._batched_backend is None:
             from .cache.flashinfer_backend import BatchedFlashInferBackend
 
-            rt, cfg = self.loaded.runtime, self.loaded.cfg
             self._batched_backend = BatchedFlashInferBackend(num_heads=cfg.num_heads, head_dim=cfg.head_dim,
                                                              dtype=rt.dtype, device=rt.device,
                                                              kernel=rt.flashinfer_kernel)

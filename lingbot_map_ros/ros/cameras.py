@@ -171,7 +171,7 @@ class CameraGroupWorker:
 
     # ------------------------------------------------------------------ one tick
     def _tick(self, frames: dict[str, Frame]) -> None:
-        from ..core.session_manager import InferenceFailed, SessionCause
+        from ..core.session_events import InferenceFailed, SessionCause
 
         step: dict[str, tuple[Any, Frame]] = {}
         for name, frame in frames.items():
@@ -188,7 +188,7 @@ class CameraGroupWorker:
                 channel.ledger.reject(frame.header, exc.kind, str(exc))
                 continue
             frame.push_start = time.perf_counter()
-            manager.mapping = bool(self._values["mapping"])
+            manager.session.mapping = bool(self._values["mapping"])
             step[name] = (frame.model_image, frame)
         if not step:
             return
@@ -209,14 +209,14 @@ class CameraGroupWorker:
             if not outcome.results:
                 manager = self.group.manager(name)
                 channel.ledger.interim(frame.header, FrameStatus.BUFFERED,
-                                       f"buffered for the joint scale-frame call ({manager.buffered} of "
+                                       f"buffered for the joint scale-frame call ({manager.session.buffered} of "
                                        f"{manager.stream_cfg.scale_frames})")
             for result in outcome.results:
                 self._publish(channel, result)
         self._on_view()
 
     def _publish(self, channel: CameraChannel, r) -> None:
-        from ..core.session_manager import SessionCause
+        from ..core.session_events import SessionCause
 
         frame: Frame = r.stamp
         header = frame.header
@@ -256,7 +256,7 @@ class CameraGroupWorker:
         publish_ms = (time.perf_counter() - t0) * 1e3
         counts, overhead_ms = channel.ledger.processed(r, frame, session_id, publish_ms, note)
         channel.stats_pub.publish(rosmsg.cache_stats(r, header.stamp, str(self._values["world_frame"]), session_id,
-                                                     counts, overhead_ms, manager.info))
+                                                     counts, overhead_ms, manager.host.info))
 
     def _publish_placed(self, channel: CameraChannel, r, frame: Frame, out: RigPlacement, placed) -> None:
         header = frame.header
@@ -309,7 +309,7 @@ class CameraGroupWorker:
         return started
 
     def _run_command(self, item) -> None:
-        from ..core.session_manager import SessionCause
+        from ..core.session_events import SessionCause
 
         (kind, arg), done, box = item
         try:
@@ -363,14 +363,14 @@ class CameraSystem:
 
     def configure(self, runtime, stream, on_view: Callable[[Any], None], context_ok: Callable[[], bool]) -> None:
         """Build the model once and a stream per camera; raises with the reason when it cannot."""
-        from ..core.session_manager import load_model
+        from ..core.model_host import ModelHost
         from ..core.stream_group import StreamGroup
         from .pipeline import PreprocessStage
         from .reconstruction import ReconstructionPublisher
 
         log = self._node.get_logger()
-        loaded = load_model(runtime, log=log.info)
-        self.group = StreamGroup(loaded, stream, self.names, log=log.info)
+        host = ModelHost.load(runtime, log=log.info)
+        self.group = StreamGroup(host, stream, self.names, log=log.info)
         values = self._values
         rig = Rig(self.names, self.primary, float(values["camera_timeout"]),
                   unit_from_primary=str(values["scale_source"]) == "model",
@@ -378,7 +378,7 @@ class CameraSystem:
         self.worker = CameraGroupWorker(self._node, self.group, self.channels, values, self._outputs, rig,
                                         on_view=lambda: on_view(self.group.manager(self.primary)),
                                         context_ok=context_ok)
-        device = loaded.runtime.device
+        device = host.resolved.device
         if self._outputs.recon is None:  # the one map (~/map_points, ~/save_map) of every camera
             self._outputs.recon = ReconstructionPublisher(self._node, lambda: values, device=device)
         for channel in self.channels.values():

@@ -179,7 +179,7 @@ class InferenceWorker:
             self._ledger.reject(frame.header, exc.kind, str(exc))
             return
         frame.push_start = time.perf_counter()
-        manager.mapping = bool(self._values["mapping"])  # false: localize against the map, store nothing
+        manager.session.mapping = bool(self._values["mapping"])  # false: localize against the map, store nothing
         before = manager.last_start
         try:
             results, failure = manager.push(frame.model_image, stamp=frame), None
@@ -207,7 +207,8 @@ class InferenceWorker:
         if not results:
             self._ledger.interim(
                 frame.header, FrameStatus.BUFFERED,
-                f"buffered for the joint scale-frame call ({manager.buffered} of {manager.stream_cfg.scale_frames})",
+                f"buffered for the joint scale-frame call ({manager.session.buffered} of "
+                f"{manager.stream_cfg.scale_frames})",
             )
         for result in results:
             self._publish(result)
@@ -256,14 +257,14 @@ class InferenceWorker:
         """Hand the new settings to the session manager; it decides what they need."""
         manager = self.manager
         runtime, stream = configs_from_values(self._values)
-        if runtime != manager.runtime:
+        if runtime != manager.host.settings:
             self._log.info(f"parameters {changed} need a new model: building it")
         try:
             result = manager.apply(runtime, stream)
         except Exception as exc:  # noqa: BLE001 - a failed model build keeps the previous model
             self._ledger.record_error(f"could not build the model for {changed}: {exc}; keeping the previous one "
                                       "and reverting the parameters to the values it runs with", exc)
-            self._revert_parameters(manager.runtime)
+            self._revert_parameters(manager.host.settings)
             return f"error: {exc}"
         if result.change is Change.NEXT_FRAME:
             self._view.update(manager)

@@ -168,7 +168,7 @@ class LingBotMapNode(LifecycleNode):
             f"dtype {runtime.dtype}, backend {runtime.attention_backend}); stream {stream}"
         )
         try:
-            manager = self._session_manager_cls(runtime, stream, log=self.get_logger().info,
+            manager = self._session_manager_cls.open(runtime, stream, log=self.get_logger().info,
                                                 warn=self.get_logger().warning)
         except Exception as exc:  # noqa: BLE001 - any failure of the model build fails the transition
             return self._configure_failed(*build_failure(exc))
@@ -193,7 +193,7 @@ class LingBotMapNode(LifecycleNode):
                 return self._configure_failed(f"initial_session: {exc}")
         self._worker.start()
         self._intake.subscribe()
-        info = manager.info
+        info = manager.host.info
         if info.random_weights:
             self.get_logger().warning(
                 "NO CHECKPOINT: random weights (preset %s) - poses are NOT meaningful" % info.model_preset

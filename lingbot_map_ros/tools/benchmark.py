@@ -237,7 +237,7 @@ class _Run:
             from .common import runtime_from_args, stream_from_args
 
             self.runtime, self.stream = runtime_from_args(self.args), stream_from_args(self.args)
-            self.manager = SessionManager(self.runtime, self.stream, log=self.say)
+            self.manager = SessionManager.open(self.runtime, self.stream, log=self.say)
         return self.manager
 
     def plan(self) -> list[tuple[str, Path, str]]:

@@ -179,10 +179,12 @@ class PagedKVCache:
 
     # ------------------------------------------------------------------ steps
 
-    def begin_step(self, num_frames: int, *, store: bool) -> None:
+    def begin_step(self, num_frames: int, *, store: bool, undoable: bool = False) -> None:
         """Append this step's frames to the page table, build its write index and plan the backend.
 
         Raises ``PoolExhausted`` (nothing changed) when the pools cannot take the frames.
+        ``undoable``: mark the table first, so that ``abort_step`` can take the step back (a group's
+        batched step); a lone stream's step does not pay for the copy.
         """
         if self._step is not None:
             raise RuntimeError("begin_step() while a step is open: call end_step() first")
@@ -198,7 +200,7 @@ class PagedKVCache:
                     f"a stored step of {num_frames} frames would evict its own frames "
                     f"(scale room {room_in_scale}, window {self.table.sliding_window})"
                 )
-        mark = self.table.mark()
+        mark = self.table.mark() if undoable else None
         plan = self.table.append(num_frames, defer_eviction=not store)
 
         ps, sp = self.page_size, self.specials_per_frame
@@ -272,7 +274,7 @@ class PagedKVCache:
         session then."""
         step, mark = self._step, self._mark
         if step is None or mark is None:
-            raise RuntimeError("abort_step() without begin_step()")
+            raise RuntimeError("abort_step() without begin_step(undoable=True)")
         self.table.restore(mark)
         self._step, self._mark = None, None
         return not self.table.overwrote_visible(step.plan)

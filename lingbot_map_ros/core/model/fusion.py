@@ -125,6 +125,9 @@ class BlockFusion:
         q/k-norm + RoPE + cast (``qk_rope.py``, after a compiled LN₁ → qkv) instead of Inductor's two
         kernels, and the camera head's one-token fp32 blocks as four fused GEMVs (``gemv.py``).
         ``depth_head``: the DPT head's arithmetic compiled too (``depth_chunk``); else it runs eager."""
+        from ..kernel_cache import use_kernel_cache
+
+        use_kernel_cache()  # compiled kernels kept across processes and reboots (kernel_cache.py)
         # 3 block kinds x a few shapes, plus head room: never fall back to eager silently.
         allow_recompiles(64)
         options = {"emulate_precision_casts": True}
