@@ -52,13 +52,6 @@ INTEGRATED_AUTO_REFUSED = ("gpu_memory_budget 0 (the free memory at configure) i
                            "GB it may use (lingbot_map_bench --footprint sizes it)")
 
 
-def budget_bytes(stream: StreamConfig, device: torch.device, automatic: float) -> float:
-    """The budget in bytes: the configured GB, else ``automatic`` on CUDA (0: no limit on the CPU)."""
-    if stream.gpu_memory_budget > 0:
-        return stream.gpu_memory_budget * GB
-    return automatic if device.type == "cuda" else 0.0
-
-
 def predict(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig,
             hw: Optional[tuple[int, int]] = None) -> Footprint:
     """The footprint at ``hw`` (the session's frame size), else at the worst case of the width."""
@@ -108,13 +101,13 @@ class BudgetSnapshot:
 
     automatic: tuple[tuple[str, float], ...] = ()
 
-    def bytes_for(self, stream: StreamConfig, device: torch.device,
-                  free_bytes: Callable[[torch.device], float] = device_free_bytes) -> float:
-        """As ``MemoryBudget.bytes_for``; a device not resolved yet is read now and not remembered."""
-        if stream.gpu_memory_budget > 0 or device.type != "cuda":
-            return budget_bytes(stream, device, 0.0)
+    def bytes_for(self, stream: StreamConfig, device: torch.device) -> float:
+        """As the manager's ``MemoryBudget.bytes_for``: its automatic budget where it resolved one, else
+        what a budget of its own resolves now (nothing shared is written)."""
         known = dict(self.automatic).get(str(device))
-        return known if known is not None else max(0.0, free_bytes(device) - MEMORY_MARGIN_GB * GB)
+        if known is not None and stream.gpu_memory_budget <= 0 and device.type == "cuda":
+            return known
+        return MemoryBudget().bytes_for(stream, device)
 
 
 @dataclass(frozen=True)
@@ -157,8 +150,10 @@ class MemoryBudget:
         self.configured_window = 0
 
     def bytes_for(self, stream: StreamConfig, device: torch.device) -> float:
-        if stream.gpu_memory_budget > 0 or device.type != "cuda":
-            return budget_bytes(stream, device, 0.0)
+        if stream.gpu_memory_budget > 0:
+            return stream.gpu_memory_budget * GB
+        if device.type != "cuda":
+            return 0.0
         if self._integrated(device):
             raise MemoryBudgetExceeded(INTEGRATED_AUTO_REFUSED)
         key = str(device)
@@ -216,5 +211,5 @@ def allocated_bytes(device: torch.device, model: torch.nn.Module, caches: list) 
 
 
 __all__ = ["INTEGRATED_AUTO_REFUSED", "MEMORY_MARGIN_GB", "BudgetCheck", "BudgetSnapshot", "MemoryBudget",
-           "MemoryBudgetExceeded", "MemoryReport", "allocated_bytes", "budget_bytes", "device_free_bytes", "fit_stream",
+           "MemoryBudgetExceeded", "MemoryReport", "allocated_bytes", "device_free_bytes", "fit_stream",
            "integrated_gpu", "predict"]
