@@ -372,6 +372,12 @@ def test_one_body_pose_one_parent_and_the_hand_over(run):
     front_status = statuses["lingbot_map: camera front"]
     level = front_status.level if isinstance(front_status.level, int) else int.from_bytes(front_status.level, "little")
     assert level == 1 and "front stalled" in front_status.message and "rear drives" in front_status.message
+    rear_values = {kv.key: kv.value for kv in statuses["lingbot_map: camera rear"].values}
+    assert rear_values["state"] == "driving" and int(rear_values["frames_rejected"]) == len(rig.corrupt["rear"])
+    costs = ("place_publish_ms_median", "place_publish_cpu_ms_median", "place_ms_median", "place_cpu_ms_median")
+    for key in costs:  # the node's own cost per frame of this camera
+        assert math.isfinite(float(rear_values[key])), rear_values
+    print("\nrear camera, node overhead per frame (median ms): " + ", ".join(f"{k} {rear_values[k]}" for k in costs))
     # D: the front camera drives again on its return, continuing with one offset of its own
     front_d = [s for n, s in phases["D"] if n == "front"]
     rear_after = [s for n, s in phases["D"] if n == "rear" and s > min(front_d)]

@@ -80,6 +80,10 @@ class CameraChannel:
         self.time_jump = TimeJumpDetector()
         self.non_finite_in_a_row = 0
         self.warned_no_frame_id = False
+        # what this camera's frames cost the inference thread besides the model, per frame: (wall ms, the
+        # thread's own CPU ms) of everything (TF lookups, the scale, the rig, every publish, points
+        # included), then of placing alone (TF lookups, the scale, the rig's anchoring and hand-over)
+        self.costs: collections.deque = collections.deque(maxlen=200)
 
     def _offer(self, frame: Frame) -> None:
         stage = self.stage
@@ -233,12 +237,13 @@ class CameraGroupWorker:
                 manager.reset(f"{limit} consecutive frames with non-finite output", SessionCause.NON_FINITE)
             return
         channel.non_finite_in_a_row = 0
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         session_id = manager.session_id
         channel.session_id = session_id
         camera_frame = channel.camera_frame(header)
         placed = channel.robot.place(r, header, camera_frame, session_id)
         if isinstance(placed, NoTransform):
+            frame.model_image = None
             channel.ledger.finish(header, FrameStatus.NO_TRANSFORM, str(placed))
             return
         note = ""
@@ -248,6 +253,8 @@ class CameraGroupWorker:
             with self.lock:
                 out = self.rig.place(channel.name, stamp_sec(header.stamp), placed.pose, placed.camera,
                                      time.monotonic(), placed.base_in_odom)
+        place = ((time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3)
+        if not isinstance(placed, Withheld):
             if isinstance(out, str):
                 note = out
             else:
@@ -257,6 +264,8 @@ class CameraGroupWorker:
         counts, overhead_ms = channel.ledger.processed(r, frame, session_id, publish_ms, note)
         channel.stats_pub.publish(rosmsg.cache_stats(r, header.stamp, str(self._values["world_frame"]), session_id,
                                                      counts, overhead_ms, manager.host.info))
+        with channel.ledger.lock:
+            channel.costs.append(((time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3, *place))
 
     def _publish_placed(self, channel: CameraChannel, r, frame: Frame, out: RigPlacement, placed) -> None:
         header = frame.header
@@ -458,6 +467,7 @@ class CameraSystem:
                 latency = statistics.median(ledger.latencies) if ledger.latencies else math.nan
                 received, processed, dropped = c.received, c.processed, c.dropped
                 dropped_queue, rejected = c.dropped_queue, c.rejected
+                costs = list(channel.costs)
             report = reports.get(name)
             state = report.state if report is not None else "unconfigured"
             level, message = DiagnosticStatus.OK, f"{state}"
@@ -477,11 +487,19 @@ class CameraSystem:
                       ("frames_dropped_queue", dropped_queue), ("frames_rejected", rejected),
                       ("scale_source", scale.source), ("scale_state", scale.state),
                       ("unit_in_world", f"{report.unit:.6g}" if report is not None else "nan"),
+                      ("place_publish_ms_median", f"{_median([c[0] for c in costs]):.3f}"),
+                      ("place_publish_cpu_ms_median", f"{_median([c[1] for c in costs]):.3f}"),
+                      ("place_ms_median", f"{_median([c[2] for c in costs]):.3f}"),
+                      ("place_cpu_ms_median", f"{_median([c[3] for c in costs]):.3f}"),
                       ("last_handover", last_handover)]
             out.append(DiagnosticStatus(level=level, name=f"{DIAG_PREFIX}camera {name}", message=message,
                                         hardware_id=hardware_id,
                                         values=[KeyValue(key=k, value=str(v)) for k, v in values]))
         return out
+
+
+def _median(values: list) -> float:
+    return statistics.median(values) if values else math.nan
 
 
 __all__ = ["CameraChannel", "CameraGroupWorker", "CameraSystem"]
