@@ -175,3 +175,19 @@ def test_rig_new_session_of_one_stream_is_anchored_again():
             rear_first = t + 0.05
         out = _place(rig, "rear", rear_first, t + 0.05)
         np.testing.assert_allclose(out.body, world @ _truth(t + 0.05), atol=1e-9)
+
+
+def test_a_session_of_other_cameras_is_refused_with_the_names(tmp_path):
+    import json
+
+    from lingbot_map_ros.core.session_store import SessionFileError
+    from lingbot_map_ros.ros.camera_sessions import RIG_FILE, prepare
+
+    (tmp_path / "saved").mkdir()
+    (tmp_path / "saved" / RIG_FILE).write_text(json.dumps({"names": ["left", "right"]}))
+    with pytest.raises(SessionFileError, match=r"saved with cameras \['left', 'right'\]; this node has cameras "
+                                               r"\['front', 'rear'\]"):
+        prepare(str(tmp_path / "saved"), ["front", "rear"], {}, None)
+    (tmp_path / "single").mkdir()
+    with pytest.raises(SessionFileError, match="not a session of several cameras"):
+        prepare(str(tmp_path / "single"), ["front", "rear"], {}, None)

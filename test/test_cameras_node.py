@@ -15,7 +15,9 @@ identity); the rear one is anchored at its first frame by the body pose the node
 rear camera and changes nothing in either camera's poses (both still equal their lone runs). Then the
 front camera stops: after ``camera_timeout`` the rear camera drives ``~/pose`` with one constant
 offset, the two cameras' disagreement at one instant, and /diagnostics names the stalled camera;
-when the front camera returns it drives again.
+when the front camera returns it drives again. Both streams are saved in one session folder and a new
+node resumes them: its poses continue each camera's lone run over every frame, with the same anchors
+(1e-6).
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from rclpy.qos import QoSDurabilityPolicy, QoSProfile, QoSReliabilityPolicy  # noqa: E402
 from rclpy.time import Time  # noqa: E402
 from sensor_msgs.msg import PointCloud2  # noqa: E402
+from std_srvs.srv import Trigger  # noqa: E402
 from tf2_msgs.msg import TFMessage  # noqa: E402
 
 from lingbot_map_ros.core.geometry import (  # noqa: E402
@@ -217,10 +220,16 @@ def run(tmp_path_factory, new_domain_id):
     tmp = tmp_path_factory.mktemp("cameras")
     domain = new_domain_id()
     rig = Rig(domain)
-    params = tmp / "params.yaml"
-    params.write_text(yaml.safe_dump({"/**": {"ros__parameters": PARAMS}}))
-    node = NodeProcess(["--params-file", str(params)], echo=False, env=dict(os.environ, ROS_DOMAIN_ID=str(domain)),
-                       log_path=str(tmp / "node.log"))
+    session = tmp / "session"
+
+    def start(name: str, **extra) -> NodeProcess:
+        params = tmp / f"{name}.yaml"
+        params.write_text(yaml.safe_dump({"/**": {"ros__parameters": {**PARAMS, "session_path": str(session),
+                                                                      **extra}}}))
+        return NodeProcess(["--params-file", str(params)], echo=False,
+                           env=dict(os.environ, ROS_DOMAIN_ID=str(domain)), log_path=str(tmp / f"{name}.log"))
+
+    node = start("node")
     phases: dict[str, list] = {}
     diags_stalled: list = []
     try:
@@ -264,6 +273,21 @@ def run(tmp_path_factory, new_domain_id):
         phases["D"] = sorted([("front", s) for s in front[24:28]] + [("rear", s) for s in rear[14:16]],
                              key=lambda e: e[1])
         for e in phases["D"]:
+            rig.send([e])
+        for name, lst in rig.cams.items():
+            assert lst.wait_for(lambda rx: all(lst.final_status(s) is not None for s in rig.sent[name]), 60)
+        # E: save both streams, stop; a new node resumes the session and both streams go on in the same world
+        saved = rig.body.call(Trigger, f"{NS}/save_session", Trigger.Request(), timeout=60)
+        assert saved is not None and saved.success, saved
+        rc = node.stop()
+        assert rc == 0 and "stopped cleanly" in node.output(), f"exit {rc}:\n{node.output()[-3000:]}"
+        node = start("resumed", initial_session=str(session))
+        assert node.wait_ready(120), f"resumed node did not start: {node.why_not_ready()}\n{node.output()[-3000:]}"
+        assert "loaded the session of cameras ['front', 'rear']" in node.output()
+        for lst in rig.cams.values():
+            assert lst.wait_connected(30), "no connection to the resumed node"
+        phases["E"] = [("front", front[28]), ("rear", rear[16]), ("front", front[29]), ("rear", rear[17])]
+        for e in phases["E"]:
             rig.send([e])
         for name, lst in rig.cams.items():
             assert lst.wait_for(lambda rx: all(lst.final_status(s) is not None for s in rig.sent[name]), 60)

@@ -50,6 +50,10 @@ from .transforms import NoTransform
 REPLACED = "replaced by a newer frame of the same camera before inference"
 
 
+class InitialSessionRefused(RuntimeError):
+    """``initial_session`` could not be loaded (the reason): configure fails with it."""
+
+
 class CameraChannel:
     """One camera: its input, its ledger, its queue, its frames in the robot, its outputs."""
 
@@ -334,13 +338,48 @@ class CameraGroupWorker:
                     self._outputs.recon.reset()
                 box["result"] = f"every camera's stream restarted ({', '.join(self.channels)}): a new world frame"
                 self._on_view()
+            elif kind == "save_session":
+                box["result"] = self.capture()
+            elif kind == "load_session":
+                box["result"] = self.load(arg)
             else:
-                box["result"] = f"error: {kind} is not available with several cameras in this version"
+                box["result"] = f"error: {kind} is not a command of the several-camera mode"
         except Exception as exc:  # noqa: BLE001 - a command's failure is its answer
             self._log.error(f"{kind} failed: {type(exc).__name__}: {exc}")
             box["result"] = f"error: {exc}"
         finally:
             done.set()
+
+    def capture(self):
+        """``~/save_session`` between two ticks: every stream's session (with its robot frames) and the rig."""
+        from .camera_sessions import CamerasCapture
+        from .parameters import staging_choice
+
+        captures = {name: self.group.manager(name).capture(extra={"robot": channel.robot.session_state()},
+                                                           on_device=staging_choice(self._values))
+                    for name, channel in self.channels.items()}
+        with self.lock:
+            rig = self.rig.state_dict()
+        return CamerasCapture(captures, {"names": list(self.channels), "rig": rig, "world": self.world,
+                                         "body": self._outputs.session_state()})
+
+    def load(self, prepared) -> str:
+        """``~/load_session`` / ``initial_session``: every stream continues its saved session, the rig its
+        world, anchors, driver and offset; the body pose's path and trajectory continue."""
+        for name, channel in self.channels.items():
+            report = self.group.manager(name).commit_load(prepared.prepared[name])  # the listener ran
+            channel.session_id = report.session_id
+            if report.extra.get("robot"):
+                channel.robot.restore_session(report.extra["robot"], report.session_id)
+        state = prepared.state
+        with self.lock:
+            self.rig.load_state(state.get("rig", {}))
+        self.world = int(state.get("world", 0))
+        self._outputs.restore_session(state.get("body", {}), self.group.manager(self.rig.primary).session_id)
+        self._on_view()
+        message = f"loaded the session of cameras {list(self.channels)} from {prepared.path}"
+        self._log.info(message)
+        return message
 
     def close(self, why: str) -> None:
         """After ``stop``: waiting frames end DROPPED_INACTIVE, buffered ones DROPPED_RESET; the model goes."""
@@ -397,6 +436,14 @@ class CameraSystem:
                                                     prefix=f"~/{channel.name}/", map_into=self._outputs.recon)
             channel.input_size.renew()
         on_view(self.group.manager(self.primary))
+        if values["initial_session"]:  # a bad one raises: configure fails with the reason
+            import os
+
+            path = os.path.abspath(os.path.expanduser(str(values["initial_session"])))
+            try:
+                self.worker.load(self.prepare_load(path))
+            except Exception as exc:  # noqa: BLE001 - not a session, other cameras, damaged, other settings
+                raise InitialSessionRefused(f"initial_session: {exc}") from exc
         self.worker.start()
         for channel in self.channels.values():
             channel.intake.subscribe()
@@ -420,6 +467,17 @@ class CameraSystem:
             frame = channel.queue.take()
             if frame is not None:
                 channel.ledger.finish(frame.header, FrameStatus.DROPPED_INACTIVE, "the node was deactivated")
+
+    def prepare_load(self, path: str):
+        """``~/load_session``'s reading and checking (the services' thread): refused with the camera
+        names when the session was saved with others."""
+        from .camera_sessions import prepare
+        from .parameters import staging_choice
+
+        group = self.group
+        if group is None:
+            raise RuntimeError("the node is not configured")
+        return prepare(path, self.names, {n: group.manager(n) for n in self.names}, staging_choice(self._values))
 
     def submit(self, command: tuple, wait: float = 0.0) -> Optional[str]:
         worker = self.worker
@@ -502,4 +560,4 @@ def _median(values: list) -> float:
     return statistics.median(values) if values else math.nan
 
 
-__all__ = ["CameraChannel", "CameraGroupWorker", "CameraSystem"]
+__all__ = ["CameraChannel", "CameraGroupWorker", "CameraSystem", "InitialSessionRefused"]

@@ -250,15 +250,16 @@ class LingBotMapNode(LifecycleNode):
 
     def _configure_cameras(self, runtime, stream) -> TransitionCallbackReturn:
         """``cameras`` set: one model, one stream per camera (ros/cameras.py)."""
-        from .cameras import CameraSystem
+        from .cameras import CameraSystem, InitialSessionRefused
 
-        if self._values["initial_session"]:
-            return self._configure_failed("initial_session is not available with several cameras in this version")
         if self._cameras is None or self._cameras.names != camera_names(self._values):
             self._cameras = CameraSystem(self, self._values, self._outputs, is_active=lambda: self._active,
                                          state_label=lambda: self._state_label)
         try:
             self._cameras.configure(runtime, stream, on_view=self._session_view.update, context_ok=self.context.ok)
+        except InitialSessionRefused as exc:
+            self._cameras.teardown("configure failed")
+            return self._configure_failed(str(exc))
         except Exception as exc:  # noqa: BLE001 - any failure of the model build fails the transition
             self._cameras.teardown("configure failed")
             return self._configure_failed(*build_failure(exc))
@@ -317,6 +318,8 @@ class LingBotMapNode(LifecycleNode):
 
     def _prepare_load(self, path: str):
         """``~/load_session``'s reading and checking (the session services' thread)."""
+        if self._cameras is not None:
+            return self._cameras.prepare_load(path)
         manager = self._manager
         if manager is None:
             raise RuntimeError("the node is not configured")

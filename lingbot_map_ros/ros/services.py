@@ -100,7 +100,8 @@ class NodeServices:
                 self._node.get_logger().error(f"load_session refused: {exc}")
                 return response
         result = self._submit(command, SESSION_WAIT_S)
-        if isinstance(result, SessionCapture):  # save: copied between two frames, written here
+        if isinstance(result, SessionCapture) or hasattr(result, "write"):  # save (one camera, or several
+            # cameras' CamerasCapture): copied between two frames, written here
             try:
                 result = result.write(path).message()
                 self._node.get_logger().info(result)
