@@ -3,7 +3,7 @@
 The rig is emulated here: static ``base_link -> front_link -> front_optical`` and ``base_link ->
 rear_link -> rear_optical`` (different mounts, the rear one turned around), a moving ``odom ->
 base_link`` at every image stamp, and the images of each camera at their own rates (100 and 140 ms),
-not synchronised; the rear camera starts later. A checker reads /tf through a ``tf2_ros.Buffer``.
+not synchronised; the rear camera starts 20 front frames later. A checker reads /tf through a ``tf2_ros.Buffer``.
 The node runs as the real console script (tiny random weights, CPU fp32).
 
 The reference of each camera is the core run here alone on that camera's frames (a lone
@@ -241,14 +241,14 @@ def run(tmp_path_factory, new_domain_id):
             time.sleep(0.05)
         rig.publish_static()
         time.sleep(0.5)
-        front = [STAMP0 + i * 100_000_000 for i in range(30)]
-        rear = [STAMP0 + 437_000_000 + i * 140_000_000 for i in range(30)]
-        # A: the front camera alone (it creates the world)
-        phases["A"] = [("front", s) for s in front[:4]]
+        front = [STAMP0 + i * 100_000_000 for i in range(60)]
+        rear = [STAMP0 + 2_037_000_000 + i * 140_000_000 for i in range(30)]
+        # A: the front camera alone for 20 frames (it creates the world); the rear one starts later
+        phases["A"] = [("front", s) for s in front[:20]]
         for e in phases["A"]:
             rig.send([e])
         # B: both, at their own rates; frames close in time are published together (one tick batches them)
-        events = sorted([("front", s) for s in front[4:12]] + [("rear", s) for s in rear[:6]], key=lambda e: e[1])
+        events = sorted([("front", s) for s in front[20:28]] + [("rear", s) for s in rear[:6]], key=lambda e: e[1])
         phases["B"] = events
         i = 0
         while i < len(events):
@@ -270,7 +270,7 @@ def run(tmp_path_factory, new_domain_id):
                 with rig.body.lock:
                     diags_stalled.extend(rig.body.rx.diagnostics[-1:])
         # D: the front camera returns
-        phases["D"] = sorted([("front", s) for s in front[24:28]] + [("rear", s) for s in rear[14:16]],
+        phases["D"] = sorted([("front", s) for s in front[40:44]] + [("rear", s) for s in rear[14:16]],
                              key=lambda e: e[1])
         for e in phases["D"]:
             rig.send([e])
@@ -286,7 +286,7 @@ def run(tmp_path_factory, new_domain_id):
         assert "loaded the session of cameras ['front', 'rear']" in node.output()
         for lst in rig.cams.values():
             assert lst.wait_connected(30), "no connection to the resumed node"
-        phases["E"] = [("front", front[28]), ("rear", rear[16]), ("front", front[29]), ("rear", rear[17])]
+        phases["E"] = [("front", front[48]), ("rear", rear[18]), ("front", front[49]), ("rear", rear[19])]
         for e in phases["E"]:
             rig.send([e])
         for name, lst in rig.cams.items():

@@ -254,7 +254,9 @@ class CameraGroupWorker:
         if isinstance(placed, Withheld):
             note = placed.reason
         else:
-            with self.lock:
+            with self.lock:  # camera_timeout and scale_min_travel apply from the next frame
+                self.rig.timeout = float(self._values["camera_timeout"])
+                self.rig.min_travel = float(self._values["scale_min_travel"])
                 out = self.rig.place(channel.name, stamp_sec(header.stamp), placed.pose, placed.camera,
                                      time.monotonic(), placed.base_in_odom)
         place = ((time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3)
