@@ -104,6 +104,7 @@ def robot_values(args: argparse.Namespace) -> dict:
     values = defaults()
     values.update({name: getattr(args, name) for name in ROBOT_OPTIONS})
     values["image_width"] = args.image_width
+    values["tf_timeout"] = 0.0  # the recording holds every transform and depth image already: nothing to wait for
     return values
 
 
