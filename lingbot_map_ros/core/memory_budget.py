@@ -2,8 +2,9 @@
 allocated, or (``fit_window``) the sliding window shrinks until they fit (docs/memory.md).
 
 The check runs on the footprint (``core/footprint.py``) at the configured width and the tallest
-input that width can give (a square: portrait images are centre-cropped to it), so whatever camera
-connects later, its sessions stay inside the budget: phase 1 of every new session, window switches
+input the settings allow: ``camera_aspect``'s height when the camera is known (a taller camera is
+centre-cropped to it), else the width's square (portrait images are centre-cropped to it), so whatever
+camera connects later, its sessions stay inside the budget: phase 1 of every new session, window switches
 (they reuse the caches) and every change ``SessionManager.apply`` accepts.
 """
 from __future__ import annotations
@@ -13,8 +14,8 @@ from typing import Callable, Optional
 
 import torch
 
-from .config import ModelConfig, StreamConfig, replace
-from .footprint import GB, Footprint, budget_problem, fits, footprint, largest_fitting_window, worst_case_height
+from .config import ModelConfig, StreamConfig, planned_height, replace
+from .footprint import GB, Footprint, budget_problem, fits, footprint, largest_fitting_window
 from .runtime import ResolvedRuntime
 
 MEMORY_MARGIN_GB = 0.5  # kept free of an automatic budget: the CUDA context's growth, other processes' jitter
@@ -79,8 +80,9 @@ class MemoryBudget:
 
     def predict(self, cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig,
                 hw: Optional[tuple[int, int]] = None) -> Footprint:
-        """The footprint at ``hw`` (the session's frame size), else at the worst case of the width."""
-        h, w = hw if hw is not None else (worst_case_height(stream.image_width), stream.image_width)
+        """The footprint at ``hw`` (the session's frame size), else at the tallest input the settings allow
+        (``camera_aspect``'s, else the width's square)."""
+        h, w = hw if hw is not None else (planned_height(stream.image_width, stream.camera_aspect), stream.image_width)
         return footprint(cfg, rt, stream, h, w)
 
     def fit(self, cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig,
@@ -103,7 +105,7 @@ class MemoryBudget:
         if not stream.fit_window:
             raise MemoryBudgetExceeded(budget_problem(fp, budget, f"sliding_window {stream.sliding_window}")
                                        + "; lower sliding_window or image_width, or set fit_window true")
-        h, w = worst_case_height(stream.image_width), stream.image_width
+        h, w = planned_height(stream.image_width, stream.camera_aspect), stream.image_width
         best = largest_fitting_window(cfg, rt, stream, h, w, budget)
         if best is None:
             smallest = footprint(cfg, rt, replace(stream, sliding_window=1), h, w)

@@ -53,12 +53,14 @@ class ResolutionChanged(ValueError):
         )
 
 
-def model_size(width0: int, height0: int, width: int = MODEL_WIDTH_PX) -> tuple[int, int, int]:
+def model_size(width0: int, height0: int, width: int = MODEL_WIDTH_PX,
+               max_height: int = 0) -> tuple[int, int, int]:
     """Model input ``(H, W, crop_offset_y)`` for a ``width0 x height0`` camera image (docs/model.md §2.1)
     at model width ``width`` (a multiple of 14; 518 is the official size).
 
-    ``H`` is the resized height (``config.model_input_height``) capped at ``width`` by a centre crop
-    whose first kept row is ``crop_offset_y`` (0 without crop). ``W`` is always ``width``.
+    ``H`` is the resized height (``config.model_input_height``) capped at ``width`` (or at ``max_height``,
+    the height the memory budget planned for: ``config.planned_height``) by a centre crop whose first
+    kept row is ``crop_offset_y`` (0 without crop). ``W`` is always ``width``.
     """
     if width <= 0 or width % PATCH_SIZE:
         raise ValueError(f"model width must be a positive multiple of {PATCH_SIZE} (got {width})")
@@ -69,8 +71,9 @@ def model_size(width0: int, height0: int, width: int = MODEL_WIDTH_PX) -> tuple[
             f"image {width0}x{height0} is too wide: resized to width {width} it would be "
             f"{new_h} px high (< one {PATCH_SIZE}-px patch row)"
         )
-    if new_h > width:
-        return width, width, (new_h - width) // 2
+    cap = min(width, max_height) if max_height > 0 else width
+    if new_h > cap:
+        return cap, width, (new_h - cap) // 2
     return new_h, width, 0
 
 
@@ -152,10 +155,12 @@ class FramePreprocessor:
     from the official ones.
     """
 
-    def __init__(self, fast_resize: bool = False, width: int = MODEL_WIDTH_PX) -> None:
-        """``width``: the model input width (``image_width``; 518 is the official size)."""
+    def __init__(self, fast_resize: bool = False, width: int = MODEL_WIDTH_PX, max_height: int = 0) -> None:
+        """``width``: the model input width (``image_width``; 518 is the official size); ``max_height``:
+        the tallest model input the memory budget planned for (``camera_aspect``; 0: the width)."""
         self.fast_resize = fast_resize
         self.width = width
+        self.max_height = max_height
         self._input_wh: Optional[tuple[int, int]] = None
         self._new_h = 0
         self._hw_crop: tuple[int, int, int] = (0, 0, 0)
@@ -194,7 +199,7 @@ class FramePreprocessor:
         """
         wh = (int(width0), int(height0))
         if self._input_wh is None:
-            self._hw_crop = model_size(*wh, self.width)  # raises for impossible sizes before anything is adopted
+            self._hw_crop = model_size(*wh, self.width, self.max_height)  # raises for impossible sizes first
             self._new_h = model_input_height(*wh, self.width)
             self._input_wh = wh
         elif wh != self._input_wh:

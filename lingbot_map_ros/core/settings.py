@@ -111,6 +111,9 @@ SETTINGS: tuple[Setting, ...] = (
     _field(StreamConfig, "image_width", "Model input width in pixels (a multiple of 14, 224..518; 518 is the "
             "official size). Images are resized to it keeping their aspect, then centre-cropped to at most "
             "square.", "session"),
+    _field(StreamConfig, "camera_aspect", "The camera's image height / width (0.75 for 640x480, 0.5625 for "
+            "16:9): configure checks gpu_memory_budget at that frame's model input instead of the width's tallest "
+            "(a square), and a taller camera is centre-cropped to it. 0: unknown (a square).", "session"),
     _field(StreamConfig, "gpu_memory_budget", "GB the session may allocate (weights, caches, activations). 0: the "
             "free device memory at configure minus a margin; on the CPU 0 means no limit. Settings that do not "
             "fit are refused with the numbers.", "session"),
@@ -294,7 +297,7 @@ RUNTIME_FIELDS = ("checkpoint", "model_preset", "device", "dtype", "attention_ba
                   "sdpa_kernel", "cuda_graphs", "compile_blocks", "autocast", "seed", "allow_unsafe_checkpoint")
 STREAM_FIELDS = ("scale_frames", "sliding_window", "keyframe_interval", "camera_iterations", "max_frame_num",
                  "long_run_policy", "max_stored_frames", "overlap_frames",
-                 "image_width", "gpu_memory_budget", "fit_window",  # these three: memory (docs/memory.md)
+                 "image_width", "camera_aspect", "gpu_memory_budget", "fit_window",  # memory (docs/memory.md)
                  "depth_every")
 CORE_FIELDS = frozenset(RUNTIME_FIELDS + STREAM_FIELDS)
 DEPTH_OUTPUTS = ("publish_depth", "publish_points", "publish_map")

@@ -103,6 +103,7 @@ class LingBotMapNode(LifecycleNode):
             raise ValueError("invalid parameters: " + "; ".join(problems))
 
         # Late imports: torch-heavy modules load after parameters are known to be valid.
+        from ..core.config import planned_height
         from ..core.preprocess import FramePreprocessor
         from ..core.session_manager import SessionManager
         from .inference import SessionView
@@ -119,8 +120,9 @@ class LingBotMapNode(LifecycleNode):
         self._t_start = time.monotonic()
 
         self._ledger = FrameLedger(self, session_id=self._current_session_id)
-        self._input_size = InputSize(lambda: FramePreprocessor(fast_resize=bool(self._values["fast_resize"]),
-                                                               width=int(self._values["image_width"])))
+        self._input_size = InputSize(lambda: FramePreprocessor(
+            fast_resize=bool(self._values["fast_resize"]), width=int(self._values["image_width"]),
+            max_height=planned_height(int(self._values["image_width"]), float(self._values["camera_aspect"]))))
         self._session_view = SessionView()
         self._timeline = PipelineTimeline(origin=time.perf_counter())
         # The robot's frames and scale: the depth topic's pairing (scale_source depth) feeds the scale
