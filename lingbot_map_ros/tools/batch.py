@@ -188,7 +188,7 @@ class RecordingRunner:
                 argv += ["--colmap", str(tmp / "colmap")] if self.args.colmap else []
                 argv += ["--save-session", str(tmp / "session")] if self.args.save_session else []
                 argv += ["--plot", str(tmp / "plot.png")] if self.args.plot else []
-                with contextlib.redirect_stderr(_Tee(err, sys.stderr)):
+                with contextlib.redirect_stderr(err):  # offline --quiet prints errors only: the reason, below
                     code = offline.main(argv)
                 if code == INTERRUPTED_EXIT:  # Ctrl-C / SIGTERM inside offline: the whole run stops
                     raise KeyboardInterrupt
@@ -211,22 +211,6 @@ class _OfflineFailed(Exception):
     def __init__(self, code: int) -> None:
         super().__init__(code)
         self.code = code
-
-
-class _Tee(io.TextIOBase):
-    """Offline's stderr to both the terminal (or log) and a buffer: the failure's line is the reason."""
-
-    def __init__(self, *streams) -> None:
-        self.streams = streams
-
-    def write(self, text: str) -> int:
-        for s in self.streams:
-            s.write(text)
-        return len(text)
-
-    def flush(self) -> None:
-        for s in self.streams:
-            s.flush()
 
 
 def main(argv: list[str] | None = None) -> int:

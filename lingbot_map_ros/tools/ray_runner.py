@@ -81,7 +81,10 @@ def connect(address: str):
             ray.init(include_dashboard=False, logging_level=logging.WARNING)
         else:
             ray.init(address=address, logging_level=logging.WARNING)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
+    except (ConnectionError, RuntimeError, ValueError, OSError) as exc:
+        if address == "local":
+            raise UsageError(f"--ray: cannot start Ray on this machine ({one_line(str(exc), 200)}); a long TMPDIR "
+                             "breaks its sockets: set RAY_TMPDIR to a short folder") from None
         raise UsageError(f"--ray {address}: no Ray cluster there ({one_line(str(exc), 200)}); start one with "
                          "'ray start --head' and give the address it prints") from None
     finally:
