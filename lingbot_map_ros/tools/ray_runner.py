@@ -160,6 +160,9 @@ class Worker:
         self.runner = make_runner()
         self.board = board
         self.node = ray.get_runtime_context().get_node_id()
+        self.gpus = [str(g) for g in ray.get_gpu_ids()]
+        self.model_seconds: Optional[float] = None  # building the model, once (a runner with a session)
+        self.items: list[tuple[str, float]] = []  # (item, seconds on this worker), in the order run
 
     def ready(self) -> str:
         return self.node
@@ -168,10 +171,21 @@ class Worker:
         def progress(total: int, label: str) -> _RemoteBar:
             return _RemoteBar(self.board, key, total, self.node)
 
+        start = time.perf_counter()
         try:
+            if getattr(self.runner, "manager", False) is None:  # a model not built yet: timed on its own
+                self.runner.session()
+                self.model_seconds = time.perf_counter() - start
             return self.runner.run(*item, progress=progress)
         finally:
+            self.items.append((key, time.perf_counter() - start))
             self.board.finished.remote(key)
+
+    def stats(self) -> dict[str, Any]:
+        """What the start-up cost and what each item took here (the first one carries the warm-up:
+        compilation, CUDA-graph capture); written to ``ray_workers.json`` by the driver."""
+        return {"node": self.node, "gpus": self.gpus, "model_seconds": self.model_seconds,
+                "items": [{"item": k, "seconds": s} for k, s in self.items]}
 
 
 # ------------------------------------------------------------------------------------ the driver's side
@@ -211,9 +225,11 @@ def _worker_count(ray, args: argparse.Namespace, items: int) -> int:
 def run_pool(ray, args: argparse.Namespace, make_runner: Callable[[], Any], items: list[tuple[str, tuple]],
              board_name: str, on_done: Callable[[int, Any, PoolReport], None],
              on_tick: Optional[Callable[[PoolReport], None]] = None,
-             on_retry: Optional[Callable[[str, str, int], None]] = None) -> list[Any]:
+             on_retry: Optional[Callable[[str, str, int], None]] = None,
+             on_workers: Optional[Callable[[list[dict]], None]] = None) -> list[Any]:
     """Run ``items`` (``(key, args of runner.run)``) on workers; the result of each, in item order:
-    what ``runner.run`` returned, or ``ItemFailed``. ``on_done(index, result, report)`` as each ends."""
+    what ``runner.run`` returned, or ``ItemFailed``. ``on_done(index, result, report)`` as each ends;
+    ``on_workers(stats)`` at the end with each live worker's ``Worker.stats`` and its start-up time."""
     from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
     results: list[Any] = [None] * len(items)
@@ -242,10 +258,14 @@ def run_pool(ray, args: argparse.Namespace, make_runner: Callable[[], Any], item
     start_error = ""
     alone_since: Optional[float] = None  # since when no worker has been alive
 
+    started_at: dict[Any, float] = {}  # worker -> when it was asked for
+    ready_seconds: dict[Any, float] = {}  # worker -> placement, process start and imports
+
     def start_worker() -> None:
         nonlocal starts_left
         starts_left -= 1
         w = remote_worker.remote(make_runner, board)
+        started_at[w] = time.monotonic()
         starting[w.ready.remote()] = w
 
     def fail_queued(reason: str) -> None:
@@ -294,6 +314,7 @@ def run_pool(ray, args: argparse.Namespace, make_runner: Callable[[], Any], item
                     w = starting.pop(ref)
                     try:
                         ray.get(ref)
+                        ready_seconds[w] = time.monotonic() - started_at[w]
                         idle.append(w)
                     except RayError as exc:  # the process could not be set up there
                         ray.kill(w)
@@ -318,6 +339,12 @@ def run_pool(ray, args: argparse.Namespace, make_runner: Callable[[], Any], item
                 except (GetTimeoutError, RayError):  # progress only: the work goes on without it
                     pass
                 on_tick(report)
+        if on_workers is not None and idle:
+            try:
+                stats = ray.get([w.stats.remote() for w in idle], timeout=30)
+            except RayError:
+                stats = []
+            on_workers([{**st, "ready_seconds": ready_seconds.get(w)} for w, st in zip(idle, stats)])
     finally:
         for w in [*idle, *(w for w, _ in running.values()), *starting.values()]:
             ray.kill(w)
@@ -370,7 +397,8 @@ def run_on_ray(run, todo: list[tuple[str, Path, str]]) -> None:
     make_runner = functools.partial(SequenceRunner, args, _quiet_say if args.quiet else _worker_say)
     try:
         run_pool(ray, args, make_runner, items, board_name=f"benchmark:{run.out.resolve()}", on_done=done,
-                 on_tick=lambda report: pool_bar.update_from(report.board, report.workers), on_retry=retry)
+                 on_tick=lambda report: pool_bar.update_from(report.board, report.workers), on_retry=retry,
+                 on_workers=lambda stats: write_worker_stats(run.out, stats, pool_bar, PROG, args.quiet))
     finally:
         pool_bar.close()
         for outcome in outcomes:  # plan order, whatever order they ended in
@@ -378,6 +406,24 @@ def run_on_ray(run, todo: list[tuple[str, Path, str]]) -> None:
                 run.add(outcome)
         if started_here:
             ray.shutdown()
+
+
+def write_worker_stats(out: Path, stats: list[dict], bar, prog: str, quiet: bool) -> None:
+    """``OUT/ray_workers.json``: per worker its start-up (placement and imports, the model) and each
+    item's seconds there; one line of it on stderr. The numbers of a many-GPU run's cost."""
+    import json
+
+    from ..core.files import atomic_open
+
+    doc = {"wall_seconds": time.monotonic() - bar._bar._start, "frames": bar.frames_done, "workers": stats}
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_open(out / "ray_workers.json", "w") as f:
+        f.write(json.dumps(doc, indent=1))
+    if not quiet:
+        starts = ", ".join(f"{st['ready_seconds'] or 0:.1f} s + model {st['model_seconds'] or 0:.1f} s"
+                           for st in stats)
+        print(f"[{prog} --ray] {len(stats)} workers, start-up each (process, model): {starts} -> "
+              f"{out / 'ray_workers.json'}", file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------------------------ many recordings
