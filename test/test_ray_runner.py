@@ -157,9 +157,16 @@ def test_ray_gives_the_serial_runs_metrics_table_and_json(cluster, data, serial,
     assert "not a png" in reason or "cannot use the image" in reason
     assert "Traceback" not in err and err.count("rgbd_dataset_freiburg1_room: ") == 1
     # progress across the workers: sequences done of the total, frames/s of all, ETA or elapsed time
-    totals = [ln for ln in err.splitlines() if ln.startswith("[lingbot_map_benchmark --ray] ")]
+    totals = [ln for ln in err.splitlines() if ln.startswith("[lingbot_map_benchmark --ray] ") and " done, " in ln]
     assert totals[-1].startswith("[lingbot_map_benchmark --ray] 5/5 sequences done, ")
     assert re.search(r"\d+ frames at [0-9.]+ frames/s in total", totals[-1]), totals
+    # each worker's start-up and the sequences it ran: every sequence once, the model built once each
+    workers = json.loads((out / "ray_workers.json").read_text())["workers"]
+    assert len(workers) == 2 and all(w["model_seconds"] > 0 and w["ready_seconds"] > 0 for w in workers)
+    assert sorted(i["item"] for w in workers for i in w["items"]) == sorted(
+        f"{d}/{n}" for d, n in [("tum", "rgbd_dataset_freiburg1_xyz"), ("tum", "rgbd_dataset_freiburg1_desk"),
+                                ("tum", "rgbd_dataset_freiburg1_room"), ("7scenes", "chess/seq-03"),
+                                ("7scenes", "chess/seq-05")])
 
 
 def test_an_interrupted_ray_run_resumes_without_repeating_finished_sequences(cluster, data, serial, tmp_path):
