@@ -51,7 +51,8 @@ def cluster():
     tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths live under it
     saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "PYTHONPATH", "OMP_NUM_THREADS")}
     os.environ["RAY_TMPDIR"] = tmp
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [saved["PYTHONPATH"]])])  # the workers
+    # the workers import the sources, and this module (its runner for the retry test)
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "test"), *filter(None, [saved["PYTHONPATH"]])])
     os.environ["OMP_NUM_THREADS"] = "1"
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     workers = [c.add_node(num_cpus=1, num_gpus=1) for _ in range(2)]
@@ -240,7 +241,34 @@ def test_three_recordings_through_the_cluster_equal_serial_offline_runs(cluster,
                     assert np.array_equal(got[key], want[key]), (name, key)
 
 
-# ------------------------------------------------------------------------------------ faults (last: it removes a node)
+# ------------------------------------------------------------------------------------ faults
+class RaisesOnBad:
+    """A runner whose item "bad" raises on every worker (an out-of-memory error, say); the others pass."""
+
+    def run(self, key: str, progress=None) -> str:
+        if key == "bad":
+            raise RuntimeError("CUDA out of memory (a stand-in)")
+        return key.upper()
+
+
+def test_an_item_that_keeps_failing_gets_its_reason_after_the_retries(cluster):
+    import argparse
+
+    from lingbot_map_ros.tools.ray_runner import ItemFailed, run_pool
+
+    c, _ = cluster
+    args = argparse.Namespace(ray=c.address, ray_workers=2, ray_gpus=1.0, ray_cpus=1.0, ray_retries=1)
+    done, retried = [], []
+    results = run_pool(ray, args, RaisesOnBad, [(k, (k,)) for k in ("a", "bad", "b", "c")], board_name="retry-test",
+                       on_done=lambda i, r, report: done.append(i),
+                       on_retry=lambda key, reason, attempt: retried.append((key, attempt)))
+    assert results[0] == "A" and results[2] == "B" and results[3] == "C"
+    assert isinstance(results[1], ItemFailed) and results[1].attempts == 2
+    assert results[1].reason == "failed on 2 workers; last: RuntimeError: CUDA out of memory (a stand-in)"
+    assert retried == [("bad", 1)] and sorted(done) == [0, 1, 2, 3]
+
+
+# ------------------------------------------------------------------------------------ (last: it removes a node)
 def test_a_worker_node_lost_mid_sequence_is_retried_elsewhere(cluster, data, serial, tmp_path):
     """The node running a long sequence is removed after its first frames: the sequence runs again on
     the other node and the table is complete; the short sequences give the serial run's numbers."""
