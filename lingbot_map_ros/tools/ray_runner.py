@@ -237,6 +237,7 @@ def run_pool(ray, args: argparse.Namespace, make_runner: Callable[[], Any], item
         return results
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    target = _worker_count(ray, args, len(items))  # before anything is started: a cluster without GPUs refuses
     here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
     try:  # on the driver's node: a worker node lost must not take the progress with it
         board = ray.remote(ProgressBoard).options(name=board_name, namespace=BOARD_NAMESPACE, num_cpus=0,
@@ -247,7 +248,6 @@ def run_pool(ray, args: argparse.Namespace, make_runner: Callable[[], Any], item
                          ) from None
     remote_worker = ray.remote(Worker).options(num_gpus=args.ray_gpus, num_cpus=args.ray_cpus, max_restarts=0,
                                                max_task_retries=0)
-    target = _worker_count(ray, args, len(items))
     report = PoolReport(total=len(items))
     starting: dict[Any, Any] = {}  # ready() ref -> worker being placed and built
     idle: deque = deque()
@@ -286,9 +286,9 @@ def run_pool(ray, args: argparse.Namespace, make_runner: Callable[[], Any], item
             if on_retry is not None:
                 on_retry(items[index][0], reason, attempts[index])
 
-    for _ in range(target):
-        start_worker()
     try:
+        for _ in range(target):
+            start_worker()
         while queue or running:
             while idle and queue:
                 w, i = idle.popleft(), queue.popleft()
