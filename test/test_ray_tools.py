@@ -93,6 +93,18 @@ def test_ray_missing_is_one_line_and_the_serial_path_needs_no_ray(tmp_path, monk
     assert code == 0 and "| rgbd_dataset_freiburg1_xyz | 4 | 4 |" in table, err
 
 
+def test_an_address_without_a_cluster_is_one_line_at_once(tmp_path):
+    pytest.importorskip("ray")
+    write_tum(tmp_path / "tum", "rgbd_dataset_freiburg1_xyz", n=4)
+    start = time.monotonic()
+    code, _, err = call(benchmark.main, "--dataset", "tum", str(tmp_path / "tum"), "--out", str(tmp_path / "o"),
+                        *TINY, "--quiet", "--ray", "127.0.0.1:1")  # nothing listens there
+    assert code == 2 and err.strip() == ("lingbot_map_benchmark: error: --ray 127.0.0.1:1: no Ray cluster there "
+                                         "(Connection refused); start one with 'ray start --head' and give the "
+                                         "address it prints")
+    assert time.monotonic() - start < 30  # not ray.init's minutes of retries
+
+
 def test_pool_progress_counts_every_worker_and_estimates_what_is_left():
     bar = PoolProgress(4, "x --ray", unit="sequences", enabled=False)
     bar._bar._start = time.monotonic() - 10.0  # 10 s into the run

@@ -75,6 +75,7 @@ def connect(address: str):
         raise UsageError(RAY_MISSING) from None
     if ray.is_initialized():
         return ray, False
+    _check_reachable(address)
     sigterm = signal.getsignal(signal.SIGTERM)
     try:
         if address == "local":
@@ -93,6 +94,24 @@ def connect(address: str):
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, sigterm)
     return ray, True
+
+
+def _check_reachable(address: str) -> None:
+    """A ``HOST:PORT`` with nothing listening fails here at once; ``ray.init`` would retry for minutes."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if address in ("local", "auto") or "://" in address or not port.isdigit() or not host:
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as exc:
+        raise UsageError(f"--ray {address}: no Ray cluster there ({exc.strerror or exc}); start one with "
+                         "'ray start --head' and give the address it prints") from None
+
+
+def _option(args: argparse.Namespace) -> str:
+    return "--ray" if args.ray == "local" else f"--ray {args.ray}"
 
 
 # ------------------------------------------------------------------------------------ the workers' side
@@ -215,7 +234,7 @@ def _worker_count(ray, args: argparse.Namespace, items: int) -> int:
     if args.ray_gpus > 0:
         fit = int(resources.get("GPU", 0) // args.ray_gpus)
         if fit == 0:
-            raise UsageError(f"--ray {args.ray}: the cluster has no GPU ({resources.get('CPU', 0):g} CPUs); "
+            raise UsageError(f"{_option(args)}: the cluster has no GPU ({resources.get('CPU', 0):g} CPUs); "
                              "give --ray-gpus 0 for CPU workers")
     else:
         fit = int(resources.get("CPU", 0) // max(args.ray_cpus, 1e-9))
