@@ -106,10 +106,11 @@ def transform(points: np.ndarray, t: np.ndarray) -> np.ndarray:
 
 
 def voxel_downsample(points: np.ndarray, voxel: float) -> np.ndarray:
-    """The mean of the points in each occupied cube of side ``voxel`` (Open3D's
-    ``voxel_down_sample``: cubes anchored at the cloud's minimum corner), rows in cube order."""
+    """The mean of the points in each occupied cube of side ``voxel``, Open3D's ``voxel_down_sample``
+    grid: cubes anchored half a voxel below the cloud's minimum corner. Rows in cube order (Open3D's
+    order is a hash map's; the metrics do not depend on it)."""
     p = _xyz(points, "points")
-    keys = np.floor((p - p.min(0)) / voxel).astype(np.int64)  # [N, 3]
+    keys = np.floor((p - (p.min(0) - voxel / 2)) / voxel).astype(np.int64)  # [N, 3]
     _, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
     sums = np.zeros((len(counts), 3))
     np.add.at(sums, inverse.reshape(-1), p)
