@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="print only the tables and errors (no progress)")
     add_session_options(p, names=[n for n in SESSION_OPTIONS if n != "keyframe_interval"],
                         overrides=BENCHMARK_DEFAULTS, with_depth=False)
+    from .ray_runner import add_ray_options
+
+    add_ray_options(p)  # --ray: the same sequences on a Ray cluster's workers
     return p
 
 
@@ -227,6 +230,7 @@ def score_sequence(seq, results: dict[int, Any], folder: Path, config: dict, pro
         "ate": m.ate_rmse, "rpe_trans": m.rpe_trans_rmse, "rpe_rot": m.rpe_rot_rmse_deg,
         "ate_mean": m.ate_mean, "ate_median": m.ate_median, "ate_max": m.ate_max,
         "rpe_trans_mean": m.rpe_trans_mean, "rpe_rot_mean": m.rpe_rot_mean_deg, "sim3_scale": m.scale,
+        "alignment_note": m.alignment_note,  # non-empty: a straight-line trajectory (core/trajectory.line_alignment)
         "auc": {**auc.to_json(), **auc.summary()},
         "auc_convention": AUC_CONVENTION,
         "auc_inverse_convention": {**auc_inverse.to_json(), **auc_inverse.summary()},
@@ -243,9 +247,105 @@ def score_sequence(seq, results: dict[int, Any], folder: Path, config: dict, pro
     return metrics
 
 
+# ------------------------------------------------------------------------------------ one sequence, one model
+@dataclasses.dataclass
+class SequenceOutcome:
+    """What one sequence came to: scored now, kept from an earlier run, or failed with a one-line reason.
+
+    The one result a scheduler hands back (the serial loop here, ``ray_runner`` on a cluster): it
+    travels between processes, so it holds only plain data."""
+
+    dataset: str
+    sequence: str  # the name the tables print
+    metrics: Optional[dict] = None  # the metrics.json contents; None when it failed
+    kept: bool = False  # finished by an earlier run with the same config: not run again
+    reason: str = ""  # one line, when it failed
+    folder: str = ""  # where its files are (set once the sequence is loaded)
+
+    @property
+    def failed(self) -> bool:
+        return self.metrics is None
+
+
+class SequenceRunner:
+    """Runs one sequence after another with one model (``SessionManager``), built for the first one.
+
+    The unit of work of both schedulers: the serial loop of ``main`` holds one, and so does each
+    worker of ``ray_runner`` (one per GPU). Everything one sequence needs goes through ``run``, so a
+    sequence gives the same numbers wherever it runs."""
+
+    def __init__(self, args: argparse.Namespace, say: Callable[[str], None]) -> None:
+        from .datasets import READERS
+
+        self.args = args
+        self.say = say
+        self.out = Path(args.out).expanduser()
+        self.readers = READERS
+        self.manager = None
+        # None: the model runs at each dataset's official size; else the node's preprocessing at this width
+        self.model_width = None if args.image_size == "official" else args.image_width
+
+    def session(self):
+        """The one ``SessionManager``, built when the first sequence needs it (``--precision``'s recipe)."""
+        if self.manager is None:
+            from ..core.precision import loader
+            from ..core.session_manager import SessionManager
+            from .common import runtime_from_args, stream_from_args
+
+            self.runtime, self.stream = runtime_from_args(self.args), stream_from_args(self.args)
+            self.manager = SessionManager(self.runtime, self.stream, log=self.say, load=loader(self.args.precision))
+        return self.manager
+
+    def run(self, dataset: str, root: Path, name: str, progress: Optional[Callable[[int, str], Any]] = None
+            ) -> SequenceOutcome:
+        """Load, stream and score one sequence (or keep its stored result). ``progress(frames, label)``
+        makes the per-frame bar (default: ``Progress`` on stderr). A model that cannot be built raises."""
+        from ..core.config import replace
+        from .cli import one_line
+        from .datasets import DatasetError
+        from .datasets.base import unchanged
+        from .progress import Progress
+
+        reader = self.readers[dataset]
+        protocol = reader.protocol
+        stride = self.args.stride or protocol.stride
+        try:
+            seq = reader.load(root, name, stride)
+        except (DatasetError, OSError) as exc:
+            return SequenceOutcome(dataset, name, reason=one_line(str(exc)))
+        if self.args.max_frames:
+            keep = min(self.args.max_frames, len(seq.images))
+            seq = dataclasses.replace(seq, images=seq.images[:keep], stamps=seq.stamps[:keep],
+                                      gt_c2w=seq.gt_c2w[:keep])
+        kf = keyframe_interval(self.args.keyframe_choice, len(seq.images))
+        folder = self.out / dataset / seq.safe_name
+        config = run_config(self.args, dataset, seq.name, stride, kf)
+        stored = None if self.args.force else stored_result(folder / "metrics.json", config)
+        if stored is not None:
+            return SequenceOutcome(dataset, seq.name, metrics=stored, kept=True, folder=str(folder))
+        prepare = protocol.prepare if self.args.image_size == "official" else unchanged
+        manager = self.session()
+        manager.apply(self.runtime, replace(self.stream, keyframe_interval=kf))
+        manager.reset()
+        start = time.perf_counter()
+        label = f"{PROG} {dataset}/{seq.name}"
+        bar = progress(len(seq.images), label) if progress is not None else Progress(
+            len(seq.images), label, enabled=False if self.args.quiet else None)
+        try:
+            with bar:
+                results = stream_sequence(manager, seq, prepare, bar, width=self.model_width)
+            metrics = score_sequence(seq, results, folder, config, protocol, time.perf_counter() - start)
+        except (SequenceFailed, DatasetError, OSError) as exc:
+            return SequenceOutcome(dataset, seq.name, reason=one_line(str(exc)), folder=str(folder))
+        except Exception as exc:  # noqa: BLE001 - evo refusing a degenerate trajectory: this sequence only
+            return SequenceOutcome(dataset, seq.name, reason=one_line(
+                f"{seq.ground_truth}: cannot score the trajectory ({type(exc).__name__}: {exc})"), folder=str(folder))
+        return SequenceOutcome(dataset, seq.name, metrics=metrics, folder=str(folder))
+
+
 # ------------------------------------------------------------------------------------ the run
 class _Run:
-    """One invocation: the datasets, the shared session, the summaries, what was printed."""
+    """One invocation: the datasets, the summaries, what was printed."""
 
     def __init__(self, args: argparse.Namespace, datasets: list[tuple[str, Path]]) -> None:
         from .benchmark_report import DatasetSummary
@@ -256,25 +356,12 @@ class _Run:
         self.out = Path(args.out).expanduser()
         self.readers = READERS
         self.summaries = {name: DatasetSummary(name, READERS[name].protocol) for name, _ in datasets}
-        self.manager = None
         self.quiet = args.quiet
-        # None: the model runs at each dataset's official size; else the node's preprocessing at this width
-        self.model_width = None if args.image_size == "official" else args.image_width
+        self.runner = SequenceRunner(args, self.say)
 
     def say(self, message: str) -> None:
         if not self.quiet:
             print(f"[{PROG}] {message}", file=sys.stderr, flush=True)
-
-    def session(self):
-        """The one ``SessionManager`` of the run, built when the first sequence needs it."""
-        if self.manager is None:
-            from ..core.precision import loader
-            from ..core.session_manager import SessionManager
-            from .common import runtime_from_args, stream_from_args
-
-            self.runtime, self.stream = runtime_from_args(self.args), stream_from_args(self.args)
-            self.manager = SessionManager(self.runtime, self.stream, log=self.say, load=loader(self.args.precision))
-        return self.manager
 
     def plan(self) -> list[tuple[str, Path, str]]:
         """``(dataset, root, sequence)`` of every sequence to run; a dataset without any fails here."""
@@ -300,60 +387,34 @@ class _Run:
         return todo
 
     def one(self, dataset: str, root: Path, name: str, position: str) -> None:
-        from ..core.config import replace
-        from .datasets import DatasetError
-        from .datasets.base import unchanged
-        from .progress import Progress
+        """The serial scheduler's step: run the sequence here, report it, count it."""
+        outcome = self.runner.run(dataset, root, name)
+        self.add(outcome)  # counted before its line: an interrupt right after the line keeps it
+        self.report(outcome, position)
+        if not outcome.failed and not outcome.kept:
+            self.write_summary()
 
-        reader = self.readers[dataset]
-        protocol = reader.protocol
-        stride = self.args.stride or protocol.stride
-        summary = self.summaries[dataset]
-        try:
-            seq = reader.load(root, name, stride)
-        except (DatasetError, OSError) as exc:
-            self._failed(summary, name, str(exc), position)
-            return
-        if self.args.max_frames:
-            keep = min(self.args.max_frames, len(seq.images))
-            seq = dataclasses.replace(seq, images=seq.images[:keep], stamps=seq.stamps[:keep],
-                                      gt_c2w=seq.gt_c2w[:keep])
-        kf = keyframe_interval(self.args.keyframe_choice, len(seq.images))
-        folder = self.out / dataset / seq.safe_name
-        config = run_config(self.args, dataset, seq.name, stride, kf)
-        stored = None if self.args.force else stored_result(folder / "metrics.json", config)
-        if stored is not None:
-            summary.done.append(stored)
-            self.say(f"{position} {dataset}/{seq.name}: done before (ATE {stored['ate']:.4f}), kept")
-            return
-        prepare = protocol.prepare if self.args.image_size == "official" else unchanged
-        manager = self.session()
-        manager.apply(self.runtime, replace(self.stream, keyframe_interval=kf))
-        manager.reset()
-        start = time.perf_counter()
-        bar = Progress(len(seq.images), f"{PROG} {dataset}/{seq.name}", enabled=False if self.quiet else None)
-        try:
-            with bar:
-                results = stream_sequence(manager, seq, prepare, bar, width=self.model_width)
-            metrics = score_sequence(seq, results, folder, config, protocol, time.perf_counter() - start)
-        except (SequenceFailed, DatasetError, OSError) as exc:
-            self._failed(summary, seq.name, str(exc), position)
-            return
-        except Exception as exc:  # noqa: BLE001 - evo refusing a degenerate trajectory: this sequence only
-            self._failed(summary, seq.name, f"{seq.ground_truth}: cannot score the trajectory "
-                         f"({type(exc).__name__}: {exc})", position)
-            return
-        summary.done.append(metrics)
-        self.say(f"{position} {dataset}/{seq.name}: ATE {metrics['ate']:.4f}, RPE-trans {metrics['rpe_trans']:.4f}, "
-                 f"RPE-rot {metrics['rpe_rot']:.3f} deg ({metrics['evaluated']} of {metrics['frames']} frames "
-                 f"scored, {metrics['fps']:.2f} frames/s, kf {kf}) -> {folder}")
-        self.write_summary()
+    def report(self, outcome: SequenceOutcome, position: str) -> None:
+        """The sequence's line on stderr: its numbers, 'done before', or its one-line reason."""
+        where = f"{position} {outcome.dataset}/{outcome.sequence}"
+        m = outcome.metrics
+        if m is None:
+            print(f"{PROG}: error: {where}: {outcome.reason}", file=sys.stderr, flush=True)
+        elif outcome.kept:
+            self.say(f"{where}: done before (ATE {m['ate']:.4f}), kept")
+        else:
+            self.say(f"{where}: ATE {m['ate']:.4f}, RPE-trans {m['rpe_trans']:.4f}, RPE-rot {m['rpe_rot']:.3f} deg "
+                     f"({m['evaluated']} of {m['frames']} frames scored, {m['fps']:.2f} frames/s, "
+                     f"kf {m['config']['settings']['keyframe_interval']}) -> {outcome.folder}"
+                     + (f"; note: {m['alignment_note']}" if m.get("alignment_note") else ""))
 
-    def _failed(self, summary, name: str, reason: str, position: str) -> None:
-        from .cli import one_line
-
-        summary.failed.append((name, one_line(reason)))
-        print(f"{PROG}: error: {position} {summary.name}/{name}: {one_line(reason)}", file=sys.stderr, flush=True)
+    def add(self, outcome: SequenceOutcome) -> None:
+        """Count the outcome in its dataset's summary (call in plan order: the tables keep that order)."""
+        summary = self.summaries[outcome.dataset]
+        if outcome.metrics is None:
+            summary.failed.append((outcome.sequence, outcome.reason))
+        else:
+            summary.done.append(outcome.metrics)
 
     def write_summary(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -390,14 +451,21 @@ def main(argv: list[str] | None = None) -> int:
     todo = run.plan()
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
-        for k, (dataset, root, name) in enumerate(todo, 1):
-            run.one(dataset, root, name, f"[{k}/{len(todo)}]")
+        if args.ray is None:
+            for k, (dataset, root, name) in enumerate(todo, 1):
+                run.one(dataset, root, name, f"[{k}/{len(todo)}]")
+        else:
+            from .ray_runner import run_on_ray
+
+            run_on_ray(run, todo)  # the same SequenceRunner.run on each worker; outcomes added in plan order
     except KeyboardInterrupt:
         run.write_summary()
         done = sum(len(s.done) for s in run.summaries.values())
         print(f"{PROG}: interrupted with {done} of {len(todo)} sequences done (kept under {run.out}); the same "
               "command again resumes", file=sys.stderr, flush=True)
         return INTERRUPTED_EXIT
+    except UsageError as exc:  # --ray: Ray missing, or no cluster at the address
+        return fail(PROG, str(exc))
     except (ValueError, OSError, RuntimeError) as exc:  # the model cannot be built (checkpoint, device)
         return fail(PROG, f"--checkpoint {args.checkpoint}: {exc}" if args.checkpoint else str(exc))
     finally:
