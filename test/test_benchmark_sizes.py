@@ -16,6 +16,7 @@ from benchmark_layouts import (
     write_7scenes,
     write_droid_w,
     write_eth3d_published,
+    write_euroc,
     write_kitti,
     write_nrgbd,
     write_oxford,
@@ -26,7 +27,7 @@ from benchmark_layouts import (
 from PIL import Image
 
 from lingbot_map_ros.core.preprocess import FramePreprocessor
-from lingbot_map_ros.tools.benchmark import stream_sequence
+from lingbot_map_ros.tools.benchmark import model_width, stream_sequence
 from lingbot_map_ros.tools.datasets import READERS
 from lingbot_map_ros.tools.frame_sources import load_rgb_image
 
@@ -127,3 +128,18 @@ def test_node_image_size_uses_the_node_preprocessing_at_the_given_width(tmp_path
     for path, frame in zip(seq.images, manager.frames):
         assert torch.equal(frame, prep(load_rgb_image(path)))
         assert frame.shape == (3, 210, 280)
+
+
+def test_datasets_without_an_official_size_run_the_node_preprocessing(tmp_path):
+    official = SimpleNamespace(image_size="official", image_width=518)
+    assert model_width(official, READERS["7scenes"].protocol) is None
+    assert model_width(official, READERS["euroc"].protocol) == 518  # EuRoC has no official size
+    assert model_width(SimpleNamespace(image_size="node", image_width=280), READERS["7scenes"].protocol) == 280
+    write_euroc(tmp_path, n=2, hw=(480, 752))
+    reader = READERS["euroc"]
+    seq = reader.load(tmp_path, "MH_01_easy", 1)
+    manager = RecordingManager()
+    stream_sequence(manager, seq, reader.protocol.prepare, BAR, width=model_width(official, reader.protocol))
+    prep = FramePreprocessor(width=518)
+    for path, frame in zip(seq.images, manager.frames):
+        assert torch.equal(frame, prep(load_rgb_image(path))) and frame.shape[2] == 518

@@ -133,10 +133,18 @@ def run_config(args: argparse.Namespace, dataset: str, sequence: str, stride: in
     values = settings_from_args(args)
     settings = {name: values[name] for name in SESSION_OPTIONS}
     settings["keyframe_interval"] = kf
-    if args.image_size == "official":
-        settings["image_width"] = None  # not used: the dataset's official size is the model input
+    from .datasets import READERS
+
+    settings["image_width"] = model_width(args, READERS[dataset].protocol)  # None: the official size ran
     return {"dataset": dataset, "sequence": sequence, "stride": stride, "max_frames": args.max_frames,
             "image_size": args.image_size, "precision": args.precision, "settings": settings}
+
+
+def model_width(args: argparse.Namespace, protocol) -> Optional[int]:
+    """None: the model runs at the dataset's official size (``--image-size official`` and a dataset of
+    the official benchmark); else the width of the node's preprocessing (``--image-width``, 518 by
+    default; EuRoC and TartanAir have no official size)."""
+    return None if args.image_size == "official" and protocol.official is not None else args.image_width
 
 
 def stored_result(path: Path, config: dict) -> Optional[dict]:
@@ -282,8 +290,6 @@ class SequenceRunner:
         self.out = Path(args.out).expanduser()
         self.readers = READERS
         self.manager = None
-        # None: the model runs at each dataset's official size; else the node's preprocessing at this width
-        self.model_width = None if args.image_size == "official" else args.image_width
 
     def session(self):
         """The one ``SessionManager``, built when the first sequence needs it (``--precision``'s recipe)."""
@@ -333,7 +339,7 @@ class SequenceRunner:
             len(seq.images), label, enabled=False if self.args.quiet else None)
         try:
             with bar:
-                results = stream_sequence(manager, seq, prepare, bar, width=self.model_width)
+                results = stream_sequence(manager, seq, prepare, bar, width=model_width(self.args, protocol))
             metrics = score_sequence(seq, results, folder, config, protocol, time.perf_counter() - start)
         except (SequenceFailed, DatasetError, OSError) as exc:
             return SequenceOutcome(dataset, seq.name, reason=one_line(str(exc)), folder=str(folder))
