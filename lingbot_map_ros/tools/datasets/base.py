@@ -170,8 +170,9 @@ def resize_to_width(rgb: np.ndarray, width: int = OFFICIAL_WIDTH, lanczos: bool 
     h, w = rgb.shape[:2]
     if w == width:
         return rgb
-    exact = width * (float(h) / w)
-    height = max(int(round(exact) if rounded else exact) // PATCH * PATCH, PATCH)
+    # each reader's own expression: int(width * (h / w)), or round(width * h / w) (DROID-W)
+    height = round(width * h / w) if rounded else int(width * (float(h) / w))
+    height = max(height // PATCH * PATCH, PATCH)
     if lanczos:
         from PIL import Image
 
