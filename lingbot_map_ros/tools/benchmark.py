@@ -3,12 +3,14 @@
     lingbot_map_benchmark --dataset tum /data/TUM-RGBD --checkpoint lingbot-map.pt --out results/
 
 finds the sequences of each ``--dataset NAME DIR`` in the dataset's own published layout
-(``tools/datasets/``), streams every sequence through the node's session (``SessionManager``, the
-node's preprocessing) and scores it with the official protocol: the dataset's frame stride and
-image size, its ground-truth association, a Sim(3) alignment, ATE RMSE, RPE translation and
-rotation (RMSE over consecutive frames) computed by evo, and the pose AUC@3/5/15/30 where the
-official table has it. It prints one table per dataset in the official table's columns, with the
-official numbers of ``lingbot-map.pt`` beside ours, and the per-sequence results.
+(``tools/datasets/``), the official scene lists only unless ``--all-scenes``, streams every sequence
+through the node's session (``SessionManager``) with the official benchmark's inputs (each frame at
+the dataset's official size, the model in the official precision: ``core/precision.py``) and scores
+it with the official protocol: the dataset's frame stride, its ground-truth association, a Sim(3)
+alignment, ATE RMSE, RPE translation and rotation (RMSE over consecutive frames) computed by evo, and
+the pose AUC@3/5/15/30 in both conventions in circulation where the official table has it. It
+prints one table per dataset in the official table's columns, with the official numbers of
+``lingbot-map.pt`` beside ours, and the per-sequence results.
 
 Under ``--out``: ``summary.json`` and, per sequence, ``DATASET/SEQUENCE/traj.tum`` (the estimate,
 TUM format), ``gt.tum`` (its frames' ground truth), ``plot.png`` and ``metrics.json``. A sequence
