@@ -189,3 +189,25 @@ def test_depth_metrics_follow_the_official_formulas():
     for key, t in (("delta_1_25", 1.25), ("delta_1_25_2", 1.5625), ("delta_1_25_3", 1.953125)):
         assert out[key] == pytest.approx((r < t).mean() * 100, rel=1e-12)
     assert dm.depth_metrics([frames[-1]]) == {}
+
+
+def test_icp_and_voxel_grid_equal_open3d_where_it_is_installed():
+    """Open3D is not a dependency; where it is installed, the official code's calls give the same."""
+    o3d = pytest.importorskip("open3d")
+    rng = np.random.default_rng(6)
+    ref = _surface(3000, rng)
+    src = np.vstack([_surface(2500, rng) + rng.normal(0, 0.02, (2500, 3)), rng.uniform(-2, 2, (300, 3))])
+    src = pm.transform(src, se3(quaternion_to_matrix([0.05, -0.08, 0.06, 1.0]), [0.06, -0.05, 0.04]))
+    clouds = []
+    for pts in (src, ref):
+        cloud = o3d.geometry.PointCloud()
+        cloud.points = o3d.utility.Vector3dVector(pts)
+        clouds.append(cloud)
+    reg = o3d.pipelines.registration
+    theirs = reg.registration_icp(clouds[0], clouds[1], 0.1, np.eye(4), reg.TransformationEstimationPointToPoint(),
+                                  reg.ICPConvergenceCriteria(relative_fitness=1e-6, relative_rmse=1e-6,
+                                                             max_iteration=20))
+    np.testing.assert_allclose(pm.icp_point_to_point(src, ref), np.asarray(theirs.transformation), rtol=0, atol=1e-12)
+    ours = pm.voxel_downsample(src, pm.VOXEL_SIZE)
+    down = np.asarray(clouds[0].voxel_down_sample(pm.VOXEL_SIZE).points)
+    assert {tuple(p) for p in np.round(ours, 9)} == {tuple(p) for p in np.round(down, 9)}
