@@ -248,7 +248,7 @@ def line_alignment(est_xyz: np.ndarray, gt_xyz: np.ndarray, with_scale: bool) ->
     scale = float(np.trace(np.diag(d) @ sign) / var_x) if with_scale else 1.0
     trans = mean_y - scale * rot @ mean_x
     lines = [n for n, sv in spread.items() if sv[1] <= 1e-6 * sv[0]]
-    what = f"{' and '.join(lines)} lie{'s' if len(lines) == 1 else ''} on a straight line" if lines else \
+    what = f"the {' and the '.join(lines)} lie{'s' if len(lines) == 1 else ''} on a straight line" if lines else \
         "the estimate and the ground truth move together along fewer than two axes"
     note = (f"{what}: the rotation about it is not determined; "
             "aligned with one least-squares solution (ATE RMSE and RPE are the same for all of them, the per-pose "

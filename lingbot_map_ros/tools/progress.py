@@ -136,16 +136,22 @@ class PoolProgress:
         return self._bar.enabled
 
     def finished(self, key: str, frames: int) -> None:
-        """An item ended (done, kept or failed); ``frames``: how many it streamed in this run."""
+        """An item ended (done, kept or failed); ``frames``: how many it streamed in this run (counted
+        from here for items whose worker reported none)."""
         self.done += 1
         self._finished[key] = frames
+        self._count()
         self._redraw()
 
     def update_from(self, board: dict[str, dict], workers: int) -> None:
         """The workers' latest counts: ``{item: {"frames": N, "done": n, "running": bool, ...}}``."""
         self.board, self.workers = board, workers
-        self.frames_done = sum(int(e.get("done", 0)) for e in board.values())
+        self._count()
         self._redraw()
+
+    def _count(self) -> None:
+        self.frames_done = sum(int(e.get("done", 0)) for e in self.board.values()) + sum(
+            n for k, n in self._finished.items() if k not in self.board)
 
     def rate(self) -> float:
         elapsed = time.monotonic() - self._bar._start
@@ -155,6 +161,7 @@ class PoolProgress:
         """Seconds left at the current rate; None before any frame or any known item length."""
         rate = self.rate()
         lengths = [int(e["frames"]) for e in self.board.values() if e.get("frames")]
+        lengths += [n for k, n in self._finished.items() if k not in self.board and n]
         if not rate or not lengths:
             return None
         running = [e for k, e in self.board.items() if e.get("running") and k not in self._finished]

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -73,6 +75,7 @@ def connect(address: str):
         raise UsageError(RAY_MISSING) from None
     if ray.is_initialized():
         return ray, False
+    sigterm = signal.getsignal(signal.SIGTERM)
     try:
         if address == "local":
             ray.init(include_dashboard=False, logging_level=logging.WARNING)
@@ -81,6 +84,11 @@ def connect(address: str):
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise UsageError(f"--ray {address}: no Ray cluster there ({one_line(str(exc), 200)}); start one with "
                          "'ray start --head' and give the address it prints") from None
+    finally:
+        # ray.init makes SIGTERM exit at once; the tool's own handler (an interrupt that keeps what
+        # finished and says how to resume) stays in charge
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, sigterm)
     return ray, True
 
 
@@ -208,8 +216,12 @@ def run_pool(ray, args: argparse.Namespace, make_runner: Callable[[], Any], item
     results: list[Any] = [None] * len(items)
     if not items:
         return results
-    try:
-        board = ray.remote(ProgressBoard).options(name=board_name, namespace=BOARD_NAMESPACE, num_cpus=0).remote()
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+    try:  # on the driver's node: a worker node lost must not take the progress with it
+        board = ray.remote(ProgressBoard).options(name=board_name, namespace=BOARD_NAMESPACE, num_cpus=0,
+                                                  scheduling_strategy=here).remote()
         ray.get(board.snapshot.remote())
     except ValueError as exc:  # the name is taken: another run writes into the same folder
         raise UsageError(f"another run on this Ray cluster writes into the same output folder ({one_line(str(exc))})"
@@ -300,7 +312,7 @@ def run_pool(ray, args: argparse.Namespace, make_runner: Callable[[], Any], item
             if on_tick is not None:
                 try:
                     report.board = ray.get(board.snapshot.remote(), timeout=POLL_SECONDS)
-                except GetTimeoutError:
+                except (GetTimeoutError, RayError):  # progress only: the work goes on without it
                     pass
                 on_tick(report)
     finally:
@@ -365,6 +377,43 @@ def run_on_ray(run, todo: list[tuple[str, Path, str]]) -> None:
             ray.shutdown()
 
 
+# ------------------------------------------------------------------------------------ many recordings
+def run_recordings_on_ray(args: argparse.Namespace, extra: list[str], recordings: list, outcomes: list,
+                          report_one: Callable[[Any, str], None]) -> None:
+    """``lingbot_map_batch --ray``: every recording through ``RecordingRunner.run`` (lingbot_map_offline)
+    on the cluster's workers; ``outcomes`` filled in recording order, ``report_one`` as each ends."""
+    import functools
+
+    from .batch import PROG, RecordingOutcome, RecordingRunner
+    from .progress import PoolProgress
+
+    ray, started_here = connect(args.ray)
+    bar = PoolProgress(len(recordings), f"{PROG} --ray", unit="recordings", enabled=False if args.quiet else None)
+
+    def done(index: int, result: Any, report: PoolReport) -> None:
+        if isinstance(result, ItemFailed):
+            result = RecordingOutcome(recordings[index].name, reason=result.reason)
+        outcomes[index] = result
+        bar.finished(recordings[index].name, 0 if result.kept else result.frames)
+        report_one(result, f"[{report.done}/{report.total}]")
+        if not args.quiet and not bar.enabled:
+            print(bar.line(), file=sys.stderr, flush=True)
+
+    def retry(key: str, reason: str, attempt: int) -> None:
+        print(f"{PROG}: warning: {key}: {reason}; running it again on another worker (attempt {attempt + 1} of "
+              f"{args.ray_retries + 1})", file=sys.stderr, flush=True)
+
+    items = [(rec.name, (rec,)) for rec in recordings]
+    try:
+        run_pool(ray, args, functools.partial(RecordingRunner, args, extra), items,
+                 board_name=f"batch:{Path(args.out).expanduser().resolve()}", on_done=done,
+                 on_tick=lambda report: bar.update_from(report.board, report.workers), on_retry=retry)
+    finally:
+        bar.close()
+        if started_here:
+            ray.shutdown()
+
+
 def _worker_say(message: str) -> None:
     print(f"[worker] {message}", file=sys.stderr, flush=True)
 
@@ -374,4 +423,4 @@ def _quiet_say(message: str) -> None:
 
 
 __all__ = ["ItemFailed", "ProgressBoard", "Worker", "add_ray_options", "check_ray_args", "connect", "run_on_ray",
-           "run_pool"]
+           "run_pool", "run_recordings_on_ray"]
