@@ -211,3 +211,37 @@ def test_icp_and_voxel_grid_equal_open3d_where_it_is_installed():
     ours = pm.voxel_downsample(src, pm.VOXEL_SIZE)
     down = np.asarray(clouds[0].voxel_down_sample(pm.VOXEL_SIZE).points)
     assert {tuple(p) for p in np.round(ours, 9)} == {tuple(p) for p in np.round(down, 9)}
+
+
+# ---------------------------------------------------------------------------- dataset aggregates
+def _auc(errors: list[float], t: int) -> float:
+    hist, _ = np.histogram(np.array(errors), bins=np.arange(t + 1))
+    return float(np.mean(np.cumsum(hist) / len(errors)) * 100)
+
+
+def test_summary_aggregates_both_auc_conventions_and_marks_extra_scenes():
+    from lingbot_map_ros.core.trajectory import AUC_THRESHOLDS_DEG, PoseAUC
+    from lingbot_map_ros.tools.benchmark_report import DatasetSummary, dataset_tables
+
+    def counts(rot, trans):
+        auc = PoseAUC()
+        auc.add_errors(np.array(rot), np.array(trans))
+        return auc.to_json()
+
+    barn = {"sequence": "Barn", "frames": 3, "evaluated": 3, "ate": 0.1, "rpe_trans": 0.2, "rpe_rot": 1.0,
+            "auc": counts([0.5, 2.5, 10.0], [0.1, 0.2, 40.0]), "auc_inverse_convention": counts([1.5], [0.3])}
+    court = {"sequence": "Courthouse", "frames": 2, "evaluated": 2, "ate": 0.3, "rpe_trans": 0.4, "rpe_rot": 2.0,
+             "auc": counts([1.5], [0.3]), "auc_inverse_convention": counts([7.2, 0.2], [0.1, 3.3])}
+    s = DatasetSummary("tnt", READERS["tnt"].protocol, done=[barn, court])
+    j = s.to_json()
+    worst = {"Barn": ([0.5, 2.5, 40.0], [1.5]), "Courthouse": ([1.5], [7.2, 3.3])}  # max(rot, trans) per pair
+    for k, key in enumerate(("auc", "auc_inverse_convention")):
+        per = [worst["Barn"][k], worst["Courthouse"][k]]
+        macro = [np.mean([_auc(e, t) for e in per]) for t in AUC_THRESHOLDS_DEG]
+        micro = [_auc(per[0] + per[1], t) for t in AUC_THRESHOLDS_DEG]
+        prefix = "auc" if key == "auc" else "auc_inverse_convention"
+        np.testing.assert_allclose(j[f"{prefix}_macro"], macro, rtol=0, atol=1e-9)
+        np.testing.assert_allclose(j[f"{prefix}_micro"], micro, rtol=0, atol=1e-9)
+    assert j["outside_official_scenes"] == ["Courthouse"] and j["ate"] == pytest.approx(0.2)
+    table = "\n".join(dataset_tables(s))
+    assert "| Courthouse * |" in table and "| Barn |" in table and "1 of them outside the official scenes" in table
