@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="print only the tables and errors (no progress)")
     add_session_options(p, names=[n for n in SESSION_OPTIONS if n != "keyframe_interval"],
                         overrides=BENCHMARK_DEFAULTS, with_depth=False)
+    for action in p._actions:  # the node's description, and what it means here
+        if action.dest == "image_width":
+            action.help = ("with --image-size node only: the node's model input width (a multiple of 14, 224..518; "
+                           "default 518), recorded in metrics.json; the official sizes are per dataset")
     from .ray_runner import add_ray_options
 
     add_ray_options(p)  # --ray: the same sequences on a Ray cluster's workers
