@@ -3,12 +3,14 @@
     lingbot_map_benchmark --dataset tum /data/TUM-RGBD --checkpoint lingbot-map.pt --out results/
 
 finds the sequences of each ``--dataset NAME DIR`` in the dataset's own published layout
-(``tools/datasets/``), streams every sequence through the node's session (``SessionManager``, the
-node's preprocessing) and scores it with the official protocol: the dataset's frame stride and
-image size, its ground-truth association, a Sim(3) alignment, ATE RMSE, RPE translation and
-rotation (RMSE over consecutive frames) computed by evo, and the pose AUC@3/5/15/30 where the
-official table has it. It prints one table per dataset in the official table's columns, with the
-official numbers of ``lingbot-map.pt`` beside ours, and the per-sequence results.
+(``tools/datasets/``), the official scene lists only unless ``--all-scenes``, streams every sequence
+through the node's session (``SessionManager``) with the official benchmark's inputs (each frame at
+the dataset's official size, the model in the official precision: ``core/precision.py``) and scores
+it with the official protocol: the dataset's frame stride, its ground-truth association, a Sim(3)
+alignment, ATE RMSE, RPE translation and rotation (RMSE over consecutive frames) computed by evo, and
+the pose AUC@3/5/15/30 in both conventions in circulation where the official table has it. It
+prints one table per dataset in the official table's columns, with the official numbers of
+``lingbot-map.pt`` beside ours, and the per-sequence results.
 
 Under ``--out``: ``summary.json`` and, per sequence, ``DATASET/SEQUENCE/traj.tum`` (the estimate,
 TUM format), ``gt.tum`` (its frames' ground truth), ``plot.png`` and ``metrics.json``. A sequence
@@ -32,6 +34,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..core.files import atomic_open
+from ..core.precision import PRECISIONS
+from ..core.settings import SETTINGS_BY_NAME
 from .cli import INTERRUPTED_EXIT, OneLineParser, UsageError, fail, need_dir, output_dir
 from .common import SESSION_OPTIONS, add_session_options, check_session_args, settings_from_args
 
@@ -39,8 +43,12 @@ PROG = "lingbot_map_benchmark"
 AUTO_KEYFRAME_THRESHOLD = 320  # official method config: auto keyframe interval above this many frames
 # Stored frames before the long-run policy acts: the official streaming run never switches windows
 # (its "auto" keyframe interval keeps the stored frames near 320), so the policy must not act here.
-BENCHMARK_DEFAULTS = {"max_stored_frames": 1024}
+# ``image_width`` None: not given (the official sizes are per dataset; an explicit width needs
+# ``--image-size node``, see ``check_args``).
+BENCHMARK_DEFAULTS = {"max_stored_frames": 1024, "image_width": None}
 FAILED_EXIT = 1
+AUC_CONVENTION = ("auc: relative pose W_i W_j^-1 of the world-to-camera matrices (the official README and auc.py); "
+                  "auc_inverse_convention: W_i^-1 W_j (an earlier copy of the official evaluator)")
 
 
 class SequenceFailed(Exception):
@@ -63,14 +71,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="at most this many frames per sequence, after the stride (a quick check; not the official "
                    "protocol; default: 0 = all)")
     p.add_argument("--image-size", choices=("official", "node"), default="official",
-                   help="official: each frame first gets the official benchmark's resize/crop (TUM 518x378, "
-                   "KITTI 504x280, ...), then the node's preprocessing; node: the node's preprocessing only")
+                   help="official: each frame gets the official benchmark's resize/crop and area budget, and the "
+                   "model runs at that size (TUM 518x378, 7-Scenes 574x434, KITTI 504x280, ...); node: the node's "
+                   "preprocessing only, at --image-width")
+    p.add_argument("--all-scenes", action="store_true",
+                   help="also run the scenes outside the official lists (Tanks and Temples beyond its 6, ETH3D's "
+                   "meadow and terrace, Oxford Spires' 4 excluded ones); the tables mark them")
+    p.add_argument("--precision", choices=PRECISIONS, default="official",
+                   help="official: float32 aggregator weights under bf16 autocast, as the official benchmark runs; "
+                   "node: the aggregator cast to --dtype, as the node runs (default: official)")
     p.add_argument("--keyframe-interval", dest="keyframe_choice", default="auto", metavar="auto|N",
                    help="'auto' (official: 1 up to 320 frames, else ceil(frames / 320)) or a number")
     p.add_argument("--force", action="store_true", help="run every sequence again, even those already done")
     p.add_argument("--quiet", action="store_true", help="print only the tables and errors (no progress)")
     add_session_options(p, names=[n for n in SESSION_OPTIONS if n != "keyframe_interval"],
                         overrides=BENCHMARK_DEFAULTS, with_depth=False)
+    for action in p._actions:  # the node's description, and what it means here
+        if action.dest == "image_width":
+            action.help = ("with --image-size node only: the node's model input width (a multiple of 14, 224..518; "
+                           "default 518), recorded in metrics.json; the official sizes are per dataset")
     from .ray_runner import add_ray_options
 
     add_ray_options(p)  # --ray: the same sequences on a Ray cluster's workers
@@ -97,6 +116,9 @@ def check_args(args: argparse.Namespace) -> list[tuple[str, Path]]:
     output_dir(args.out, "--out")
     if args.stride < 0 or args.max_frames < 0:
         raise UsageError("--stride and --max-frames must be >= 0")
+    if args.image_width_given and args.image_size == "official":
+        raise UsageError("--image-width needs --image-size node: with the official sizes each dataset has its own "
+                         "model input (574x434 for 640x480 images, 504x280 for KITTI, ...)")
     if args.keyframe_choice != "auto" and not (args.keyframe_choice.isdigit() and int(args.keyframe_choice) > 0):
         raise UsageError(f"--keyframe-interval must be 'auto' or a positive number (got {args.keyframe_choice!r})")
     missing = available()
@@ -117,8 +139,18 @@ def run_config(args: argparse.Namespace, dataset: str, sequence: str, stride: in
     values = settings_from_args(args)
     settings = {name: values[name] for name in SESSION_OPTIONS}
     settings["keyframe_interval"] = kf
+    from .datasets import READERS
+
+    settings["image_width"] = model_width(args, READERS[dataset].protocol)  # None: the official size ran
     return {"dataset": dataset, "sequence": sequence, "stride": stride, "max_frames": args.max_frames,
-            "image_size": args.image_size, "settings": settings}
+            "image_size": args.image_size, "precision": args.precision, "settings": settings}
+
+
+def model_width(args: argparse.Namespace, protocol) -> Optional[int]:
+    """None: the model runs at the dataset's official size (``--image-size official`` and a dataset of
+    the official benchmark); else the width of the node's preprocessing (``--image-width``, 518 by
+    default; EuRoC and TartanAir have no official size)."""
+    return None if args.image_size == "official" and protocol.official is not None else args.image_width
 
 
 def stored_result(path: Path, config: dict) -> Optional[dict]:
@@ -130,14 +162,24 @@ def stored_result(path: Path, config: dict) -> Optional[dict]:
     return stored if stored.get("config") == json.loads(json.dumps(config)) else None
 
 
-def stream_sequence(manager, seq, prepare: Callable[[np.ndarray], np.ndarray], bar) -> dict[int, Any]:
-    """Push every frame through the session; ``{frame index: FrameResult}`` of the frames with a pose."""
-    from ..core.preprocess import FramePreprocessor
+def model_input(width: Optional[int]) -> Callable[[np.ndarray], Any]:
+    """RGB uint8 -> the model's input tensor: at the image's own size (``width`` None: the official
+    sizes, already applied by the protocol's ``prepare``), or by the node's preprocessing at ``width``
+    (a new preprocessor per sequence, as the node's new session has)."""
+    from ..core.preprocess import FramePreprocessor, exact_size_tensor
+
+    return exact_size_tensor if width is None else FramePreprocessor(width=width)
+
+
+def stream_sequence(manager, seq, prepare: Callable[[np.ndarray], np.ndarray], bar,
+                    width: Optional[int] = None) -> dict[int, Any]:
+    """Push every frame through the session; ``{frame index: FrameResult}`` of the frames with a pose.
+    ``width``: see ``model_input``."""
     from ..core.session_manager import InferenceFailed
     from ..core.stream import SessionError
     from .frame_sources import load_rgb_image
 
-    prep = FramePreprocessor()  # a new input size per sequence, as the node's new session has
+    prep = model_input(width)
     results: dict[int, Any] = {}
     refused = 0
 
@@ -173,6 +215,7 @@ def stream_sequence(manager, seq, prepare: Callable[[np.ndarray], np.ndarray], b
 
 def score_sequence(seq, results: dict[int, Any], folder: Path, config: dict, protocol, seconds: float) -> dict:
     """Write the trajectory, the ground truth, the plot and ``metrics.json`` (last: the completion mark)."""
+    from ..core.geometry import se3_inverse
     from ..core.trajectory import pose_auc, trajectory_metrics, write_tum
     from .plotting import plot_against_ground_truth
 
@@ -186,6 +229,8 @@ def score_sequence(seq, results: dict[int, Any], folder: Path, config: dict, pro
     frames = np.array(order)[valid]
     m = trajectory_metrics(est[valid], gt[valid], align="sim3", delta=1, stamps=frames.astype(np.float64))
     auc = pose_auc(est[valid], gt[valid])
+    # The other convention in circulation (``inv(W_i) W_j``): the same errors of the inverted poses.
+    auc_inverse = pose_auc(se3_inverse(est[valid]), se3_inverse(gt[valid]))
     folder.mkdir(parents=True, exist_ok=True)
     for name, stamps, poses in (("traj.tum", seq.stamps[order], est), ("gt.tum", seq.stamps[frames], gt[valid])):
         write_tum(folder / name, stamps, poses)  # atomic
@@ -201,6 +246,8 @@ def score_sequence(seq, results: dict[int, Any], folder: Path, config: dict, pro
         "rpe_trans_mean": m.rpe_trans_mean, "rpe_rot_mean": m.rpe_rot_mean_deg, "sim3_scale": m.scale,
         "alignment_note": m.alignment_note,  # non-empty: a straight-line trajectory (core/trajectory.line_alignment)
         "auc": {**auc.to_json(), **auc.summary()},
+        "auc_convention": AUC_CONVENTION,
+        "auc_inverse_convention": {**auc_inverse.to_json(), **auc_inverse.summary()},
         "model_input_hw": list(results[order[0]].image_hw), "seconds": seconds,
         "fps": len(seq.images) / seconds if seconds > 0 else None,
         "ground_truth": seq.ground_truth, "notes": seq.notes, "evo": str(getattr(evo, "__version__", "?")),
@@ -251,13 +298,14 @@ class SequenceRunner:
         self.manager = None
 
     def session(self):
-        """The one ``SessionManager``, built when the first sequence needs it."""
+        """The one ``SessionManager``, built when the first sequence needs it (``--precision``'s recipe)."""
         if self.manager is None:
+            from ..core.precision import loader
             from ..core.session_manager import SessionManager
             from .common import runtime_from_args, stream_from_args
 
             self.runtime, self.stream = runtime_from_args(self.args), stream_from_args(self.args)
-            self.manager = SessionManager(self.runtime, self.stream, log=self.say)
+            self.manager = SessionManager(self.runtime, self.stream, log=self.say, load=loader(self.args.precision))
         return self.manager
 
     def run(self, dataset: str, root: Path, name: str, progress: Optional[Callable[[int, str], Any]] = None
@@ -297,7 +345,7 @@ class SequenceRunner:
             len(seq.images), label, enabled=False if self.args.quiet else None)
         try:
             with bar:
-                results = stream_sequence(manager, seq, prepare, bar)
+                results = stream_sequence(manager, seq, prepare, bar, width=model_width(self.args, protocol))
             metrics = score_sequence(seq, results, folder, config, protocol, time.perf_counter() - start)
         except (SequenceFailed, DatasetError, OSError) as exc:
             return SequenceOutcome(dataset, seq.name, reason=one_line(str(exc)), folder=str(folder))
@@ -341,6 +389,12 @@ class _Run:
                 continue
             if self.args.sequences:
                 names = [n for n in names if n in self.args.sequences or Path(n).name in self.args.sequences]
+            protocol = self.readers[name].protocol
+            outside = [n for n in names if not protocol.is_official_scene(n)]
+            if outside and not self.args.all_scenes:
+                self.say(f"--dataset {name}: {len(outside)} sequence(s) outside the official scene list not run "
+                         f"({', '.join(outside)}); --all-scenes runs them")
+                names = [n for n in names if protocol.is_official_scene(n)]
             todo += [(name, root, n) for n in names]
         return todo
 
@@ -393,6 +447,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        args.image_width_given = args.image_width is not None
+        if not args.image_width_given:
+            args.image_width = SETTINGS_BY_NAME["image_width"].default  # recorded only with --image-size node
         if args.max_stored_frames == BENCHMARK_DEFAULTS["max_stored_frames"]:
             args.max_stored_frames = min(args.max_stored_frames, args.max_frame_num)  # a smaller --max-frame-num
         check_session_args(parser, args)
