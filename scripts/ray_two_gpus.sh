@@ -8,7 +8,8 @@
 # against its later ones (the warm-up that keeping the model across sequences hides).
 #
 #   bash scripts/ray_two_gpus.sh OUT_DIR [WORKERS (default 2)] [FRAMES (default 300)]
-# LINGBOT_ARGS replaces the model options (a CPU smoke run: "--model-preset tiny --device cpu --ray-gpus 0").
+# LINGBOT_ARGS replaces the model options (a CPU smoke run: "--model-preset tiny --device cpu --ray-gpus 0");
+# LINGBOT_HW the synthetic images' size (default 480x640).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=$(realpath -m "${1:?usage: $0 OUT_DIR [WORKERS] [FRAMES]}")
@@ -16,22 +17,32 @@ read -r -a MODEL <<<"${LINGBOT_ARGS:---model-preset full --dtype bfloat16 --devi
 cd "$ROOT"
 WORKERS=${2:-2}
 FRAMES=${3:-300}
+HW=${LINGBOT_HW:-480x640}  # the images' height x width: TUM's 640x480 (the model then runs at its official size)
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 BIN=$(dirname "$PY")
 mkdir -p "$OUT"
-"$PY" - "$OUT/data" "$FRAMES" <<'PY'
+"$PY" - "$OUT/data" "$FRAMES" "$HW" <<'PY'
 import sys
+from multiprocessing import Pool
 from pathlib import Path
 
 sys.path.insert(0, str(Path.cwd() / "test"))
 from benchmark_layouts import write_tartanair, write_tum  # the test suite's synthetic layouts
 
 root, frames = Path(sys.argv[1]), int(sys.argv[2])
-for k in range(4):
-    if not (root / "tum" / f"rgbd_dataset_freiburg1_s{k}").is_dir():
-        write_tum(root / "tum", f"rgbd_dataset_freiburg1_s{k}", n=frames, seed=k, hw=(240, 320))
-    if not (root / "tartanair" / f"office/Easy/P00{k}").is_dir():
-        write_tartanair(root / "tartanair", f"office/Easy/P00{k}", n=frames, hw=(240, 320))
+hw = tuple(int(v) for v in sys.argv[3].split("x"))
+
+
+def write(job: tuple[str, int]) -> None:
+    layout, k = job
+    if layout == "tum" and not (root / "tum" / f"rgbd_dataset_freiburg1_s{k}").is_dir():
+        write_tum(root / "tum", f"rgbd_dataset_freiburg1_s{k}", n=frames, seed=k, hw=hw)
+    if layout == "tartanair" and not (root / "tartanair" / f"office/Easy/P00{k}").is_dir():
+        write_tartanair(root / "tartanair", f"office/Easy/P00{k}", n=frames, hw=hw)
+
+
+with Pool(8) as pool:  # the images' PNG encoding, a sequence a process
+    pool.map(write, [(layout, k) for layout in ("tum", "tartanair") for k in range(4)])
 PY
 run() {  # $1 = workers, $2 = output folder
   local start end
