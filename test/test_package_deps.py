@@ -24,6 +24,7 @@ ROSDEP_KEYS = {
     "yaml": "python3-yaml",
     "matplotlib": "python3-matplotlib",
     "rosbags": "python3-rosbags-pip",
+    "scipy": "python3-scipy",
 }
 # ROS packages imported as Python modules of the same name (their rosdep key is that name).
 ROS_PACKAGES = {"rclpy", "launch", "launch_ros", "ament_index_python", "cv_bridge", "tf2_ros", "message_filters"}
