@@ -222,11 +222,14 @@ def section_latency(runs: list[Run]) -> str:
     rows = [[geometry_cell(row["geometry"]), HEADS_NAMES[row["heads"]], path_cell(row["path"]), settings_cell(row),
              num(row["median_ms"]), num(row["p90_ms"]), num(1000.0 / row["median_ms"], 1), num(row["peak_gb"]),
              _official_ratio(run, row), run_cell(run)] for run, row in found]
+    header = ["input", "heads", "code", "settings", "median ms", "p90 ms", "FPS", "peak GB", "× official", "run"]
+    align = "llllrrrrrl"
+    if not any(row[3] for row in rows):  # every row at the reference settings: no column for them
+        rows, header, align = [r[:3] + r[4:] for r in rows], header[:3] + header[4:], align[:3] + align[4:]
     return ("## Latency\n\nOne camera, a frame pushed as soon as the previous one is done, idle host. "
-            "Steady state: the frames after the window is full. \"× official\": the official code's median "
-            "over ours, measured in the same run.\n\n"
-            + table(["input", "heads", "code", "settings", "median ms", "p90 ms", "FPS", "peak GB", "× official", "run"],
-                    rows, "llllrrrrrl"))
+            "Steady state: the frames after the window is full. \"settings\": where a row's stream differs "
+            "from the set-up of record. \"× official\": the official code's median over ours, measured in the "
+            "same run.\n\n" + table(header, rows, align))
 
 
 def section_memory(runs: list[Run]) -> str:
@@ -367,12 +370,13 @@ and caches to carry; the official code is a checkout of github.com/Robbyant/ling
 `.official`):
 
 ```bash
-bash scripts/device_run.sh record     # the runs of record: ours and the official code, each table's rows
+bash scripts/device_run.sh record     # a run of record: ours and the official code, every table's rows
 lingbot_map_bench --model-preset full --device cuda --dtype bfloat16 --height 378 --width 518 \\
-    --frames 208 --heads depth+camera,camera --json results.json   # one configuration's rows
+    --frames 208 --heads depth+camera,camera   # one configuration, printed
 ```
 
-A new run of record is a file `docs/perf/runs/<YYYY-MM-DD>-<name>.json`; then
+`lingbot_map_bench --json` writes the same measurements as rows of a run file (`--help` lists the
+options). A new run of record is a file `docs/perf/runs/<YYYY-MM-DD>-<name>.json`; then
 `.venv/bin/python scripts/perf_tables.py` rewrites this page and the README's table, and a run whose
 code is superseded is deleted from that folder (git keeps it). Predictions and the experiments
 behind a change belong in its commit message.

@@ -102,7 +102,7 @@ def test_a_row_appears_in_its_section(tmp_path):
     write_run(tmp_path, [LATENCY])
     text = perf.render_performance(perf.load_runs(tmp_path))
     found = sections(text)
-    assert "| 518×378 | depth + camera | ours, the default kernels |  | 12.34 | 13.45 | 81.0 | 9.87 |  | " \
+    assert "| 518×378 | depth + camera | ours, the default kernels | 12.34 | 13.45 | 81.0 | 9.87 |  | " \
            "2030-01-02 `abc1234` |" in found["Latency"]
     assert "Test GPU" in found["Set-up of record"]
     # no rows, no section
@@ -122,9 +122,18 @@ def test_a_changed_row_shows_in_the_check(tmp_path):
     problems = perf.problems(perf.load_runs(tmp_path), page, readme)
     assert len(problems) == 2
     assert "docs/performance.md is stale" in problems[0]
-    assert "-| 518×378 | depth + camera | ours, the default kernels |  | 12.34" in problems[0]
-    assert "+| 518×378 | depth + camera | ours, the default kernels |  | 11.11" in problems[0]
+    assert "-| 518×378 | depth + camera | ours, the default kernels | 12.34" in problems[0]
+    assert "+| 518×378 | depth + camera | ours, the default kernels | 11.11" in problems[0]
     assert "'performance' is stale" in problems[1] and "11.11" in problems[1]
+
+
+def test_a_row_at_other_settings_says_which(tmp_path):
+    write_run(tmp_path, [LATENCY, dict(LATENCY, window=16, streams=2, median_ms=9.5)])
+    latency = sections(perf.render_performance(perf.load_runs(tmp_path)))["Latency"]
+    assert "| settings |" in latency
+    assert re.search(r"\| window 16, streams 2 \| 9\.50 \|", latency)
+    assert re.search(r"\| ours, the default kernels \|  \| 12\.34 \|", latency)
+    assert "9.50" not in perf.render_readme(perf.load_runs(tmp_path))  # the README shows the reference only
 
 
 def test_the_official_ratio_comes_from_the_same_run_only(tmp_path):
