@@ -250,8 +250,8 @@ def section_memory(runs: list[Run]) -> str:
                          num(row["predicted_gb"]), num(row["measured_gb"]), error, run_cell(run)])
         out += ("Peak GPU memory by input and window (`torch.cuda.max_memory_allocated` over the run) beside "
                 "what `lingbot_map_bench --footprint` predicts without a GPU (docs/memory.md says how):\n\n"
-                + table(["input", "window", "heads", "streams", "predicted GB", "measured GB", "prediction error", "run"],
-                        rows, "lrlrrrrl"))
+                + table(["input", "window", "heads", "streams", "predicted GB", "measured GB", "prediction error",
+                         "run"], rows, "lrlrrrrl"))
     if by_card:
         by_card.sort(key=lambda rr: (-rr[1]["budget_gb"], rr[0].date))
         rows = [[num(row["budget_gb"], 0), geometry_cell(row["geometry"]), row["window"], HEADS_NAMES[row["heads"]],
@@ -300,7 +300,8 @@ def section_long_run_and_load(runs: list[Run]) -> str:
         for run, row in loaded:
             idle = next((o for o in run.rows if o["table"] == "latency" and o["load"] == "idle"
                          and all(o[k] == row[k] for k in ("geometry", "heads", "path", "window", "streams"))), None)
-            change = "" if idle is None else f"{100.0 * (row['median_ms'] - idle['median_ms']) / idle['median_ms']:+.1f} %"
+            change = ("" if idle is None else
+                      f"{100.0 * (row['median_ms'] - idle['median_ms']) / idle['median_ms']:+.1f} %")
             rows.append([geometry_cell(row["geometry"]), HEADS_NAMES[row["heads"]], path_cell(row["path"]),
                          "" if idle is None else f"{num(idle['median_ms'])} ({num(idle['p90_ms'])})",
                          f"{num(row['median_ms'])} ({num(row['p90_ms'])})", change, run_cell(run)])
@@ -355,7 +356,8 @@ def render_setup(runs: list[Run]) -> str:
         rows.append([run_cell(run), s["gpu"], s["host_cpus"], s["torch"], s["cuda"], s["driver"], official, s["notes"]])
     return ("## Set-up of record\n\nEvery run: the `full` preset (the official shapes, 1.16 B parameters) with "
             "random weights (speed does not depend on them), bf16, random frames, `keyframe_interval` 1. "
-            "Unless a row says otherwise: 518×378 input (a 640×480 camera gives 518×392), `scale_frames` 8, `sliding_window` 64, 4 camera iterations, one stream, 8 + 200 frames "
+            "Unless a row says otherwise: 518×378 input (a 640×480 camera gives 518×392), `scale_frames` 8, "
+            "`sliding_window` 64, 4 camera iterations, one stream, 8 + 200 frames "
             "of which the steady ones (from frame 72) are timed. \"official\": the official LingBot-Map code "
             "at the commit named, run by its own profiling recipe (FlashInfer fa2 and `torch.compile`, "
             "depth + camera heads) through `scripts/official_bench.py`.\n\n"
@@ -464,14 +466,15 @@ def main(argv=None) -> int:
         return 1 if found else 0
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import readme_tables
+
     from lingbot_map_ros.core.files import atomic_write_text
 
     if "performance" not in readme_tables.regions(readme):
         print("README.md lacks the region <!-- generated: performance --> ... <!-- end: performance -->",
               file=sys.stderr)
         return 1
-    for path, old, new in ((PERFORMANCE_MD, current, render_performance(runs)),
-                           (readme_path, readme, readme_tables.update(readme, {"performance": lambda: render_readme(runs)}))):
+    new_readme = readme_tables.update(readme, {"performance": lambda: render_readme(runs)})
+    for path, old, new in ((PERFORMANCE_MD, current, render_performance(runs)), (readme_path, readme, new_readme)):
         if new != old:
             atomic_write_text(path, new)
             print(f"updated {path}")
