@@ -394,6 +394,17 @@ COLUMNS = """## What the columns mean
   Hopper: our attention kernel over the visible keys, CUDA graphs, fused blocks, our Triton kernels
   for the step's small pieces); "portable" is the same model without Triton (PyTorch's kernels).
 * **run**: the date and commit of the code measured; its set-up is in the first table.
+
+## On a robot
+
+* **Input size.** 518×378 (999 patches a frame) is the official profile's input; a 640×480 camera
+  gives 518×392 (1036 patches), a 1280×720 one 518×294 (777). `image_width` trades patches for speed
+  and memory (docs/memory.md).
+* **The first frames.** The first one-frame step on a new machine compiles the kernels (seconds;
+  Triton and Inductor keep them in their on-disk caches for the next start).
+* **The ROS layer** adds about 8 ms of CPU per frame at 640×480 (conversion, preprocessing on its own
+  thread, publishing), of which about 1.5 ms on the inference thread (docs/history.md, "Node
+  overhead").
 """
 
 
