@@ -16,7 +16,7 @@ the max only without graphs). Transient estimates are the live tensors at the bu
 stage, from the token count ``frames x (patches + 6)``; the constants below say what they stand for.
 The weights and the pools are exact (``test_footprint.py`` checks them against the tensors built);
 the activations are estimates whose ratio to ``torch.cuda.max_memory_allocated`` the device script
-(``scripts/footprint_check.py``) reports.
+(``bench/footprint_check.py``) reports.
 
 No torch allocation happens here: the weights are counted on a model built on the meta device.
 """
@@ -43,7 +43,7 @@ FLASHINFER_WORKSPACE_BYTES = 256 * 2**20  # per FlashInfer wrapper (cache/flashi
 BLOCK_LIVE_HIDDEN_COPIES = 2
 # The depth head's busiest point at full resolution: the upsampled output_conv1 map (F/2 channels)
 # and the refinenet1 map at 8x the patch grid (F channels), in units of those maps. Calibrated on the
-# H200 (2026-12-02, full/bf16, widths 518/392/280 x windows 16/32/64, docs/benchmarks.md): counting
+# H200 (full/bf16, widths 518/392/280 x windows 16/32/64; docs/performance.md, memory): counting
 # the tensors alive in the code gave 3 and 2 and over-predicted every depth row by 8-18 % (the head
 # frees its intermediates as it goes); 1.5 and 1.25 put all 18 rows within -1 %..+1 %.
 DEPTH_FULLRES_COPIES = 1.5
@@ -193,7 +193,7 @@ def footprint(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig, heigh
     graphs = rt.cuda_graphs and rt.device.type == "cuda"
     # the image encoder's graph keeps its tokens [1, P, C] for the step graphs to read (its scratch is reused)
     encoder_tokens = (page_size + SPECIAL_TOKENS_PER_FRAME) * cfg.embed_dim * rt.dtype.itemsize
-    graph_pool = frame + depth_frame + (encoder_tokens if rt.encoder_graph else 0) if graphs else 0
+    graph_pool = frame + depth_frame + encoder_tokens if graphs else 0
     step_peak = max(phase1 + depth1, 0 if graphs else frame + depth_frame)
     parts = (
         FootprintPart("weights", weights, True, f"{cfg.preset}: aggregator {str(rt.dtype)[6:]}, heads float32"),
@@ -252,7 +252,7 @@ def assumed_runtime(device: str, dtype: torch.dtype, *, backend: str = "sdpa", s
     on_cuda = dev.type == "cuda"
     return ResolvedRuntime(device=dev, dtype=dtype, backend=backend, backend_reason="assumed for the footprint",
                            sdpa_kernel=sdpa_kernel if on_cuda else "flash", cuda_graphs=cuda_graphs and on_cuda,
-                           encoder_graph=cuda_graphs and on_cuda, autocast=autocast)
+                           autocast=autocast)
 
 
 def budget_problem(fp: Footprint, budget_bytes: float, what: str = "the configuration") -> str:

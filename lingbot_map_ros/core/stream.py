@@ -82,14 +82,9 @@ class StreamingSession:
         self.log = log
         self.session_id = 0  # set by the manager (``reset``): monotonic over every session it starts
         self.use_cuda_graphs = runtime.cuda_graphs  # the benchmark's kernel profile turns it off for a while
-        # GEMM templates only (the pointwise and reduction kernels stay as fused by default): max_autotune
-        # also tunes every pointwise kernel, which did not finish compiling within a device call
-        autotune = ({"max_autotune_gemm": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
-                    if runtime.autotune else None)
         ours = runtime.step_kernels == "triton"
         self._fusion: Optional[BlockFusion] = (
-            BlockFusion(compile_options=autotune, triton_kernels=ours, depth_head=runtime.compile_depth)
-            if runtime.compile_blocks else None)
+            BlockFusion(triton_kernels=ours, depth_head=True) if runtime.compile_blocks else None)
         self._graph_step: Optional[GraphedFrameStep] = None
         self._graph_key: Optional[tuple] = None
         self._readback = StagedReadback()
@@ -315,7 +310,7 @@ class StreamingSession:
             kv = self._kv
             ones = torch.ones(1, dtype=torch.long, device=self.device)  # phase 2: camera and scale variant 1
             fusion = self._fusion  # compiled block bodies (None: eager blocks), compiled in the warm-up run
-            depth_stream = side_stream(self.device, "depth") if self.runtime.parallel_heads else None
+            depth_stream = side_stream(self.device, "depth")  # the depth head beside the camera head
             image_hw = self._kv_hw
 
             def encode(images: torch.Tensor) -> torch.Tensor:
@@ -329,15 +324,10 @@ class StreamingSession:
                         camera_attention=self._camera_kv, num_iterations=self.stream_cfg.camera_iterations,
                         with_depth=with_depth, max_positions=self.stream_cfg.max_frame_num, depth_stream=depth_stream)
 
-            def run(images: torch.Tensor, rope_frames: torch.Tensor, with_depth: bool):
-                return self._call_model(images, rope_frames, ones, ones, with_depth, fusion=fusion, validate=False,
-                                        depth_stream=depth_stream)
-
             backend = kv.single_frame_backend
-            split = self.runtime.encoder_graph
             self._graph_step = GraphedFrameStep(
-                self.model, self._kv_hw, self.device, run_from_tokens if split else run,
-                lambda: getattr(backend, "plan_signature", ()), encode=encode if split else None,
+                self.model, self._kv_hw, self.device, encode, run_from_tokens,
+                lambda: getattr(backend, "plan_signature", ()),
             )
             self._graph_key = key
         return self._graph_step
@@ -450,13 +440,10 @@ class StreamingSession:
         elapsed_ms = (time.perf_counter() - start) * 1e3
         return (pose_enc, depth, conf), elapsed_ms
 
-    def _call_model(self, images, rope_frames, camera_variant, scale_variant, with_depth: bool, *, fusion=None,
-                    validate: bool = True, depth_stream: Optional[torch.cuda.Stream] = None):
-        """The one model call of a step, eager or captured into the one-frame CUDA graph (``fusion``:
-        the compiled block bodies, graph step only; ``validate=False`` there: no host checks in a graph;
-        ``depth_stream``: the depth head beside the camera head, graph step only).
-        The caches are the session's current ones; rebuilding them drops the captured graph."""
-        with self._inference(fusion):
+    def _call_model(self, images, rope_frames, camera_variant, scale_variant, with_depth: bool):
+        """The eager model call of a step (multi-frame steps, and one-frame steps without CUDA graphs).
+        The caches are the session's current ones."""
+        with self._inference(None):
             return self.model(
                 images.to(self.device, non_blocking=True),
                 rope_frames=rope_frames.to(self.device),
@@ -467,8 +454,6 @@ class StreamingSession:
                 num_iterations=self.stream_cfg.camera_iterations,
                 with_depth=with_depth,
                 max_positions=self.stream_cfg.max_frame_num,
-                validate=validate,
-                depth_stream=depth_stream,
             )
 
     @contextlib.contextmanager

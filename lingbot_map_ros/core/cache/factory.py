@@ -92,15 +92,14 @@ def make_single_frame_backend(
         from .split_backend import SplitPrefixBackend, auto_kv_splits
 
         kernel = "cudnn" if rt.device.type == "cuda" else "cpu"  # cpu: only reached in tests
-        splits = rt.kv_splits
-        if not splits:  # the frame size decides: one frame's query tiles x heads against the SMs
-            sms = torch.cuda.get_device_properties(rt.device).multi_processor_count if kernel == "cudnn" else 0
-            tiles = {}
-            if rt.prefix_kernel != "sdpa":  # the Triton kernel's tiles (resolve_for made sure Triton imports)
-                from .triton_prefix import BLOCK_M, PROGRAMS_PER_SM
+        # the frame size decides the key ranges: one frame's query tiles x heads against the SMs
+        sms = torch.cuda.get_device_properties(rt.device).multi_processor_count if kernel == "cudnn" else 0
+        tiles = {}
+        if rt.prefix_kernel != "sdpa":  # the Triton kernel's tiles (resolve_for made sure Triton imports)
+            from .triton_prefix import BLOCK_M, PROGRAMS_PER_SM
 
-                tiles = dict(query_tile=BLOCK_M, blocks_per_sm=PROGRAMS_PER_SM)
-            splits = auto_kv_splits(tokens, model.num_heads, sms, table.num_patch_pages - 1, **tiles)
+            tiles = dict(query_tile=BLOCK_M, blocks_per_sm=PROGRAMS_PER_SM)
+        splits = auto_kv_splits(tokens, model.num_heads, sms, table.num_patch_pages - 1, **tiles)
         return SplitPrefixBackend(page_size=page_size, num_patch_pages=table.num_patch_pages, num_pages=table.num_pages,
                                   kernel=kernel, fuse_merge=rt.compile_blocks, kv_splits=splits,
                                   prefix_kernel=rt.prefix_kernel, **common)

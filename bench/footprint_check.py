@@ -66,7 +66,7 @@ def part_a(base, runtime_cfg: RuntimeConfig, args) -> None:
     device = base.runtime.device
     print(f"\n### a) predicted vs measured peak: preset {base.cfg.preset}, {str(base.runtime.dtype)[6:]}, "
           f"{base.runtime.attention}, {args.frames} frames after the window is full\n")
-    # the node's speed per geometry comes from lingbot_map_bench (docs/benchmarks.md): this loop's times
+    # the node's speed per geometry comes from lingbot_map_bench (docs/performance.md): this loop's times
     # were well above it on the H200 (35-61 ms at 518 against 29-33 ms), with the fused blocks off too
     print("| width x height | window | heads | predicted GB | measured GB | measured / predicted "
           "| ms/frame (indicative only) |")

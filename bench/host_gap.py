@@ -2,8 +2,8 @@
 
 For the node's default one-frame path (full preset, bf16, CUDA graphs) and any bench variant: per
 ``SessionManager.push`` the host wall time and the device's span of the step, from the moment the
-frame's first graph is queued (``GraphedFrameStep.begin``: the image encoder's graph, or with
-``+onegraph`` nothing yet) to the end of the step graph (``finish``). In a back-to-back loop the
+frame's first graph is queued (``GraphedFrameStep.begin``: the image encoder's graph) to the end of
+the step graph (``finish``). In a back-to-back loop the
 device idles for ``wall - span``: host work that no graph hides. Inside the span, ``begin → finish``
 on the device is the encoder's graph or, when the host's plan takes longer, the wait for it.
 
@@ -13,7 +13,7 @@ on the host, the work before ``begin`` (checks, the frame's copy), between ``beg
 uploads) and after ``finish`` (the wait for the outputs, their copy, the result, the long-run policy).
 A second table splits the host parts by function.
 
-    python3 scripts/host_gap.py [--frames 120] [--heads depth+camera|camera] [--variants auto,auto+onegraph]
+    python3 bench/host_gap.py [--frames 120] [--heads depth+camera|camera] [--variants auto,portable]
 """
 from __future__ import annotations
 

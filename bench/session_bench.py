@@ -11,8 +11,8 @@ re-feed the overlap); the largest |Δ| of pose_enc between the resumed and the u
 when the resume is exact; CUDA graphs and autocast run the same kernels); and the frame time while
 another thread writes a save, as the node's session services do.
 
-    python3 scripts/session_bench.py --device cuda --dtype bfloat16 --preset full
-    python3 scripts/session_bench.py --device cpu --dtype float32 --preset tiny   # dry run, seconds
+    python3 bench/session_bench.py --device cuda --dtype bfloat16 --preset full
+    python3 bench/session_bench.py --device cpu --dtype float32 --preset tiny   # dry run, seconds
 """
 from __future__ import annotations
 
