@@ -65,7 +65,7 @@ FIELDS: dict[str, dict[str, tuple]] = {
 }
 CHOICES = {"heads": ("depth+camera", "camera"), "load": ("idle", "host load"), "window_state": ("steady", "filling"),
            "caches": ("cold", "warm")}
-PATH_NAMES = {"default": "ours, the default kernels", "portable": "ours, the portable kernels (no Triton)",
+PATH_NAMES = {"default": "ours, the default path", "portable": "ours, the portable path",
               "official": "official (FlashInfer + `torch.compile`)"}
 HEADS_NAMES = {"depth+camera": "depth + camera", "camera": "camera only"}
 
@@ -179,8 +179,16 @@ def run_cell(run: Run) -> str:
     return f"{run.date} `{run.commit}`"
 
 
-def path_cell(path: str) -> str:
-    return PATH_NAMES.get(path, f"ours, `{path}`")
+def path_cell(row: dict, attention: bool = True) -> str:
+    """Whose code, and the one-frame attention path it resolved to where the run recorded it."""
+    name = PATH_NAMES.get(row["path"], f"ours, `{row['path']}`")
+    shown = attention and row.get("attention") and row["path"] != "official"
+    return name + (f" (`{row['attention']}`)" if shown else "")
+
+
+def fps_cell(row: dict) -> str:
+    """The steady frames over their time where the run recorded it, else 1000 / the median."""
+    return num(row["fps"] if row.get("fps") is not None else 1000.0 / row["median_ms"], 1)
 
 
 def heads_order(heads: str) -> int:
@@ -219,8 +227,8 @@ def section_latency(runs: list[Run]) -> str:
         return ""
     found.sort(key=lambda rr: (geometry_key(rr[1]["geometry"]), rr[1]["window"], heads_order(rr[1]["heads"]),
                                path_order(rr[1]["path"]), rr[0].date, rr[0].file))
-    rows = [[geometry_cell(row["geometry"]), HEADS_NAMES[row["heads"]], path_cell(row["path"]), settings_cell(row),
-             num(row["median_ms"]), num(row["p90_ms"]), num(1000.0 / row["median_ms"], 1), num(row["peak_gb"]),
+    rows = [[geometry_cell(row["geometry"]), HEADS_NAMES[row["heads"]], path_cell(row), settings_cell(row),
+             num(row["median_ms"]), num(row["p90_ms"]), fps_cell(row), num(row["peak_gb"]),
              _official_ratio(run, row), run_cell(run)] for run, row in found]
     header = ["input", "heads", "code", "settings", "median ms", "p90 ms", "FPS", "peak GB", "× official", "run"]
     align = "llllrrrrrl"
@@ -302,7 +310,7 @@ def section_long_run_and_load(runs: list[Run]) -> str:
                          and all(o[k] == row[k] for k in ("geometry", "heads", "path", "window", "streams"))), None)
             change = ("" if idle is None else
                       f"{100.0 * (row['median_ms'] - idle['median_ms']) / idle['median_ms']:+.1f} %")
-            rows.append([geometry_cell(row["geometry"]), HEADS_NAMES[row["heads"]], path_cell(row["path"]),
+            rows.append([geometry_cell(row["geometry"]), HEADS_NAMES[row["heads"]], path_cell(row),
                          "" if idle is None else f"{num(idle['median_ms'])} ({num(idle['p90_ms'])})",
                          f"{num(row['median_ms'])} ({num(row['p90_ms'])})", change, run_cell(run)])
         out += ("\n" if long_runs else "") + (
@@ -316,12 +324,18 @@ def section_first_pose(runs: list[Run]) -> str:
     found = rows_of(runs, "first_pose")
     if not found:
         return ""
-    found.sort(key=lambda rr: (CHOICES["caches"].index(rr[1]["caches"]), rr[0].date))
-    rows = [[row["caches"], num(row["seconds"], 1), num(row["model_load_s"], 1), num(row["compile_s"], 1),
-             num(row["capture_s"], 1), run_cell(run)] for run, row in found]
-    return ("## Time to first pose\n\nFrom the start of the process to the first pose; \"cold\": no compiled kernels "
-            "on the machine yet (Triton's and Inductor's caches empty), \"warm\": a second start.\n\n"
-            + table(["caches", "first pose s", "model load s", "compile s", "graph capture s", "run"], rows, "lrrrrl"))
+    found.sort(key=lambda rr: (geometry_key(rr[1].get("geometry", REFERENCE["geometry"])),
+                               heads_order(rr[1].get("heads", "depth+camera")),
+                               CHOICES["caches"].index(rr[1]["caches"]), rr[0].date))
+    rows = [[geometry_cell(row.get("geometry", "")), HEADS_NAMES.get(row.get("heads"), ""), row["caches"],
+             num(row["seconds"], 1), num(row.get("first_graph_pose_s"), 1), num(row["model_load_s"], 1),
+             num(row["compile_s"], 1), num(row["capture_s"], 1), run_cell(run)] for run, row in found]
+    return ("## Time to first pose\n\nFrom the start of the process to the first poses (the scale frames', "
+            "together) and to the first frame after them (one-frame step: its kernels compiled and its CUDA "
+            "graphs captured, split into the two where the run measured them); \"cold\": no compiled kernels "
+            "on the machine yet (the kernel cache empty), \"warm\": a second start.\n\n"
+            + table(["input", "heads", "caches", "first pose s", "first one-frame pose s", "model load s",
+                     "compile s", "graph capture s", "run"], rows, "lllrrrrrl"))
 
 
 def section_streams(runs: list[Run]) -> str:
@@ -367,18 +381,20 @@ def render_setup(runs: list[Run]) -> str:
 
 HOW_TO = """## How to reproduce
 
-On a machine with an NVIDIA GPU, from the repository root (`scripts/device_env.sh` says which wheels
-and caches to carry; the official code is a checkout of github.com/Robbyant/lingbot-map carried as
-`.official`):
+On a machine with an NVIDIA GPU, from the repository root (`scripts/device_run.sh` says what to carry:
+the FlashInfer wheels and a checkout of github.com/Robbyant/lingbot-map as `.official`, for the
+official code only):
 
 ```bash
-bash scripts/device_run.sh record     # a run of record: ours and the official code, every table's rows
+LINGBOT_COMMIT=$(git rev-parse --short HEAD) bash scripts/device_run.sh record NAME grid:518x378 official:518x378
 lingbot_map_bench --model-preset full --device cuda --dtype bfloat16 --height 378 --width 518 \\
-    --frames 208 --heads depth+camera,camera   # one configuration, printed
+    --frames 208 --heads depth+camera,camera --json part.json   # one configuration's rows
+python3 bench/record.py --run NAME --commit HASH --out docs/perf/runs/YYYY-MM-DD-NAME.json part*.json
 ```
 
-`lingbot_map_bench --json` writes the same measurements as rows of a run file (`--help` lists the
-options). A new run of record is a file `docs/perf/runs/<YYYY-MM-DD>-<name>.json`; then
+`record` with no steps named runs every table's rows at the three camera geometries (its header lists
+the steps: tests, first pose, the default and portable paths, host load, 1,000 frames, the official
+code). A run of record is one file `docs/perf/runs/<YYYY-MM-DD>-<name>.json`; then
 `.venv/bin/python scripts/perf_tables.py` rewrites this page and the README's table, and a run whose
 code is superseded is deleted from that folder (git keeps it). Predictions and the experiments
 behind a change belong in its commit message.
@@ -387,12 +403,15 @@ behind a change belong in its commit message.
 COLUMNS = """## What the columns mean
 
 * **median ms, p90 ms**: wall time of one frame's push (input upload, the model, the results read
-  back to the host), over the steady frames. **FPS**: 1000 / median.
+  back to the host), over the steady frames. **FPS**: the steady frames over their total time (where
+  a run did not record it: 1000 / median).
 * **peak GB**: `torch.cuda.max_memory_allocated` over the run (weights, caches, CUDA-graph pools and
   activations).
-* **code**: "ours, the default kernels" is what `attention_backend: auto` picks on the card (on
+* **code**: "the default path" is what the node's default parameters resolve to on the card (on
   Hopper: our attention kernel over the visible keys, CUDA graphs, fused blocks, our Triton kernels
-  for the step's small pieces); "portable" is the same model without Triton (PyTorch's kernels).
+  for the step's small pieces), with the attention path as the log names it; "the portable path" is
+  what a GPU without Hopper's TMA and wgmma resolves (`lingbot_map_bench --variants portable`; per
+  GPU: docs/hardware.md).
 * **run**: the date and commit of the code measured; its set-up is in the first table.
 
 ## On a robot
@@ -434,8 +453,8 @@ def render_readme(runs: list[Run]) -> str:
         if row["path"] in ("default", "official"):
             newest[(row["path"], row["heads"])] = (run, row)  # runs are oldest first: the last one wins
     ordered = sorted(newest.values(), key=lambda rr: (path_order(rr[1]["path"]), heads_order(rr[1]["heads"])))
-    rows = [[path_cell(row["path"]), HEADS_NAMES[row["heads"]], num(row["median_ms"]), num(row["p90_ms"]),
-             num(1000.0 / row["median_ms"], 1), num(row["peak_gb"]), run_cell(run)] for run, row in ordered]
+    rows = [[path_cell(row, attention=False), HEADS_NAMES[row["heads"]], num(row["median_ms"]), num(row["p90_ms"]),
+             fps_cell(row), num(row["peak_gb"]), run_cell(run)] for run, row in ordered]
     return table(["code", "heads", "median ms", "p90 ms", "FPS", "peak GB", "run"], rows, "llrrrrl")
 
 

@@ -102,13 +102,21 @@ def test_a_row_appears_in_its_section(tmp_path):
     write_run(tmp_path, [LATENCY])
     text = perf.render_performance(perf.load_runs(tmp_path))
     found = sections(text)
-    assert "| 518×378 | depth + camera | ours, the default kernels | 12.34 | 13.45 | 81.0 | 9.87 |  | " \
+    assert "| 518×378 | depth + camera | ours, the default path | 12.34 | 13.45 | 81.0 | 9.87 |  | " \
            "2030-01-02 `abc1234` |" in found["Latency"]
     assert "Test GPU" in found["Set-up of record"]
     # no rows, no section
     assert not {"Memory", "Attention per layer", "Long run and host load", "Time to first pose",
                 "Several streams"} & set(found)
     assert "12.34" in perf.render_readme(perf.load_runs(tmp_path))
+
+
+def test_the_recorded_fps_and_attention_path_are_shown(tmp_path):
+    write_run(tmp_path, [dict(LATENCY, fps=80.5, attention="sdpa:split+graph+compiled")])
+    runs = perf.load_runs(tmp_path)
+    assert "| ours, the default path (`sdpa:split+graph+compiled`) | 12.34 | 13.45 | 80.5 |" in \
+        sections(perf.render_performance(runs))["Latency"]
+    assert "| ours, the default path | depth + camera | 12.34 | 13.45 | 80.5 |" in perf.render_readme(runs)
 
 
 def test_a_changed_row_shows_in_the_check(tmp_path):
@@ -122,8 +130,8 @@ def test_a_changed_row_shows_in_the_check(tmp_path):
     problems = perf.problems(perf.load_runs(tmp_path), page, readme)
     assert len(problems) == 2
     assert "docs/performance.md is stale" in problems[0]
-    assert "-| 518×378 | depth + camera | ours, the default kernels | 12.34" in problems[0]
-    assert "+| 518×378 | depth + camera | ours, the default kernels | 11.11" in problems[0]
+    assert "-| 518×378 | depth + camera | ours, the default path | 12.34" in problems[0]
+    assert "+| 518×378 | depth + camera | ours, the default path | 11.11" in problems[0]
     assert "'performance' is stale" in problems[1] and "11.11" in problems[1]
 
 
@@ -132,7 +140,7 @@ def test_a_row_at_other_settings_says_which(tmp_path):
     latency = sections(perf.render_performance(perf.load_runs(tmp_path)))["Latency"]
     assert "| settings |" in latency
     assert re.search(r"\| window 16, streams 2 \| 9\.50 \|", latency)
-    assert re.search(r"\| ours, the default kernels \|  \| 12\.34 \|", latency)
+    assert re.search(r"\| ours, the default path \|  \| 12\.34 \|", latency)
     assert "9.50" not in perf.render_readme(perf.load_runs(tmp_path))  # the README shows the reference only
 
 
@@ -156,6 +164,27 @@ def test_host_load_and_long_run_rows(tmp_path):
     part = sections(perf.render_performance(perf.load_runs(tmp_path)))["Long run and host load"]
     assert "| 12.34 (13.45) | 12.96 (14.00) | +5.0 % |" in part
     assert "| 518×378 | camera only | 1,000 |  | 11.50 | 12.50 | 8.50 | +0 |" in part
+
+
+@pytest.mark.parametrize("row, section, shown", [
+    ({"table": "memory", "geometry": "392x294", "window": 32, "heads": "camera", "streams": 1, "predicted_gb": 5.95,
+      "measured_gb": 5.97}, "Memory", "| 392×294 | 32 | camera only | 1 | 5.95 | 5.97 | -0.3 % |"),
+    ({"table": "memory", "geometry": "224x168", "window": 11, "heads": "depth+camera", "streams": 1,
+      "predicted_gb": None, "measured_gb": 3.72, "budget_gb": 4}, "Memory",
+     "| 4 | 224×168 | 11 | depth + camera | 3.72 |"),
+    ({"table": "attention", "kernel": "k", "window_state": "filling", "geometry": "518x378", "us_per_layer": 353,
+      "tflops": 480, "keys": 41208}, "Attention per layer", "| 518×378 | filling | 41,208 | k | 353 | 480 |"),
+    ({"table": "first_pose", "caches": "cold", "seconds": 41.5, "model_load_s": 6.25, "compile_s": 30.0,
+      "capture_s": 1.25}, "Time to first pose", "| cold | 41.5 |  | 6.2 | 30.0 | 1.2 |"),
+    ({"table": "streams", "geometry": "518x378", "window": 64, "heads": "camera", "streams": 4, "ms_per_step": 61.5,
+      "one_stream_ms": 23.9, "fps_total": 65.0, "sequential_fps": 41.8, "processes_fps": None},
+     "Several streams", "| 518×378 | 64 | camera only | 4 | 61.50 | 23.90 | 65.0 | 41.8 |  |"),
+])
+def test_each_table_gets_its_section(tmp_path, row, section, shown):
+    write_run(tmp_path, [row])
+    found = sections(perf.render_performance(perf.load_runs(tmp_path)))
+    assert shown in found[section], found[section]
+    assert set(found) == {"Set-up of record", "How to reproduce", section, "What the columns mean", "On a robot"}
 
 
 @pytest.mark.parametrize("change, reason", [
