@@ -374,7 +374,7 @@ def render_setup(runs: list[Run]) -> str:
             "`sliding_window` 64, 4 camera iterations, one stream, 8 + 200 frames "
             "of which the steady ones (from frame 72) are timed. \"official\": the official LingBot-Map code "
             "at the commit named, run by its own profiling recipe (FlashInfer fa2 and `torch.compile`, "
-            "depth + camera heads) through `scripts/official_bench.py`.\n\n"
+            "depth + camera heads) through `bench/official_bench.py`.\n\n"
             + table(["run", "GPU", "host CPUs", "torch", "CUDA", "driver", "official code", "notes"], rows,
                     "llrlllll"))
 
