@@ -17,7 +17,7 @@ setup(
     packages=find_packages(include=[PACKAGE, f"{PACKAGE}.*"]),
     install_requires=["numpy", "torch", "pillow", "opencv-python-headless"],
     extras_require={
-        "gpu": ["flashinfer-python>=0.6.18,<0.7"],  # tested: 0.6.18.post1 (docs/benchmarks.md)
+        "gpu": ["flashinfer-python>=0.6.18,<0.7"],  # tested: 0.6.18.post1 (on the H200)
         "io": ["rosbags", "rosbags-image", "safetensors"],
         "eval": ["evo==1.38.1", "matplotlib"],  # lingbot_map_eval, lingbot_map_benchmark (scripts/setup_env.sh pins)
         "ray": ["ray==2.60.0"],  # --ray of lingbot_map_benchmark and lingbot_map_batch (many GPUs, many nodes)
