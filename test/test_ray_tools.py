@@ -16,6 +16,7 @@ import pytest
 from benchmark_layouts import image, write_tum
 
 from lingbot_map_ros.tools import batch, benchmark, offline
+from lingbot_map_ros.tools import progress as progress_module
 from lingbot_map_ros.tools.progress import PoolProgress
 
 TINY = ["--model-preset", "tiny", "--scale-frames", "2", "--sliding-window", "3", "--camera-iterations", "1",
@@ -105,9 +106,10 @@ def test_an_address_without_a_cluster_is_one_line_at_once(tmp_path):
     assert time.monotonic() - start < 30  # not ray.init's minutes of retries
 
 
-def test_pool_progress_counts_every_worker_and_estimates_what_is_left():
+def test_pool_progress_counts_every_worker_and_estimates_what_is_left(monkeypatch):
     bar = PoolProgress(4, "x --ray", unit="sequences", enabled=False)
-    bar._bar._start = time.monotonic() - 10.0  # 10 s into the run
+    now = bar._bar._start + 10.0  # 10 s into the run, on a clock that stands still (a loaded host stays exact)
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: now)
     assert bar.eta() is None  # nothing known yet
     board = {"a": {"frames": 100, "done": 100, "running": False}, "b": {"frames": 200, "done": 50, "running": True}}
     bar.update_from(board, workers=2)
