@@ -11,7 +11,9 @@ A region is the text between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -
 * ``launch-arguments``: the arguments the launch file declares (what ``ros2 launch ... --show-args``
   prints, read through the same ``ros2launch`` function);
 * ``topics``, ``services``, ``tf``: ``lingbot_map_ros/ros/interfaces.py`` (checked against a running
-  node by ``test/test_interfaces.py``).
+  node by ``test/test_interfaces.py``);
+* ``performance``: the runs of record in ``docs/perf/runs/`` (rendered by ``scripts/perf_tables.py``, which
+  also writes ``docs/performance.md``).
 
 ``test/test_readme_tables.py`` fails when a region differs from what this script writes, and compares
 the launch table with the real ``--show-args`` output.
@@ -180,12 +182,20 @@ def render_tf() -> str:
     return table(["parent", "child", "when", "stamp"], rows)
 
 
+def render_performance() -> str:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import perf_tables
+
+    return perf_tables.render_readme(perf_tables.load_runs())
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "parameters": render_parameters,
     "launch-arguments": render_launch_arguments,
     "topics": render_topics,
     "services": render_services,
     "tf": render_tf,
+    "performance": render_performance,
 }
 
 

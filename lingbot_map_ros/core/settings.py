@@ -82,7 +82,7 @@ SETTINGS: tuple[Setting, ...] = (
             "inside the CUDA-graph step: auto (on with CUDA graphs), on or off. Costs seconds on the first "
             "one-frame step (cached on disk), then ~8 ms/frame less on an H200.", "model"),
     _field(RuntimeConfig, "autocast", "The official mixed-precision recipe (fp32 LayerNorm outputs and residual "
-            "stream). false: the aggregator purely in dtype; opt-in, moves poses by ~4e-2 (docs/benchmarks.md).",
+            "stream). false: the aggregator purely in dtype; opt-in, moves poses by ~4e-2 over 200 frames.",
             "model"),
     _field(RuntimeConfig, "seed", "Seed of the random weights used when no checkpoint is given.", "model"),
     _field(RuntimeConfig, "allow_unsafe_checkpoint", "Allow loading a pickled checkpoint with "
