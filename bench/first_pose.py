@@ -59,7 +59,8 @@ def main() -> None:
 
     from lingbot_map_ros.core.config import RuntimeConfig, StreamConfig
     from lingbot_map_ros.core.kernel_cache import use_kernel_cache
-    from lingbot_map_ros.core.session_manager import SessionManager, load_model
+    from lingbot_map_ros.core.model_host import ModelHost
+    from lingbot_map_ros.core.session_manager import SessionManager
 
     folders = use_kernel_cache()
     imported = since_start()
@@ -81,13 +82,13 @@ def main() -> None:
         graph_cls.capture_begin, graph_cls.capture_end = timed_begin, timed_end
     on_cuda = args.device.startswith("cuda")
     settings = RuntimeConfig(device=args.device, model_preset=args.preset, dtype="bfloat16" if on_cuda else "float32")
-    base = load_model(settings, log=lambda m: None)
+    base = ModelHost.load(settings, log=lambda m: None)
     if on_cuda:
         torch.cuda.synchronize()
     loaded = since_start()
     stream = StreamConfig(scale_frames=args.scale_frames, sliding_window=args.sliding_window,
                           with_depth=args.heads == "depth+camera")
-    manager = SessionManager.around(base.model, base.cfg, stream, base.runtime, log=lambda m: None,
+    manager = SessionManager.around(base.model, base.cfg, stream, base.resolved, log=lambda m: None,
                                     settings=settings, random_weights=base.info.random_weights)
     gen = torch.Generator().manual_seed(0)
     frames = [torch.rand(3, args.height, args.width, generator=gen) for _ in range(4)]
@@ -110,7 +111,7 @@ def main() -> None:
             marks["window_full"] = since_start()
     steady = since_start()
     row = {"table": "first_pose", "caches": args.caches, "geometry": f"{args.width}x{args.height}",
-           "heads": args.heads, "path": "default", "attention": base.runtime.attention,
+           "heads": args.heads, "path": "default", "attention": base.resolved.attention,
            "seconds": round(marks["first_pose"], 2), "first_graph_pose_s": round(marks["first_graph_pose"], 2),
            "window_full_s": round(marks["window_full"], 2), "import_s": round(imported, 2),
            "model_load_s": round(loaded - imported, 2),
@@ -120,7 +121,7 @@ def main() -> None:
            "compile_s": round(first_step_ms / 1e3 - first_capture_s, 2) if on_cuda else None,
            "longest_later_frame_ms": round(longest_ms, 1), "excludes": "ROS transport and camera pacing",
            "cache_folders": folders}
-    print(f"time to first pose ({args.caches} caches, {row['geometry']}, {args.heads}, {base.runtime.attention}): "
+    print(f"time to first pose ({args.caches} caches, {row['geometry']}, {args.heads}, {base.resolved.attention}): "
           f"process start -> imports {row['import_s']} s -> model {row['model_load_s']} s more -> first poses "
           f"(scale frames) at {row['seconds']} s -> first one-frame pose at {row['first_graph_pose_s']} s "
           f"(its step {row['first_step_compile_capture_s']} s: compile + capture) -> window full at "

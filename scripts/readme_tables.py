@@ -39,6 +39,7 @@ REGION = re.compile(r"(<!-- generated: (?P<name>[a-z-]+) -->\n)(?P<body>.*?)(<!-
 APPLIES_CELL = {
     "model": "new model + new session",
     "session": "new session",
+    "budget": "budget re-checked (new session if the fitted window changes)",
     "next_frame": "next frame",
     "subscription": "re-subscribes",
     "timer": "at once",

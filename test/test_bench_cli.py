@@ -9,9 +9,6 @@ import sys
 import pytest
 import torch
 
-from lingbot_map_ros.core.config import model_config
-from lingbot_map_ros.core.model import build_model
-
 pytestmark = pytest.mark.slow  # every test runs the tool in a child process
 
 BENCH = [sys.executable, "-m", "lingbot_map_ros.tools.bench"]
@@ -33,8 +30,8 @@ def test_profile_without_cuda_and_a_missing_checkpoint_are_refused_before_the_ru
         assert "| variant |" not in out.stdout  # no model was built, nothing ran
 
 
-def test_checkpoint_is_used_and_short_runs_report_no_steady_state(tmp_path):
-    model, _ = build_model(model_config("tiny"), seed=4)
+def test_checkpoint_is_used_and_short_runs_report_no_steady_state(tmp_path, tiny_model):
+    _, model = tiny_model(4)
     ckpt = tmp_path / "tiny.pt"
     torch.save({"model": model.state_dict()}, ckpt)
     out = _run(*SMALL, "--checkpoint", str(ckpt), "--model-preset", "tiny", "--frames", "5")

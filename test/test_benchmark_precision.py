@@ -25,7 +25,7 @@ def reference():
 
 def test_official_keeps_float32_aggregator_weights_under_bf16(reference):
     loaded = loader("official")(RUNTIME, lambda _msg: None)
-    assert loaded.runtime.dtype == torch.bfloat16  # autocast, caches and kernels stay in the compute dtype
+    assert loaded.resolved.dtype == torch.bfloat16  # autocast, caches and kernels stay in the compute dtype
     state = loaded.model.state_dict()
     assert state.keys() == reference.keys()
     for name, value in state.items():
@@ -45,7 +45,7 @@ def test_node_casts_the_aggregator_to_the_compute_dtype(reference):
 
 def test_official_recipe_streams_to_finite_poses():
     stream = StreamConfig(scale_frames=2, sliding_window=3, camera_iterations=1)
-    manager = SessionManager(RUNTIME, stream, log=lambda _msg: None, load=loader("official"))
+    manager = SessionManager.open(RUNTIME, stream, log=lambda _msg: None, load=loader("official"))
     rng = np.random.default_rng(0)
     results = []
     for i in range(5):

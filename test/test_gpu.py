@@ -253,8 +253,9 @@ def _tiny_bf16_manager(scfg, **runtime_kwargs):
     """A session manager over the tiny preset in bf16 on the GPU, attention ``sdpa`` + ``runtime_kwargs``."""
     from lingbot_map_ros.core.config import model_config
     from lingbot_map_ros.core.model import build_model
+    from lingbot_map_ros.core.model_host import cast_for_inference
     from lingbot_map_ros.core.runtime import resolve_for
-    from lingbot_map_ros.core.session_manager import SessionManager, cast_for_inference
+    from lingbot_map_ros.core.session_manager import SessionManager
 
     cfg = model_config("tiny")
     model, _ = build_model(cfg, seed=5, device="cuda", dtype=torch.float32)

@@ -91,7 +91,7 @@ def element_size(dtype: torch.dtype) -> int:
 
 @functools.lru_cache(maxsize=16)
 def weight_bytes(preset: str, dtype: torch.dtype, with_depth_head: bool = True) -> int:
-    """Bytes of every parameter and buffer as ``load_model`` places them (aggregator in ``dtype``,
+    """Bytes of every parameter and buffer as ``ModelHost.load`` places them (aggregator in ``dtype``,
     heads fp32), counted on a model built on the meta device (nothing is allocated)."""
     from .model import LingBotMap  # late: the model package imports the whole network
 
@@ -162,8 +162,9 @@ def backend_buffer_bytes(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamCo
         total += FLASHINFER_WORKSPACE_BYTES * (2 if rt.cuda_graphs else 1)
     elif rt.cuda_graphs and rt.sdpa_kernel not in ("split", "cudnn"):
         from .cache.factory import max_stored_frames
+        from .cache.pages import visible_patch_pages
 
-        max_keys = (stream.scale_frames + stream.sliding_window + 1) * page_size + (
+        max_keys = visible_patch_pages(stream.scale_frames, stream.sliding_window) * page_size + (
             SPECIAL_TOKENS_PER_FRAME * max_stored_frames(stream))
         total += max_keys * (2 * cfg.embed_dim * element_size(rt.dtype) + 8)  # StaticSdpaBackend K, V, slots
     return total
@@ -172,6 +173,7 @@ def backend_buffer_bytes(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamCo
 def footprint(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig, height: int, width: int) -> Footprint:
     """The predicted peak memory of a session of ``cfg`` on ``rt`` with ``stream`` at ``height x width``."""
     from .cache.factory import pool_layout  # late: the cache package imports the backends
+    from .cache.pages import visible_patch_pages
 
     a = element_size(rt.dtype)
     page_size = page_size_of(height, width)
@@ -186,7 +188,8 @@ def footprint(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig, heigh
     s = stream.scale_frames
     eager_sdpa = rt.backend == "sdpa"  # phase 1 (and eager one-frame steps) gather the visible keys
     phase1 = aggregator_step_bytes(cfg, rt, s, page_size, s * (page_size + SPECIAL_TOKENS_PER_FRAME), eager_sdpa)
-    visible = (s + stream.sliding_window + 1) * page_size + SPECIAL_TOKENS_PER_FRAME * stream.max_stored_frames
+    visible = (visible_patch_pages(s, stream.sliding_window) * page_size
+               + SPECIAL_TOKENS_PER_FRAME * stream.max_stored_frames)
     frame = aggregator_step_bytes(cfg, rt, 1, page_size, visible, eager_sdpa and not rt.cuda_graphs)
     depth1 = depth_head_bytes(cfg, s, height, width, stream.depth_chunk) if stream.with_depth else 0
     depth_frame = depth_head_bytes(cfg, 1, height, width) if stream.with_depth else 0

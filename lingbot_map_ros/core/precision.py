@@ -12,7 +12,7 @@ Ampere and newer). They differ in the weights:
   position embeddings) sees float32 weights. This is what the published numbers were measured with;
   it costs the aggregator's weights twice the memory (``extra_weight_bytes``).
 
-The recipe is chosen per model load, by handing ``loader(recipe)`` to ``SessionManager(load=...)``:
+The recipe is chosen per model load, by handing ``loader(recipe)`` to ``SessionManager.open(load=...)``:
 the node never passes one, so its behaviour is fixed by this module only where a tool asks.
 """
 from __future__ import annotations
@@ -25,16 +25,16 @@ PRECISIONS = ("official", "node")
 
 
 def loader(recipe: str) -> Callable:
-    """A ``SessionManager`` model loader for ``recipe`` (``ValueError`` for an unknown one).
+    """A model loader (``runtime, log -> ModelHost``) for ``recipe`` (``ValueError`` for an unknown one).
 
-    ``node`` is the package's own ``load_model``; ``official`` builds the same model with its
+    ``node`` is the package's own ``ModelHost.load``; ``official`` builds the same model with its
     aggregator in float32 while the resolved runtime (autocast dtype, KV caches, attention kernels)
     stays in the compute dtype.
     """
-    from .session_manager import load_model
+    from .model_host import ModelHost
 
     if recipe == "node":
-        return load_model
+        return ModelHost.load
     if recipe != "official":
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)} (got {recipe!r})")
 
@@ -42,7 +42,6 @@ def loader(recipe: str) -> Callable:
         from .config import model_config
         from .model import build_model
         from .runtime import resolve_runtime
-        from .session_manager import LoadedModel, session_info
 
         resolved = resolve_runtime(runtime)
         cfg = model_config(runtime.resolved_preset())
@@ -55,10 +54,11 @@ def loader(recipe: str) -> Callable:
         else:
             log(f"NO CHECKPOINT: using random weights of the '{cfg.preset}' preset (seed {runtime.seed}); "
                 "poses are NOT meaningful")
-        info = session_info(resolved, cfg, model, random_weights=not runtime.checkpoint)
+        host = ModelHost(model, cfg, resolved, runtime, random_weights=not runtime.checkpoint, weights=report.source)
+        info = host.info
         log(f"precision official: aggregator weights float32 under {info.dtype} autocast; "
             f"attention backend {info.backend}; device {info.device}")
-        return LoadedModel(model, cfg, resolved, info, weights=report.source)
+        return host
 
     return load_official
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .cache import CacheFull, CameraKVCache, PagedKVCache
-from .cache.factory import build_camera_cache, build_global_cache, saved_state_problems
+from .cache.factory import CACHE_SIZING_FIELDS, build_camera_cache, build_global_cache, saved_state_problems
 from .config import (
     PATCH_SIZE,
     SPECIAL_TOKENS_PER_FRAME,
@@ -117,6 +117,15 @@ class StreamingSession:
         """Frames processed in this session so far (the next frame's ``frame_index``)."""
         return self._frame_index
 
+    @property
+    def cache_frame_size(self) -> Optional[tuple[int, int]]:
+        """The frame size (H, W) the caches are allocated for; None before the first frame."""
+        return self._kv_hw
+
+    def caches(self) -> list:
+        """The allocated caches (the memory report counts their pools)."""
+        return [c for c in (self._kv, self._camera_kv) if c is not None]
+
     def push(self, frame: torch.Tensor | np.ndarray, stamp: Any = None) -> list[Processed]:
         """Take one preprocessed frame ``[3, H, W]`` in [0, 1]; return the frames processed now.
 
@@ -171,9 +180,8 @@ class StreamingSession:
         if problems:
             raise ValueError("; ".join(problems))
         old = self.stream_cfg
-        geometry = ("scale_frames", "sliding_window", "camera_iterations", "max_frame_num", "max_stored_frames")
         self.stream_cfg = stream
-        if any(getattr(stream, name) != getattr(old, name) for name in geometry):
+        if any(getattr(stream, name) != getattr(old, name) for name in CACHE_SIZING_FIELDS):
             self._release_caches()
 
     def set_keyframe_interval(self, keyframe_interval: int) -> None:

@@ -20,8 +20,9 @@ import torch
 
 from ..core.config import RuntimeConfig, StreamConfig
 from ..core.model.fusion import fused_blocks
+from ..core.model_host import ModelHost
 from ..core.runtime import resolve_device, resolve_for
-from ..core.session_manager import LoadedModel, SessionManager, load_model
+from ..core.session_manager import SessionManager
 from .common import add_session_options, check_session_args, runtime_from_args, stream_from_args
 
 
@@ -159,12 +160,12 @@ def _peak_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def run_one(base: LoadedModel, runtime_cfg: RuntimeConfig, stream_cfg: StreamConfig, variant: str, frames: int,
+def run_one(base: ModelHost, runtime_cfg: RuntimeConfig, stream_cfg: StreamConfig, variant: str, frames: int,
             height: int, width: int, heads: str, report_every: int = 0,
             profile: bool = False) -> tuple[BenchRow, np.ndarray]:
     """One variant over ``frames`` frames through a session manager around the already built model
     (``base``: one model for every variant; the variant only changes the resolved runtime)."""
-    device, dtype = base.runtime.device, base.runtime.dtype
+    device, dtype = base.resolved.device, base.resolved.dtype
     runtime = variant_runtime(variant, device, dtype)
     backend = runtime.backend
     stream_cfg = dataclasses.replace(stream_cfg, with_depth=(heads == "depth+camera"))
@@ -200,7 +201,7 @@ def run_one(base: LoadedModel, runtime_cfg: RuntimeConfig, stream_cfg: StreamCon
             mem_mark = _memory_bytes(device)
         if report_every and (i + 1) % report_every == 0:
             recent = per_frame[-report_every:]
-            windows = manager.window_switches
+            windows = manager.policy.window_switches
             print(f"  frames {i + 1}: median {np.median(recent):.2f} ms/frame over the last {len(recent)}, "
                   f"memory {_memory_bytes(device) / 1e9:.3f} GB, windows {windows}", file=sys.stderr, flush=True)
     mem_last = _memory_bytes(device)
@@ -387,7 +388,7 @@ def write_results(path: str, rows: list[dict], device: torch.device, run: str = 
     atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
 
 
-def warm_cache(args: argparse.Namespace, base: LoadedModel, runtime_cfg: RuntimeConfig,
+def warm_cache(args: argparse.Namespace, base: ModelHost, runtime_cfg: RuntimeConfig,
                stream_cfg: StreamConfig) -> int:
     """``--warm-cache``: compile every kernel the node's default path needs at this frame size (one
     filled window per heads setting) into the kernel cache, so the first boot of a robot does not."""
@@ -449,11 +450,11 @@ def main(argv: list[str] | None = None) -> int:
     from ..core.kernel_cache import use_kernel_cache
 
     use_kernel_cache()
-    base = load_model(runtime_cfg, log=lambda m: None)
+    base = ModelHost.load(runtime_cfg, log=lambda m: None)
     print(f"weights: {base.weights}", file=sys.stderr)
     if args.warm_cache:
         return warm_cache(args, base, runtime_cfg, stream_cfg)
-    dtype = base.runtime.dtype
+    dtype = base.resolved.dtype
     variants = [v for v in args.variants.split(",") if v] or ["auto"]
     rows = []
     pose_diffs: list[str] = []

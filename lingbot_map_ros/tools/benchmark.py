@@ -305,7 +305,8 @@ class SequenceRunner:
             from .common import runtime_from_args, stream_from_args
 
             self.runtime, self.stream = runtime_from_args(self.args), stream_from_args(self.args)
-            self.manager = SessionManager(self.runtime, self.stream, log=self.say, load=loader(self.args.precision))
+            self.manager = SessionManager.open(self.runtime, self.stream, log=self.say,
+                                                load=loader(self.args.precision))
         return self.manager
 
     def run(self, dataset: str, root: Path, name: str, progress: Optional[Callable[[int, str], Any]] = None

@@ -26,8 +26,12 @@ from ..runtime import ResolvedRuntime
 from .backend import AttentionBackend
 from .camera_cache import CameraKVCache
 from .paged import PagedKVCache
-from .pages import EXTRA_PATCH_PAGES, PageTable
+from .pages import EXTRA_PATCH_PAGES, PageTable, visible_patch_pages
 from .sdpa_backend import SdpaBackend, StaticSdpaBackend
+
+# The StreamConfig fields the caches' allocations depend on (pools, camera cache, RoPE rows): a session
+# whose settings change one of them gets new caches. Each is a "session" field of the settings table.
+CACHE_SIZING_FIELDS = ("scale_frames", "sliding_window", "camera_iterations", "max_frame_num", "max_stored_frames")
 
 
 def max_stored_frames(stream: StreamConfig) -> int:
@@ -55,7 +59,7 @@ def pool_layout(rt: ResolvedRuntime, stream: StreamConfig, page_size: int) -> Po
     if not reads_whole_storage(rt):  # the official pools
         return PoolLayout(stream.scale_frames + stream.sliding_window + EXTRA_PATCH_PAGES,
                           special_pages_capacity(stream.max_frame_num, page_size))
-    patch = stream.scale_frames + stream.sliding_window + 1
+    patch = visible_patch_pages(stream.scale_frames, stream.sliding_window)
     special = max(1, math.ceil(SPECIAL_TOKENS_PER_FRAME * max_stored_frames(stream) / page_size))
     return PoolLayout(patch, special, "lowest" if rt.sdpa_kernel == "split" else "lifo")
 
@@ -77,7 +81,7 @@ def make_single_frame_backend(
     ``table``: the cache's page table, whose pools the dense backends read whole."""
     if not rt.cuda_graphs:
         return None
-    patch_pages = stream.scale_frames + stream.sliding_window + 1  # +1: a non-keyframe's own page
+    patch_pages = visible_patch_pages(stream.scale_frames, stream.sliding_window)
     max_specials = SPECIAL_TOKENS_PER_FRAME * max_stored_frames(stream)
     tokens = SPECIAL_TOKENS_PER_FRAME + page_size
     common = dict(num_heads=model.num_heads, head_dim=model.head_dim, dtype=rt.dtype, device=rt.device)

@@ -47,6 +47,13 @@ from dataclasses import dataclass
 from ..config import SPECIAL_TOKENS_PER_FRAME  # camera, 4 registers, scale (docs/model.md §6)
 
 EXTRA_PATCH_PAGES = 16  # the official pool: n_sc + W + 16 patch pages
+
+
+def visible_patch_pages(scale_frames: int, sliding_window: int) -> int:
+    """The most patch pages one step can see, and so the smallest pool: the scale frames, the window
+    and one more for a non-keyframe, whose page is held until it is rolled back. Every pool size and
+    every bound on visible keys (the backends' buffers, the footprint) is built on this count."""
+    return scale_frames + sliding_window + 1
 ALLOCATIONS = ("lifo", "lowest")
 
 
@@ -135,9 +142,9 @@ class PageTable:
             raise ValueError(f"specials_per_frame must be >= 1 (got {specials_per_frame})")
         if special_pages < 1:
             raise ValueError(f"special_pages must be >= 1 (got {special_pages})")
-        minimum = scale_frames + sliding_window + 1  # + 1: a non-keyframe's temporary page
+        minimum = visible_patch_pages(scale_frames, sliding_window)
         if num_patch_pages is None:
-            num_patch_pages = scale_frames + sliding_window + EXTRA_PATCH_PAGES
+            num_patch_pages = scale_frames + sliding_window + EXTRA_PATCH_PAGES  # the official pool
         if num_patch_pages < minimum:
             raise ValueError(
                 f"num_patch_pages ({num_patch_pages}) must be >= scale_frames + sliding_window + 1 "
