@@ -128,10 +128,11 @@ def main() -> int:
             ra, rb = a.push(f), b.push(f)
             delta = max(delta, float(np.abs(np.stack([r.pose_enc for r in ra]) -
                                             np.stack([r.pose_enc for r in rb])).max()))
-        switches = a.window_switches
+        switches = a.policy.window_switches
         for f in frames[filled + args.next:]:  # the next keyframe passes max_stored_frames: a window switch
             a.push(f)
-        switch_ms = a.last_alignment.switch_ms if a.window_switches > switches and a.last_alignment else float("nan")
+        alignment = a.policy.last_alignment
+        switch_ms = alignment.switch_ms if a.policy.window_switches > switches and alignment else float("nan")
         during = frames_during_a_write(a, frames[:8], root / "during", device)
     finally:
         if not args.dir:

@@ -2,12 +2,14 @@
 # GPU work on the lent machine (device tool, nvidia-h200), in five modes:
 #
 #   bash scripts/device_run.sh tests [PYTEST ARGS...]   # the GPU tests (default: every GPU test file)
-#   bash scripts/device_run.sh record NAME STEP...      # a run of record: $OUT/NAME.json (docs/perf/runs shape)
+#   bash scripts/device_run.sh record [NAME STEP...]    # a run of record: $OUT/NAME.json (docs/perf/runs shape)
 #   bash scripts/device_run.sh official WxH...          # the official code alone, per geometry
 #   bash scripts/device_run.sh profile WxH [VARIANT]    # the default's GPU kernel time by category
 #   bash scripts/device_run.sh attention [ARGS...]      # attention per layer (bench/attention_bench.py)
 #
-# record's steps, in the order given (W x H is the model input, e.g. 518x392 for a 640x480 camera):
+# record's steps, in the order given (W x H is the model input, e.g. 518x392 for a 640x480 camera; none named:
+# every step below at the three camera geometries, which takes two or three calls: name a part per call and
+# merge their files with bench/record.py):
 #   tests            the GPU tests (GPU_TESTS_K: a pytest -k expression to run a part)
 #   first:WxH        time to first pose with the kernel cache emptied (cold), then kept (warm)
 #   grid:WxH         the default and the portable path, depth + camera and camera only
@@ -15,7 +17,7 @@
 #   long:WxH         1,000 frames of the default (memory growth)
 #   official:WxH     the official code (FlashInfer, its torch.compile recipe)
 # Each step has its own time limit within the call's (RECORD_S, default 570 s); a step that would not fit
-# is skipped and says so. Rows go to /tmp/parts and are merged by bench/record.py into $OUT/NAME.json;
+# is skipped and says so. Rows go to /tmp/parts_NAME and are merged by bench/record.py into $OUT/NAME.json;
 # the log is $OUT/NAME.log. LINGBOT_COMMIT (the code's short hash) and OFFICIAL_COMMIT name what ran.
 #
 # Carry: .whl_fi (flashinfer-python, apache-tvm-ffi wheels: scripts/device_env.sh says how to fetch them),
@@ -74,7 +76,10 @@ attention)
   with_flashinfer python3 bench/attention_bench.py "$@" 2>&1 | grep -E "^\||keys" | tee "$OUT/attention.txt"
   ;;
 record)
-  NAME=$1; shift
+  NAME=${1:-record}; shift || true
+  # no steps named: the whole run of record, more than one call holds (10 minutes): name a part per call
+  [ $# -gt 0 ] || set -- first:518x378 grid:518x378 grid:518x392 grid:518x294 official:518x378 official:518x392 \
+    official:518x294 load:518x378 long:518x378 tests
   PARTS=/tmp/parts_$NAME; rm -rf "$PARTS"; mkdir -p "$PARTS"
   export -f geometry bench first_pose with_flashinfer official gpu_tests
   LOG="$OUT/$NAME.log"

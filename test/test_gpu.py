@@ -293,16 +293,15 @@ def test_graphed_session_matches_eager_session(graphs, compile_blocks, sdpa_kern
 
 def test_depth_head_beside_the_camera_head_changes_nothing(monkeypatch):
     """The graph step with the depth head on its own stream (the default) gives the poses and depth
-    maps of the same step with the heads one after the other (the test hands the step the current
-    stream as the depth head's "side" stream): the same kernels on the same inputs. Also run with the
-    fused blocks, whose capture warm-up forks from its own side stream."""
+    maps of the same step with the heads one after the other (the test hands the step no side stream,
+    so the model runs the depth head after the camera head): the same kernels on the same inputs. Also
+    run with the fused blocks, whose capture warm-up forks from its own side stream."""
     from lingbot_map_ros.core import stream as stream_module
 
     beside = stream_module.side_stream
 
     def stream(serial: bool = False, **kwargs):
-        monkeypatch.setattr(stream_module, "side_stream", (lambda device, role: torch.cuda.current_stream(device))
-                            if serial else beside)
+        monkeypatch.setattr(stream_module, "side_stream", (lambda device, role: None) if serial else beside)
         manager = _tiny_bf16_manager(StreamConfig(scale_frames=2, sliding_window=3, keyframe_interval=2,
                                                   max_frame_num=64, max_stored_frames=60, with_depth=True),
                                      cuda_graphs=True, sdpa_kernel="split", **kwargs)

@@ -41,13 +41,6 @@ def device_free_bytes(device: torch.device) -> float:
     return float(free + torch.cuda.memory_allocated(device))
 
 
-def budget_bytes(stream: StreamConfig, device: torch.device, automatic: float) -> float:
-    """The budget in bytes: the configured GB, else ``automatic`` on CUDA (0: no limit on the CPU)."""
-    if stream.gpu_memory_budget > 0:
-        return stream.gpu_memory_budget * GB
-    return automatic if device.type == "cuda" else 0.0
-
-
 def predict(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig,
             hw: Optional[tuple[int, int]] = None) -> Footprint:
     """The footprint at ``hw`` (the session's frame size), else at the worst case of the width."""
@@ -97,13 +90,13 @@ class BudgetSnapshot:
 
     automatic: tuple[tuple[str, float], ...] = ()
 
-    def bytes_for(self, stream: StreamConfig, device: torch.device,
-                  free_bytes: Callable[[torch.device], float] = device_free_bytes) -> float:
-        """As ``MemoryBudget.bytes_for``; a device not resolved yet is read now and not remembered."""
-        if stream.gpu_memory_budget > 0 or device.type != "cuda":
-            return budget_bytes(stream, device, 0.0)
+    def bytes_for(self, stream: StreamConfig, device: torch.device) -> float:
+        """As the manager's ``MemoryBudget.bytes_for``: its automatic budget where it resolved one, else
+        what a budget of its own resolves now (nothing shared is written)."""
         known = dict(self.automatic).get(str(device))
-        return known if known is not None else max(0.0, free_bytes(device) - MEMORY_MARGIN_GB * GB)
+        if known is not None and stream.gpu_memory_budget <= 0 and device.type == "cuda":
+            return known
+        return MemoryBudget().bytes_for(stream, device)
 
 
 @dataclass(frozen=True)
@@ -143,8 +136,10 @@ class MemoryBudget:
         self.configured_window = 0
 
     def bytes_for(self, stream: StreamConfig, device: torch.device) -> float:
-        if stream.gpu_memory_budget > 0 or device.type != "cuda":
-            return budget_bytes(stream, device, 0.0)
+        if stream.gpu_memory_budget > 0:
+            return stream.gpu_memory_budget * GB
+        if device.type != "cuda":
+            return 0.0
         key = str(device)
         if key not in self._auto:
             self._auto[key] = max(0.0, self._free_bytes(device) - MEMORY_MARGIN_GB * GB)
@@ -200,4 +195,4 @@ def allocated_bytes(device: torch.device, model: torch.nn.Module, caches: list) 
 
 
 __all__ = ["MEMORY_MARGIN_GB", "BudgetCheck", "BudgetSnapshot", "MemoryBudget", "MemoryBudgetExceeded", "MemoryReport",
-           "allocated_bytes", "budget_bytes", "device_free_bytes", "fit_stream", "predict"]
+           "allocated_bytes", "device_free_bytes", "fit_stream", "predict"]
