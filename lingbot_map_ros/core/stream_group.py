@@ -96,14 +96,19 @@ class StreamGroup:
     """N camera streams, one model, one page pool per frame size, batched phase-2 steps."""
 
     def __init__(self, host: ModelHost, stream: StreamConfig, names: Sequence[str],
-                 log: Callable[[str], None] = print, *, batched_attention: str = "auto") -> None:
+                 log: Callable[[str], None] = print, *, batched_attention: str = "auto",
+                 batch: Optional[bool] = None) -> None:
         """``host``: the model every stream runs (``core/model_host.py``, the weights once); ``stream``:
         the settings of every stream (the pool's shares are cut for its geometry); ``names``: the
         streams, in order.
         ``batched_attention``: ``loop`` (each stream's own backend inside the attention call),
         ``flashinfer`` (one FlashInfer call over the pool), ``pool-sdpa`` (the same request over the
         pool through SDPA: the FlashInfer form's reference, any device), ``auto`` (FlashInfer when the
-        runtime's backend is FlashInfer on CUDA, else the loop)."""
+        runtime's backend is FlashInfer on CUDA, else the loop). ``batch``: run the phase-2 frames of
+        several streams as one call (True) or each alone (False); None: batched unless the runtime
+        captures CUDA graphs, because the batched call is eager and an eager step of the full model is
+        host-bound (thousands of launches), slower than the streams' captured lone steps one after
+        another until a batched step is captured per batch size."""
         names = list(names)
         if not names or len(set(names)) != len(names):
             raise ValueError(f"stream names must be given, each once (got {names})")
@@ -121,6 +126,7 @@ class StreamGroup:
             except ImportError as exc:
                 raise ValueError(f"batched_attention 'flashinfer' needs the flashinfer package ({exc})") from None
         self.batched_attention = batched_attention
+        self.batch = (not rt.cuda_graphs) if batch is None else bool(batch)
         self.footprint = group_footprint(host, stream, len(names))
         budget = MemoryBudget().bytes_for(stream, rt.device)
         if not fits(self.footprint, budget):  # checked before any stream allocates its caches
@@ -206,9 +212,9 @@ class StreamGroup:
             batches.setdefault(key, []).append(_Entry(name, manager, step, frame, stamp))
         self.last_batch = 0
         for entries in batches.values():
-            if len(entries) == 1:  # a batch of one is the lone path (CUDA graph included)
-                e = entries[0]
-                outcomes[e.name] = self._alone(e.name, e.frame, e.stamp)
+            if len(entries) == 1 or not self.batch:  # a batch of one is the lone path (CUDA graph included)
+                for e in entries:
+                    outcomes[e.name] = self._alone(e.name, e.frame, e.stamp)
             else:
                 outcomes.update(self._run_batch(entries))
         return {name: outcomes[name] for name in frames}
