@@ -405,6 +405,11 @@ def warm_cache(args: argparse.Namespace, base: ModelHost, runtime_cfg: RuntimeCo
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--cameras" or a.startswith("--cameras=") for a in argv):  # N streams: tools/bench_streams.py
+        from .bench_streams import main as streams_main
+
+        return streams_main(argv)
     p = argparse.ArgumentParser(prog="lingbot_map_bench", description=__doc__.splitlines()[0])
     add_session_options(p)
     p.add_argument("--height", type=int, default=378, help="model input height (multiple of 14)")

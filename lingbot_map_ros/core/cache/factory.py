@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -115,15 +115,21 @@ def make_single_frame_backend(
                              num_query_tokens=tokens, **common)
 
 
-def build_global_cache(rt: ResolvedRuntime, model: ModelConfig, stream: StreamConfig, page_size: int) -> PagedKVCache:
-    """The paged global-attention cache of every aggregator block, with both backends attached."""
+def build_global_cache(rt: ResolvedRuntime, model: ModelConfig, stream: StreamConfig, page_size: int,
+                       storage: Optional[Callable[[tuple[int, ...], torch.dtype], Optional[torch.Tensor]]] = None,
+                       ) -> PagedKVCache:
+    """The paged global-attention cache of every aggregator block, with both backends attached.
+    ``storage(shape, dtype)``: its pages as a view of a group's pool (``cache/pool.py``), or None to
+    allocate them."""
     layout = pool_layout(rt, stream, page_size)
+    shape = (model.depth, 2, layout.num_patch_pages + layout.special_pages, page_size, model.num_heads, model.head_dim)
     cache = PagedKVCache(
         num_blocks=model.depth, num_heads=model.num_heads, head_dim=model.head_dim, page_size=page_size,
         scale_frames=stream.scale_frames, sliding_window=stream.sliding_window, max_frame_num=stream.max_frame_num,
         dtype=rt.dtype, device=rt.device, backend=make_eager_backend(rt, model, page_size),
         num_patch_pages=layout.num_patch_pages, special_pages=layout.special_pages, allocation=layout.allocation,
         write_kernel="triton" if rt.cuda_graphs and rt.step_kernels == "triton" else "torch",
+        storage=storage(shape, rt.dtype) if storage is not None else None,
     )
     cache.single_frame_backend = make_single_frame_backend(rt, model, stream, page_size, cache.table)
     return cache
