@@ -26,7 +26,8 @@ targets=(test)
 for arg in "$@"; do
   if [[ "$arg" != -* && -e "${arg%%::*}" ]]; then targets=(); break; fi
 done
-"$VENV/bin/pytest" "${targets[@]}" -q -rs "$@"
+# --durations=25: the slowest steps of every run, so a test that starts to cost the suite is seen
+"$VENV/bin/pytest" "${targets[@]}" -q -rs --durations=25 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then  # pytest's "no tests collected" (e.g. a -k/-m filter that matches nothing)

@@ -62,3 +62,39 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """``tiny_model(seed=0, depth=True)`` -> ``(cfg, model)``: the tiny preset with seeded random weights,
+    fp32 on the CPU, built once per seed and run. Shared: a test that changes weights builds its own."""
+    cache: dict = {}
+
+    def build(seed: int = 0, depth: bool = True):
+        if (seed, depth) not in cache:
+            from lingbot_map_ros.core.config import model_config
+            from lingbot_map_ros.core.model import build_model
+
+            cfg = model_config("tiny")
+            model, _ = build_model(cfg, seed=seed, enable_depth=depth)
+            cache[(seed, depth)] = (cfg, model.eval())
+        return cache[(seed, depth)]
+
+    return build
+
+
+@pytest.fixture
+def tiny_manager(tiny_model):
+    """``tiny_manager(stream, seed=0, depth=True, **resolve)`` -> a ``SessionManager`` over the shared tiny
+    model on the CPU in fp32 (``resolve``: ``runtime.resolve_for`` choices; default SDPA, the reference)."""
+    import torch
+
+    from lingbot_map_ros.core.runtime import resolve_for
+    from lingbot_map_ros.core.session_manager import SessionManager
+
+    def make(stream, seed: int = 0, depth: bool = True, **resolve):
+        cfg, model = tiny_model(seed, depth)
+        runtime = resolve_for(torch.device("cpu"), torch.float32, **{"backend": "sdpa", **resolve})
+        return SessionManager.around(model, cfg, stream, runtime, log=lambda m: None)
+
+    return make

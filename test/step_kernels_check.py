@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import triton_interpreter  # noqa: E402,F401  (first: the interpreter, mended)
-from test_paged_attention import drive_one_frame_backend  # noqa: E402
+from attention_reference import drive_one_frame_backend  # noqa: E402
 
 from lingbot_map_ros.core.cache import CameraKVCache, PagedKVCache  # noqa: E402
 from lingbot_map_ros.core.cache.camera_decode import decode_attention  # noqa: E402

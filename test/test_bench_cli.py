@@ -9,9 +9,6 @@ import sys
 import pytest
 import torch
 
-from lingbot_map_ros.core.config import model_config
-from lingbot_map_ros.core.model import build_model
-
 pytestmark = pytest.mark.slow  # every test runs the tool in a child process
 
 BENCH = [sys.executable, "-m", "lingbot_map_ros.tools.bench"]
@@ -33,8 +30,8 @@ def test_profile_without_cuda_and_a_missing_checkpoint_are_refused_before_the_ru
         assert "| variant |" not in out.stdout  # no model was built, nothing ran
 
 
-def test_checkpoint_is_used_and_short_runs_report_no_steady_state(tmp_path):
-    model, _ = build_model(model_config("tiny"), seed=4)
+def test_checkpoint_is_used_and_short_runs_report_no_steady_state(tmp_path, tiny_model):
+    _, model = tiny_model(4)
     ckpt = tmp_path / "tiny.pt"
     torch.save({"model": model.state_dict()}, ckpt)
     out = _run(*SMALL, "--checkpoint", str(ckpt), "--model-preset", "tiny", "--frames", "5")
@@ -48,6 +45,38 @@ def test_checkpoint_is_used_and_short_runs_report_no_steady_state(tmp_path):
     assert float(row[4]) > 0 and "->" in row[10], row
 
 
+def test_json_rows_match_the_table_and_warm_cache_names_its_folders(tmp_path):
+    """``--json`` writes the run-of-record rows of the printed table (latency and memory, with the set-up);
+    ``--warm-cache`` runs the default path and says where the kernel caches are (LINGBOT_MAP_CACHE_DIR)."""
+    import json
+    import os
+
+    result = tmp_path / "run.json"
+    out = _run(*SMALL, "--frames", "12", "--variants", "auto,sdpa+eager", "--json", str(result))
+    assert out.returncode == 0, out.stderr[-3000:]
+    table = {line.split("|")[1].strip().split(" = ")[0]: line.split("|") for line in out.stdout.splitlines()
+             if line.startswith("| auto") or line.startswith("| sdpa+eager")}
+    doc = json.loads(result.read_text())
+    assert doc["run"] == "run" and doc["setup"]["torch"] == torch.__version__ and doc["setup"]["gpu"] == "CPU"
+    latency = {r["path"]: r for r in doc["rows"] if r["table"] == "latency"}
+    assert set(latency) == {"default", "sdpa+eager"}
+    for name, path in (("auto", "default"), ("sdpa+eager", "sdpa+eager")):
+        row = latency[path]
+        assert (row["geometry"], row["heads"], row["window"], row["load"]) == ("56x42", "camera", 3, "idle")
+        assert row["median_ms"] == pytest.approx(float(table[name][4]), abs=0.006)
+        assert row["p90_ms"] == pytest.approx(float(table[name][5]), abs=0.006)
+    memory = [r for r in doc["rows"] if r["table"] == "memory"]
+    assert len(memory) == 1 and memory[0]["predicted_gb"] > 0 and memory[0]["measured_gb"] > 0
+    env = {**os.environ, "LINGBOT_MAP_CACHE_DIR": str(tmp_path / "kernels")}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    env.pop("TRITON_CACHE_DIR", None)
+    warm = subprocess.run([*BENCH, *SMALL, "--warm-cache"], capture_output=True, text=True, timeout=300, env=env)
+    assert warm.returncode == 0, warm.stderr[-3000:]
+    assert f"TORCHINDUCTOR_CACHE_DIR={tmp_path / 'kernels' / 'inductor'}" in warm.stdout
+    assert f"TRITON_CACHE_DIR={tmp_path / 'kernels' / 'triton'}" in warm.stdout
+
+
 def test_help_documents_the_variant_syntax():
     out = _run("--help")
     assert out.returncode == 0 and "+graph" in out.stdout and "fa3" in out.stdout and "+compile" in out.stdout
+    assert "portable" in out.stdout and "@smXY" in out.stdout and "--warm-cache" in out.stdout

@@ -95,14 +95,15 @@ def test_resolve_for_one_owner_of_every_runtime_decision():
     with pytest.raises(ValueError, match="compile_blocks must be"):
         runtime.resolve_for(cpu, torch.float32, backend="sdpa", compile_blocks="maybe")
     assert not runtime.resolve_for(cpu, torch.float32, backend="sdpa", autocast=False).autocast
-    assert not rt.parallel_heads, "the depth head's own stream lives in the CUDA-graph step"
+    assert not rt.depth_beside_camera, "the depth head's own stream lives in the CUDA-graph step"
+    assert not rt.depth_channels_last, "the CPU keeps NCHW weights (parity is checked there)"
     cfg = RuntimeConfig(device="cpu", attention_backend="sdpa", compile_blocks="off", autocast=False)
     assert runtime.resolve_runtime(cfg) == runtime.resolve_for(cpu, torch.float32, backend="sdpa",
                                                                compile_blocks="off", autocast=False)
 
 
 @pytest.mark.parametrize("capability,flashinfer,expected", [
-    ((9, 0), True, ("sdpa", "split")),  # Hopper: the split kernel was measured fastest (docs/benchmarks.md)
+    ((9, 0), True, ("sdpa", "split")),  # Hopper: the split kernel was measured fastest (docs/performance.md)
     ((8, 0), True, ("flashinfer", "split")),  # elsewhere FlashInfer first where it is installed
     ((8, 0), False, ("sdpa", "split")),  # no FlashInfer: SDPA, still the split kernel where cuDNN runs
     ((7, 5), False, ("sdpa", "flash")),  # no cuDNN fused attention below compute capability 8
@@ -140,23 +141,108 @@ def test_limits_are_written_once_and_reported_once():
         assert len(mine) == 1, (row.name, problems)
 
 
-def test_bench_variants_name_the_heads_order():
-    """The depth head's second stream is the default (``+parallelheads`` says so explicitly) and
-    ``+serialheads`` turns it off; it lives in the CUDA-graph step, so without graphs (CPU) it is off
-    and the reasons say why."""
-    from lingbot_map_ros.tools.bench import variant_runtime
+def test_bench_variants_parse_into_overrides_the_node_never_sees():
+    """The bench's A/B flags become a ``BenchOverrides`` (kernel requests, a stand-in capability, the
+    Gluon layout), resolved by the node's own resolver; ``portable`` is ``auto`` at sm89; a flag of no
+    meaning (the measurement switches that left the runtime among them) is refused by name."""
+    from lingbot_map_ros.tools.bench import PORTABLE_CAPABILITY, BenchOverrides, parse_variant, variant_runtime
 
     cpu = torch.device("cpu")
-    rt = variant_runtime("auto+parallelheads", cpu, torch.float32)
-    assert rt == runtime.resolve_for(cpu, torch.float32, parallel_heads=True)
-    assert not rt.parallel_heads and any("second stream lives in the CUDA-graph step" in r for r in rt.reasons)
-    assert variant_runtime("sdpa+eager+parallelheads", cpu, torch.float32).backend == "sdpa"
-    assert not variant_runtime("auto", cpu, torch.float32).parallel_heads
-    assert variant_runtime("auto+serialheads", cpu, torch.float32) == runtime.resolve_for(
-        cpu, torch.float32, parallel_heads=False)
-    assert variant_runtime("auto", cpu, torch.float32) == variant_runtime("auto+parallelheads", cpu, torch.float32)
-    with pytest.raises(ValueError, match="unknown variant flags"):
-        variant_runtime("auto+parallel", cpu, torch.float32)
+    assert parse_variant("auto") == ("auto", [], BenchOverrides())
+    assert parse_variant("portable")[2].capability == PORTABLE_CAPABILITY == (8, 9)
+    assert parse_variant("auto+torchstep+singles@sm110")[2] == BenchOverrides(
+        capability=(11, 0), step_kernels="torch", gluon_pairs=False)
+    assert parse_variant("auto+pairs+parts9")[2] == BenchOverrides(gluon_pairs=True, kv_parts=9)
+    assert parse_variant("sdpa:split+graph+compile+cudnnprefix") == (
+        "sdpa:split", ["graph", "compile"], BenchOverrides(prefix_kernel="sdpa"))
+    assert variant_runtime("auto", cpu, torch.float32) == runtime.resolve_for(cpu, torch.float32)
+    for gone in ("auto+serialheads", "auto+onegraph", "auto+eagerdepth", "auto+nchwdepth", "auto+kv5",
+                 "sdpa+graph+autotune", "auto+compile", "auto+parts0"):
+        with pytest.raises(ValueError, match="unknown variant flags"):
+            variant_runtime(gone, cpu, torch.float32)
+    with pytest.raises(ValueError, match="bad capability"):
+        parse_variant("auto@hopper")
+    with pytest.raises(ValueError, match="stand-in compute capability needs a CUDA device"):
+        variant_runtime("portable", cpu, torch.float32)
+
+
+def test_resolved_runtime_holds_only_setting_and_capability_decisions():
+    """Every field of ``ResolvedRuntime`` is decided by a user setting (``RuntimeConfig``) or by the
+    device's capability: the measurement-only switches live in the bench's overrides, not here."""
+    fields = {f.name for f in dataclasses.fields(runtime.ResolvedRuntime)}
+    assert fields == {"device", "dtype", "backend", "backend_reason", "flashinfer_kernel", "sdpa_kernel",
+                      "cuda_graphs", "compile_blocks", "autocast", "prefix_kernel", "step_kernels", "reasons"}
+
+
+@pytest.fixture
+def stand_in_gpu(monkeypatch):
+    """A CUDA device on this machine (none here) with cuDNN, Triton and Gluon importable; FlashInfer per
+    the test. The compute capability comes from ``resolve_for(capability=...)`` alone: if any decision
+    read the real GPU's, the stub below would fail the test."""
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    present = {"triton": True, "triton.experimental.gluon": True, "flashinfer": False}
+
+    def find_spec(name, *args, **kwargs):
+        if name in present:
+            return object() if present[name] else None
+        return real_find_spec(name, *args, **kwargs)
+
+    def no_gpu(*args, **kwargs):
+        raise AssertionError("a decision read the real GPU's capability")
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", no_gpu)
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    return present
+
+
+# compute capability -> (what auto resolves to without FlashInfer, with FlashInfer): the table of
+# docs/hardware.md. Ampere (A100 8.0, RTX 30 8.6), Orin (8.7) and Ada (8.9) have no TMA: cuDNN reads the split
+# kernel's prefix; Hopper runs our Gluon runs kernel whatever is installed; Blackwell (10.0, RTX 50 12.0) and
+# Thor (11.0) run its Triton version (TMA, no wgmma).
+CAPABILITY_PATHS = {
+    (8, 0): ("sdpa:split+graph+compiled+cudnnprefix", "flashinfer:fa2+graph+compiled"),
+    (8, 6): ("sdpa:split+graph+compiled+cudnnprefix", "flashinfer:fa2+graph+compiled"),
+    (8, 7): ("sdpa:split+graph+compiled+cudnnprefix", "flashinfer:fa2+graph+compiled"),
+    (8, 9): ("sdpa:split+graph+compiled+cudnnprefix", "flashinfer:fa2+graph+compiled"),
+    (9, 0): ("sdpa:split+graph+compiled", "sdpa:split+graph+compiled"),
+    (10, 0): ("sdpa:split+graph+compiled", "flashinfer:fa2+graph+compiled"),
+    (11, 0): ("sdpa:split+graph+compiled", "flashinfer:fa2+graph+compiled"),
+    (12, 0): ("sdpa:split+graph+compiled", "flashinfer:fa2+graph+compiled"),
+}
+
+
+@pytest.mark.parametrize("capability", sorted(CAPABILITY_PATHS), ids=lambda c: f"sm{c[0]}{c[1]}")
+@pytest.mark.parametrize("flashinfer", [False, True], ids=["no-flashinfer", "flashinfer"])
+def test_auto_resolution_per_compute_capability(stand_in_gpu, capability, flashinfer):
+    """What ``auto`` gives each GPU a robot may carry, resolved through a stand-in capability."""
+    stand_in_gpu["flashinfer"] = flashinfer
+    cuda = torch.device("cuda")
+    rt = runtime.resolve_for(cuda, runtime.resolve_dtype("auto", cuda, capability), capability=capability)
+    assert rt.dtype == torch.bfloat16
+    assert rt.attention == CAPABILITY_PATHS[capability][flashinfer], rt.summary()
+    assert rt.cuda_graphs and rt.compile_blocks and rt.step_kernels == "triton"
+    assert rt.depth_beside_camera and rt.depth_channels_last
+    wanted_prefix = {8: "sdpa", 9: "gluon"}.get(capability[0], "triton")
+    assert rt.prefix_kernel == (wanted_prefix if rt.backend == "sdpa" else "sdpa")
+    major, minor = capability
+    assert rt.reasons[0] == f"resolved for compute capability {major}.{minor} (a stand-in for this GPU's)"
+    if rt.backend == "flashinfer":
+        assert rt.flashinfer_kernel == "fa2" and any("FlashInfer fa2 (auto: fa2 off Hopper)" in r for r in rt.reasons)
+
+
+def test_stand_in_capability_reaches_every_kernel_check(stand_in_gpu):
+    """Below compute capability 8 there is no cuDNN fused attention (varlen flash instead) and fp16."""
+    cuda = torch.device("cuda")
+    assert runtime.resolve_dtype("auto", cuda, (7, 5)) == torch.float16
+    rt = runtime.resolve_for(cuda, torch.float16, capability=(7, 5))
+    assert rt.attention == "sdpa:flash+graph+compiled" and rt.prefix_kernel == "sdpa"
+    with pytest.raises(ValueError, match="prefix_kernel 'gluon' cannot run: it needs TMA"):
+        runtime.resolve_for(cuda, torch.bfloat16, capability=(8, 7), prefix_kernel="gluon")
+    with pytest.raises(ValueError, match="prefix_kernel 'gluon' cannot run: it needs Hopper's wgmma"):
+        runtime.resolve_for(cuda, torch.bfloat16, capability=(10, 0), prefix_kernel="gluon")
 
 
 def test_split_prefix_kernel_resolves_with_a_reason_and_names_itself():
@@ -182,34 +268,9 @@ def test_split_prefix_kernel_resolves_with_a_reason_and_names_itself():
         variant_runtime("auto+tritonprefix", cpu, torch.float32)
     # the name: no suffix for the default (Triton), +cudnnprefix for cuDNN's
     graphed = runtime.ResolvedRuntime(device=cpu, dtype=torch.bfloat16, backend="sdpa", backend_reason="",
-                                      sdpa_kernel="split", cuda_graphs=True, parallel_heads=True,
-                                      step_kernels="triton", encoder_graph=True)
+                                      sdpa_kernel="split", cuda_graphs=True, step_kernels="triton")
     assert graphed.attention == "sdpa:split+graph+cudnnprefix"
     assert dataclasses.replace(graphed, prefix_kernel="triton").attention == "sdpa:split+graph"
-
-
-def test_encoder_graph_resolves_with_the_graphs_and_names_its_absence() -> None:
-    """The image encoder as a graph of its own lives in the CUDA-graph step: on with it (unless asked
-    off, the bench's ``+onegraph``), off and unnamed without it; the reason line says which."""
-    from lingbot_map_ros.tools.bench import variant_runtime
-
-    cpu = torch.device("cpu")
-    eager = runtime.resolve_for(cpu, torch.float32)
-    assert not eager.cuda_graphs and not eager.encoder_graph and "onegraph" not in eager.attention
-    assert not any("encoder" in r for r in eager.reasons)
-    assert variant_runtime("auto+onegraph", cpu, torch.float32) == eager
-    graphed = runtime.ResolvedRuntime(device=cpu, dtype=torch.bfloat16, backend="sdpa", backend_reason="",
-                                      sdpa_kernel="split", cuda_graphs=True, parallel_heads=True,
-                                      step_kernels="triton", prefix_kernel="gluon", encoder_graph=True)
-    assert graphed.attention == "sdpa:split+graph"
-    assert dataclasses.replace(graphed, encoder_graph=False).attention == "sdpa:split+graph+onegraph"
-    if torch.cuda.is_available():  # the resolver itself, where graphs can be on
-        cuda = torch.device("cuda")
-        on = runtime.resolve_for(cuda, torch.bfloat16)
-        off = runtime.resolve_for(cuda, torch.bfloat16, encoder_graph=False)
-        assert on.encoder_graph and any("image encoder a graph of its own" in r for r in on.reasons)
-        assert not off.encoder_graph and off.attention.endswith("+onegraph")
-        assert variant_runtime("auto+onegraph", cuda, torch.bfloat16) == off
 
 
 def test_step_kernels_resolve_with_a_reason_and_name_themselves() -> None:
@@ -226,7 +287,25 @@ def test_step_kernels_resolve_with_a_reason_and_name_themselves() -> None:
         runtime.resolve_step_kernels("flash", cpu, graphs=True)
     assert runtime.resolve_for(cpu, torch.float32).step_kernels == "torch"
     graphed = runtime.ResolvedRuntime(device=cpu, dtype=torch.bfloat16, backend="sdpa", backend_reason="",
-                                      sdpa_kernel="split", cuda_graphs=True, parallel_heads=True,
-                                      prefix_kernel="triton", step_kernels="triton", encoder_graph=True)
+                                      sdpa_kernel="split", cuda_graphs=True, prefix_kernel="triton",
+                                      step_kernels="triton")
     assert graphed.attention == "sdpa:split+graph"
     assert dataclasses.replace(graphed, step_kernels="torch").attention == "sdpa:split+graph+torchstep"
+
+
+def test_bench_kernel_constants_hold_for_one_variant_and_are_restored():
+    """``+partsN`` and ``+pairs`` set the split kernel's key ranges and the Gluon layout for one variant's
+    run only: inside, the factory's choice function answers N; after, the shape-based choices are back."""
+    pytest.importorskip("triton.experimental.gluon")
+    from lingbot_map_ros.core.cache import gluon_runs, split_backend
+    from lingbot_map_ros.tools.bench import kernel_constants, parse_variant
+
+    choose, pairs = split_backend.auto_kv_splits, gluon_runs.PAIRS
+    with kernel_constants(parse_variant("auto+pairs+parts11")[2]):
+        assert split_backend.auto_kv_splits(1042, 16, 132, 72, query_tile=64, blocks_per_sm=2) == 11
+        assert gluon_runs.PAIRS is True
+    assert split_backend.auto_kv_splits is choose and gluon_runs.PAIRS is pairs
+    assert choose(1042, 16, 132, 72, query_tile=64, blocks_per_sm=2) == 12  # two waves of 272 programs, cut 12 ways
+    with pytest.raises(RuntimeError), kernel_constants(parse_variant("auto+parts3")[2]):
+        raise RuntimeError("a failing variant")
+    assert split_backend.auto_kv_splits is choose

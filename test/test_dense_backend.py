@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_paged_attention import SPECIALS, drive_one_frame_backend
+from attention_reference import SPECIALS, drive_one_frame_backend
 
 from lingbot_map_ros.core.cache import PagedKVCache, factory
 from lingbot_map_ros.core.cache.dense_backend import MaskedDenseBackend

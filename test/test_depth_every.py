@@ -11,9 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from lingbot_map_ros.core.config import StreamConfig, model_config, validate_stream
-from lingbot_map_ros.core.model import build_model
-from lingbot_map_ros.core.runtime import resolve_for
+from lingbot_map_ros.core.config import StreamConfig, validate_stream
 from lingbot_map_ros.core.session_manager import Change, SessionManager
 from lingbot_map_ros.core.settings import defaults, validate_values
 
@@ -21,20 +19,18 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SCALE = 2
 
 
-@pytest.fixture(scope="module")
-def depth_model():
-    cfg = model_config("tiny")
-    model, _ = build_model(cfg, seed=7, enable_depth=True)
-    model.eval()
-    return cfg, model
+SEED = 7  # the weights of every test here (conftest's tiny_model)
 
 
-def _manager(depth_model, depth_every: int) -> SessionManager:
-    cfg, model = depth_model
-    stream = StreamConfig(scale_frames=SCALE, sliding_window=3, keyframe_interval=2, max_frame_num=64,
-                          max_stored_frames=60, with_depth=True, depth_every=depth_every)
-    runtime = resolve_for(torch.device("cpu"), torch.float32)
-    return SessionManager.around(model, cfg, stream, runtime, log=lambda m: None)
+@pytest.fixture
+def depth_manager(tiny_manager):
+    """``depth_manager(depth_every)``: a session with the depth head on that rhythm."""
+    def make(depth_every: int) -> SessionManager:
+        stream = StreamConfig(scale_frames=SCALE, sliding_window=3, keyframe_interval=2, max_frame_num=64,
+                              max_stored_frames=60, with_depth=True, depth_every=depth_every)
+        return tiny_manager(stream, seed=SEED, backend="auto")
+
+    return make
 
 
 def _frames(n: int) -> list[torch.Tensor]:
@@ -43,9 +39,9 @@ def _frames(n: int) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("every", [2, 3])
-def test_depth_on_every_nth_frame_and_the_same_poses(depth_model, every):
+def test_depth_on_every_nth_frame_and_the_same_poses(depth_manager, every):
     frames = _frames(13)
-    every_frame, every_nth = _manager(depth_model, 1), _manager(depth_model, every)
+    every_frame, every_nth = depth_manager(1), depth_manager(every)
     reference = [r for f in frames for r in every_frame.push(f)]
     results = [r for f in frames for r in every_nth.push(f)]
     assert len(results) == len(reference) == 13
@@ -59,13 +55,13 @@ def test_depth_on_every_nth_frame_and_the_same_poses(depth_model, every):
             assert np.isfinite(r.depth).all()
 
 
-def test_a_change_applies_from_the_next_frame_in_the_same_session(depth_model):
-    manager = _manager(depth_model, 1)
+def test_a_change_applies_from_the_next_frame_in_the_same_session(depth_manager):
+    manager = depth_manager(1)
     frames = _frames(12)
     first = [r for f in frames[:6] for r in manager.push(f)]
     assert all(r.depth is not None for r in first)
     session = manager.session_id
-    result = manager.apply(manager.runtime, replace(manager.session.stream_cfg, depth_every=4))
+    result = manager.apply(manager.host.settings, replace(manager.session.stream_cfg, depth_every=4))
     assert result.change is Change.NEXT_FRAME and result.fields == ("depth_every",)
     later = [r for f in frames[6:] for r in manager.push(f)]
     assert manager.session_id == session

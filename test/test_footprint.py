@@ -10,7 +10,7 @@ import torch
 from lingbot_map_ros.core.config import RuntimeConfig, StreamConfig, model_config, replace
 from lingbot_map_ros.core.footprint import GB, assumed_runtime, footprint, largest_fitting_window, weight_bytes
 from lingbot_map_ros.core.memory_budget import MemoryBudgetExceeded
-from lingbot_map_ros.core.session_manager import SessionManager
+from lingbot_map_ros.core.session_manager import Change, SessionManager
 
 SMALL = dict(scale_frames=2, max_frame_num=64, max_stored_frames=40, long_run_policy="reset", camera_iterations=2)
 
@@ -20,19 +20,18 @@ def tensor_bytes(module: torch.nn.Module) -> int:
 
 
 def allocated_parts(manager: SessionManager) -> dict[str, int]:
-    session = manager.session
-    return {"weights": tensor_bytes(manager._loaded.model), "pools": session._kv.nbytes,
-            "camera_cache": session._camera_kv.nbytes}
+    pools, camera_cache = manager.session.caches()
+    return {"weights": tensor_bytes(manager.host.model), "pools": pools.nbytes, "camera_cache": camera_cache.nbytes}
 
 
 def predicted_parts(manager: SessionManager, height: int, width: int) -> dict[str, int]:
-    fp = footprint(manager._loaded.cfg, manager._loaded.runtime, manager.stream_cfg, height, width)
+    fp = footprint(manager.host.cfg, manager.host.resolved, manager.stream_cfg, height, width)
     return {"weights": fp.part("weights"), "pools": fp.part("patch_pool") + fp.part("special_pool"),
             "camera_cache": fp.part("camera_cache")}
 
 
 def check_against_allocation(runtime: RuntimeConfig, cases) -> None:
-    manager = SessionManager(runtime, StreamConfig(**SMALL, sliding_window=cases[0][2]), log=lambda m: None)
+    manager = SessionManager.open(runtime, StreamConfig(**SMALL, sliding_window=cases[0][2]), log=lambda m: None)
     gen = torch.Generator().manual_seed(1)
     for height, width, window in cases:
         manager.apply(runtime, StreamConfig(**SMALL, sliding_window=window, image_width=width))
@@ -99,18 +98,44 @@ def test_manager_refuses_fits_and_refuses_changes_with_the_numbers():
     over = (need[6] - budget * GB) / GB
     reason = rf"needs {need[6] / GB:.2f} GB, the memory budget is {budget:.2f} GB \({over:.2f} GB too much"
     with pytest.raises(MemoryBudgetExceeded, match=reason):
-        SessionManager(runtime, replace(stream, gpu_memory_budget=budget), log=lambda m: None)
+        SessionManager.open(runtime, replace(stream, gpu_memory_budget=budget), log=lambda m: None)
     warnings: list[str] = []
-    manager = SessionManager(runtime, replace(stream, gpu_memory_budget=budget, fit_window=True),
-                             log=lambda m: None, warn=warnings.append)
+    manager = SessionManager.open(runtime, replace(stream, gpu_memory_budget=budget, fit_window=True),
+                                  log=lambda m: None, warn=warnings.append)
     assert manager.stream_cfg.sliding_window == 3
     assert warnings and "sliding_window 3 instead of 6" in warnings[0]
     assert any("fitted to 3" in w for w in manager.warnings())
     before = manager.stream_cfg
-    assert manager.memory_problems(runtime, replace(stream, gpu_memory_budget=budget))  # fit_window off
+    assert manager.view().memory_problems(runtime, replace(stream, gpu_memory_budget=budget))  # fit_window off
     with pytest.raises(MemoryBudgetExceeded):
         manager.apply(runtime, replace(stream, gpu_memory_budget=budget))
     assert manager.stream_cfg == before  # nothing changed
+
+
+def test_a_budget_change_that_keeps_the_fitted_window_keeps_the_map(one_torch_thread):
+    """gpu_memory_budget and fit_window only change the caches through the window they fit: a change
+    that keeps it keeps the session (the map), one that shrinks it starts a new session."""
+    runtime = RuntimeConfig(model_preset="tiny", device="cpu")
+    stream = StreamConfig(**SMALL, sliding_window=6, image_width=224)
+    cfg, rt = model_config("tiny"), assumed_runtime("cpu", torch.float32)
+    need = {w: footprint(cfg, rt, replace(stream, sliding_window=w), 224, 224).total for w in (3, 4, 6)}
+    manager = SessionManager.open(runtime, stream, log=lambda m: None)
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(4):
+        manager.push(torch.rand(3, 28, 42, generator=gen))
+    sid, stored, pushed = manager.session_id, manager.session.frames_stored, manager.session.frames_pushed
+    roomy = replace(stream, gpu_memory_budget=2 * need[6] / GB)  # the window fits as configured
+    result = manager.apply(runtime, roomy)
+    assert result.change is Change.NEXT_FRAME and result.fields == ("gpu_memory_budget",)
+    result = manager.apply(runtime, replace(roomy, fit_window=True))
+    assert result.change is Change.NEXT_FRAME and result.fields == ("fit_window",)
+    assert (manager.session_id, manager.session.frames_stored) == (sid, stored)  # the map is still there
+    [r] = manager.push(torch.rand(3, 28, 42, generator=gen))
+    assert r.frame_index == pushed and r.session_id == sid  # and the next frame continues it
+    tight = replace(roomy, gpu_memory_budget=(need[3] + need[4]) / 2 / GB, fit_window=True)  # window 3 fits
+    result = manager.apply(runtime, tight)
+    assert result.change is Change.NEW_SESSION and result.fields == ("sliding_window",)
+    assert manager.session_id == sid + 1 and manager.stream_cfg.sliding_window == 3
 
 
 def test_phase1_depth_in_chunks_gives_the_unchunked_numbers():
@@ -122,7 +147,7 @@ def test_phase1_depth_in_chunks_gives_the_unchunked_numbers():
     for chunk in (8, 1):
         stream = StreamConfig(scale_frames=8, sliding_window=4, with_depth=True, depth_chunk=chunk,
                               long_run_policy="reset", max_frame_num=64, max_stored_frames=40)
-        manager = SessionManager(runtime, stream, log=lambda m: None)
+        manager = SessionManager.open(runtime, stream, log=lambda m: None)
         results = [r for f in frames for r in manager.push(f)]
         assert len(results) == 8 and manager.session.model.depth_head.frame_chunk == chunk
         outputs.append(torch.from_numpy(__import__("numpy").stack([r.depth for r in results])).double())
@@ -136,7 +161,7 @@ def test_budget_lowers_the_phase1_depth_chunk_before_the_window():
     cfg, rt = model_config("tiny"), assumed_runtime("cpu", torch.float32)
     one = footprint(cfg, rt, replace(stream, depth_chunk=1), 224, 224).total
     assert footprint(cfg, rt, stream, 224, 224).total > one  # scale_frames 2: chunk 8 holds both frames
-    manager = SessionManager(runtime, replace(stream, gpu_memory_budget=one / GB), log=lambda m: None)
+    manager = SessionManager.open(runtime, replace(stream, gpu_memory_budget=one / GB), log=lambda m: None)
     assert manager.stream_cfg.depth_chunk == 1 and manager.stream_cfg.sliding_window == 4
 
 

@@ -253,8 +253,9 @@ def _tiny_bf16_manager(scfg, **runtime_kwargs):
     """A session manager over the tiny preset in bf16 on the GPU, attention ``sdpa`` + ``runtime_kwargs``."""
     from lingbot_map_ros.core.config import model_config
     from lingbot_map_ros.core.model import build_model
+    from lingbot_map_ros.core.model_host import cast_for_inference
     from lingbot_map_ros.core.runtime import resolve_for
-    from lingbot_map_ros.core.session_manager import SessionManager, cast_for_inference
+    from lingbot_map_ros.core.session_manager import SessionManager
 
     cfg = model_config("tiny")
     model, _ = build_model(cfg, seed=5, device="cuda", dtype=torch.float32)
@@ -263,26 +264,25 @@ def _tiny_bf16_manager(scfg, **runtime_kwargs):
     return SessionManager.around(model, cfg, scfg, runtime, log=lambda m: None)
 
 
-@pytest.mark.parametrize("graphs,compile_blocks,sdpa_kernel,kv_splits,prefix", [
-    (True, "off", "flash", 0, "auto"),  # CUDA-graph replay of the static varlen-flash path
-    (True, "on", "cudnn", 0, "auto"),  # + fused blocks, masked cuDNN
-    (True, "off", "split", 1, "auto"),  # contiguous prefix (Triton where it runs) + masked tail, merged by LSE
-    (True, "on", "split", 1, "auto"),  # the same with fused blocks and the compiled merge
-    (True, "on", "split", 5, "auto"),  # the prefix (2 + 3 pages) read as 5 key ranges in one call
-    (True, "on", "split", 1, "sdpa"),  # the prefix read by cuDNN
-    (True, "on", "split", 1, "triton"),  # the Triton kernel where auto picks its Gluon version
+@pytest.mark.parametrize("graphs,compile_blocks,sdpa_kernel,prefix", [
+    (True, "off", "flash", "auto"),  # CUDA-graph replay of the static varlen-flash path
+    (True, "on", "cudnn", "auto"),  # + fused blocks, masked cuDNN
+    (True, "off", "split", "auto"),  # contiguous prefix (Triton where it runs) + masked tail, merged by LSE
+    (True, "on", "split", "auto"),  # the same with fused blocks and the compiled merge
+    (True, "on", "split", "sdpa"),  # the prefix read by cuDNN
+    (True, "on", "split", "triton"),  # the Triton kernel where auto picks its Gluon version
 ])
-def test_graphed_session_matches_eager_session(graphs, compile_blocks, sdpa_kernel, kv_splits, prefix):
+def test_graphed_session_matches_eager_session(graphs, compile_blocks, sdpa_kernel, prefix):
     """A tiny-preset bf16 stream: each one-frame path vs the eager session (gathered SDPA)."""
     eager, _ = _tiny_session_poses(cuda_graphs=False, compile_blocks="off")
     poses, session = _tiny_session_poses(cuda_graphs=graphs, compile_blocks=compile_blocks, sdpa_kernel=sdpa_kernel,
-                                         kv_splits=kv_splits, prefix_kernel=prefix)
+                                         prefix_kernel=prefix)
     if compile_blocks == "on":
         assert session._fusion is not None and session._fusion.calls > 0
     if sdpa_kernel == "split":
         backend = session._kv.single_frame_backend
         assert type(backend).__name__ == "SplitPrefixBackend" and backend.mode == "full"
-        assert backend.kv_splits == kv_splits
+        assert backend.kv_splits >= 1
         wanted = ("sdpa" if prefix == "sdpa" or not importlib.util.find_spec("triton") else "triton"
                   if prefix == "triton" or _gluon_unusable() else "gluon")
         assert backend.prefix_kernel == wanted, backend.prefix_kernel
@@ -291,15 +291,21 @@ def test_graphed_session_matches_eager_session(graphs, compile_blocks, sdpa_kern
     assert torch.isfinite(poses).all() and rel < 2e-2
 
 
-def test_depth_head_beside_the_camera_head_changes_nothing():
+def test_depth_head_beside_the_camera_head_changes_nothing(monkeypatch):
     """The graph step with the depth head on its own stream (the default) gives the poses and depth
-    maps of the same step with the heads one after the other: the same kernels on the same inputs.
-    Also run with the fused blocks, whose capture warm-up forks from its own side stream."""
-    def stream(**kwargs):
+    maps of the same step with the heads one after the other (the test hands the step no side stream,
+    so the model runs the depth head after the camera head): the same kernels on the same inputs. Also
+    run with the fused blocks, whose capture warm-up forks from its own side stream."""
+    from lingbot_map_ros.core import stream as stream_module
+
+    beside = stream_module.side_stream
+
+    def stream(serial: bool = False, **kwargs):
+        monkeypatch.setattr(stream_module, "side_stream", (lambda device, role: None) if serial else beside)
         manager = _tiny_bf16_manager(StreamConfig(scale_frames=2, sliding_window=3, keyframe_interval=2,
                                                   max_frame_num=64, max_stored_frames=60, with_depth=True),
                                      cuda_graphs=True, sdpa_kernel="split", **kwargs)
-        assert manager.session.runtime.parallel_heads == kwargs.get("parallel_heads", True)
+        assert manager.session.runtime.depth_beside_camera
         frames = torch.rand(12, 3, 56, 84, generator=torch.Generator().manual_seed(4))
         out = [r for f in frames for r in manager.push(f)]
         assert manager.session._graph_step is not None and manager.session._graph_step.stats.replays >= 8
@@ -309,7 +315,7 @@ def test_depth_head_beside_the_camera_head_changes_nothing():
 
     for compile_blocks in ("off", "on"):
         side = stream(compile_blocks=compile_blocks)
-        serial = stream(compile_blocks=compile_blocks, parallel_heads=False)
+        serial = stream(serial=True, compile_blocks=compile_blocks)
         diffs = [(a - b).abs().max().item() for a, b in zip(side, serial)]
         print(f"heads side by side vs serial (fusion {compile_blocks}): max |diff| pose, depth, conf {diffs}")
         assert all(torch.isfinite(t).all() for t in side)
@@ -317,11 +323,11 @@ def test_depth_head_beside_the_camera_head_changes_nothing():
         assert diffs[1] <= 1e-5 * serial[1].abs().max().item() and diffs[2] <= 1e-5 * serial[2].abs().max().item()
 
 
-def test_encoder_graph_changes_nothing_and_is_captured_once():
-    """The frame step as two graphs (the image encoder queued before the host's plan, the default)
-    gives the poses and depth maps of the step as one graph bit for bit (the same kernels on the same
-    inputs), through a filling and a full window, a reset and fused blocks; the encoder's graph is
-    captured once per step and replayed every frame; a single scale frame keeps its own variants."""
+def test_encoder_graph_is_captured_once_and_replayed_every_frame():
+    """The frame step as two graphs (the image encoder queued before the host's plan): through a
+    filling and a full window, a reset and fused blocks, the encoder's graph is captured once per step
+    and replayed every frame, and the poses follow the eager session's; a single scale frame keeps its
+    own variants (the eager path, as without graphs)."""
     def stream(scale: int = 2, **kwargs):
         kwargs = {"cuda_graphs": True, "sdpa_kernel": "split", **kwargs}
         manager = _tiny_bf16_manager(StreamConfig(scale_frames=scale, sliding_window=3, keyframe_interval=2,
@@ -335,16 +341,14 @@ def test_encoder_graph_changes_nothing_and_is_captured_once():
         return [torch.stack([torch.from_numpy(getattr(r, name)) for r in out])
                 for name in ("pose_enc", "depth", "depth_conf")], step
 
+    eager, _ = stream(cuda_graphs=False, compile_blocks="off")
     for compile_blocks in ("off", "on"):
-        (split, step), (whole, one) = stream(compile_blocks=compile_blocks), stream(compile_blocks=compile_blocks,
-                                                                                 encoder_graph=False)
-        assert step.split and not one.split
-        assert step.stats.encoder_captures == 1 and one.stats.encoder_captures == 0
-        assert step.stats.replays == one.stats.replays == 5 + 10 and step.stats.captures == one.stats.captures
-        diffs = [(a - b).abs().max().item() for a, b in zip(split, whole)]
-        print(f"encoder graph vs one graph (fusion {compile_blocks}): max |diff| pose, depth, conf {diffs}")
-        assert all(torch.isfinite(t).all() for t in split)
-        assert all(torch.equal(a, b) for a, b in zip(split, whole)), diffs
+        graphed, step = stream(compile_blocks=compile_blocks)
+        assert step.stats.encoder_captures == 1
+        assert step.stats.replays == 5 + 10 and step.stats.captures == len(step.signatures)
+        rel = ((graphed[0].double() - eager[0].double()).norm() / eager[0].double().norm()).item()
+        print(f"two-graph step (fusion {compile_blocks}) vs eager: pose rel diff {rel:.2e}")
+        assert all(torch.isfinite(t).all() for t in graphed) and rel < 2e-2
     # one scale frame: the eager path with its own variants (the graphs hold phase 2's), as without graphs
     (graphed, _), (eager, _) = stream(scale=1, compile_blocks="off"), stream(scale=1, cuda_graphs=False,
                                                                             compile_blocks="off")
@@ -378,13 +382,17 @@ def test_depth_every_replays_one_graph_per_heads_variant():
     assert torch.isfinite(poses).all() and rel < 1e-3
 
 
-def test_depth_head_weights_channels_last_change_no_pose_and_no_depth():
-    """The depth head's weights in channels-last layout (the default on CUDA) against NCHW weights:
-    poses bit for bit equal (the head does not feed them), depth maps equal to fp32 summation order."""
+def test_depth_head_weights_channels_last_change_no_pose_and_no_depth(monkeypatch):
+    """The depth head's weights in channels-last layout (the default on CUDA) against NCHW weights (the
+    test overrides the runtime's layout): poses bit for bit equal (the head does not feed them), depth
+    maps equal to fp32 summation order."""
+    from lingbot_map_ros.core.runtime import ResolvedRuntime
+
     def run(channels_last):
+        monkeypatch.setattr(ResolvedRuntime, "depth_channels_last", property(lambda self: channels_last))
         manager = _tiny_bf16_manager(StreamConfig(scale_frames=2, sliding_window=3, keyframe_interval=1,
                                                   max_frame_num=64, max_stored_frames=60, with_depth=True),
-                                     cuda_graphs=True, sdpa_kernel="split", depth_channels_last=channels_last)
+                                     cuda_graphs=True, sdpa_kernel="split")
         assert manager.session.runtime.depth_channels_last is channels_last
         frames = torch.rand(10, 3, 56, 84, generator=torch.Generator().manual_seed(8))
         return [r for f in frames for r in manager.push(f)]

@@ -53,7 +53,7 @@ def test_out_of_memory_fails_one_frame_and_frees_its_memory():
     from lingbot_map_ros.core.session_manager import InferenceFailed, SessionManager
 
     runtime = RuntimeConfig(device="cuda", dtype="bfloat16", model_preset="tiny", attention_backend="sdpa")
-    manager = SessionManager(runtime, StreamConfig(scale_frames=1, sliding_window=4), log=lambda _: None)
+    manager = SessionManager.open(runtime, StreamConfig(scale_frames=1, sliding_window=4), log=lambda _: None)
     small = torch.rand(3, 14 * 8, 518)  # [3, H, W]
     huge = torch.rand(3, 14 * 148, 518)  # [3, 2072, 518]: caches and activations far above the cap
     total = torch.cuda.get_device_properties(0).total_memory
@@ -109,7 +109,7 @@ def test_new_sizes_and_resets_leave_no_memory_behind():
     from lingbot_map_ros.core.session_manager import SessionManager
 
     runtime = RuntimeConfig(device="cuda", dtype="bfloat16", model_preset="tiny", attention_backend="sdpa")
-    manager = SessionManager(runtime, StreamConfig(scale_frames=1, sliding_window=4), log=lambda _: None)
+    manager = SessionManager.open(runtime, StreamConfig(scale_frames=1, sliding_window=4), log=lambda _: None)
     small = torch.rand(3, 14 * 8, 518)  # [3, H, W]
     medium = torch.rand(3, 14 * 20, 518)
 
@@ -141,8 +141,8 @@ def test_out_of_memory_while_capturing_the_frame_graphs_is_contained():
     from lingbot_map_ros.core.session_manager import InferenceFailed, SessionManager
 
     runtime = RuntimeConfig(device="cuda", dtype="bfloat16", model_preset="tiny", attention_backend="sdpa")
-    manager = SessionManager(runtime, StreamConfig(scale_frames=1, sliding_window=4), log=lambda _: None)
-    assert manager.session.runtime.encoder_graph and manager.session.runtime.cuda_graphs
+    manager = SessionManager.open(runtime, StreamConfig(scale_frames=1, sliding_window=4), log=lambda _: None)
+    assert manager.session.runtime.cuda_graphs
     small = torch.rand(3, 14 * 8, 518)  # [3, H, W]
     medium = torch.rand(3, 14 * 24, 518)
     total = torch.cuda.get_device_properties(0).total_memory

@@ -28,8 +28,8 @@ STREAM = StreamConfig(scale_frames=2, sliding_window=4, keyframe_interval=2, cam
 
 
 def manager(device: str, dtype: str, **runtime) -> SessionManager:
-    return SessionManager(RuntimeConfig(device=device, dtype=dtype, model_preset="tiny", seed=3, **runtime), STREAM,
-                          log=lambda m: None)
+    runtime_cfg = RuntimeConfig(device=device, dtype=dtype, model_preset="tiny", seed=3, **runtime)
+    return SessionManager.open(runtime_cfg, STREAM, log=lambda m: None)
 
 
 def frames(n: int) -> list[torch.Tensor]:
@@ -47,7 +47,7 @@ def test_resume_on_cuda_with_graphs_equals_the_uninterrupted_run(backend, tmp_pa
     a = manager("cuda", "bfloat16", attention_backend=backend)
     assert a.session.runtime.cuda_graphs
     poses(a, fs[:20])  # a window switch and evictions before the save
-    assert a.window_switches >= 1
+    assert a.policy.window_switches >= 1
     a.save(str(tmp_path / "s"))
     b = manager("cuda", "bfloat16", attention_backend=backend)
     poses(b, fs[:3])  # b has pools and captured graphs already: the load writes into them
@@ -55,7 +55,7 @@ def test_resume_on_cuda_with_graphs_equals_the_uninterrupted_run(backend, tmp_pa
     b.load(str(tmp_path / "s"))
     assert b.session._kv.storage.data_ptr() == pools
     expected, got = poses(a, fs[20:]), poses(b, fs[20:])
-    assert a.window_switches > 1
+    assert a.policy.window_switches > 1
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
 
 
@@ -108,8 +108,8 @@ def test_without_room_in_the_budget_the_copies_go_to_the_host(tmp_path):
     poses(probe, frames(6))
     need = probe.session.bytes_in_use()
     budget_gb = (probe.budgeted_bytes() + need / 2) / GB  # the session fits, a copy of it beside it does not
-    tight = SessionManager(RuntimeConfig(device="cuda", dtype="bfloat16", model_preset="tiny", seed=3),
-                           dataclasses.replace(STREAM, gpu_memory_budget=budget_gb), log=lambda m: None)
+    tight = SessionManager.open(RuntimeConfig(device="cuda", dtype="bfloat16", model_preset="tiny", seed=3),
+                                dataclasses.replace(STREAM, gpu_memory_budget=budget_gb), log=lambda m: None)
     poses(tight, frames(6))
     assert not tight.staging_fits(tight.session.bytes_in_use())
     capture = tight.capture()

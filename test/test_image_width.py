@@ -64,7 +64,7 @@ def test_the_model_runs_at_each_width_and_a_change_is_a_new_session() -> None:
     runtime = RuntimeConfig(model_preset="tiny", device="cpu")
     stream = StreamConfig(scale_frames=2, sliding_window=3, long_run_policy="reset", max_frame_num=64,
                           max_stored_frames=40, camera_iterations=1, image_width=224)
-    manager = SessionManager(runtime, stream, log=lambda m: None)
+    manager = SessionManager.open(runtime, stream, log=lambda m: None)
     starts = []
     manager.on_new_session = starts.append
     rgb = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)

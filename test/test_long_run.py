@@ -42,7 +42,7 @@ CPU = resolve_for(torch.device("cpu"), torch.float32)
 
 def tiny_session(**stream) -> SessionManager:
     cfg = StreamConfig(**{**SMALL, **stream})
-    return SessionManager(TINY, cfg, log=lambda m: None)
+    return SessionManager.open(TINY, cfg, log=lambda m: None)
 
 
 def random_frames(n: int, seed: int = 0) -> list[torch.Tensor]:
@@ -120,7 +120,7 @@ def run_trajectory(n: int, *, with_depth=False, kf=1, still=(0, 0), disable_alig
     session = SessionManager.around(model, model_config("tiny"), cfg, CPU, log=lambda m: None)
     if disable_alignment:  # the new window's raw frame is published as if it were the world frame
         session.policy._fit_alignment = lambda overlap, raw, previous, start: long_run.WindowAlignment(  # type: ignore
-            session.window_index, Sim3(), "disabled", 1.0, 0, 0, len(overlap), 0.0)
+            session.policy.window_index, Sim3(), "disabled", 1.0, 0, 0, len(overlap), 0.0)
     results = []
     for i in range(n):
         results += session.push(encode_index(i), float(i))
@@ -151,8 +151,8 @@ def continuity_errors(gt: np.ndarray, results) -> tuple[float, float, float]:
 def test_windows_continue_the_trajectory(with_depth, kf):
     gt, results, session, model = run_trajectory(160, with_depth=with_depth, kf=kf)
     assert len(results) == 160 and [int(r.stamp) for r in results] == list(range(160))
-    assert session.window_switches >= 8 and model.windows == session.window_switches + 1
-    assert session.last_alignment.method == ("depth-median" if with_depth else "pose-fit")
+    assert session.policy.window_switches >= 8 and model.windows == session.policy.window_switches + 1
+    assert session.policy.last_alignment.method == ("depth-median" if with_depth else "pose-fit")
     ate, jump, local = continuity_errors(gt, results)
     assert ate < 1e-3 * local and jump < 1e-3 * local, (ate, jump, local)  # float32 pose_enc
     # rotations continue too: the published orientation equals the true one up to the world rotation
@@ -176,8 +176,8 @@ def test_windows_continue_with_depth_on_some_frames(depth_every, method):
     """depth_every > 1: the scale comes from the overlap frames with a depth map in both windows; with
     none (only each window's scale frames have one), from the camera centres."""
     gt, results, session, _ = run_trajectory(120, with_depth=True, depth_every=depth_every)
-    assert session.window_switches >= 6
-    assert session.last_alignment.method == method
+    assert session.policy.window_switches >= 6
+    assert session.policy.last_alignment.method == method
     assert any(r.depth is None for r in results) and any(r.depth is not None for r in results)
     ate, jump, local = continuity_errors(gt, results)
     assert ate < 1e-3 * local and jump < 1e-3 * local, (ate, jump, local)
@@ -189,7 +189,7 @@ def test_depth_scale_is_published_with_the_chain():
     # world-unit depth = true depth x the first window's scale, whatever the current window's scale
     s0 = results[0].depth[0, 0] / true_depth(0)[0, 0]
     assert np.allclose(r.depth, true_depth(int(r.stamp)) * s0, rtol=1e-5)
-    assert session.transform.scale != 1.0
+    assert session.policy.transform.scale != 1.0
 
 
 def test_standing_still_over_the_overlap_keeps_the_scale_and_does_not_jump():
@@ -213,7 +213,7 @@ def test_standing_still_over_the_overlap_keeps_the_scale_and_does_not_jump():
                 j = later[0]
                 assert d_est[k - 1] / d_ref[k - 1] == pytest.approx(d_est[j] / d_ref[j], rel=1e-3), k
     warned = any("could not fix the scale" in w for w in session.warnings())
-    assert warned == (session.last_alignment.method == "pose-fallback")
+    assert warned == (session.policy.last_alignment.method == "pose-fallback")
 
 
 def test_failed_window_switch_takes_the_failure_path_and_starts_a_new_world_frame():
@@ -239,9 +239,9 @@ def test_failed_window_switch_takes_the_failure_path_and_starts_a_new_world_fram
     assert [i for i, _ in failures] == [10] and "boom" in str(failures[0][1])
     assert failures[0][1].cause.__traceback__ is None and "boom" in failures[0][1].detail
     assert [s.cause for s in starts] == [SessionCause.FAILURE] and starts[0].discarded == ()
-    assert session.session_id == 1 and session.window_index == 0
+    assert session.session_id == 1 and session.policy.window_index == 0
     assert [r.session_id for r in got] == [0] * 10 + [1] * 3  # frames 11..13 in the new world frame
-    assert len(got) + session.buffered + len(failures) == 14
+    assert len(got) + session.session.buffered + len(failures) == 14
 
 
 def test_centre_scale_fallbacks():
@@ -275,10 +275,10 @@ def test_window_switch_bookkeeping_and_user_reset():
     for i, frame in enumerate(random_frames(70)):
         results += session.push(frame, float(i))
         assert session.session.frames_stored <= SMALL["max_stored_frames"]
-        assert session.overlap_buffered <= SMALL["overlap_frames"]
+        assert session.policy.overlap_buffered <= SMALL["overlap_frames"]
     assert [r.frame_index for r in results] == list(range(70))
     assert {r.session_id for r in results} == {0}
-    assert session.window_index >= 3 and session.window_switches == session.window_index
+    assert session.policy.window_index >= 3 and session.policy.window_switches == session.policy.window_index
     windows = [r.window_index for r in results]
     assert windows == sorted(windows)
     for r in results:
@@ -288,12 +288,12 @@ def test_window_switch_bookkeeping_and_user_reset():
         assert r.cache.special_pages <= r.cache.special_pages_capacity
         assert np.isfinite(r.c2w).all() and np.allclose(r.c2w[:3, :3] @ r.c2w[:3, :3].T, np.eye(3), atol=1e-9)
     first_new = [r for r in results if "window_switch" in r.frame_extra]
-    assert len(first_new) == session.window_switches
+    assert len(first_new) == session.policy.window_switches
     assert not any(w.startswith("stored frames") for w in session.warnings())
 
     session.reset()  # the user's ~/reset: a new world frame, chain cleared
-    assert session.session_id == 1 and session.window_index == 0 and session.overlap_buffered == 0
-    assert session.transform.is_identity
+    assert session.session_id == 1 and session.policy.window_index == 0 and session.policy.overlap_buffered == 0
+    assert session.policy.transform.is_identity
     out = []
     for i, frame in enumerate(random_frames(3, seed=5)):
         out += session.push(frame, float(100 + i))
@@ -306,8 +306,8 @@ def test_depth_head_alignment_with_real_model():
     results = []
     for i, frame in enumerate(random_frames(30)):
         results += session.push(frame, float(i))
-    assert len(results) == 30 and session.window_switches >= 2
-    assert session.last_alignment.method == "depth-median"
+    assert len(results) == 30 and session.policy.window_switches >= 2
+    assert session.policy.last_alignment.method == "depth-median"
     assert all(np.isfinite(r.c2w).all() and r.depth is not None and np.isfinite(r.depth).all() for r in results)
 
 
@@ -317,7 +317,7 @@ def test_policies_reset_and_stop():
     for i, frame in enumerate(random_frames(40)):
         ids += [r.session_id for r in session.push(frame, float(i))]
     assert ids == sorted(ids) and ids[-1] >= 2
-    assert len(ids) + session.buffered == 40  # one result per frame (the last may wait for its scale partner)
+    assert len(ids) + session.session.buffered == 40  # one result per frame (the last may wait for its scale partner)
     stop = tiny_session(long_run_policy="stop")
     done, reasons = 0, []
     for i, frame in enumerate(random_frames(20)):
@@ -352,7 +352,8 @@ def _soak(n: int, kf: int, warmup: int = 300) -> dict:
             rss0 = proc.memory_info().rss
     counted += len(session.flush())
     gc.collect()
-    return dict(counted=counted, switches=session.window_switches, growth_mb=(proc.memory_info().rss - rss0) / 2**20,
+    return dict(counted=counted, switches=session.policy.window_switches,
+                growth_mb=(proc.memory_info().rss - rss0) / 2**20,
                 seconds=time.perf_counter() - start)
 
 

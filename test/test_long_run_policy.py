@@ -71,7 +71,7 @@ def test_one_session_class_serves_every_policy():
     assert StreamingSession.__subclasses__() == []
     assert not hasattr(long_run, "session_class") and not hasattr(long_run, "WindowedSession")
     for name in LONG_RUN_POLICIES:
-        manager = SessionManager(RUNTIME, StreamConfig(**SMALL, long_run_policy=name), log=lambda m: None)
+        manager = SessionManager.open(RUNTIME, StreamConfig(**SMALL, long_run_policy=name), log=lambda m: None)
         assert type(manager.session) is StreamingSession and type(manager.policy) is policy_class(name)
 
 
@@ -120,7 +120,7 @@ def test_reset_policy_asks_the_manager_for_a_new_session():
 def test_reset_policy_session_goes_through_the_managers_one_path():
     """The session the reset policy asks for reaches the listener like any other (counted by the node),
     and the frame at the limit is the first frame of the new session."""
-    manager = SessionManager(RUNTIME, StreamConfig(**SMALL, long_run_policy="reset"), log=lambda m: None)
+    manager = SessionManager.open(RUNTIME, StreamConfig(**SMALL, long_run_policy="reset"), log=lambda m: None)
     starts = []
     manager.on_new_session = starts.append
     out = []
@@ -142,8 +142,8 @@ def test_policies_without_windows_publish_in_the_session_frame():
 
 # ------------------------------------------------------------------------------- real sessions
 def test_stop_session_refuses_at_the_limit_and_every_frame_after_it():
-    session = SessionManager(RUNTIME, StreamConfig(**SMALL, long_run_policy="stop", keyframe_interval=2),
-                             log=lambda m: None)
+    session = SessionManager.open(RUNTIME, StreamConfig(**SMALL, long_run_policy="stop", keyframe_interval=2),
+                                  log=lambda m: None)
     processed, refused = [], []
     for i, f in enumerate(frames(20)):
         try:
@@ -165,10 +165,10 @@ def test_stop_session_refuses_at_the_limit_and_every_frame_after_it():
 def test_dropping_a_manager_frees_it_at_once():
     """The policy gets the session per call and keeps no reference to it: no cycle, so the manager,
     its session, the model and the caches go as soon as the last reference does."""
-    manager = SessionManager(RUNTIME, StreamConfig(**SMALL), log=lambda m: None)
+    manager = SessionManager.open(RUNTIME, StreamConfig(**SMALL), log=lambda m: None)
     for i, f in enumerate(frames(16)):
         manager.push(f, float(i))
-    assert manager.window_switches >= 1
+    assert manager.policy.window_switches >= 1
     refs = [weakref.ref(x) for x in (manager, manager.session, manager.session.model, manager.policy)]
     gc.disable()
     try:
@@ -180,7 +180,7 @@ def test_dropping_a_manager_frees_it_at_once():
 
 # ------------------------------------------------------------------------------- runtime swap
 def test_session_manager_swaps_the_policy_at_runtime():
-    manager = SessionManager(RUNTIME, StreamConfig(**SMALL), log=lambda m: None)
+    manager = SessionManager.open(RUNTIME, StreamConfig(**SMALL), log=lambda m: None)
     session, model = manager.session, manager.session.model
     stream = iter(frames(200))
     count = 0
@@ -197,7 +197,7 @@ def test_session_manager_swaps_the_policy_at_runtime():
         return out, errors
 
     out, errors = feed(20)
-    assert not errors and isinstance(manager.policy, WindowPolicy) and manager.window_switches >= 2
+    assert not errors and isinstance(manager.policy, WindowPolicy) and manager.policy.window_switches >= 2
     assert {r.session_id for r in out} == {0} and max(r.window_index for r in out) >= 2
 
     # window -> stop: same session object and model, a new world frame, no window chain
@@ -205,7 +205,7 @@ def test_session_manager_swaps_the_policy_at_runtime():
     r = manager.apply(RUNTIME, dataclasses.replace(manager.stream_cfg, long_run_policy="stop"))
     assert r.change is Change.NEW_SESSION and r.fields == ("long_run_policy",)
     assert manager.session is session and session.model is model and isinstance(manager.policy, StopPolicy)
-    assert manager.session_id == sid + 1 and manager.window_index == 0 and manager.window_switches == 0
+    assert manager.session_id == sid + 1 and manager.policy.window_index == 0 and manager.policy.window_switches == 0
     out, errors = feed(10)
     assert len(out) == 8 and len(errors) == 2 and all("refuses further frames" in e or "'stop'" in e for e in errors)
 
@@ -226,12 +226,12 @@ def test_session_manager_swaps_the_policy_at_runtime():
     policy = manager.policy
     assert isinstance(policy, WindowPolicy) and policy.window_switches == 0
     feed(16)
-    switches = manager.window_switches
+    switches = manager.policy.window_switches
     assert switches >= 1
     sid = manager.session_id
     r = manager.apply(RUNTIME, dataclasses.replace(manager.stream_cfg, overlap_frames=4))
     assert r.change is Change.NEW_SESSION and r.fields == ("overlap_frames",)
-    assert manager.policy is policy and manager.window_switches == switches and manager.window_index == 0
-    assert manager.session_id == sid + 1 and manager.overlap_buffered == 0
+    assert manager.policy is policy and manager.policy.window_switches == switches and manager.policy.window_index == 0
+    assert manager.session_id == sid + 1 and manager.policy.overlap_buffered == 0
     feed(20)
-    assert manager.overlap_buffered == 4 and manager.window_switches > switches
+    assert manager.policy.overlap_buffered == 4 and manager.policy.window_switches > switches

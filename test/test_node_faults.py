@@ -36,8 +36,6 @@ from rclpy.parameter import Parameter, parameter_value_to_python  # noqa: E402
 from rclpy.parameter_client import AsyncParameterClient  # noqa: E402
 from std_srvs.srv import Trigger  # noqa: E402
 
-from lingbot_map_ros.core.config import model_config  # noqa: E402
-from lingbot_map_ros.core.model import build_model  # noqa: E402
 from lingbot_map_ros.msg import FrameStatus  # noqa: E402
 from lingbot_map_ros.tools.node_client import Listener, NodeProcess, SyntheticCamera, image_message, node_command  # noqa: E402
 
@@ -133,9 +131,8 @@ def _stop(node: NodeProcess, listener: Listener, ctx, sig: int = 2) -> None:
     assert "stopped cleanly" in node.output()
 
 
-def _nan_checkpoint(path: Path) -> None:
-    model, _ = build_model(model_config("tiny"), seed=1)
-    sd = model.state_dict()
+def _nan_checkpoint(path: Path, model) -> None:
+    sd = dict(model.state_dict())  # a copy of the mapping: the shared model keeps its weights
     poisoned = [k for k in sd if k.startswith("camera_head.") and sd[k].is_floating_point()]
     assert poisoned
     for k in poisoned[:1]:
@@ -143,9 +140,9 @@ def _nan_checkpoint(path: Path) -> None:
     torch.save({"model": sd}, path)
 
 
-def test_nan_checkpoint_publishes_nothing_and_restarts_sessions(tmp_path, ros_domain_id):
+def test_nan_checkpoint_publishes_nothing_and_restarts_sessions(tmp_path, ros_domain_id, tiny_model):
     ckpt = tmp_path / "nan_tiny.pt"
-    _nan_checkpoint(ckpt)
+    _nan_checkpoint(ckpt, tiny_model(1)[1])
     node, listener, ctx = _start(tmp_path, ros_domain_id,
                                  ["-p", f"checkpoint:={ckpt}", "-p", "max_non_finite_frames:=2"])
     try:
@@ -412,10 +409,10 @@ class _Exploit:
         return (os.system, ("echo pwned",))
 
 
-def test_model_changes_are_checked_before_they_are_accepted(tmp_path, ros_domain_id):
+def test_model_changes_are_checked_before_they_are_accepted(tmp_path, ros_domain_id, tiny_model):
     """A checkpoint of the other preset, a truncated file and a code-running pickle are refused by
     ``ros2 param set`` itself, with the reason; the value stays what the model uses."""
-    model, _ = build_model(model_config("tiny"), seed=2)
+    _, model = tiny_model(2)
     good = tmp_path / "tiny.pt"
     torch.save({"model": model.state_dict()}, good)
     truncated = tmp_path / "truncated.pt"
@@ -441,21 +438,21 @@ def test_model_changes_are_checked_before_they_are_accepted(tmp_path, ros_domain
 
 BUILD_FAULT_WRAPPER = '''\
 import sys
-from lingbot_map_ros.core import session_manager as _sm
+from lingbot_map_ros.core.model_host import ModelHost
 
 _calls = [0]
-_load_model = _sm.load_model
+_load = ModelHost.load.__func__
 
 
-def _failing_load_model(*args, **kwargs):
+def _failing_load(cls, *args, **kwargs):
     _calls[0] += 1
     print(f"[wrapper] model build {{_calls[0]}}", flush=True)
     if _calls[0] == 2:
         raise RuntimeError("injected failure while building the model")
-    return _load_model(*args, **kwargs)
+    return _load(cls, *args, **kwargs)
 
 
-_sm.load_model = _failing_load_model
+ModelHost.load = classmethod(_failing_load)
 from lingbot_map_ros.ros.node import main
 sys.exit(main())
 '''

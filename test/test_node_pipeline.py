@@ -24,6 +24,7 @@ import re
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -48,6 +49,7 @@ from lingbot_map_ros.core.results import CacheSnapshot  # noqa: E402
 from lingbot_map_ros.core.session_manager import ManagerView, SessionStart  # noqa: E402
 from lingbot_map_ros.core.settings import defaults  # noqa: E402
 from lingbot_map_ros.msg import FrameStatus  # noqa: E402
+from lingbot_map_ros.ros.commands import Reset  # noqa: E402
 from lingbot_map_ros.ros.diagnostics import REJECT_KINDS  # noqa: E402
 from lingbot_map_ros.ros.frames import Frame, FrameLedger, InputRejected  # noqa: E402
 from lingbot_map_ros.ros.inference import InferenceWorker, SessionView  # noqa: E402
@@ -145,6 +147,16 @@ def test_stage_holds_one_frame_in_preprocessing_and_one_waiting(rig):
     assert (c.received, c.processed, c.dropped, c.pending) == (3, 0, 1, 2)  # two frames handed on, pending
 
 
+def _inside(thread: threading.Thread, function: str) -> bool:
+    """Whether ``thread`` is running ``function`` now (somewhere in its stack)."""
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None:
+        if frame.f_code.co_name == function:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def test_stop_ends_the_frame_in_hand_and_the_waiting_one_then_restarts(rig):
     stage, ledger, sunk = rig["stage"], rig["ledger"], rig["sunk"]
     stage.start()
@@ -153,8 +165,12 @@ def test_stop_ends_the_frame_in_hand_and_the_waiting_one_then_restarts(rig):
     stage.offer(_frame(ledger, 2))
     stopper = threading.Thread(target=stage.stop, args=("the node was deactivated",))
     stopper.start()
-    time.sleep(0.2)
-    assert stopper.is_alive(), "stop must wait for the frame in preprocessing"
+    # the marker: the stopping thread is inside Thread.join while the frame in hand is held at the gate
+    # (a stop that does not wait for it never gets there: it ends, and the wait below says so)
+    deadline = time.monotonic() + 10
+    while stopper.is_alive() and not _inside(stopper, "join") and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert stopper.is_alive() and _inside(stopper, "join"), "stop must wait for the frame in preprocessing"
     rig["gate"].set()
     stopper.join(10)
     assert not stopper.is_alive() and not stage.running
@@ -174,13 +190,13 @@ class FakeManager:
         self.session_id = 1
         self.pushed: list[tuple[int, tuple]] = []
         self.stream_cfg = StreamConfig(scale_frames=2)
-        self.buffered = 0
+        self.session = SimpleNamespace(buffered=0, mapping=True)  # what the worker reads of the session
         self.on_new_session = None
         self.last_start = None
 
     def push(self, tensor, stamp):
         self.pushed.append((stamp.header.stamp.sec, tuple(tensor.shape)))
-        self.buffered = 1
+        self.session.buffered = 1
         return []  # buffered for the scale frames: BUFFERED, no final status yet
 
     def reset(self, reason, cause):
@@ -214,7 +230,7 @@ def test_frame_preprocessed_before_a_reset_is_checked_against_the_new_session(ri
             return frame
 
         stale = preprocessed(1, (64, 48))  # session 1 is 64x48
-        assert worker.submit(("reset", "test reset"), wait=10)  # session 2: no size yet
+        assert worker.submit(Reset("test reset"), wait=10)  # session 2: no size yet
         input_size.check(80, 60)  # a frame of another size reached the callback first
         worker.offer(stale)
         assert _wait(lambda: any(s[0] == 1 for s in rig["statuses"]))
@@ -223,7 +239,7 @@ def test_frame_preprocessed_before_a_reset_is_checked_against_the_new_session(ri
         assert manager.pushed == [] and input_size.input_wh == (80, 60)
 
         stale = preprocessed(2, (80, 60))  # session 2 is 80x60
-        assert worker.submit(("reset", "test reset"), wait=10)  # session 3: no size yet
+        assert worker.submit(Reset("test reset"), wait=10)  # session 3: no size yet
         worker.offer(stale)  # the first frame of session 3: its size is adopted
         assert _wait(lambda: manager.pushed)
         assert manager.pushed == [(2, (3, 392, 518))] and input_size.input_wh == (80, 60)
@@ -271,13 +287,13 @@ class BufferingManager(FakeManager):
     def push(self, tensor, stamp):
         self.pushed.append((stamp.header.stamp.sec, tuple(tensor.shape)))
         self.waiting.append(stamp)
-        self.buffered = len(self.waiting)
+        self.session.buffered = len(self.waiting)
         return []
 
     def reset(self, reason, cause):
         self.session_id += 1
         discarded, self.waiting = self.waiting, []
-        self.buffered = 0
+        self.session.buffered = 0
         self.last_start = SessionStart(self.session_id, cause, reason, tuple(discarded))
         self.on_new_session(self.last_start)
         return self.last_start
@@ -314,7 +330,7 @@ def test_stamps_that_jump_back_start_a_new_session_and_every_frame_ends_once(rig
         push(41)
         push(41)  # the same stamp again is no jump
         assert manager.session_id == 3 and ledger.c.time_jump_sessions == 2
-        worker.submit(("reset", "test reset"), wait=10)  # session 4: compared afresh, 30 < 41 is no jump
+        worker.submit(Reset("test reset"), wait=10)  # session 4: compared afresh, 30 < 41 is no jump
         push(30)
         assert manager.session_id == 4 and ledger.c.time_jump_sessions == 2 and ledger.c.resets == 1
     finally:

@@ -7,10 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from lingbot_map_ros.core.config import StreamConfig, model_config
-from lingbot_map_ros.core.model import build_model
-from lingbot_map_ros.core.runtime import resolve_for
-from lingbot_map_ros.core.session_manager import SessionManager
+from lingbot_map_ros.core.config import StreamConfig
 from lingbot_map_ros.core.trajectory import read_tum
 from lingbot_map_ros.tools import offline
 
@@ -23,7 +20,7 @@ def _frames(tmp_path, n: int, h: int, w: int, seed: int):
 
 
 @pytest.mark.slow
-def test_tiny_offline_matches_the_session_and_writes_every_output(tmp_path):
+def test_tiny_offline_matches_the_session_and_writes_every_output(tmp_path, tiny_manager):
     path, frames = _frames(tmp_path, 9, 28, 42, seed=3)
     out, tum, js = tmp_path / "r.npz", tmp_path / "t.tum", tmp_path / "r.json"
     common = ["--frames", str(path), "--model-preset", "tiny", "--device", "cpu", "--dtype", "float32",
@@ -43,11 +40,8 @@ def test_tiny_offline_matches_the_session_and_writes_every_output(tmp_path):
     np.testing.assert_allclose(positions, result["c2w"][:, :3, 3], atol=1e-9)
 
     # the same numbers as driving the session directly with the same weights
-    cfg = model_config("tiny")
-    model, _ = build_model(cfg, seed=11)
     stream = StreamConfig(scale_frames=2, sliding_window=3, keyframe_interval=2, camera_iterations=2)
-    manager = SessionManager.around(model, cfg, stream, resolve_for(torch.device("cpu"), torch.float32, backend="sdpa"),
-                                    log=lambda m: None)
+    manager = tiny_manager(stream, seed=11)  # the weights of the tool's --seed 11
     direct = [r for f in frames for r in manager.push(torch.from_numpy(f))]
     np.testing.assert_allclose(np.stack([r.pose_enc for r in direct]), result["pose_enc"], rtol=1e-5, atol=1e-6)
 

@@ -5,7 +5,7 @@
   intrinsics and poses, with invalid pixels mixed in;
 * every point re-projects onto the pixel it came from, with that pixel's depth as its camera z;
 * the voxel map vs a plain-Python dictionary model of the same rules, and bounded over 5000 frames;
-* PLY and COLMAP files parsed back by readers written here;
+* PLY and COLMAP files parsed back by the readers of ``map_files.py``;
 * PointCloud2 / CameraInfo / confidence Image layouts read back field by field.
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from map_files import quat_wxyz_to_matrix, read_colmap, read_ply
 
 from lingbot_map_ros.core.reconstruction import (
     PointBatch,
@@ -258,26 +259,6 @@ def test_voxel_map_bounded_over_5000_frames():
 
 
 # ------------------------------------------------------------------------------------ files
-def read_ply(path: Path) -> tuple[dict, np.ndarray]:
-    """Minimal binary PLY reader: header -> numpy structured array of the vertex element."""
-    raw = path.read_bytes()
-    end = raw.index(b"end_header\n") + len(b"end_header\n")
-    header = raw[:end].decode("ascii").splitlines()
-    assert header[0] == "ply" and header[1] == "format binary_little_endian 1.0"
-    types = {"float": "<f4", "uchar": "u1", "double": "<f8", "int": "<i4"}
-    props, count = [], None
-    for line in header:
-        parts = line.split()
-        if parts[0] == "element":
-            assert parts[1] == "vertex"
-            count = int(parts[2])
-        elif parts[0] == "property":
-            props.append((parts[2], types[parts[1]]))
-    dt = np.dtype(props)
-    assert len(raw) - end == count * dt.itemsize
-    return {"comments": [h for h in header if h.startswith("comment")]}, np.frombuffer(raw[end:], dt)
-
-
 def test_ply_round_trip(tmp_path):
     rng = np.random.default_rng()
     n = int(rng.integers(1, 500))
@@ -294,34 +275,6 @@ def test_ply_round_trip(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["map.ply"]  # no temporary file left behind
     write_ply(path, np.zeros((0, 3)))
     assert len(read_ply(path)[1]) == 0
-
-
-def read_colmap(directory: Path):
-    """Reader of COLMAP's three text files, from the format's documentation."""
-    def rows(name):
-        return [ln for ln in (directory / name).read_text().splitlines() if not ln.startswith("#")]
-
-    cams = {}
-    for ln in rows("cameras.txt"):
-        p = ln.split()
-        cams[int(p[0])] = (p[1], int(p[2]), int(p[3]), [float(x) for x in p[4:]])
-    lines = rows("images.txt")
-    images = {}
-    for head, pts2d in zip(lines[0::2], lines[1::2]):
-        p = head.split()
-        images[int(p[0])] = ([float(x) for x in p[1:5]], [float(x) for x in p[5:8]], int(p[8]), p[9], pts2d)
-    points = {}
-    for ln in rows("points3D.txt"):
-        p = ln.split()
-        points[int(p[0])] = ([float(x) for x in p[1:4]], [int(x) for x in p[4:7]], float(p[7]), p[8:])
-    return cams, images, points
-
-
-def quat_wxyz_to_matrix(q):
-    w, x, y, z = np.asarray(q, np.float64) / np.linalg.norm(q)
-    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-                     [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-                     [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)]])
 
 
 def test_colmap_text_round_trip_and_projection(tmp_path):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from map_files import quat_wxyz_to_matrix, read_colmap, read_ply
 from PIL import Image
-from test_reconstruction import quat_wxyz_to_matrix, read_colmap, read_ply
 
 from lingbot_map_ros.tools import offline
 

@@ -77,7 +77,7 @@ def test_window_switches_re_estimate_the_scale_without_a_jump(one_torch_thread):
     robot = RobotFrames(node, values, _Tree(), depth)
     stream = StreamConfig(scale_frames=2, sliding_window=3, camera_iterations=1, with_depth=True,
                           long_run_policy="window", max_stored_frames=6, overlap_frames=2)
-    session = SessionManager(RuntimeConfig(model_preset="tiny", device="cpu"), stream, log=lambda m: None)
+    session = SessionManager.open(RuntimeConfig(model_preset="tiny", device="cpu"), stream, log=lambda m: None)
     cam = SyntheticCamera(64, 48, seed=2)
     pre = FramePreprocessor()
     robot.begin_session()

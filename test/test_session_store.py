@@ -46,7 +46,7 @@ SCENARIOS = {
 def manager_for(name: str, **stream) -> SessionManager:
     sc = SCENARIOS[name]
     runtime = RuntimeConfig(device="cpu", dtype="float32", attention_backend="sdpa", **sc["runtime"])
-    return SessionManager(runtime, StreamConfig(**{**sc["stream"], **stream}), log=lambda m: None)
+    return SessionManager.open(runtime, StreamConfig(**{**sc["stream"], **stream}), log=lambda m: None)
 
 
 def frames_for(n: int, seed: int = 0) -> list[torch.Tensor]:
@@ -82,7 +82,7 @@ def _child_resume(name: str, session: str, out: str) -> None:
     manager = manager_for(name)
     report = manager.load(session)
     results = push_all(manager, frames_for(sc["frames"])[sc["save_at"]:])
-    np.savez(out, switches=manager.window_switches, loaded_frames=report.frames, **summary(results))
+    np.savez(out, switches=manager.policy.window_switches, loaded_frames=report.frames, **summary(results))
 
 
 def run_child(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -97,17 +97,17 @@ def check_resume_in_new_process(name: str, tmp_path: Path) -> None:
     frames = frames_for(sc["frames"])
     manager = manager_for(name)
     first = push_all(manager, frames[:sc["save_at"]])
-    switches_before = manager.window_switches
+    switches_before = manager.policy.window_switches
     assert switches_before >= 1 and first[-1].cache.frames_evicted > 0  # both happened before the save
     report = manager.save(str(tmp_path / "s"))
     assert report.frames == sc["save_at"] and report.bytes > 0
     rest = push_all(manager, frames[sc["save_at"]:])  # the uninterrupted run goes on in this process
-    assert manager.window_switches > switches_before  # and a switch happens after the save too
+    assert manager.policy.window_switches > switches_before  # and a switch happens after the save too
 
     proc = run_child("_child_resume", name, str(tmp_path / "s"), str(tmp_path / "resumed.npz"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     resumed = np.load(tmp_path / "resumed.npz")
-    assert int(resumed["switches"]) == manager.window_switches
+    assert int(resumed["switches"]) == manager.policy.window_switches
     expected = summary(rest)
     assert expected["frame_index"][0] == sc["save_at"]  # numbering continues
     for key, value in expected.items():
@@ -214,7 +214,7 @@ def test_a_session_of_other_weights_or_geometry_is_refused(other, field, saved):
     sc = SCENARIOS["tiny"]
     runtime = RuntimeConfig(device="cpu", dtype="float32", attention_backend="sdpa", model_preset="tiny",
                             seed=other.pop("runtime_seed", sc["runtime"]["seed"]))
-    manager = SessionManager(runtime, StreamConfig(**{**sc["stream"], **other}), log=lambda m: None)
+    manager = SessionManager.open(runtime, StreamConfig(**{**sc["stream"], **other}), log=lambda m: None)
     with pytest.raises(SessionFileError, match=field.replace(".", r"\.")):
         manager.load(str(good))
 
@@ -370,7 +370,7 @@ def test_mapping_off_stores_nothing_and_every_frame_gets_a_pose(tmp_path):
     manager.save(str(tmp_path / "map"))
     localizer = manager_for("tiny")
     localizer.load(str(tmp_path / "map"))
-    localizer.mapping = False
+    localizer.session.mapping = False
     before = map_hash(localizer)
     results = push_all(localizer, frames[12:112])
     assert len(results) == 100
@@ -380,10 +380,10 @@ def test_mapping_off_stores_nothing_and_every_frame_gets_a_pose(tmp_path):
     # each localized pose is what the map alone gives: the same frame pushed right after the load
     fresh = manager_for("tiny")
     fresh.load(str(tmp_path / "map"))
-    fresh.mapping = False
+    fresh.session.mapping = False
     np.testing.assert_array_equal(fresh.push(frames[111])[0].pose_enc, results[-1].pose_enc)
     # mapping on again: the map grows from the next keyframe
-    localizer.mapping = True
+    localizer.session.mapping = True
     stored = localizer.session.frames_stored
     push_all(localizer, frames[112:116])
     assert localizer.session.frames_stored > stored
@@ -391,7 +391,7 @@ def test_mapping_off_stores_nothing_and_every_frame_gets_a_pose(tmp_path):
 
 def test_mapping_off_without_a_map_refuses_frames():
     manager = manager_for("tiny")
-    manager.mapping = False
+    manager.session.mapping = False
     with pytest.raises(SessionError, match="no map yet"):
         manager.push(frames_for(1)[0])
 
@@ -521,9 +521,9 @@ def test_a_capture_is_the_session_at_that_instant_while_frames_go_on(tmp_path):
     manager = manager_for("tiny")
     push_all(manager, frames[:at])
     capture = manager.capture()
-    switches = manager.window_switches
+    switches = manager.policy.window_switches
     rest = push_all(manager, frames[at:at + 12])  # the pools change under the capture
-    assert manager.window_switches > switches
+    assert manager.policy.window_switches > switches
     report = capture.write(str(tmp_path / "s"))
     assert report.frames == at and 0 < report.capture_seconds <= report.seconds
     resumed = manager_for("tiny")
@@ -597,10 +597,10 @@ def test_a_commit_after_the_settings_changed_is_refused_and_the_session_kept(sav
     manager.commit_load(prepared)  # the session of the fixture
     again = manager.prepare_load(str(good))
     sc = SCENARIOS["tiny"]
-    manager.apply(manager.runtime, StreamConfig(**{**sc["stream"], "sliding_window": 4}))  # a new session
+    manager.apply(manager.host.settings, StreamConfig(**{**sc["stream"], "sliding_window": 4}))  # a new session
     session_id = manager.session_id
     push_all(manager, frames[:3])
     with pytest.raises(SessionFileError, match=r"no longer fits.*geometry\.sliding_window"):
         manager.commit_load(again)
     assert manager.session_id == session_id and manager.stream_cfg.sliding_window == 4
-    assert manager.snapshot().frames_stored == 3
+    assert manager.session.snapshot().frames_stored == 3

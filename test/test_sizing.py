@@ -39,8 +39,8 @@ def test_footprint_with_a_budget_prints_the_window_a_real_configure_picks(capsys
             "--fit-window", "--heads", "camera"]
     assert bench.main(args) == 0
     printed = _picked(capsys.readouterr().out)
-    manager = SessionManager(runtime, replace(base, gpu_memory_budget=budget_gb, fit_window=True), log=lambda m: None,
-                             warn=lambda m: None)
+    manager = SessionManager.open(runtime, replace(base, gpu_memory_budget=budget_gb, fit_window=True),
+                                  log=lambda m: None, warn=lambda m: None)
     assert printed and printed[0][0] == manager.stream_cfg.sliding_window == 5, printed
 
 
@@ -110,7 +110,7 @@ def test_a_known_camera_aspect_sizes_configure_and_crops_a_taller_camera(capsys,
             "40", "--overlap-frames", "2", "--gpu-memory-budget", repr(budget_gb), "--fit-window", "--heads", "camera"]
     assert bench.main(args) == 0
     [(window, _)] = _picked(capsys.readouterr().out)
-    manager = SessionManager(RuntimeConfig(model_preset="tiny", device="cpu"),
+    manager = SessionManager.open(RuntimeConfig(model_preset="tiny", device="cpu"),
                              replace(base, gpu_memory_budget=budget_gb, fit_window=True, camera_aspect=0.75),
                              log=lambda m: None, warn=lambda m: None)
     assert window == manager.stream_cfg.sliding_window > 5, window  # more than the square's 5

@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from test_paged_attention import SPECIALS, _dense_reference, drive_one_frame_backend
+from attention_reference import SPECIALS, dense_reference, drive_one_frame_backend
 
 from lingbot_map_ros.core.cache import PagedKVCache, factory
 from lingbot_map_ros.core.cache.split_backend import (
@@ -72,7 +72,7 @@ def test_filling_window_is_cut_at_bucket_boundaries(bucket_pages: int, kv_splits
         visible = list(range(m)) + [R + 1, R + 2]  # prefix 0..m-1, then two special pages (the last one partial)
         be.plan(visible, 3, q.shape[0])
         slots = torch.cat([torch.arange(p * page, (p + 1) * page) for p in visible])[: -(page - 3)]
-        ref = _dense_reference(q, [k.view(-1, H, D)[slots]], [v.view(-1, H, D)[slots]])
+        ref = dense_reference(q, [k.view(-1, H, D)[slots]], [v.view(-1, H, D)[slots]])
         torch.testing.assert_close(be.run((k, v), q), ref, atol=1e-10, rtol=1e-10)
         if m == R:
             assert (be.mode, be.head_pages) == ("full", R)
@@ -101,7 +101,7 @@ def test_tail_only_and_bad_plans() -> None:
     q = torch.randn(7, H, D)
     flat_k, flat_v = k.view(-1, H, D), v.view(-1, H, D)
     out = be.run((k, v), q)
-    torch.testing.assert_close(out.double(), _dense_reference(q, [flat_k[8:15]], [flat_v[8:15]]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.double(), dense_reference(q, [flat_k[8:15]], [flat_v[8:15]]), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="after the prefix"):
         be.plan([0, 1], 4, 7)  # nothing after the prefix
     with pytest.raises(ValueError):
@@ -124,7 +124,7 @@ def test_merge_of_two_parts_equals_attention_over_their_union() -> None:
     ref_lse = torch.logsumexp(q.double() @ k[:, :, :21].double().transpose(-1, -2) / math.sqrt(D), dim=-1)
     torch.testing.assert_close(lse_a.double(), ref_lse, atol=1e-5, rtol=1e-5)
     merged = merge_partials([out_a, out_b], [lse_a, lse_b])  # [T, H, D]
-    ref = _dense_reference(q[0].transpose(0, 1), [k[0].transpose(0, 1)], [v[0].transpose(0, 1)])
+    ref = dense_reference(q[0].transpose(0, 1), [k[0].transpose(0, 1)], [v[0].transpose(0, 1)])
     torch.testing.assert_close(merged.double(), ref, atol=1e-5, rtol=1e-5)
 
 

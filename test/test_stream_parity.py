@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from lingbot_map_ros.core.config import SPECIAL_TOKENS_PER_FRAME, StreamConfig, model_config
-from lingbot_map_ros.core.model import build_model
+from lingbot_map_ros.core.config import SPECIAL_TOKENS_PER_FRAME, StreamConfig
 from lingbot_map_ros.core.model.interfaces import _sdpa_tokens
 from lingbot_map_ros.core.runtime import resolve_for
 from lingbot_map_ros.core.session_manager import SessionManager
@@ -111,17 +110,12 @@ def stream_all(model, cfg, frames: torch.Tensor, stream_cfg: StreamConfig):
     return results, manager.session
 
 
-@pytest.fixture(scope="module")
-def tiny_model():
-    cfg = model_config("tiny")
-    model, _ = build_model(cfg, seed=1234, enable_depth=False)
-    model.eval()
-    return cfg, model
+SEED = 1234  # the weights of every test here (conftest's tiny_model, without the depth head)
 
 
 @pytest.mark.parametrize("kf", [1, 2])
 def test_streaming_equals_masked_whole_sequence(tiny_model, kf):
-    cfg, model = tiny_model
+    cfg, model = tiny_model(SEED, depth=False)
     scale, window, iterations, n = 2, 3, 4, 14
     torch.manual_seed(100 + kf)
     frames = torch.rand(n, 3, 28, 42)  # 2x3 patches: non-square, page size 6
@@ -142,7 +136,7 @@ def test_streaming_equals_masked_whole_sequence(tiny_model, kf):
 
 def test_reference_is_sensitive_to_the_window(tiny_model):
     """Negative control: the mask matters, so the parity test above can fail."""
-    cfg, model = tiny_model
+    cfg, model = tiny_model(SEED, depth=False)
     torch.manual_seed(7)
     frames = torch.rand(10, 3, 28, 42)
     small, _ = whole_sequence_reference(model, frames, 2, 2, 1, 2)
@@ -152,7 +146,7 @@ def test_reference_is_sensitive_to_the_window(tiny_model):
 
 
 def test_flush_runs_short_sequences(tiny_model):
-    cfg, model = tiny_model
+    cfg, model = tiny_model(SEED, depth=False)
     frames = torch.rand(2, 3, 28, 28)
     results, _ = stream_all(model, cfg, frames, StreamConfig(scale_frames=4, sliding_window=3))
     assert len(results) == 2 and all(r.is_scale_frame for r in results)
@@ -167,7 +161,7 @@ def test_graph_step_serves_phase_two_only(tiny_model, monkeypatch):
     the stand-in must have served exactly the phase-2 frames."""
     from lingbot_map_ros.core.stream import StreamingSession
 
-    cfg, model = tiny_model
+    cfg, model = tiny_model(SEED, depth=False)
     served: list[int] = []
 
     class GraphStepStandIn:

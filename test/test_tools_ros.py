@@ -17,7 +17,7 @@ pytest.importorskip("rclpy")
 pytest.importorskip("lingbot_map_ros.msg")
 pytestmark = [pytest.mark.ros, pytest.mark.slow]  # starts nodes or tool processes
 
-from test_replay import NodeProcess, RosClient, _node_params, _ros_env, frames, replay, stamps  # noqa: E402
+from replay_node import NodeProcess, RosClient, frames, node_params, replay, ros_env, stamps  # noqa: E402
 
 from lingbot_map_ros.core.trajectory import read_tum  # noqa: E402
 from lingbot_map_ros.tools.bag_io import write_image_bag  # noqa: E402
@@ -27,7 +27,7 @@ from lingbot_map_ros.tools.bag_io import write_image_bag  # noqa: E402
 def test_ros1_bags_replay_through_the_node(tmp_path, ros_domain_id, transport):
     """A ROS 1 .bag (raw bgr8 / JPEG and PNG CompressedImage) replays into the node with
     every frame accounted for, and the node's trajectory carries the recorded stamps."""
-    env = _ros_env(tmp_path, ros_domain_id)
+    env = ros_env(tmp_path, ros_domain_id)
     if transport == "raw":
         bags = [(write_image_bag(tmp_path / "raw.bag", frames(8, 1), stamps(8, 500.0), storage="ros1",
                                  encoding="bgr8", topic="/usb_cam/image_raw"), stamps(8, 500.0))]
@@ -35,7 +35,7 @@ def test_ros1_bags_replay_through_the_node(tmp_path, ros_domain_id, transport):
         bags = [(write_image_bag(tmp_path / f"{codec}.bag", frames(8, i), stamps(8, 600.0 + 100 * i), storage="ros1",
                                  compressed=codec, topic="/usb_cam/image_raw/compressed"), stamps(8, 600.0 + 100 * i))
                 for i, codec in enumerate(("jpeg", "png"))]
-    params = _node_params(tmp_path, image_transport=transport)
+    params = node_params(tmp_path, image_transport=transport)
     node = NodeProcess(env, tmp_path / "node.log", params, {"image": "/cam/image_raw"})
     client = None
     try:

@@ -1,6 +1,6 @@
 """CUDA-graph replay of the one-frame (phase-2) model step.
 
-Eager PyTorch launches ~4,000 small kernels per frame and is host-bound on the GPU (docs/benchmarks.md). A
+Eager PyTorch launches ~4,000 small kernels per frame and is host-bound on the GPU. A
 phase-2 step always has the same shapes (one frame of the session's size), so it is captured once
 and replayed. What changes from frame to frame reaches the graph through buffers with fixed
 addresses, all written *outside* the graph before the replay:
@@ -18,9 +18,9 @@ some frames only) and kept (at most ``MAX_GRAPHS``, least recently used dropped)
 and forth at every new session or long-run window costs a capture only the first time.
 
 The image encoder (DINO, ``LingBotMap.embed``) reads the frame and nothing else, so it is a graph of
-its own (``runtime.encoder_graph``): its replay is queued as soon as the frame is in, and the device
-encodes it while the host plans the step and launches the second graph. Without that split the
-device waited for the whole plan (0.6-0.9 ms a frame on the H200's hosts, docs/benchmarks.md).
+its own: its replay is queued as soon as the frame is in, and the device encodes it while the host
+plans the step and launches the second graph. As one graph, the device would wait for the whole plan
+(0.6-0.9 ms a frame on an H200's host).
 
 All graphs of a step share one memory pool. That is safe here because every replay's outputs are
 read (copied to the host) before the next replay: a later capture may reuse blocks that an earlier
@@ -71,23 +71,23 @@ class GraphStats:
 class GraphedFrameStep:
     """Captures ``model(one frame)`` with the caches' static buffers per plan signature; replays it per frame.
 
-    With ``encode`` (``runtime.encoder_graph``) a frame is two graphs: the image encoder, which reads
-    the frame alone, and the rest, which reads the step's plan. ``begin(image)`` queues the encoder's
-    replay at once, so the device encodes the frame while the host plans the cache's step (page table,
-    write slots, the attention plan and their uploads) and launches the second graph: that host work
-    no longer leaves the device idle between two frames. ``__call__`` does both halves."""
+    A frame is two graphs: the image encoder, which reads the frame alone, and the rest, which reads
+    the step's plan. ``begin(image)`` queues the encoder's replay at once, so the device encodes the
+    frame while the host plans the cache's step (page table, write slots, the attention plan and their
+    uploads) and launches the second graph: that host work does not leave the device idle between two
+    frames. ``__call__`` does both halves."""
 
     def __init__(
         self,
         model: LingBotMap,
         image_hw: tuple[int, int],
         device: torch.device,
+        encode: Callable[[torch.Tensor], torch.Tensor],
         run_model: Callable[..., ModelOutput],
         plan_signature: Callable[[], tuple],
-        encode: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
     ) -> None:
-        """``run_model(inputs, rope_frames, with_depth) -> ModelOutput``: the step from ``inputs``, the
-        frame ``[1, 3, H, W]`` or, with ``encode(images) -> tokens``, the encoder's tokens."""
+        """``encode(images [1, 3, H, W]) -> tokens [1, P, C]``; ``run_model(tokens, rope_frames, with_depth)
+        -> ModelOutput``: the rest of the step from the encoder's tokens."""
         self.model = model
         self.device = device
         self._run_model = run_model  # eager (warm-up) or captured
@@ -108,24 +108,18 @@ class GraphedFrameStep:
         """Plan signatures with a captured graph, least recently used first (one per heads variant)."""
         return [signature for signature, _ in self._graphs]
 
-    @property
-    def split(self) -> bool:
-        """Whether the image encoder is a graph of its own (``begin`` queues it before the step's plan)."""
-        return self._encode is not None
-
     def __call__(self, image: torch.Tensor, rope_frame: int, with_depth: bool) -> ModelOutput:
         """Run one frame. The returned tensors are the graph's static outputs: copy before the next call."""
         self.begin(image)
         return self.finish(rope_frame, with_depth)
 
     def begin(self, image: torch.Tensor) -> None:
-        """Take the frame ``[3, H, W]`` (or ``[1, 3, H, W]``) and, with an encoder graph, queue its replay.
+        """Take the frame ``[3, H, W]`` (or ``[1, 3, H, W]``) and queue the encoder graph's replay.
         Nothing here reads the caches, so it may come before their ``begin_step``."""
         self.static_image.copy_(image.view_as(self.static_image), non_blocking=True)
-        if self._encode is not None:
-            if self._encoder is None:
-                self._encoder = self._capture_encoder()
-            self._encoder[0].replay()
+        if self._encoder is None:
+            self._encoder = self._capture_encoder()
+        self._encoder[0].replay()
         self._begun = True
 
     def finish(self, rope_frame: int, with_depth: bool) -> ModelOutput:
@@ -146,19 +140,16 @@ class GraphedFrameStep:
         self.stats.replays += 1
         return output
 
-    def _inputs(self) -> torch.Tensor:
-        """What the step graph reads: the encoder's tokens [1, P, C], or the frame [1, 3, H, W]."""
-        return self.static_image if self._encoder is None else self._encoder[1]
-
     def _capture_encoder(self) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        assert self._encode is not None
         encode = self._encode
         graph, tokens = self._capture_graph(lambda: encode(self.static_image))
         self.stats.encoder_captures += 1
         return graph, tokens
 
     def _capture(self, with_depth: bool) -> tuple[torch.cuda.CUDAGraph, ModelOutput]:
-        graph, output = self._capture_graph(lambda: self._run_model(self._inputs(), self.static_rope, with_depth))
+        assert self._encoder is not None, "begin() captures the encoder first"
+        tokens = self._encoder[1]  # [1, P, C]
+        graph, output = self._capture_graph(lambda: self._run_model(tokens, self.static_rope, with_depth))
         self.stats.captures += 1
         return graph, output
 

@@ -16,7 +16,7 @@ the max only without graphs). Transient estimates are the live tensors at the bu
 stage, from the token count ``frames x (patches + 6)``; the constants below say what they stand for.
 The weights and the pools are exact (``test_footprint.py`` checks them against the tensors built);
 the activations are estimates whose ratio to ``torch.cuda.max_memory_allocated`` the device script
-(``scripts/footprint_check.py``) reports.
+(``bench/footprint_check.py``) reports.
 
 No torch allocation happens here: the weights are counted on a model built on the meta device.
 """
@@ -43,7 +43,7 @@ FLASHINFER_WORKSPACE_BYTES = 256 * 2**20  # per FlashInfer wrapper (cache/flashi
 BLOCK_LIVE_HIDDEN_COPIES = 2
 # The depth head's busiest point at full resolution: the upsampled output_conv1 map (F/2 channels)
 # and the refinenet1 map at 8x the patch grid (F channels), in units of those maps. Calibrated on the
-# H200 (2026-12-02, full/bf16, widths 518/392/280 x windows 16/32/64, docs/benchmarks.md): counting
+# H200 (full/bf16, widths 518/392/280 x windows 16/32/64; docs/performance.md, memory): counting
 # the tensors alive in the code gave 3 and 2 and over-predicted every depth row by 8-18 % (the head
 # frees its intermediates as it goes); 1.5 and 1.25 put all 18 rows within -1 %..+1 %.
 DEPTH_FULLRES_COPIES = 1.5
@@ -91,7 +91,7 @@ def element_size(dtype: torch.dtype) -> int:
 
 @functools.lru_cache(maxsize=16)
 def weight_bytes(preset: str, dtype: torch.dtype, with_depth_head: bool = True) -> int:
-    """Bytes of every parameter and buffer as ``load_model`` places them (aggregator in ``dtype``,
+    """Bytes of every parameter and buffer as ``ModelHost.load`` places them (aggregator in ``dtype``,
     heads fp32), counted on a model built on the meta device (nothing is allocated)."""
     from .model import LingBotMap  # late: the model package imports the whole network
 
@@ -162,39 +162,60 @@ def backend_buffer_bytes(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamCo
         total += FLASHINFER_WORKSPACE_BYTES * (2 if rt.cuda_graphs else 1)
     elif rt.cuda_graphs and rt.sdpa_kernel not in ("split", "cudnn"):
         from .cache.factory import max_stored_frames
+        from .cache.pages import visible_patch_pages
 
-        max_keys = (stream.scale_frames + stream.sliding_window + 1) * page_size + (
+        max_keys = visible_patch_pages(stream.scale_frames, stream.sliding_window) * page_size + (
             SPECIAL_TOKENS_PER_FRAME * max_stored_frames(stream))
         total += max_keys * (2 * cfg.embed_dim * element_size(rt.dtype) + 8)  # StaticSdpaBackend K, V, slots
     return total
 
 
-def footprint(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig, height: int, width: int) -> Footprint:
-    """The predicted peak memory of a session of ``cfg`` on ``rt`` with ``stream`` at ``height x width``."""
+def footprint(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig, height: int, width: int,
+              streams: int = 1) -> Footprint:
+    """The predicted peak memory of a session of ``cfg`` on ``rt`` with ``stream`` at ``height x width``.
+
+    ``streams`` > 1: a ``StreamGroup`` of that many streams (``core/stream_group.py``): the weights
+    and the library workspaces once; each stream's share of the page pool, camera-head cache, backend
+    buffers and CUDA-graph pool (its lone steps) once per stream; and the batched step of every
+    stream's frame at once (eager, so transient) as one more candidate for the largest step."""
     from .cache.factory import pool_layout  # late: the cache package imports the backends
+    from .cache.pages import visible_patch_pages
+
+    if streams < 1:
+        raise ValueError(f"streams must be >= 1 (got {streams})")
+    n = streams
 
     a = element_size(rt.dtype)
     page_size = page_size_of(height, width)
     layout = pool_layout(rt, stream, page_size)
     per_page = cfg.depth * 2 * page_size * cfg.num_heads * cfg.head_dim * a  # every block, K and V
     weights = weight_bytes(cfg.preset, rt.dtype)
-    patch_pool = layout.num_patch_pages * per_page
-    special_pool = layout.special_pages * per_page
-    camera = camera_cache_bytes(cfg, stream)
+    patch_pool = n * layout.num_patch_pages * per_page
+    special_pool = n * layout.special_pages * per_page
+    camera = n * camera_cache_bytes(cfg, stream)
     buffers = backend_buffer_bytes(cfg, rt, stream, page_size)
+    if n > 1 and rt.device.type == "cuda":  # the workspaces once, each stream's own buffers, the batched wrapper
+        buffers = CUBLAS_WORKSPACE_BYTES + n * (buffers - CUBLAS_WORKSPACE_BYTES) + (
+            FLASHINFER_WORKSPACE_BYTES if rt.backend == "flashinfer" else 0)
 
     s = stream.scale_frames
     eager_sdpa = rt.backend == "sdpa"  # phase 1 (and eager one-frame steps) gather the visible keys
     phase1 = aggregator_step_bytes(cfg, rt, s, page_size, s * (page_size + SPECIAL_TOKENS_PER_FRAME), eager_sdpa)
-    visible = (s + stream.sliding_window + 1) * page_size + SPECIAL_TOKENS_PER_FRAME * stream.max_stored_frames
+    visible = (visible_patch_pages(s, stream.sliding_window) * page_size
+               + SPECIAL_TOKENS_PER_FRAME * stream.max_stored_frames)
     frame = aggregator_step_bytes(cfg, rt, 1, page_size, visible, eager_sdpa and not rt.cuda_graphs)
     depth1 = depth_head_bytes(cfg, s, height, width, stream.depth_chunk) if stream.with_depth else 0
     depth_frame = depth_head_bytes(cfg, 1, height, width) if stream.with_depth else 0
     graphs = rt.cuda_graphs and rt.device.type == "cuda"
     # the image encoder's graph keeps its tokens [1, P, C] for the step graphs to read (its scratch is reused)
     encoder_tokens = (page_size + SPECIAL_TOKENS_PER_FRAME) * cfg.embed_dim * rt.dtype.itemsize
-    graph_pool = frame + depth_frame + (encoder_tokens if rt.encoder_graph else 0) if graphs else 0
+    graph_pool = n * (frame + depth_frame + encoder_tokens) if graphs else 0
     step_peak = max(phase1 + depth1, 0 if graphs else frame + depth_frame)
+    batched = batched_depth = 0
+    if n > 1:  # every stream's frame in one eager call; attention gathers one stream's keys at a time
+        batched = aggregator_step_bytes(cfg, rt, n, page_size, visible, eager_sdpa and not rt.cuda_graphs)
+        batched_depth = depth_head_bytes(cfg, n, height, width, stream.depth_chunk) if stream.with_depth else 0
+        step_peak = max(step_peak, batched + batched_depth)
     parts = (
         FootprintPart("weights", weights, True, f"{cfg.preset}: aggregator {str(rt.dtype)[6:]}, heads float32"),
         FootprintPart("patch_pool", patch_pool, True,
@@ -211,11 +232,16 @@ def footprint(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig, heigh
         FootprintPart("frame_step", frame, False, f"one frame, {visible} visible keys"),
         FootprintPart("frame_depth_head", depth_frame, False, "one frame" if depth_frame else "depth off"),
     )
+    if n > 1:
+        parts += (FootprintPart("batched_step", batched, False, f"{n} streams' frames in one call"),
+                  FootprintPart("batched_depth_head", batched_depth, False,
+                                f"{n} frames" if batched_depth else "depth off"))
     resident = weights + patch_pool + special_pool + camera + buffers + graph_pool
     total = resident + step_peak
     description = (f"preset {cfg.preset}, {width}x{height}, {str(rt.dtype)[6:]}, {rt.device.type}, "
                    f"{rt.attention}, scale {s}, window {stream.sliding_window}, "
-                   f"heads {'depth+camera' if stream.with_depth else 'camera'}")
+                   f"heads {'depth+camera' if stream.with_depth else 'camera'}"
+                   + (f", {n} streams" if n > 1 else ""))
     return Footprint(parts, total, description)
 
 
@@ -229,14 +255,14 @@ def fits(fp: Footprint, budget_bytes: float) -> bool:
 
 
 def largest_fitting_window(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig, height: int, width: int,
-                           budget_bytes: float) -> Optional[int]:
+                           budget_bytes: float, streams: int = 1) -> Optional[int]:
     """The largest ``sliding_window`` up to the configured one whose footprint fits the budget; None
     when not even a window of 1 fits."""
     lo, hi, best = 1, stream.sliding_window, None
     while lo <= hi:  # the footprint grows with the window
         mid = (lo + hi) // 2
         candidate = replace(stream, sliding_window=mid)
-        if fits(footprint(cfg, rt, candidate, height, width), budget_bytes):
+        if fits(footprint(cfg, rt, candidate, height, width, streams), budget_bytes):
             best = mid
             lo = mid + 1
         else:
@@ -252,7 +278,7 @@ def assumed_runtime(device: str, dtype: torch.dtype, *, backend: str = "sdpa", s
     on_cuda = dev.type == "cuda"
     return ResolvedRuntime(device=dev, dtype=dtype, backend=backend, backend_reason="assumed for the footprint",
                            sdpa_kernel=sdpa_kernel if on_cuda else "flash", cuda_graphs=cuda_graphs and on_cuda,
-                           encoder_graph=cuda_graphs and on_cuda, autocast=autocast)
+                           autocast=autocast)
 
 
 def budget_problem(fp: Footprint, budget_bytes: float, what: str = "the configuration") -> str:

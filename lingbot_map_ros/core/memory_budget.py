@@ -14,9 +14,9 @@ from typing import Callable, Optional
 
 import torch
 
-from .config import ModelConfig, StreamConfig, planned_height, replace
+from .config import ModelConfig, RuntimeConfig, StreamConfig, model_config, planned_height, replace
 from .footprint import GB, Footprint, budget_problem, fits, footprint, largest_fitting_window
-from .runtime import ResolvedRuntime
+from .runtime import ResolvedRuntime, resolve_runtime
 
 MEMORY_MARGIN_GB = 0.5  # kept free of an automatic budget: the CUDA context's growth, other processes' jitter
 
@@ -40,6 +40,91 @@ def device_free_bytes(device: torch.device) -> float:
     """Free memory of ``device`` plus what this process holds already (released before a rebuild)."""
     free, _ = torch.cuda.mem_get_info(device)
     return float(free + torch.cuda.memory_allocated(device))
+
+
+def predict(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig,
+            hw: Optional[tuple[int, int]] = None) -> Footprint:
+    """The footprint at ``hw`` (the session's frame size), else at the tallest input the settings allow
+    (``camera_aspect``'s, else the width's square)."""
+    h, w = hw if hw is not None else (planned_height(stream.image_width, stream.camera_aspect), stream.image_width)
+    return footprint(cfg, rt, stream, h, w)
+
+
+def fit_stream(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig,
+               rules: Callable[[StreamConfig], list[str]], budget: float) -> tuple[StreamConfig, str]:
+    """``(stream, "")`` when it fits ``budget`` (bytes, 0: no limit); with ``fit_window`` the largest
+    window that fits and the warning that says so; else ``MemoryBudgetExceeded`` with what does not
+    fit and by how much. ``rules``: the settings' own reasons against a window (the long-run policy's
+    overlap, say). Pure: it reads its arguments only (``MemoryBudget.adopt`` records the choice)."""
+    fp = predict(cfg, rt, stream)
+    if fits(fp, budget):
+        return stream, ""
+    if stream.with_depth:  # phase 1's depth head in smaller calls: the same numbers in less memory
+        for chunk in (4, 2, 1):
+            if chunk < stream.depth_chunk:
+                stream = replace(stream, depth_chunk=chunk)
+                fp = predict(cfg, rt, stream)
+                if fits(fp, budget):
+                    return stream, ""
+    if not stream.fit_window:
+        raise MemoryBudgetExceeded(budget_problem(fp, budget, f"sliding_window {stream.sliding_window}")
+                                   + "; lower sliding_window or image_width, or set fit_window true")
+    h, w = planned_height(stream.image_width, stream.camera_aspect), stream.image_width
+    best = largest_fitting_window(cfg, rt, stream, h, w, budget)
+    if best is None:
+        smallest = footprint(cfg, rt, replace(stream, sliding_window=1), h, w)
+        raise MemoryBudgetExceeded("fit_window: not even sliding_window 1 fits: "
+                                   + budget_problem(smallest, budget, "sliding_window 1"))
+    fitted = replace(stream, sliding_window=best)
+    problems = rules(fitted)
+    if problems:  # the rules only tighten for smaller windows: no smaller one can do better
+        raise MemoryBudgetExceeded(f"fit_window: sliding_window {best} is the largest that fits the memory "
+                                   f"budget ({budget / GB:.2f} GB), but: " + "; ".join(problems))
+    need = footprint(cfg, rt, fitted, h, w).total
+    return fitted, (f"fit_window: sliding_window {best} instead of {stream.sliding_window} fits the memory "
+                    f"budget ({need / GB:.2f} of {budget / GB:.2f} GB; window {stream.sliding_window} needs "
+                    f"{fp.total / GB:.2f} GB)")
+
+
+@dataclass(frozen=True)
+class BudgetSnapshot:
+    """A ``MemoryBudget`` as data: the automatic budgets it resolved so far, by device."""
+
+    automatic: tuple[tuple[str, float], ...] = ()
+
+    def bytes_for(self, stream: StreamConfig, device: torch.device) -> float:
+        """As the manager's ``MemoryBudget.bytes_for``: its automatic budget where it resolved one, else
+        what a budget of its own resolves now (nothing shared is written)."""
+        known = dict(self.automatic).get(str(device))
+        if known is not None and stream.gpu_memory_budget <= 0 and device.type == "cuda":
+            return known
+        return MemoryBudget().bytes_for(stream, device)
+
+
+@dataclass(frozen=True)
+class BudgetCheck:
+    """What a check of settings against a manager's budget needs, as data (``ManagerView.budget``):
+    the settings its model stands for, that model's shapes and resolved runtime, and the budget.
+    The executor thread checks a parameter change with it while the inference thread may be
+    swapping the model: it reads nothing of the live manager."""
+
+    settings: RuntimeConfig
+    cfg: ModelConfig
+    resolved: ResolvedRuntime
+    budget: BudgetSnapshot
+
+    def problems(self, runtime: RuntimeConfig, stream: StreamConfig,
+                 rules: Callable[[StreamConfig], list[str]]) -> list[str]:
+        """Why ``runtime`` + ``stream`` would not fit ([]: they fit); a new model is previewed."""
+        try:
+            if runtime == self.settings:
+                cfg, rt = self.cfg, self.resolved
+            else:
+                cfg, rt = model_config(runtime.resolved_preset()), resolve_runtime(runtime)
+            fit_stream(cfg, rt, stream, rules, self.budget.bytes_for(stream, rt.device))
+        except (ValueError, RuntimeError) as exc:  # over the budget, or a runtime that does not resolve
+            return [str(exc)]
+        return []
 
 
 def integrated_gpu(device: torch.device) -> bool:
@@ -80,46 +165,16 @@ class MemoryBudget:
 
     def predict(self, cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig,
                 hw: Optional[tuple[int, int]] = None) -> Footprint:
-        """The footprint at ``hw`` (the session's frame size), else at the tallest input the settings allow
-        (``camera_aspect``'s, else the width's square)."""
-        h, w = hw if hw is not None else (planned_height(stream.image_width, stream.camera_aspect), stream.image_width)
-        return footprint(cfg, rt, stream, h, w)
+        return predict(cfg, rt, stream, hw)
 
     def fit(self, cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig,
             rules: Callable[[StreamConfig], list[str]]) -> tuple[StreamConfig, str]:
-        """``(stream, "")`` when it fits; with ``fit_window`` the largest window that fits and the
-        warning that says so; else ``MemoryBudgetExceeded`` with what does not fit and by how much.
-        ``rules``: the settings' own reasons against a window (the long-run policy's overlap, say).
-        Changes nothing (``adopt`` records the choice of the settings in use)."""
-        budget = self.bytes_for(stream, rt.device)
-        fp = self.predict(cfg, rt, stream)
-        if fits(fp, budget):
-            return stream, ""
-        if stream.with_depth:  # phase 1's depth head in smaller calls: the same numbers in less memory
-            for chunk in (4, 2, 1):
-                if chunk < stream.depth_chunk:
-                    stream = replace(stream, depth_chunk=chunk)
-                    fp = self.predict(cfg, rt, stream)
-                    if fits(fp, budget):
-                        return stream, ""
-        if not stream.fit_window:
-            raise MemoryBudgetExceeded(budget_problem(fp, budget, f"sliding_window {stream.sliding_window}")
-                                       + "; lower sliding_window or image_width, or set fit_window true")
-        h, w = planned_height(stream.image_width, stream.camera_aspect), stream.image_width
-        best = largest_fitting_window(cfg, rt, stream, h, w, budget)
-        if best is None:
-            smallest = footprint(cfg, rt, replace(stream, sliding_window=1), h, w)
-            raise MemoryBudgetExceeded("fit_window: not even sliding_window 1 fits: "
-                                       + budget_problem(smallest, budget, "sliding_window 1"))
-        fitted = replace(stream, sliding_window=best)
-        problems = rules(fitted)
-        if problems:  # the rules only tighten for smaller windows: no smaller one can do better
-            raise MemoryBudgetExceeded(f"fit_window: sliding_window {best} is the largest that fits the memory "
-                                       f"budget ({budget / GB:.2f} GB), but: " + "; ".join(problems))
-        need = footprint(cfg, rt, fitted, h, w).total
-        return fitted, (f"fit_window: sliding_window {best} instead of {stream.sliding_window} fits the memory "
-                        f"budget ({need / GB:.2f} of {budget / GB:.2f} GB; window {stream.sliding_window} needs "
-                        f"{fp.total / GB:.2f} GB)")
+        """``fit_stream`` against this budget (resolving and remembering an automatic one)."""
+        return fit_stream(cfg, rt, stream, rules, self.bytes_for(stream, rt.device))
+
+    def snapshot(self) -> BudgetSnapshot:
+        """The budget as data, for checks on another thread (``BudgetCheck``)."""
+        return BudgetSnapshot(tuple(self._auto.items()))
 
     def adopt(self, requested: StreamConfig, fitted: StreamConfig) -> None:
         """Record the window in use for the diagnostics."""
@@ -157,5 +212,6 @@ def allocated_bytes(device: torch.device, model: torch.nn.Module, caches: list) 
     return sum(t.numel() * t.element_size() for t in tensors) + sum(c.nbytes for c in caches if c is not None)
 
 
-__all__ = ["INTEGRATED_AUTO_REFUSED", "MEMORY_MARGIN_GB", "MemoryBudget", "MemoryBudgetExceeded", "MemoryReport",
-           "allocated_bytes", "device_free_bytes", "integrated_gpu"]
+__all__ = ["INTEGRATED_AUTO_REFUSED", "MEMORY_MARGIN_GB", "BudgetCheck", "BudgetSnapshot", "MemoryBudget",
+           "MemoryBudgetExceeded", "MemoryReport", "allocated_bytes", "device_free_bytes", "fit_stream",
+           "integrated_gpu", "predict"]

@@ -3,7 +3,7 @@
 ``tensor.cpu()`` on a CUDA tensor waits for the device, then copies through pageable memory in
 driver-sized chunks, and each of a step's outputs (pose, depth, confidence) waited again. With depth
 on, that read-back (2 x 518x378 fp32) left the device idle for ~0.5 ms a frame on the H200
-(docs/benchmarks.md, eleventh session). Here every output's copy is queued on the stream right after
+(measured with bench/host_gap.py). Here every output's copy is queued on the stream right after
 the step, into a pinned buffer of its own (DMA at full speed), one synchronisation waits for all of
 them, and each array handed out is a fresh host copy: results own their memory, the pinned buffers
 are reused by the next step. On the CPU the outputs are already host tensors.

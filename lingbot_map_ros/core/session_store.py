@@ -45,6 +45,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Optional
 import torch
 
 from .files import atomic_directory, atomic_open, atomic_write_text, recover_directory
+from .settings import SESSION_FIELDS
 
 FORMAT = "lingbot_map_session"
 FORMAT_VERSION = 1
@@ -274,8 +275,7 @@ def read_session(path: str | os.PathLike, manifest: dict,
 
 
 # the StreamConfig fields a saved cache is bound to (keyframe_interval and the depth head are not)
-SESSION_GEOMETRY = ("scale_frames", "sliding_window", "camera_iterations", "max_frame_num", "max_stored_frames",
-                    "long_run_policy", "overlap_frames", "image_width")
+SESSION_GEOMETRY = SESSION_FIELDS  # the settings table says which fields a session is bound to
 
 
 def session_identity(weights: str, cfg: Any, stream: Any, dtype: torch.dtype) -> dict:

@@ -24,6 +24,7 @@ from .scale import SCALE_SOURCES
 APPLIES = {
     "model": "a change loads a new model and starts a new session",
     "session": "a change starts a new session (new world frame)",
+    "budget": "a change re-checks the memory budget; a new session only when the fitted sliding_window changes",
     "next_frame": "applies from the next frame",
     "subscription": "a change re-creates the image subscription",
     "timer": "applies at once",
@@ -82,7 +83,7 @@ SETTINGS: tuple[Setting, ...] = (
             "inside the CUDA-graph step: auto (on with CUDA graphs), on or off. Costs seconds on the first "
             "one-frame step (cached on disk), then ~8 ms/frame less on an H200.", "model"),
     _field(RuntimeConfig, "autocast", "The official mixed-precision recipe (fp32 LayerNorm outputs and residual "
-            "stream). false: the aggregator purely in dtype; opt-in, moves poses by ~4e-2 (docs/benchmarks.md).",
+            "stream). false: the aggregator purely in dtype; opt-in, moves poses by ~4e-2 over 200 frames.",
             "model"),
     _field(RuntimeConfig, "seed", "Seed of the random weights used when no checkpoint is given.", "model"),
     _field(RuntimeConfig, "allow_unsafe_checkpoint", "Allow loading a pickled checkpoint with "
@@ -113,12 +114,13 @@ SETTINGS: tuple[Setting, ...] = (
             "square.", "session"),
     _field(StreamConfig, "camera_aspect", "The camera's image height / width (0.75 for 640x480, 0.5625 for "
             "16:9): configure checks gpu_memory_budget at that frame's model input instead of the width's tallest "
-            "(a square), and a taller camera is centre-cropped to it. 0: unknown (a square).", "session"),
+            "(a square), and a taller camera is centre-cropped to it. 0: unknown (a square). Read-only: a camera "
+            "keeps its aspect.", "startup"),
     _field(StreamConfig, "gpu_memory_budget", "GB the session may allocate (weights, caches, activations). 0: the "
             "free device memory at configure minus a margin; on the CPU 0 means no limit. Settings that do not "
-            "fit are refused with the numbers.", "session"),
+            "fit are refused with the numbers.", "budget"),
     _field(StreamConfig, "fit_window", "Shrink sliding_window to the largest value that fits "
-            "gpu_memory_budget (a WARN and the diagnostics say which), instead of refusing.", "session"),
+            "gpu_memory_budget (a WARN and the diagnostics say which), instead of refusing.", "budget"),
     # --- from the next frame, same session
     _field(StreamConfig, "keyframe_interval", "Every N-th frame after the scale frames is stored "
             "in the KV cache; the others get a pose but are forgotten. Applies from the next frame.",
@@ -300,6 +302,9 @@ STREAM_FIELDS = ("scale_frames", "sliding_window", "keyframe_interval", "camera_
                  "image_width", "camera_aspect", "gpu_memory_budget", "fit_window",  # memory (docs/memory.md)
                  "depth_every")
 CORE_FIELDS = frozenset(RUNTIME_FIELDS + STREAM_FIELDS)
+# The fields whose change starts a new session ("session" in the table): the cache geometry a session,
+# and a saved session, is bound to. A "budget" field only changes the caches through the fitted window.
+SESSION_FIELDS = tuple(s.name for s in SETTINGS if s.applies == "session")
 DEPTH_OUTPUTS = ("publish_depth", "publish_points", "publish_map")
 
 
@@ -366,5 +371,6 @@ def validate_values(values: dict, *, resolve: bool = True) -> list[str]:
 
 
 __all__ = ["APPLIES", "DEPTH_OUTPUTS", "RUNTIME_FIELDS", "SETTINGS", "SETTINGS_BY_NAME", "SETTING_NAMES",
-           "STREAM_FIELDS", "Setting", "applies_of_field", "configs_from_values", "defaults", "validate_values",
-           "ROBOT_SETTINGS", "SESSION_SETTINGS", "covariance_matrix", "covariance_problem", "robot_problems"]
+           "SESSION_FIELDS", "STREAM_FIELDS", "Setting", "applies_of_field", "configs_from_values", "defaults",
+           "validate_values", "ROBOT_SETTINGS", "SESSION_SETTINGS", "covariance_matrix", "covariance_problem",
+           "robot_problems"]

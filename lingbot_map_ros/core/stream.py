@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .cache import CacheFull, CameraKVCache, PagedKVCache
-from .cache.factory import build_camera_cache, build_global_cache, saved_state_problems
+from .cache.factory import CACHE_SIZING_FIELDS, build_camera_cache, build_global_cache, saved_state_problems
 from .config import (
     PATCH_SIZE,
     SPECIAL_TOKENS_PER_FRAME,
@@ -63,6 +63,21 @@ class _PendingFrame:
     stamp: Any
 
 
+@dataclass(frozen=True)
+class PhaseTwoStep:
+    """A phase-2 frame between ``prepare_step`` and ``finish_step``: what its model call needs.
+
+    A lone session runs ``prepare -> open -> model call -> close -> finish`` inside ``push``; a
+    ``StreamGroup`` (``core/stream_group.py``) prepares and opens the steps of several sessions, runs
+    ONE model call over their frames, then closes and finishes each (or aborts each, on a fault)."""
+
+    image: torch.Tensor  # [3, H, W]
+    stamp: Any
+    rope_index: int  # F: the frame's RoPE index (stored frames before it)
+    store: bool  # a keyframe (stored) or not
+    with_depth: bool  # the depth head runs on this frame
+
+
 class StreamingSession:
     """One camera stream through LingBot-Map with a paged KV cache, in one world frame."""
 
@@ -82,14 +97,9 @@ class StreamingSession:
         self.log = log
         self.session_id = 0  # set by the manager (``reset``): monotonic over every session it starts
         self.use_cuda_graphs = runtime.cuda_graphs  # the benchmark's kernel profile turns it off for a while
-        # GEMM templates only (the pointwise and reduction kernels stay as fused by default): max_autotune
-        # also tunes every pointwise kernel, which did not finish compiling within a device call
-        autotune = ({"max_autotune_gemm": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
-                    if runtime.autotune else None)
         ours = runtime.step_kernels == "triton"
         self._fusion: Optional[BlockFusion] = (
-            BlockFusion(compile_options=autotune, triton_kernels=ours, depth_head=runtime.compile_depth)
-            if runtime.compile_blocks else None)
+            BlockFusion(triton_kernels=ours, depth_head=True) if runtime.compile_blocks else None)
         self._graph_step: Optional[GraphedFrameStep] = None
         self._graph_key: Optional[tuple] = None
         self._readback = StagedReadback()
@@ -99,6 +109,9 @@ class StreamingSession:
         # False: localization against the map in the cache - every frame gets a pose, none is stored
         # (a non-keyframe's step: the cache's map bytes, page table and counters stay as they are)
         self.mapping = True
+        # Where the global cache's pages live: None, its own tensor; a group hands out shares of its
+        # pool (``StreamGroup``: ``shape, dtype -> view or None``)
+        self.page_storage: Optional[Callable[[tuple[int, ...], torch.dtype], Optional[torch.Tensor]]] = None
         self._new_session_state()
 
     # ------------------------------------------------------------------ public API
@@ -122,22 +135,21 @@ class StreamingSession:
         """Frames processed in this session so far (the next frame's ``frame_index``)."""
         return self._frame_index
 
+    @property
+    def cache_frame_size(self) -> Optional[tuple[int, int]]:
+        """The frame size (H, W) the caches are allocated for; None before the first frame."""
+        return self._kv_hw
+
+    def caches(self) -> list:
+        """The allocated caches (the memory report counts their pools)."""
+        return [c for c in (self._kv, self._camera_kv) if c is not None]
+
     def push(self, frame: torch.Tensor | np.ndarray, stamp: Any = None) -> list[Processed]:
         """Take one preprocessed frame ``[3, H, W]`` in [0, 1]; return the frames processed now.
 
         ``SessionError`` for a frame the session refuses, ``StoredFrameLimit`` for a keyframe that
         would pass the stored-frame limit; both leave the session exactly as it was."""
-        image = torch.as_tensor(frame, dtype=torch.float32)
-        if image.ndim != 3 or image.shape[0] != 3:
-            raise SessionError(f"expected a [3, H, W] frame, got shape {tuple(image.shape)}")
-        hw = (int(image.shape[1]), int(image.shape[2]))
-        if hw[0] % PATCH_SIZE or hw[1] % PATCH_SIZE or hw[0] <= 0 or hw[1] <= 0:
-            raise SessionError(f"frame size {hw[1]}x{hw[0]} is not a positive multiple of {PATCH_SIZE}")
-        if self._image_hw is not None and hw != self._image_hw:
-            raise FrameSizeChanged(
-                f"frame size changed from {self._image_hw[1]}x{self._image_hw[0]} to {hw[1]}x{hw[0]} "
-                "within a session; reset the session to change resolution"
-            )
+        image, hw = self._checked_frame(frame)
         if self._phase1_done:
             return self._process_phase2(image, stamp)
         if not self.mapping:
@@ -152,6 +164,81 @@ class StreamingSession:
                 self._pending.pop()
                 raise
         return []
+
+    def _checked_frame(self, frame: torch.Tensor | np.ndarray) -> tuple[torch.Tensor, tuple[int, int]]:
+        """The frame as a float32 ``[3, H, W]`` tensor and its size; ``SessionError`` when refused."""
+        image = torch.as_tensor(frame, dtype=torch.float32)
+        if image.ndim != 3 or image.shape[0] != 3:
+            raise SessionError(f"expected a [3, H, W] frame, got shape {tuple(image.shape)}")
+        hw = (int(image.shape[1]), int(image.shape[2]))
+        if hw[0] % PATCH_SIZE or hw[1] % PATCH_SIZE or hw[0] <= 0 or hw[1] <= 0:
+            raise SessionError(f"frame size {hw[1]}x{hw[0]} is not a positive multiple of {PATCH_SIZE}")
+        if self._image_hw is not None and hw != self._image_hw:
+            raise FrameSizeChanged(
+                f"frame size changed from {self._image_hw[1]}x{self._image_hw[0]} to {hw[1]}x{hw[0]} "
+                "within a session; reset the session to change resolution"
+            )
+        return image, hw
+
+    # ------------------------------------------------------------------ a phase-2 step in parts (StreamGroup)
+    @property
+    def in_phase2(self) -> bool:
+        """The next frame is a phase-2 frame (one model call each; a group batches these)."""
+        return self._phase1_done
+
+    @property
+    def image_hw(self) -> Optional[tuple[int, int]]:
+        """The session's frame size (None before its first frame)."""
+        return self._image_hw
+
+    def prepare_step(self, frame: torch.Tensor | np.ndarray, stamp: Any = None) -> PhaseTwoStep:
+        """Check a phase-2 frame and decide its step (keyframe, RoPE index, depth); nothing changes.
+        Raises what ``push`` raises for it (``SessionError``, ``StoredFrameLimit``), and
+        ``SessionError`` when the session is not in phase 2."""
+        image, _ = self._checked_frame(frame)
+        if not self._phase1_done:
+            raise SessionError("the session has no map yet: its frame goes through push (phase 1)")
+        return self._prepare_phase2(image, stamp)
+
+    def open_step(self, step: PhaseTwoStep) -> None:
+        """Append the step's frame to both caches and plan their attention (``SessionError``:
+        nothing changed). Then the model call, then ``close_step`` (or ``abort_step``)."""
+        self._open_caches(1, store=step.store, undoable=True)
+
+    def close_step(self) -> None:
+        """End both caches' step after the model call (a non-keyframe is rolled back)."""
+        assert self._kv is not None and self._camera_kv is not None
+        self._kv.end_step()
+        self._camera_kv.end_step()
+
+    def abort_step(self) -> bool:
+        """End an open step whose model call failed, as if it never ran. True when the caches are
+        exactly as before it (``PagedKVCache.abort_step``); False: the session needs a reset."""
+        assert self._kv is not None and self._camera_kv is not None
+        exact = self._kv.abort_step()
+        return self._camera_kv.abort_step() and exact
+
+    def finish_step(self, step: PhaseTwoStep, out, latency_ms: float) -> list[Processed]:
+        """The step's result from its model outputs (``out``: pose_enc [1, 9], depth and confidence
+        [1, H, W] or None, host arrays), counters advanced."""
+        if step.store:
+            self._stored += 1
+        result = self._make_result(out, 0, stamp=step.stamp, is_keyframe=step.store, is_scale=False,
+                                   rope_index=step.rope_index, latency_ms=latency_ms)
+        self._frame_index += 1
+        return [Processed(result, step.image)]
+
+    @property
+    def global_cache(self) -> Optional[PagedKVCache]:
+        return self._kv
+
+    @property
+    def camera_cache(self) -> Optional[CameraKVCache]:
+        return self._camera_kv
+
+    def inference(self):
+        """The context every model call of this session runs in (inference mode, the runtime's autocast)."""
+        return self._inference(None)
 
     def flush(self) -> list[Processed]:
         """Process buffered scale frames now, fewer than ``scale_frames`` if the stream ended early."""
@@ -176,9 +263,8 @@ class StreamingSession:
         if problems:
             raise ValueError("; ".join(problems))
         old = self.stream_cfg
-        geometry = ("scale_frames", "sliding_window", "camera_iterations", "max_frame_num", "max_stored_frames")
         self.stream_cfg = stream
-        if any(getattr(stream, name) != getattr(old, name) for name in geometry):
+        if any(getattr(stream, name) != getattr(old, name) for name in CACHE_SIZING_FIELDS):
             self._release_caches()
 
     def set_keyframe_interval(self, keyframe_interval: int) -> None:
@@ -300,7 +386,7 @@ class StreamingSession:
                 f"frame {hw[1]}x{hw[0]} needs more spatial RoPE rows than max_frame_num={scfg.max_frame_num}"
             )
         # which backends, how large the pools: cache/factory.py decides from the resolved runtime
-        self._kv = build_global_cache(self.runtime, cfg, scfg, page_size)
+        self._kv = build_global_cache(self.runtime, cfg, scfg, page_size, storage=self.page_storage)
         self._camera_kv = build_camera_cache(self.runtime, cfg, scfg)
         self._kv_hw = hw
         splits = getattr(self._kv.single_frame_backend, "kv_splits", 1)
@@ -315,7 +401,7 @@ class StreamingSession:
             kv = self._kv
             ones = torch.ones(1, dtype=torch.long, device=self.device)  # phase 2: camera and scale variant 1
             fusion = self._fusion  # compiled block bodies (None: eager blocks), compiled in the warm-up run
-            depth_stream = side_stream(self.device, "depth") if self.runtime.parallel_heads else None
+            depth_stream = side_stream(self.device, "depth")  # the depth head beside the camera head
             image_hw = self._kv_hw
 
             def encode(images: torch.Tensor) -> torch.Tensor:
@@ -329,15 +415,10 @@ class StreamingSession:
                         camera_attention=self._camera_kv, num_iterations=self.stream_cfg.camera_iterations,
                         with_depth=with_depth, max_positions=self.stream_cfg.max_frame_num, depth_stream=depth_stream)
 
-            def run(images: torch.Tensor, rope_frames: torch.Tensor, with_depth: bool):
-                return self._call_model(images, rope_frames, ones, ones, with_depth, fusion=fusion, validate=False,
-                                        depth_stream=depth_stream)
-
             backend = kv.single_frame_backend
-            split = self.runtime.encoder_graph
             self._graph_step = GraphedFrameStep(
-                self.model, self._kv_hw, self.device, run_from_tokens if split else run,
-                lambda: getattr(backend, "plan_signature", ()), encode=encode if split else None,
+                self.model, self._kv_hw, self.device, encode, run_from_tokens,
+                lambda: getattr(backend, "plan_signature", ()),
             )
             self._graph_key = key
         return self._graph_step
@@ -380,7 +461,7 @@ class StreamingSession:
             self._frame_index += 1
         return processed
 
-    def _process_phase2(self, image: torch.Tensor, stamp: Any) -> list[Processed]:
+    def _prepare_phase2(self, image: torch.Tensor, stamp: Any) -> PhaseTwoStep:
         is_kf = self.mapping and self._is_keyframe(self._frame_index)
         f = self._stored
         # Never feed f >= max_frame_num (the official model crashes there, docs/model.md §16 #3); the
@@ -388,22 +469,20 @@ class StreamingSession:
         limit = stored_frame_limit(self.stream_cfg)
         if is_kf and f + 1 > limit:
             raise StoredFrameLimit(f, limit)
+        return PhaseTwoStep(image, stamp, f, is_kf, self._depth_on(self._frame_index))
+
+    def _process_phase2(self, image: torch.Tensor, stamp: Any) -> list[Processed]:
+        step = self._prepare_phase2(image, stamp)
         out, elapsed_ms = self._run_model(
             image[None],
-            torch.tensor([f]),
+            torch.tensor([step.rope_index]),
             torch.ones(1, dtype=torch.long),  # every phase-2 frame: camera/register variant 1
             torch.ones(1, dtype=torch.long),  # and scale variant 1 (docs/model.md §6)
-            store=is_kf,
-            with_depth=self._depth_on(self._frame_index),
+            store=step.store,
+            with_depth=step.with_depth,
             one_frame_step=True,
         )
-        if is_kf:
-            self._stored += 1
-        result = self._make_result(
-            out, 0, stamp=stamp, is_keyframe=is_kf, is_scale=False, rope_index=f, latency_ms=elapsed_ms
-        )
-        self._frame_index += 1
-        return [Processed(result, image)]
+        return self.finish_step(step, out, elapsed_ms)
 
     def _run_model(
         self,
@@ -420,23 +499,14 @@ class StreamingSession:
         1), which the CUDA graphs serve; the scale frames (even a single one) take the eager path."""
         assert self._kv is not None and self._camera_kv is not None
         s = images.shape[0]
-        # Check the camera cache's room first so that a refusal leaves both caches untouched.
-        if self._camera_kv.length + s > self._camera_kv.capacity:
-            raise SessionError(
-                f"camera-head cache full ({self._camera_kv.length} of {self._camera_kv.capacity} frames)"
-            )
+        self._check_camera_room(s)
         start = time.perf_counter()
         graphed = self._graphed_step() if self.use_cuda_graphs and one_frame_step else None
         if graphed is not None:
             # The frame in first: with an encoder graph the device encodes it while the host plans the
             # step below (a refused step leaves only the encoder's scratch tokens written).
             graphed.begin(images)
-        try:
-            self._kv.begin_step(s, store=store)
-        except CacheFull as exc:
-            raise SessionError(f"KV cache full: {exc}") from exc
-        self._camera_kv.begin_step(s, store=store)
-        self._last_visible_keys = self._kv.visible_key_count
+        self._open_caches(s, store=store, room_checked=True)
         try:
             if graphed is not None:
                 out = graphed.finish(int(rope_frames[0]), with_depth)
@@ -450,13 +520,31 @@ class StreamingSession:
         elapsed_ms = (time.perf_counter() - start) * 1e3
         return (pose_enc, depth, conf), elapsed_ms
 
-    def _call_model(self, images, rope_frames, camera_variant, scale_variant, with_depth: bool, *, fusion=None,
-                    validate: bool = True, depth_stream: Optional[torch.cuda.Stream] = None):
-        """The one model call of a step, eager or captured into the one-frame CUDA graph (``fusion``:
-        the compiled block bodies, graph step only; ``validate=False`` there: no host checks in a graph;
-        ``depth_stream``: the depth head beside the camera head, graph step only).
-        The caches are the session's current ones; rebuilding them drops the captured graph."""
-        with self._inference(fusion):
+    def _check_camera_room(self, frames: int) -> None:
+        """Refuse a step the camera cache cannot take, before either cache changes."""
+        assert self._camera_kv is not None
+        if self._camera_kv.length + frames > self._camera_kv.capacity:
+            raise SessionError(
+                f"camera-head cache full ({self._camera_kv.length} of {self._camera_kv.capacity} frames)"
+            )
+
+    def _open_caches(self, frames: int, *, store: bool, room_checked: bool = False, undoable: bool = False) -> None:
+        """Both caches' ``begin_step`` for a step of ``frames`` frames (``SessionError``: nothing changed;
+        ``undoable``: ``abort_step`` can take it back)."""
+        assert self._kv is not None and self._camera_kv is not None
+        if not room_checked:
+            self._check_camera_room(frames)
+        try:
+            self._kv.begin_step(frames, store=store, undoable=undoable)
+        except CacheFull as exc:
+            raise SessionError(f"KV cache full: {exc}") from exc
+        self._camera_kv.begin_step(frames, store=store)
+        self._last_visible_keys = self._kv.visible_key_count
+
+    def _call_model(self, images, rope_frames, camera_variant, scale_variant, with_depth: bool):
+        """The eager model call of a step (multi-frame steps, and one-frame steps without CUDA graphs).
+        The caches are the session's current ones."""
+        with self._inference(None):
             return self.model(
                 images.to(self.device, non_blocking=True),
                 rope_frames=rope_frames.to(self.device),
@@ -467,8 +555,6 @@ class StreamingSession:
                 num_iterations=self.stream_cfg.camera_iterations,
                 with_depth=with_depth,
                 max_positions=self.stream_cfg.max_frame_num,
-                validate=validate,
-                depth_stream=depth_stream,
             )
 
     @contextlib.contextmanager
@@ -570,4 +656,4 @@ def _autocast(device: torch.device, dtype: torch.dtype):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-__all__ = ["Processed", "StreamingSession", "TRAINING_RANGE_STORED_FRAMES"]
+__all__ = ["PhaseTwoStep", "Processed", "StreamingSession", "TRAINING_RANGE_STORED_FRAMES"]

@@ -55,6 +55,7 @@ from rclpy.qos import QoSProfile, QoSReliabilityPolicy
 
 from lingbot_map_ros.msg import FrameStatus
 
+from .commands import ApplyParameters, Command, CommandResult, Reset
 from .diagnostics import COUNTER_NAMES, DIAG_PREFIX, DiagnosticsSnapshot, diagnostic_array
 from .frames import Frame, FrameLedger, InputRejected
 from .input_size import InputSize
@@ -137,9 +138,9 @@ class LingBotMapNode(LifecycleNode):
                                                QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE))
         self._params = ParameterHandler(self, self._values, get_view=self._session_view.read,
                                         resubscribe=self._resubscribe, restart_timer=self._restart_timer,
-                                        submit_apply=lambda changed: self._submit(("apply", changed)))
+                                        submit_apply=lambda changed: self._submit(ApplyParameters(tuple(changed))))
         self._node_services = NodeServices(self, self._values, configured=lambda: self._manager is not None,
-                                      submit_reset=lambda reason, wait: self._submit(("reset", reason), wait),
+                                      submit_reset=lambda reason, wait: self._submit(Reset(reason), wait),
                                       state_label=lambda: self._state_label, trajectory=self._outputs.trajectory,
                                       submit=self._submit, prepare_load=self._prepare_load)
         self._diag_timer = self.create_timer(float(self._values["diagnostics_period"]), self._publish_diagnostics)
@@ -166,7 +167,7 @@ class LingBotMapNode(LifecycleNode):
             f"dtype {runtime.dtype}, backend {runtime.attention_backend}); stream {stream}"
         )
         try:
-            manager = self._session_manager_cls(runtime, stream, log=self.get_logger().info,
+            manager = self._session_manager_cls.open(runtime, stream, log=self.get_logger().info,
                                                 warn=self.get_logger().warning)
         except Exception as exc:  # noqa: BLE001 - any failure of the model build fails the transition
             return self._configure_failed(*build_failure(exc))
@@ -191,7 +192,7 @@ class LingBotMapNode(LifecycleNode):
                 return self._configure_failed(f"initial_session: {exc}")
         self._worker.start()
         self._intake.subscribe()
-        info = manager.info
+        info = manager.host.info
         if info.random_weights:
             self.get_logger().warning(
                 "NO CHECKPOINT: random weights (preset %s) - poses are NOT meaningful" % info.model_preset
@@ -290,7 +291,7 @@ class LingBotMapNode(LifecycleNode):
             raise RuntimeError("the node is not configured")
         return manager.prepare_load(path, on_device=staging_choice(self._values))
 
-    def _submit(self, command: tuple, wait: float = 0.0) -> Optional[str]:
+    def _submit(self, command: Command, wait: float = 0.0) -> Optional[CommandResult]:
         worker = self._worker
         return worker.submit(command, wait) if worker is not None else None
 

@@ -50,15 +50,14 @@ class ParameterHandler:
         if problems:
             return SetParametersResult(successful=False, reason="; ".join(problems))
         runtime, stream = configs_from_values(values)
-        check_memory = self._get_view().memory_problems
-        if check_memory is not None:  # a change that would not fit the memory budget (docs/memory.md)
-            problems = check_memory(runtime, stream)
-            if problems:
-                return SetParametersResult(successful=False, reason="; ".join(problems))
-        running = self._get_view().runtime
+        view = self._get_view()  # data only: the inference thread may be swapping the model meanwhile
+        problems = view.memory_problems(runtime, stream)  # a change that would not fit the budget (docs/memory.md)
+        if problems:
+            return SetParametersResult(successful=False, reason="; ".join(problems))
+        running = view.runtime
         if running is not None and runtime != running and runtime != configs_from_values(self._values)[0]:
             # A new model: check the file, its keys and shapes, the device and its memory now.
-            from ..core.session_manager import model_change_problems
+            from ..core.model_host import model_change_problems
 
             problems = model_change_problems(runtime)
             if problems:

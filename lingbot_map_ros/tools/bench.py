@@ -13,14 +13,16 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
 
 from ..core.config import RuntimeConfig, StreamConfig
 from ..core.model.fusion import fused_blocks
+from ..core.model_host import ModelHost
 from ..core.runtime import resolve_device, resolve_for
-from ..core.session_manager import LoadedModel, SessionManager, load_model
+from ..core.session_manager import SessionManager
 from .common import add_session_options, check_session_args, runtime_from_args, stream_from_args
 
 
@@ -39,89 +41,106 @@ class BenchRow:
     growth_span: str
     first_frame_ms: float = 0.0  # first phase-2 frame: graph capture + block compilation
     finite: bool = True  # every pose finite
+    attention: str = ""  # the resolved one-frame path, e.g. sdpa:split+graph+compiled
+    predicted_gb: float = float("nan")  # the footprint's prediction (footprint.py) for this runtime and size
 
 
 VARIANT_HELP = (
-    "comma list of BACKEND[:KERNEL][+graph|+eager][+compile][+autotune][+bf16][+kvN][+serialheads]"
-    "[+cudnnprefix|+tritonprefix|+gluonprefix][+nchwdepth][+torchstep][+onegraph][+eagerdepth][+pairs|+singles]: "
-    "BACKEND sdpa|flashinfer, KERNEL split|cudnn|flash (sdpa) or fa2|fa3 (flashinfer); "
-    "+compile = torch.compile-fused blocks in the graph step; "
-    "+autotune = their GEMMs autotuned by Inductor (max-autotune, minutes to compile); "
-    "+bf16 = no autocast (opt-in numerics); +kvN = the split kernel's prefix read as N key ranges "
-    "(auto+kvN: the default with N); +serialheads = the depth head after the camera head, not beside "
-    "it on a second stream of the graph step (auto+serialheads: the default so; +parallelheads: the default); "
-    "+cudnnprefix / +tritonprefix = the split kernel as cuDNN's unmasked prefix + masked tail / as our Triton "
-    "kernel over the visible runs in one call (auto: Triton where it runs) / as its Gluon version; "
-    "+nchwdepth = the depth head's conv weights in NCHW layout (auto on CUDA: channels-last); "
-    "+torchstep = the graph step's small pieces as PyTorch ops (the camera head's attention as masked SDPA; "
-    "auto: our Triton kernels); +onegraph = the graph step as one graph launched after the host's plan (auto: "
-    "the image encoder a graph of its own, queued first); +eagerdepth = the depth head eager in the graph step "
-    "(auto: compiled with the fused blocks); +pairs / +singles = the Gluon prefix kernel with two "
-    "consumer warpgroups sharing each K/V block (warp-specialised) / with one (auto: pairs where their programs "
-    "fit one wave). "
-    "e.g. sdpa:split+graph+compile,flashinfer:fa3+graph; "
-    "auto = the node's default parameters on this device"
+    "comma list of auto | portable | BACKEND[:KERNEL][+graph|+eager][+compile][+bf16], each optionally with "
+    "[+cudnnprefix|+tritonprefix|+gluonprefix][+torchstep][+pairs|+singles][+partsN][@smXY]: "
+    "auto = the node's default parameters on this device; portable = auto@sm89 (what a GPU without Hopper's "
+    "instructions resolves to: Ampere, Ada, Orin); BACKEND sdpa|flashinfer, KERNEL split|cudnn|flash (sdpa) or "
+    "fa2|fa3 (flashinfer); +compile = torch.compile-fused blocks in the graph step; +bf16 = no autocast "
+    "(opt-in numerics); +cudnnprefix / +tritonprefix / +gluonprefix = the split kernel's prefix by cuDNN / our "
+    "runs kernel in Triton / in Gluon; +torchstep = the graph step's small pieces as PyTorch ops; +pairs / "
+    "+singles = the Gluon runs kernel with two consumer warpgroups a program / one (auto: pairs where their "
+    "programs fit one wave); +partsN = the split kernel's prefix read as N key ranges (auto: the fewest waves "
+    "of programs on the SMs); @smXY = resolved for compute capability X.Y (a stand-in for this GPU's). "
+    "e.g. auto,portable,sdpa:split+graph+compile,flashinfer:fa3+graph"
 )
 
+PREFIX_FLAGS = {"cudnnprefix": "sdpa", "tritonprefix": "triton", "gluonprefix": "gluon"}
+# what the bench's run-of-record rows call a variant: the paths of the latency table
+PATH_NAMES = {"auto": "default", "portable": "portable"}
 
-def _gluon_flag(flag: str) -> bool:
-    return flag in ("pairs", "singles")
+
+@dataclass(frozen=True)
+class BenchOverrides:
+    """What a bench variant asks for beyond the user settings: kernel choices the capability would make
+    otherwise, a stand-in capability, a Gluon kernel constant. Only the benchmark builds one; the node
+    never sees it (it resolves from its settings and the GPU alone)."""
+
+    capability: Optional[tuple[int, int]] = None  # resolve as this compute capability (``@smXY``)
+    prefix_kernel: str = "auto"  # the split kernel's prefix (``+cudnnprefix`` ...)
+    step_kernels: str = "auto"  # ``+torchstep``: the PyTorch ops
+    gluon_pairs: Optional[bool] = None  # ``+pairs`` / ``+singles``: the Gluon kernel's layout, else by shape
+    kv_parts: int = 0  # ``+partsN``: the split kernel's key ranges, else ``split_backend.auto_kv_splits``'s
+
+
+def parse_variant(variant: str) -> tuple[str, list[str], BenchOverrides]:
+    """``variant`` -> (backend[:kernel] or auto, the runtime flags, the bench-only overrides)."""
+    name, _, cap = variant.replace("-bf16", "+bf16").partition("@")
+    head, *flags = name.split("+")
+    capability = None
+    if head == "portable":
+        head, capability = "auto", PORTABLE_CAPABILITY
+    if cap:
+        digits = cap.removeprefix("sm")
+        if not digits.isdigit() or len(digits) < 2:
+            raise ValueError(f"bad capability {cap!r} in {variant!r} (e.g. @sm89, @sm110)")
+        capability = (int(digits[:-1]), int(digits[-1]))
+    prefix = [PREFIX_FLAGS[f] for f in flags if f in PREFIX_FLAGS]
+    pairs = [f == "pairs" for f in flags if f in ("pairs", "singles")]
+    parts = [f for f in flags if f.startswith("parts") and f[5:].isdigit() and int(f[5:]) >= 1]
+    overrides = BenchOverrides(capability=capability, prefix_kernel=prefix[-1] if prefix else "auto",
+                               step_kernels="torch" if "torchstep" in flags else "auto",
+                               gluon_pairs=pairs[-1] if pairs else None, kv_parts=int(parts[-1][5:]) if parts else 0)
+    rest = [f for f in flags if f not in PREFIX_FLAGS and f not in ("torchstep", "pairs", "singles") and f not in parts]
+    unknown = set(rest) - {"graph", "eager", "compile", "bf16"}
+    if unknown or (head == "auto" and rest):
+        raise ValueError(f"unknown variant flags {sorted(unknown or rest)} in {variant!r}; {VARIANT_HELP}")
+    return head, rest, overrides
+
+
+# the stand-in for "a GPU without Hopper's instructions" (Ada; Ampere and Orin resolve the same: the test
+# of runtime.resolve_for pins it)
+PORTABLE_CAPABILITY = (8, 9)
 
 
 @contextlib.contextmanager
-def gluon_kernel_constants(variant: str):
+def kernel_constants(overrides: BenchOverrides):
     """``+pairs`` / ``+singles``: the Gluon prefix kernel with two consumer warpgroups a program or one,
-    for this variant's run, instead of its choice by shape (``gluon_runs.use_pairs``); a kernel
-    constant, not a runtime decision (the bench measures the alternatives of one build), restored after
-    the run."""
-    flags = [f for f in variant.split("+") if _gluon_flag(f)]
-    if not flags:
-        yield
-        return
-    from ..core.cache import gluon_runs
+    instead of its choice by shape (``gluon_runs.use_pairs``); ``+partsN``: the split kernel's key ranges
+    instead of ``split_backend.auto_kv_splits``'s choice. Kernel constants, not runtime decisions (the
+    bench measures the alternatives of one build), set for this variant's run and restored after it."""
+    from ..core.cache import gluon_runs, split_backend
 
-    saved = gluon_runs.PAIRS
-    gluon_runs.PAIRS = flags[-1] == "pairs"
+    saved = gluon_runs.PAIRS, split_backend.auto_kv_splits
+    if overrides.gluon_pairs is not None:
+        gluon_runs.PAIRS = overrides.gluon_pairs
+    if overrides.kv_parts:
+        split_backend.auto_kv_splits = lambda *args, **kwargs: overrides.kv_parts
     try:
         yield
     finally:
-        gluon_runs.PAIRS = saved
+        gluon_runs.PAIRS, split_backend.auto_kv_splits = saved
 
 
 def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
     """Parse a variant name into the ``ResolvedRuntime`` it stands for (same resolver as the node).
 
     ``auto`` is what the node runs with its default parameters on this device."""
-    head, *flags = variant.replace("-bf16", "+bf16").split("+")
-    kv = [f for f in flags if f.startswith("kv") and f[2:].isdigit()]
-    kv_splits = int(kv[-1][2:]) if kv else 0
-    parallel_heads = "serialheads" not in flags
-    prefix_flags = {"cudnnprefix": "sdpa", "tritonprefix": "triton", "gluonprefix": "gluon"}
-    prefix = [prefix_flags[f] for f in flags if f in prefix_flags]
-    prefix_kernel = prefix[-1] if prefix else "auto"
-    nhwc = "nchwdepth" not in flags
-    step_kernels = "torch" if "torchstep" in flags else "auto"
-    encoder_graph = "onegraph" not in flags
-    compile_depth = "eagerdepth" not in flags
-    flags = [f for f in flags if f not in kv and f not in ("parallelheads", "serialheads", "nchwdepth", "torchstep",
-                                                           "onegraph", "eagerdepth")
-             and f not in prefix_flags and not _gluon_flag(f)]
-    if head == "auto" and not flags:
-        return resolve_for(device, dtype, kv_splits=kv_splits, parallel_heads=parallel_heads,
-                           prefix_kernel=prefix_kernel, depth_channels_last=nhwc, step_kernels=step_kernels,
-                           encoder_graph=encoder_graph, compile_depth=compile_depth)
+    head, flags, over = parse_variant(variant)
+    requests = dict(prefix_kernel=over.prefix_kernel, step_kernels=over.step_kernels, capability=over.capability)
+    if head == "auto":
+        return resolve_for(device, dtype, **requests)
     backend, _, kernel = head.partition(":")
-    unknown = set(flags) - {"graph", "eager", "compile", "autotune", "bf16"}
-    if unknown:
-        raise ValueError(f"unknown variant flags {sorted(unknown)} in {variant!r}; {VARIANT_HELP}")
     fi_kernel = kernel if backend == "flashinfer" and kernel else "auto"
     sdpa_kernel = kernel if backend == "sdpa" and kernel else "auto"
     return resolve_for(device, dtype, backend=backend, flashinfer_kernel=fi_kernel, sdpa_kernel=sdpa_kernel,
                        cuda_graphs="eager" not in flags and device.type == "cuda",
-                       compile_blocks="on" if {"compile", "autotune"} & set(flags) else "off",
-                       autotune="autotune" in flags, autocast="bf16" not in flags, kv_splits=kv_splits,
-                       parallel_heads=parallel_heads, prefix_kernel=prefix_kernel, depth_channels_last=nhwc,
-                       step_kernels=step_kernels, encoder_graph=encoder_graph, compile_depth=compile_depth)
+                       compile_blocks="on" if "compile" in flags else "off", autocast="bf16" not in flags,
+                       **requests)
 
 
 def _memory_bytes(device: torch.device) -> int:
@@ -141,15 +160,18 @@ def _peak_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def run_one(base: LoadedModel, runtime_cfg: RuntimeConfig, stream_cfg: StreamConfig, variant: str, frames: int,
+def run_one(base: ModelHost, runtime_cfg: RuntimeConfig, stream_cfg: StreamConfig, variant: str, frames: int,
             height: int, width: int, heads: str, report_every: int = 0,
             profile: bool = False) -> tuple[BenchRow, np.ndarray]:
     """One variant over ``frames`` frames through a session manager around the already built model
     (``base``: one model for every variant; the variant only changes the resolved runtime)."""
-    device, dtype = base.runtime.device, base.runtime.dtype
+    device, dtype = base.resolved.device, base.resolved.dtype
     runtime = variant_runtime(variant, device, dtype)
     backend = runtime.backend
     stream_cfg = dataclasses.replace(stream_cfg, with_depth=(heads == "depth+camera"))
+    from ..core.footprint import footprint
+
+    predicted = footprint(base.cfg, runtime, stream_cfg, height, width).total / 1e9
     manager = SessionManager.around(base.model, base.cfg, stream_cfg, runtime, log=lambda m: None,
                                     settings=runtime_cfg, random_weights=base.info.random_weights)
     gen = torch.Generator().manual_seed(0)
@@ -179,7 +201,7 @@ def run_one(base: LoadedModel, runtime_cfg: RuntimeConfig, stream_cfg: StreamCon
             mem_mark = _memory_bytes(device)
         if report_every and (i + 1) % report_every == 0:
             recent = per_frame[-report_every:]
-            windows = manager.window_switches
+            windows = manager.policy.window_switches
             print(f"  frames {i + 1}: median {np.median(recent):.2f} ms/frame over the last {len(recent)}, "
                   f"memory {_memory_bytes(device) / 1e9:.3f} GB, windows {windows}", file=sys.stderr, flush=True)
     mem_last = _memory_bytes(device)
@@ -213,6 +235,8 @@ def run_one(base: LoadedModel, runtime_cfg: RuntimeConfig, stream_cfg: StreamCon
         growth_span=f"{mark}->{frames - 1}" if growth_ok else "run too short",
         first_frame_ms=first_frame_ms,
         finite=pose_check,
+        attention=runtime.attention,
+        predicted_gb=predicted,
     ), np.stack(poses)
 
 
@@ -311,7 +335,87 @@ def footprint_tables(runtime_cfg: RuntimeConfig, stream_cfg: StreamConfig, args:
     return "\n\n".join(tables)
 
 
+def setup_facts(device: torch.device, notes: str = "") -> dict:
+    """The set-up of a run of record (docs/perf/runs/*.json ``setup``): GPU, host, torch, CUDA, driver."""
+    import subprocess
+
+    driver = ""
+    if device.type == "cuda":
+        try:
+            driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                    capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+        except (OSError, IndexError, subprocess.SubprocessError):
+            driver = "unknown"
+    return {"gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
+            "host_cpus": os.cpu_count() or 0, "torch": torch.__version__, "cuda": torch.version.cuda or "",
+            "driver": driver, "official_commit": os.environ.get("OFFICIAL_COMMIT") or None, "notes": notes}
+
+
+def result_rows(rows: list[BenchRow], args: argparse.Namespace) -> list[dict]:
+    """The run-of-record rows of ``rows`` (docs/perf/runs/*.json): a latency row per variant and heads, a
+    long_run row for runs of 1,000 frames or more, a memory row (predicted beside measured) per heads."""
+    geometry = f"{args.width}x{args.height}"
+    out: list[dict] = []
+
+    def num(x: float, digits: int = 2):
+        return None if x != x else round(float(x), digits)
+
+    for r in rows:
+        name = r.variant.split(" = ")[0]
+        path = PATH_NAMES.get(name, name)
+        common = {"geometry": geometry, "heads": r.heads, "path": path, "attention": r.attention}
+        if r.frames >= 1000:
+            out.append({"table": "long_run", **common, "frames": r.frames, "median_ms": num(r.steady_median_ms),
+                        "p90_ms": num(r.steady_p90_ms), "growth_mb": num(r.growth_gb * 1e3, 1),
+                        "peak_gb": num(r.peak_mem_gb)})
+            continue
+        out.append({"table": "latency", **common, "window": args.sliding_window,
+                    "scale_frames": args.scale_frames, "camera_iterations": args.camera_iterations, "streams": 1,
+                    "load": args.load, "median_ms": num(r.steady_median_ms), "p90_ms": num(r.steady_p90_ms),
+                    "peak_gb": num(r.peak_mem_gb), "frames": r.frames, "fps": num(r.fps, 1),
+                    "phase1_ms": num(r.phase1_ms, 1), "first_frame_ms": num(r.first_frame_ms, 0),
+                    "growth_mb": num(r.growth_gb * 1e3, 1)})
+        if path == "default" and args.load == "idle":
+            out.append({"table": "memory", "geometry": geometry, "window": args.sliding_window, "heads": r.heads,
+                        "streams": 1, "predicted_gb": num(r.predicted_gb), "measured_gb": num(r.peak_mem_gb)})
+    return out
+
+
+def write_results(path: str, rows: list[dict], device: torch.device, run: str = "") -> None:
+    """``--json FILE``: the rows in the shape of a run-of-record file (bench/record.py merges several)."""
+    import datetime
+    import json
+
+    from ..core.files import atomic_write_text
+
+    doc = {"run": run or os.path.splitext(os.path.basename(path))[0],
+           "date": datetime.date.today().isoformat(), "commit": os.environ.get("LINGBOT_COMMIT", "unknown"),
+           "setup": setup_facts(device), "rows": rows}
+    atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
+
+
+def warm_cache(args: argparse.Namespace, base: ModelHost, runtime_cfg: RuntimeConfig,
+               stream_cfg: StreamConfig) -> int:
+    """``--warm-cache``: compile every kernel the node's default path needs at this frame size (one
+    filled window per heads setting) into the kernel cache, so the first boot of a robot does not."""
+    from ..core.kernel_cache import use_kernel_cache
+
+    folders = use_kernel_cache()
+    steady_start = stream_cfg.scale_frames + stream_cfg.sliding_window * stream_cfg.keyframe_interval
+    t0 = time.perf_counter()
+    for heads in [h for h in args.heads.split(",") if h]:
+        run_one(base, runtime_cfg, stream_cfg, "auto", steady_start + 2, args.height, args.width, heads)
+    print(f"kernel caches warmed for {args.width}x{args.height} ({args.heads}) in {time.perf_counter() - t0:.1f} s: "
+          + ", ".join(f"{k}={v}" for k, v in folders.items()))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--cameras" or a.startswith("--cameras=") for a in argv):  # N streams: tools/bench_streams.py
+        from .bench_streams import main as streams_main
+
+        return streams_main(argv)
     p = argparse.ArgumentParser(prog="lingbot_map_bench", description=__doc__.splitlines()[0])
     add_session_options(p)
     p.add_argument("--height", type=int, default=378, help="model input height (multiple of 14)")
@@ -326,6 +430,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--footprint", action="store_true",
                    help="print the predicted memory of each head setting at --width x --height and exit: no GPU "
                         "needed (--device auto = cuda; docs/memory.md)")
+    p.add_argument("--json", default="", metavar="FILE",
+                   help="also write the rows as a run-of-record file (docs/perf/runs/*.json shape)")
+    p.add_argument("--load", default="idle", help="the host's load during the run, as the rows name it")
+    p.add_argument("--warm-cache", action="store_true",
+                   help="compile the default path's kernels at this frame size into the kernel cache "
+                        "(LINGBOT_MAP_CACHE_DIR, else ~/.cache/lingbot_map) and exit")
     args = p.parse_args(argv)
     check_session_args(p, args)
     runtime_cfg = runtime_from_args(args)
@@ -348,9 +458,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{steady_start} frames): steady-state and memory-growth figures are not reported", file=sys.stderr)
     # random weights unless --checkpoint (weights change no timing, but a user may want to check theirs);
     # built once, the variants only change the resolved runtime
-    base = load_model(runtime_cfg, log=lambda m: None)
+    from ..core.kernel_cache import use_kernel_cache
+
+    use_kernel_cache()
+    base = ModelHost.load(runtime_cfg, log=lambda m: None)
     print(f"weights: {base.weights}", file=sys.stderr)
-    dtype = base.runtime.dtype
+    if args.warm_cache:
+        return warm_cache(args, base, runtime_cfg, stream_cfg)
+    dtype = base.resolved.dtype
     variants = [v for v in args.variants.split(",") if v] or ["auto"]
     rows = []
     pose_diffs: list[str] = []
@@ -362,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         for variant in variants:
             try:
                 profiled = args.profile and variant == profile_variant and heads == head_list[0]
-                with gluon_kernel_constants(variant):
+                with kernel_constants(parse_variant(variant)[2]):
                     row, poses = run_one(base, runtime_cfg, stream_cfg, variant, args.frames, args.height,
                                          args.width, heads, args.report_every, profile=profiled)
             except Exception as exc:  # one broken variant must not lose the others' numbers
@@ -388,6 +503,8 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     for line in failures:
         print("FAILED:", line)
+    if args.json:
+        write_results(args.json, result_rows(rows, args), device)
     return 0
 
 

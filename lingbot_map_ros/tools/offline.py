@@ -253,7 +253,7 @@ def _run(args: argparse.Namespace, source) -> int:
         stream = stream_from_args(args)
         if args.ply or args.colmap or (robot_mode(args) and args.scale_source == "depth"):
             stream = dataclasses.replace(stream, with_depth=True)  # the exports and the depth scale need the head
-        manager = SessionManager(runtime_from_args(args), stream, log=say)
+        manager = SessionManager.open(runtime_from_args(args), stream, log=say)
     except (ValueError, OSError, RuntimeError) as exc:  # a bad checkpoint (keys, shapes, unsafe pickle)
         msg = str(exc).replace("set allow_unsafe_checkpoint:=true", "pass --allow-unsafe-checkpoint")
         return fail(PROG, f"--checkpoint {args.checkpoint}: {msg}" if args.checkpoint else msg)
@@ -267,7 +267,7 @@ def _run(args: argparse.Namespace, source) -> int:
             return fail(PROG, f"--load-session: {exc}")
         history = list(report.extra.get("trajectory", []))
         say(report.message())
-    manager.mapping = not args.no_mapping
+    manager.session.mapping = not args.no_mapping
     say(f"{source.description}; stamps from {source.stamps_from}")
     robot = None
     if robot_mode(args):

@@ -180,6 +180,14 @@ class CameraKVCache:
             self._length += num_frames
         self._step = None
 
+    def abort_step(self) -> bool:
+        """Close a step whose model call failed, storing nothing. Always exact: a step writes only
+        the slots from ``length`` on, which nothing stored occupies."""
+        if self._step is None:
+            raise RuntimeError("abort_step() without begin_step()")
+        self._step = None
+        return True
+
     def state_dict(self) -> dict:
         """Shapes and the stored length (JSON data); the K/V come from ``stored_tensor``."""
         if self._step is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -26,8 +26,12 @@ from ..runtime import ResolvedRuntime
 from .backend import AttentionBackend
 from .camera_cache import CameraKVCache
 from .paged import PagedKVCache
-from .pages import EXTRA_PATCH_PAGES, PageTable
+from .pages import EXTRA_PATCH_PAGES, PageTable, visible_patch_pages
 from .sdpa_backend import SdpaBackend, StaticSdpaBackend
+
+# The StreamConfig fields the caches' allocations depend on (pools, camera cache, RoPE rows): a session
+# whose settings change one of them gets new caches. Each is a "session" field of the settings table.
+CACHE_SIZING_FIELDS = ("scale_frames", "sliding_window", "camera_iterations", "max_frame_num", "max_stored_frames")
 
 
 def max_stored_frames(stream: StreamConfig) -> int:
@@ -55,7 +59,7 @@ def pool_layout(rt: ResolvedRuntime, stream: StreamConfig, page_size: int) -> Po
     if not reads_whole_storage(rt):  # the official pools
         return PoolLayout(stream.scale_frames + stream.sliding_window + EXTRA_PATCH_PAGES,
                           special_pages_capacity(stream.max_frame_num, page_size))
-    patch = stream.scale_frames + stream.sliding_window + 1
+    patch = visible_patch_pages(stream.scale_frames, stream.sliding_window)
     special = max(1, math.ceil(SPECIAL_TOKENS_PER_FRAME * max_stored_frames(stream) / page_size))
     return PoolLayout(patch, special, "lowest" if rt.sdpa_kernel == "split" else "lifo")
 
@@ -77,7 +81,7 @@ def make_single_frame_backend(
     ``table``: the cache's page table, whose pools the dense backends read whole."""
     if not rt.cuda_graphs:
         return None
-    patch_pages = stream.scale_frames + stream.sliding_window + 1  # +1: a non-keyframe's own page
+    patch_pages = visible_patch_pages(stream.scale_frames, stream.sliding_window)
     max_specials = SPECIAL_TOKENS_PER_FRAME * max_stored_frames(stream)
     tokens = SPECIAL_TOKENS_PER_FRAME + page_size
     common = dict(num_heads=model.num_heads, head_dim=model.head_dim, dtype=rt.dtype, device=rt.device)
@@ -92,15 +96,14 @@ def make_single_frame_backend(
         from .split_backend import SplitPrefixBackend, auto_kv_splits
 
         kernel = "cudnn" if rt.device.type == "cuda" else "cpu"  # cpu: only reached in tests
-        splits = rt.kv_splits
-        if not splits:  # the frame size decides: one frame's query tiles x heads against the SMs
-            sms = torch.cuda.get_device_properties(rt.device).multi_processor_count if kernel == "cudnn" else 0
-            tiles = {}
-            if rt.prefix_kernel != "sdpa":  # the Triton kernel's tiles (resolve_for made sure Triton imports)
-                from .triton_prefix import BLOCK_M, PROGRAMS_PER_SM
+        # the frame size decides the key ranges: one frame's query tiles x heads against the SMs
+        sms = torch.cuda.get_device_properties(rt.device).multi_processor_count if kernel == "cudnn" else 0
+        tiles = {}
+        if rt.prefix_kernel != "sdpa":  # the Triton kernel's tiles (resolve_for made sure Triton imports)
+            from .triton_prefix import BLOCK_M, PROGRAMS_PER_SM
 
-                tiles = dict(query_tile=BLOCK_M, blocks_per_sm=PROGRAMS_PER_SM)
-            splits = auto_kv_splits(tokens, model.num_heads, sms, table.num_patch_pages - 1, **tiles)
+            tiles = dict(query_tile=BLOCK_M, blocks_per_sm=PROGRAMS_PER_SM)
+        splits = auto_kv_splits(tokens, model.num_heads, sms, table.num_patch_pages - 1, **tiles)
         return SplitPrefixBackend(page_size=page_size, num_patch_pages=table.num_patch_pages, num_pages=table.num_pages,
                                   kernel=kernel, fuse_merge=rt.compile_blocks, kv_splits=splits,
                                   prefix_kernel=rt.prefix_kernel, **common)
@@ -112,15 +115,21 @@ def make_single_frame_backend(
                              num_query_tokens=tokens, **common)
 
 
-def build_global_cache(rt: ResolvedRuntime, model: ModelConfig, stream: StreamConfig, page_size: int) -> PagedKVCache:
-    """The paged global-attention cache of every aggregator block, with both backends attached."""
+def build_global_cache(rt: ResolvedRuntime, model: ModelConfig, stream: StreamConfig, page_size: int,
+                       storage: Optional[Callable[[tuple[int, ...], torch.dtype], Optional[torch.Tensor]]] = None,
+                       ) -> PagedKVCache:
+    """The paged global-attention cache of every aggregator block, with both backends attached.
+    ``storage(shape, dtype)``: its pages as a view of a group's pool (``cache/pool.py``), or None to
+    allocate them."""
     layout = pool_layout(rt, stream, page_size)
+    shape = (model.depth, 2, layout.num_patch_pages + layout.special_pages, page_size, model.num_heads, model.head_dim)
     cache = PagedKVCache(
         num_blocks=model.depth, num_heads=model.num_heads, head_dim=model.head_dim, page_size=page_size,
         scale_frames=stream.scale_frames, sliding_window=stream.sliding_window, max_frame_num=stream.max_frame_num,
         dtype=rt.dtype, device=rt.device, backend=make_eager_backend(rt, model, page_size),
         num_patch_pages=layout.num_patch_pages, special_pages=layout.special_pages, allocation=layout.allocation,
         write_kernel="triton" if rt.cuda_graphs and rt.step_kernels == "triton" else "torch",
+        storage=storage(shape, rt.dtype) if storage is not None else None,
     )
     cache.single_frame_backend = make_single_frame_backend(rt, model, stream, page_size, cache.table)
     return cache

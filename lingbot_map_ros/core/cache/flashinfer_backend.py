@@ -130,4 +130,56 @@ class FlashInferBackend:
         return out.to(q.dtype)
 
 
-__all__ = ["FlashInferBackend"]
+
+
+
+class BatchedFlashInferBackend:
+    """The frames of several streams in ONE FlashInfer call over a group's pool (``cache/pool.py``).
+
+    ``plan`` takes a ``BatchedPageRequest`` (``pool.batched_page_request``: ``qo_indptr = [0, T, 2T,
+    ...]``, each stream's visible pages as pool page ids, or its token slots for ``fa3``) once per
+    step; ``run`` attends every block's ``[B·T, H, D]`` queries over the pool's K and V. FlashInfer's
+    scheduler packs (stream, query tile, key chunk) work over all streams and merges the partial
+    states, so streams of different lengths cost one launch. Eager (no CUDA graph): a captured
+    wrapper fixes its batch size for life, so a graphed form needs one wrapper per batch size."""
+
+    name = "flashinfer"
+
+    def __init__(self, *, num_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str,
+                 kernel: str = "fa2") -> None:
+        import flashinfer  # optional dependency: imported only when this backend is built
+
+        if dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"FlashInfer needs float16 or bfloat16 pages (got {dtype})")
+        if kernel not in ("fa2", "fa3"):
+            raise ValueError(f"kernel must be fa2 or fa3 (got {kernel!r})")
+        self.num_heads, self.head_dim, self.dtype, self.kernel = num_heads, head_dim, dtype, kernel
+        self.device = torch.device(device)
+        self.token_pages = kernel == "fa3"  # fa3 takes power-of-two pages only: one key per index (exact)
+        self._workspace = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD", backend=kernel)
+        self._num_queries = 0
+
+    def plan(self, request, page_size: int) -> None:
+        """``request``: a ``pool.BatchedPageRequest`` built with ``token_pages`` = this backend's."""
+        self._wrapper.plan(
+            torch.from_numpy(request.qo_indptr), torch.from_numpy(request.kv_indptr),
+            torch.from_numpy(request.indices).to(self.device, non_blocking=True),
+            torch.from_numpy(request.last_page_len),
+            self.num_heads, self.num_heads, self.head_dim, 1 if self.token_pages else page_size,
+            causal=False, pos_encoding_mode="NONE", sm_scale=1.0 / math.sqrt(self.head_dim),
+            q_data_type=self.dtype, kv_data_type=self.dtype,
+        )
+        self._num_queries = int(request.qo_indptr[-1])
+
+    def run(self, kv_pages: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor) -> torch.Tensor:
+        """``q [B·T, H, D]`` over the planned pages of one block's pool ``(K, V)``, each ``[pages, page, H, D]``."""
+        k_pages, v_pages = kv_pages
+        if q.shape[0] != self._num_queries:
+            raise ValueError(f"planned {self._num_queries} query rows, got {q.shape[0]}")
+        if self.token_pages:
+            k_pages = k_pages.reshape(-1, 1, self.num_heads, self.head_dim)  # [pages*page, 1, H, D]
+            v_pages = v_pages.reshape(-1, 1, self.num_heads, self.head_dim)
+        return self._wrapper.run(q.to(self.dtype), (k_pages, v_pages)).to(q.dtype)  # [B·T, H, D]
+
+__all__ = ["BatchedFlashInferBackend", "FlashInferBackend"]

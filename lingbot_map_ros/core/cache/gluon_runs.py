@@ -220,7 +220,7 @@ def _store_part(acc, m_i, l_i, o_ptr, lse_ptr, row0, head, part, num_queries, sc
 # Why: the kernel above streams each head's keys once per 64 queries. At the steady state that is
 # 256 programs x 18.4 MB = 4.7 GB from L2 a call, ~6 TB/s at its speed: about the L2's bandwidth, so
 # the tensor cores wait. The exponentials are not what binds it (exp2 replaced by a copy: -9 %; a
-# quarter of them as an FMA polynomial, FA4's trick: slower; docs/benchmarks.md, tenth session). Here
+# quarter of them as an FMA polynomial, FA4's trick: slower; both on an H200). Here
 # a program holds 128 queries as two warpgroups of 64 that read the same K/V stages (half the L2
 # traffic) and run independently (warp specialisation: no lockstep; each overlaps its softmax with its
 # own wgmma as above); one warp issues the TMA loads. Stage ``s`` is refilled once both warpgroups have
@@ -343,7 +343,7 @@ def use_pairs(num_queries: int, heads: int, parts: int, sms: int, block_m: int =
     """Whether the warp-specialised kernel (one program of ``2 * block_m`` queries per SM) runs a call:
     when its programs fit one wave. At 518 x 378 (1005 queries, 16 heads, one part) that is 128 programs
     on the H200's 132 SMs; at 518 x 392 (1042 queries) it would be 144, two waves, where the probe
-    measured the one-warpgroup kernel faster (docs/benchmarks.md, tenth session)."""
+    measured the one-warpgroup kernel faster (docs/performance.md, attention per layer, the 518x392 rows)."""
     return -(-num_queries // (2 * block_m)) * heads * parts <= sms
 
 

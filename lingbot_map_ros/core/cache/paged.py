@@ -29,7 +29,7 @@ import torch
 
 from ..config import special_pages_capacity
 from .backend import AttentionBackend
-from .pages import AppendPlan, PageStats, PageTable
+from .pages import AppendPlan, PageStats, PageTable, TableMark
 from .sdpa_backend import SdpaBackend
 from .staged_upload import StagedUpload
 
@@ -64,6 +64,7 @@ class PagedKVCache:
         special_pages: int | None = None,
         allocation: str = "lifo",
         write_kernel: str = "torch",
+        storage: torch.Tensor | None = None,
     ) -> None:
         """``backend``: ``"sdpa"`` or an ``AttentionBackend`` (``cache/factory.py`` builds them from
         the runtime). ``single_frame_backend``: an optional second backend for one-frame steps
@@ -72,7 +73,9 @@ class PagedKVCache:
         (None = the official ones). ``allocation``: the page table's allocation order (``pages.py``;
         ``lowest`` keeps the stored patch pages a contiguous prefix for ``split_backend.py``).
         ``write_kernel``: how one-frame steps put their k and v into the pages: ``torch`` (stack +
-        ``index_copy_``) or ``triton`` (one kernel, ``kv_write.py``; CUDA); the bytes are the same."""
+        ``index_copy_``) or ``triton`` (one kernel, ``kv_write.py``; CUDA); the bytes are the same.
+        ``storage``: the pages to use instead of allocating them, ``[blocks, 2, pages, page, H, D]`` of
+        this cache's shapes and dtype - a stream's share of a group's pool (``pool.py``), a view."""
         if write_kernel not in WRITE_KERNELS:
             raise ValueError(f"write_kernel must be one of {WRITE_KERNELS} (got {write_kernel!r})")
         self.write_kernel = write_kernel
@@ -103,9 +106,16 @@ class PagedKVCache:
         self.device = torch.device(device)
         # [blocks, 2 (K, V), pages, page, H, D]: per block K and V are each one contiguous [pages, page, H, D]
         # tensor (see backend.py for why not [pages, 2, page, H, D]); zero-filled so stale slots are never NaN.
-        self._storage = torch.zeros(
-            (num_blocks, 2, self.table.num_pages, page_size, num_heads, head_dim), dtype=dtype, device=self.device
-        )
+        shape = (num_blocks, 2, self.table.num_pages, page_size, num_heads, head_dim)
+        if storage is None:
+            self._storage = torch.zeros(shape, dtype=dtype, device=self.device)
+        else:
+            if tuple(storage.shape) != shape or storage.dtype != dtype or storage.device != self.device:
+                raise ValueError(f"storage must be {list(shape)} {dtype} on {self.device} "
+                                 f"(got {list(storage.shape)} {storage.dtype} on {storage.device})")
+            if not storage[0, 0].is_contiguous():
+                raise ValueError("each block's K and V pages must be contiguous (a slice of a pool along its pages)")
+            self._storage = storage
         if isinstance(backend, str):
             if backend.lower() != "sdpa":
                 raise ValueError(
@@ -125,6 +135,7 @@ class PagedKVCache:
         self._slot_upload = StagedUpload(self._write_slot_buffer)
         self._write_slots: torch.Tensor | None = None
         self._step: _Step | None = None
+        self._mark: TableMark | None = None  # the table before the open step (``abort_step``)
         self.last_step_visible_keys = 0
 
     # ------------------------------------------------------------------ views
@@ -168,10 +179,12 @@ class PagedKVCache:
 
     # ------------------------------------------------------------------ steps
 
-    def begin_step(self, num_frames: int, *, store: bool) -> None:
+    def begin_step(self, num_frames: int, *, store: bool, undoable: bool = False) -> None:
         """Append this step's frames to the page table, build its write index and plan the backend.
 
         Raises ``PoolExhausted`` (nothing changed) when the pools cannot take the frames.
+        ``undoable``: mark the table first, so that ``abort_step`` can take the step back (a group's
+        batched step); a lone stream's step does not pay for the copy.
         """
         if self._step is not None:
             raise RuntimeError("begin_step() while a step is open: call end_step() first")
@@ -187,6 +200,7 @@ class PagedKVCache:
                     f"a stored step of {num_frames} frames would evict its own frames "
                     f"(scale room {room_in_scale}, window {self.table.sliding_window})"
                 )
+        mark = self.table.mark() if undoable else None
         plan = self.table.append(num_frames, defer_eviction=not store)
 
         ps, sp = self.page_size, self.specials_per_frame
@@ -204,6 +218,7 @@ class PagedKVCache:
         self._backend_for(num_frames).plan(self.table.visible_pages(), self.table.last_page_len, num_tokens)
         self.last_step_visible_keys = self.table.visible_key_count
         self._step = _Step(num_frames=num_frames, store=store, num_tokens=num_tokens, plan=plan)
+        self._mark = mark
 
     def _backend_for(self, num_frames: int) -> AttentionBackend:
         """One-frame steps use the single-frame backend when one is set (CUDA graphs), others ``backend``."""
@@ -213,6 +228,13 @@ class PagedKVCache:
 
     def __call__(self, block: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Store this step's ``k, v [T, H, D]`` in block ``block``'s pages, attend ``q [T, H, D]``."""
+        kv = self.write(block, q, k, v)  # [2, pages, page, H, D]
+        return self._backend_for(self._step.num_frames).run((kv[0], kv[1]), q)  # type: ignore[union-attr]
+
+    def write(self, block: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The first half of a call: check the shapes, put ``k, v [T, H, D]`` into block ``block``'s
+        pages; returns the block's storage ``[2, pages, page, H, D]``. A group's batched attention
+        (``core/stream_group.py``) writes each stream's k, v here and attends over the pool at once."""
         step = self._step
         if step is None:
             raise RuntimeError("attention call outside a step: call begin_step() first")
@@ -232,7 +254,7 @@ class PagedKVCache:
             write_rows(k, v, self._write_slots, flat)  # one kernel, no stacked copy
         else:
             flat.index_copy_(1, self._write_slots, torch.stack((k, v)).to(self.dtype))  # [2, T, H, D] in one write
-        return self._backend_for(step.num_frames).run((kv[0], kv[1]), q)
+        return kv
 
     def end_step(self) -> None:
         """Close the step; a non-keyframe's append is rolled back (its pages are simply reused later)."""
@@ -242,6 +264,20 @@ class PagedKVCache:
         if not step.store:
             self.table.rollback()
         self._step = None
+        self._mark = None
+
+    def abort_step(self) -> bool:
+        """Close a step whose model call failed: the page table goes back to where it was before
+        ``begin_step``. Returns whether the cache is then exactly as before (the step wrote only free
+        pages and unused special slots); False when its append reused a page it evicted, whose old
+        K/V the step may have overwritten (``PageTable.overwrote_visible``): the caller starts a new
+        session then."""
+        step, mark = self._step, self._mark
+        if step is None or mark is None:
+            raise RuntimeError("abort_step() without begin_step(undoable=True)")
+        self.table.restore(mark)
+        self._step, self._mark = None, None
+        return not self.table.overwrote_visible(step.plan)
 
     # ------------------------------------------------------------------ saved sessions
 
@@ -302,6 +338,7 @@ class PagedKVCache:
         """Forget every frame. Pages are not zeroed: a slot is always written before it is visible."""
         self.table.reset()
         self._step = None
+        self._mark = None
         self._write_slots = None
         self.last_step_visible_keys = 0
 

@@ -47,6 +47,13 @@ from dataclasses import dataclass
 from ..config import SPECIAL_TOKENS_PER_FRAME  # camera, 4 registers, scale (docs/model.md §6)
 
 EXTRA_PATCH_PAGES = 16  # the official pool: n_sc + W + 16 patch pages
+
+
+def visible_patch_pages(scale_frames: int, sliding_window: int) -> int:
+    """The most patch pages one step can see, and so the smallest pool: the scale frames, the window
+    and one more for a non-keyframe, whose page is held until it is rolled back. Every pool size and
+    every bound on visible keys (the backends' buffers, the footprint) is built on this count."""
+    return scale_frames + sliding_window + 1
 ALLOCATIONS = ("lifo", "lowest")
 
 
@@ -96,6 +103,21 @@ class PageStats:
 
 
 @dataclass(frozen=True)
+class TableMark:
+    """The whole table at one moment (``PageTable.mark``), for undoing a step that failed half way.
+
+    A batched step of several streams (``core/stream_group.py``) appends to every stream's table
+    before one forward; when that forward raises, each table goes back to its mark. Whether the
+    K/V storage is then exact too is ``PageTable.overwrote_visible``'s answer."""
+
+    free: tuple[int, ...]
+    scale: tuple[int, ...]
+    window: tuple[int, ...]
+    special_tokens: int
+    frames_stored: int
+
+
+@dataclass(frozen=True)
 class _Undo:
     """What a deferred append changed, so ``rollback`` can restore it exactly."""
 
@@ -135,9 +157,9 @@ class PageTable:
             raise ValueError(f"specials_per_frame must be >= 1 (got {specials_per_frame})")
         if special_pages < 1:
             raise ValueError(f"special_pages must be >= 1 (got {special_pages})")
-        minimum = scale_frames + sliding_window + 1  # + 1: a non-keyframe's temporary page
+        minimum = visible_patch_pages(scale_frames, sliding_window)
         if num_patch_pages is None:
-            num_patch_pages = scale_frames + sliding_window + EXTRA_PATCH_PAGES
+            num_patch_pages = scale_frames + sliding_window + EXTRA_PATCH_PAGES  # the official pool
         if num_patch_pages < minimum:
             raise ValueError(
                 f"num_patch_pages ({num_patch_pages}) must be >= scale_frames + sliding_window + 1 "
@@ -290,6 +312,28 @@ class PageTable:
         self._frames_stored = undo.frames_stored_before
         self._undo = None
 
+    # ------------------------------------------------------------ undo of a failed step
+
+    def mark(self) -> TableMark:
+        """The table now, outside a deferred append (``restore`` brings it back)."""
+        if self._undo is not None:
+            raise RuntimeError("mark() during a deferred append: roll it back first")
+        return TableMark(tuple(self._free), tuple(self._scale), tuple(self._window), self._special_tokens,
+                         self._frames_stored)
+
+    def restore(self, mark: TableMark) -> None:
+        """Go back to ``mark`` exactly (free-list order included), whatever was appended since."""
+        self._free, self._scale, self._window = list(mark.free), list(mark.scale), deque(mark.window)
+        self._special_tokens, self._frames_stored, self._undo = mark.special_tokens, mark.frames_stored, None
+
+    @staticmethod
+    def overwrote_visible(plan: AppendPlan) -> bool:
+        """Whether the append of ``plan`` handed out a page it evicted in the same append (the
+        ``lowest`` order evicts first): that page's old frame was visible before the append, and the
+        step's K/V write overwrites it, so restoring the table alone would not restore the cache.
+        Every other append writes only free pages and unused special slots."""
+        return bool(set(plan.patch_pages) & set(plan.evicted))
+
     # ------------------------------------------------------------ saved sessions
 
     def state_dict(self) -> dict:
@@ -389,5 +433,6 @@ __all__ = [
     "AppendPlan",
     "PageStats",
     "PageTable",
+    "TableMark",
     "ALLOCATIONS",
 ]

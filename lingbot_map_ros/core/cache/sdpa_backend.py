@@ -1,7 +1,7 @@
 """Paged attention through ``torch.nn.functional.scaled_dot_product_attention`` (CPU or GPU, any dtype).
 
 The portable backend and the oracle for faster ones. It avoids the three costs of the official SDPA
-fallback (docs/benchmarks.md): no ``torch.cat`` of the whole cache per frame (K/V stay in preallocated pages and
+fallback (docs/model.md §9.4): no ``torch.cat`` of the whole cache per frame (K/V stay in preallocated pages and
 are gathered with one ``index_select`` per block), no fp32 K cache (pages are in the model dtype),
 and the gather index is built once per step in ``plan`` and shared by every block.
 
@@ -154,4 +154,46 @@ class StaticSdpaBackend:
         return out.to(q.dtype)
 
 
-__all__ = ["SdpaBackend", "StaticSdpaBackend", "default_sdpa_kernels", "sdpa_kernel_context"]
+class BatchedSdpaBackend:
+    """The pooled batched step through SDPA: the reference of ``BatchedFlashInferBackend``.
+
+    It reads exactly what the FlashInfer form reads - the pool's K and V through one
+    ``pool.BatchedPageRequest`` (``qo_indptr``, each stream's pool page ids, last-page lengths) - and
+    attends each stream's query rows to its own segment with PyTorch SDPA, one call per stream. On the
+    CPU it checks the pool's addressing end to end against each stream's own cache
+    (``test/test_stream_group.py``); any device, any dtype."""
+
+    name = "sdpa"
+    token_pages = False
+
+    def __init__(self, *, device: torch.device | str, kernels: Sequence[SDPBackend] | None | str = "auto") -> None:
+        self.device = torch.device(device)
+        self.kernels = default_sdpa_kernels(self.device) if kernels == "auto" else kernels
+        self._segments: list[tuple[int, int, torch.Tensor]] = []  # (first query row, end, slots [N])
+
+    def plan(self, request, page_size: int) -> None:
+        """``request``: a ``pool.BatchedPageRequest`` of pool page ids (not token pages)."""
+        offsets = torch.arange(page_size, dtype=torch.long, device=self.device)  # [page]
+        self._segments = []
+        for i in range(len(request.last_page_len)):
+            pages = request.indices[request.kv_indptr[i]:request.kv_indptr[i + 1]]
+            slots = visible_token_slots(pages.tolist(), int(request.last_page_len[i]), offsets)  # [N_i]
+            self._segments.append((int(request.qo_indptr[i]), int(request.qo_indptr[i + 1]), slots))
+
+    def run(self, kv_pages: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor) -> torch.Tensor:
+        """``q [B·T, H, D]`` over the planned segments of one block's pool ``(K, V)``."""
+        k_pages, v_pages = kv_pages
+        num_heads, head_dim = k_pages.shape[-2:]
+        k_rows, v_rows = k_pages.view(-1, num_heads, head_dim), v_pages.view(-1, num_heads, head_dim)
+        outs = []
+        for start, end, slots in self._segments:
+            k = k_rows.index_select(0, slots).transpose(0, 1).unsqueeze(0)  # [1, H, N, D]
+            v = v_rows.index_select(0, slots).transpose(0, 1).unsqueeze(0)  # [1, H, N, D]
+            qh = q[start:end].to(k.dtype).transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
+            with sdpa_kernel_context(self.kernels):
+                out = F.scaled_dot_product_attention(qh, k, v)  # [1, H, T, D]
+            outs.append(out[0].transpose(0, 1))  # [T, H, D]
+        return torch.cat(outs).to(q.dtype)  # [B·T, H, D]
+
+
+__all__ = ["BatchedSdpaBackend", "SdpaBackend", "StaticSdpaBackend", "default_sdpa_kernels", "sdpa_kernel_context"]

@@ -3,8 +3,8 @@ log-sum-exp.
 
 Why: the fastest exact kernel PyTorch ships for one frame's global attention (cuDNN fused attention;
 1005 queries x 16 heads x d 64 over ~73k keys) is fastest on a contiguous key range without a
-mask (812 us/layer on an H200 against 1178 with the additive mask of ``MaskedDenseBackend`` and
-954 for FlashInfer fa3 over token pages, docs/benchmarks.md), and it re-plans whenever the key
+mask (docs/performance.md, attention per layer: cuDNN over contiguous keys against the masked dense
+call of ``MaskedDenseBackend``; FlashInfer fa3 over token pages is slower too), and it re-plans whenever the key
 length changes. The streaming cache can give it exactly that, because attention does not depend on
 the order of the keys:
 
@@ -35,7 +35,7 @@ read differently: the visible pages form a few contiguous runs (the prefix, a no
 right after it, the specials), and one call of our kernel (``triton_prefix.py``, ``gluon_runs.py``) reads all of them,
 with the run starts and lengths in a device tensor written by ``plan``. No tail call, no merge (with
 one part), no masks to rebuild per frame, and one CUDA graph for the filling and the full window:
-on the H200 28.66 against 31.36 ms a frame (docs/benchmarks.md). A visible set of more runs than the
+faster than cuDNN's prefix + tail (docs/performance.md, attention per layer). A visible set of more runs than the
 kernel takes goes through the regions below.
 
 The merge is a handful of elementwise ops on ``[T, H, D]``; with ``fuse_merge`` it is one
@@ -46,8 +46,8 @@ The merge is a handful of elementwise ops on ``[T, H, D]``; with ``fuse_merge`` 
 partials of the same exact merge. Why: cuDNN gives each thread block 128 queries of one head and
 walks it over every key, so one frame makes ``ceil(T / 128) x H`` blocks that each take the whole
 call. On an H200 (132 SMs) 1005 queries x 16 heads (518x378) are 128 blocks, one wave; 1042
-queries (518x392, a 4:3 camera) are 144 blocks, two waves, and the call takes twice as long (1.6 ms
-against 0.79 ms a layer, docs/benchmarks.md). As ``S`` ranges the call has ``S`` times as many
+queries (518x392, a 4:3 camera) are 144 blocks, two waves, and the call takes about twice as long
+(docs/performance.md, attention per layer, the 518x392 rows). As ``S`` ranges the call has ``S`` times as many
 blocks, each ``S`` times shorter, so the last wave is nearly full. ``auto_kv_splits`` picks ``S``
 from that count (measured at 518x378: one range is best there, and each extra range costs about
 0.8 %).

@@ -14,7 +14,7 @@ tensor that the plan writes before each replay:
   ``NUM_STAGES`` shared-memory buffers (plain pointer loads were not pipelined at all);
 * **64 queries per program, 3 stages**: 106 KB of shared memory, so exactly two programs share an SM
   and the 16 x 16 = 256 programs of a 518x378 frame fill the 264 slots of 132 SMs in one balanced
-  wave (2 stages: 35 % slower; 128-query programs or 64-key blocks: slower too, docs/benchmarks.md).
+  wave (2 stages: 35 % slower; 128-query programs or 64-key blocks: slower too, as measured on an H200).
 
 Inside, a plain online softmax: fp32 scores and accumulators, the running max kept in raw score
 units so that scaling and shifting are one FMA, ``exp2`` with the scale folded in, whole key blocks

@@ -120,16 +120,17 @@ def allow_recompiles(count: int) -> None:
 class BlockFusion:
     """Compiled ``pre``/``post`` regions shared by every block; ``block`` runs one block through them."""
 
-    def __init__(self, *, compile_options: Optional[dict] = None, triton_kernels: bool = False,
-                 depth_head: bool = False) -> None:
+    def __init__(self, *, triton_kernels: bool = False, depth_head: bool = False) -> None:
         """``triton_kernels`` (CUDA with Triton only): our kernels where they apply, the aggregator blocks'
         q/k-norm + RoPE + cast (``qk_rope.py``, after a compiled LN₁ → qkv) instead of Inductor's two
         kernels, and the camera head's one-token fp32 blocks as four fused GEMVs (``gemv.py``).
         ``depth_head``: the DPT head's arithmetic compiled too (``depth_chunk``); else it runs eager."""
+        from ..kernel_cache import use_kernel_cache
+
+        use_kernel_cache()  # compiled kernels kept across processes and reboots (kernel_cache.py)
         # 3 block kinds x a few shapes, plus head room: never fall back to eager silently.
         allow_recompiles(64)
         options = {"emulate_precision_casts": True}
-        options.update(compile_options or {})
         self.triton_kernels = triton_kernels
         self._pre = torch.compile(_pre, fullgraph=True, dynamic=False, options=options)
         self._pre_qkv = torch.compile(_pre_qkv, fullgraph=True, dynamic=False, options=options)

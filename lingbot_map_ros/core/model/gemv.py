@@ -77,7 +77,7 @@ def _check(x: Tensor, weight: Tensor, bias: Tensor) -> tuple[int, int]:
 
 def _tile(n: int, k: int) -> tuple[int, int]:
     """Rows per program and the chunk of ``K`` each loop step streams, per shape (measured on the H200
-    inside a CUDA graph, ``scripts/gemv_bench.py``): the wide linears (qkv, fc1: N >= 6144) keep 16 rows
+    inside a CUDA graph, ``bench/gemv_bench.py``): the wide linears (qkv, fc1: N >= 6144) keep 16 rows
     in 256-column chunks (>= 384 programs); the narrow ones (proj, fc2: N = 2048) take 2 rows in
     1024-column chunks (1024 programs, each with more bytes in flight): proj 8.5 -> 7.1 µs, fc2
     24.8 -> 18.5 µs, faster than cuBLAS's 8.0 and 20.9."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -68,8 +69,13 @@ class LingBotMap(nn.Module):
         max_positions: int = DEFAULT_MAX_POSITIONS,
         validate: bool = True,
         depth_stream: torch.cuda.Stream | None = None,
+        depth_frames: Sequence[int] | None = None,
     ) -> ModelOutput:
         """images ``[S, 3, H, W]`` in [0, 1]; per-frame ``rope_frames``/``camera_variant``/``scale_variant`` ``[S]``.
+
+        ``depth_frames`` (with ``with_depth``): the frames the depth head runs on, in this order (None:
+        all); ``depth`` then has one row per listed frame. A batched step of several streams
+        (``core/stream_group.py``) runs it on the frames whose stream asks for depth at this step.
 
         ``depth_stream`` (CUDA): the depth head runs there, beside the camera head on the current
         stream. The camera head is a chain of small kernels over one token per frame that leaves most
@@ -86,7 +92,7 @@ class LingBotMap(nn.Module):
             validate=validate,
         )  # list of [S, P, 2C]
         return self._heads(layers, (images.shape[2], images.shape[3]), camera_attention, num_iterations,
-                           with_depth, depth_stream)
+                           with_depth, depth_stream, depth_frames)
 
     def embed(self, images: Tensor, camera_variant: Tensor, scale_variant: Tensor) -> Tensor:
         """``forward`` up to the tokens that enter the first block: images ``[S, 3, H, W]`` -> ``[S, P, C]``.
@@ -117,9 +123,16 @@ class LingBotMap(nn.Module):
         return self._heads(layers, image_hw, camera_attention, num_iterations, with_depth, depth_stream)
 
     def _heads(self, layers: list[Tensor], hw: tuple[int, int], camera_attention: CameraAttention,
-               num_iterations: int, with_depth: bool, depth_stream: torch.cuda.Stream | None) -> ModelOutput:
+               num_iterations: int, with_depth: bool, depth_stream: torch.cuda.Stream | None,
+               depth_frames: Sequence[int] | None = None) -> ModelOutput:
         """The camera head (and the depth head when asked) over the aggregator's layers ``[S, P, 2C]``."""
-        depth_here = with_depth and self.depth_head is not None
+        depth_here = with_depth and self.depth_head is not None and (depth_frames is None or len(depth_frames) > 0)
+        if depth_here and depth_frames is not None and list(depth_frames) != list(range(layers[0].shape[0])):
+            index = torch.tensor(list(depth_frames), dtype=torch.long, device=layers[0].device)  # [n]
+            depth_layers = [layer.index_select(0, index) for layer in layers]  # [n, P, 2C] each
+            poses = self.camera_head(layers[-1][:, 0], camera_attention, num_iterations)
+            depth, depth_conf = self.depth_head(depth_layers, hw)
+            return ModelOutput(pose_enc=poses[-1], depth=depth, depth_conf=depth_conf)
         if depth_here and depth_stream is not None:
             main = torch.cuda.current_stream(layers[-1].device)
             depth_stream.wait_stream(main)  # the tokens are written on the current stream

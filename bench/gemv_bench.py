@@ -5,7 +5,7 @@ Timed as the frame step runs them: ``CALLS`` calls back to back inside one CUDA 
 the figure), each reading its own copy of the weights (so L2, 50 MB, never holds the next one), the
 graph replayed and timed with CUDA events; µs per call is the median replay over ``CALLS``.
 
-    python3 scripts/gemv_bench.py
+    python3 bench/gemv_bench.py
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ with CUDA events as the median over rotating K/V sets (so L2 never holds the key
 TFLOP/s counts the visible keys only (4·T·N·H·D FLOP), so a kernel that reads masked slots pays
 for them in its rate.
 
-    python3 scripts/attention_bench.py [--stored 208] [--reps 30] [--kv-splits 1,2,3,4,6,8] [--quick] [--page 999]
+    python3 bench/attention_bench.py [--stored 208] [--reps 30] [--kv-splits 1,2,3,4,6,8] [--quick] [--page 999]
 
 ``--kv-splits``: the split backend with its unmasked prefix read as a batch of that many key ranges
 (``SplitPrefixBackend(kv_splits=S)``), full window and filling; ``--quick``: only those rows.

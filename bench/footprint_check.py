@@ -27,7 +27,8 @@ import torch
 from lingbot_map_ros.core.config import RuntimeConfig, StreamConfig, model_input_height
 from lingbot_map_ros.core.footprint import GB, footprint
 from lingbot_map_ros.core.memory_budget import MemoryBudgetExceeded
-from lingbot_map_ros.core.session_manager import SessionManager, load_model
+from lingbot_map_ros.core.model_host import ModelHost
+from lingbot_map_ros.core.session_manager import SessionManager
 
 
 def frame_pool(height: int, width: int, device: torch.device, n: int = 8) -> list[torch.Tensor]:
@@ -63,10 +64,10 @@ def stream_through(manager: SessionManager, pool: list[torch.Tensor], frames: in
 
 
 def part_a(base, runtime_cfg: RuntimeConfig, args) -> None:
-    device = base.runtime.device
-    print(f"\n### a) predicted vs measured peak: preset {base.cfg.preset}, {str(base.runtime.dtype)[6:]}, "
-          f"{base.runtime.attention}, {args.frames} frames after the window is full\n")
-    # the node's speed per geometry comes from lingbot_map_bench (docs/benchmarks.md): this loop's times
+    device = base.resolved.device
+    print(f"\n### a) predicted vs measured peak: preset {base.cfg.preset}, {str(base.resolved.dtype)[6:]}, "
+          f"{base.resolved.attention}, {args.frames} frames after the window is full\n")
+    # the node's speed per geometry comes from lingbot_map_bench (docs/performance.md): this loop's times
     # were well above it on the H200 (35-61 ms at 518 against 29-33 ms), with the fused blocks off too
     print("| width x height | window | heads | predicted GB | measured GB | measured / predicted "
           "| ms/frame (indicative only) |")
@@ -78,11 +79,11 @@ def part_a(base, runtime_cfg: RuntimeConfig, args) -> None:
             for heads in args.heads:
                 stream = StreamConfig(sliding_window=window, with_depth=heads == "depth+camera", image_width=width)
                 fresh(device)
-                manager = SessionManager.around(base.model, base.cfg, stream, base.runtime, log=lambda m: None,
+                manager = SessionManager.around(base.model, base.cfg, stream, base.resolved, log=lambda m: None,
                                                 settings=runtime_cfg)
                 steady_from = stream.scale_frames + window + 1
                 times = stream_through(manager, pool, steady_from + args.frames, steady_from)
-                predicted = footprint(base.cfg, base.runtime, manager.stream_cfg, height, width).total
+                predicted = footprint(base.cfg, base.resolved, manager.stream_cfg, height, width).total
                 measured = measured_bytes(device, manager)
                 print(f"| {width}x{height} | {window} | {heads} | {predicted / GB:.3f} | {measured / GB:.3f} | "
                       f"{measured / predicted:.3f} | {np.median(times):.2f} |", flush=True)
@@ -90,7 +91,7 @@ def part_a(base, runtime_cfg: RuntimeConfig, args) -> None:
 
 
 def part_b(base, runtime_cfg: RuntimeConfig, args) -> None:
-    device = base.runtime.device
+    device = base.resolved.device
     total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
     cuda_index = 0  # set_per_process_memory_fraction wants an index, not torch.device("cuda")
     if device.type == "cuda":
@@ -107,7 +108,7 @@ def part_b(base, runtime_cfg: RuntimeConfig, args) -> None:
             stream = StreamConfig(with_depth=True, image_width=width, gpu_memory_budget=cap, fit_window=True)
             fresh(device)
             try:
-                manager = SessionManager.around(base.model, base.cfg, stream, base.runtime, log=lambda m: None,
+                manager = SessionManager.around(base.model, base.cfg, stream, base.resolved, log=lambda m: None,
                                                 settings=runtime_cfg)
             except MemoryBudgetExceeded as exc:
                 print(f"| {cap} | {width}x{height} | - | - | - | - | - | - | refused: {exc} |", flush=True)
@@ -122,7 +123,7 @@ def part_b(base, runtime_cfg: RuntimeConfig, args) -> None:
                 result = f"FAILED {type(exc).__name__}: {str(exc)[:200]}"
             peak = measured_bytes(device, manager)
             print(f"| {cap} | {width}x{height} | {picked.sliding_window} | {picked.depth_chunk} | {peak / GB:.3f} | "
-                  f"{'yes' if peak <= cap * GB else 'NO'} | {manager.window_switches} | "
+                  f"{'yes' if peak <= cap * GB else 'NO'} | {manager.policy.window_switches} | "
                   f"{np.median(times) if times else float('nan'):.2f} | {result} |", flush=True)
             del manager
             break  # the largest width that fits is the answer for this cap
@@ -153,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     args.b_widths = [int(v) for v in args.b_widths.split(",")]
     runtime_cfg = RuntimeConfig(model_preset=args.preset, device=args.device, dtype=args.dtype,
                                 compile_blocks=args.compile_blocks)
-    base = load_model(runtime_cfg, log=lambda m: None)
-    gpu = torch.cuda.get_device_name(base.runtime.device) if base.runtime.device.type == "cuda" else "CPU"
+    base = ModelHost.load(runtime_cfg, log=lambda m: None)
+    gpu = torch.cuda.get_device_name(base.resolved.device) if base.resolved.device.type == "cuda" else "CPU"
     print(f"footprint_check: {gpu}, torch {torch.__version__}, weights {base.weights}")
     if "a" in args.part:
         part_a(base, runtime_cfg, args)

@@ -4,9 +4,9 @@ Runs the official repository's own profiling path (``gct_profile.py``: its model
 its ``torch.compile`` recipe, its per-frame CUDA events with a sync after each frame) from a checkout
 given by ``--official``, and prints the steady median and p90 the way ``lingbot_map_bench`` does
 (frames from ``scale + window`` on), so that one table can hold both. Nothing of the official code is
-part of this package: the checkout is carried to the GPU machine beside it (docs/benchmarks.md says how).
+part of this package: the checkout is carried to the GPU machine beside it (scripts/device_run.sh says how).
 
-    python3 scripts/official_bench.py --official .official [--frames 208] [--backend flashinfer|sdpa]
+    python3 bench/official_bench.py --official .official [--frames 208] [--backend flashinfer|sdpa]
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ def main() -> None:
     p.add_argument("--backend", default="flashinfer", choices=("flashinfer", "sdpa"))
     p.add_argument("--no-compile", action="store_true", help="the official eager path")
     p.add_argument("--label", default="", help="a word for the table's first column (e.g. 'host load')")
+    p.add_argument("--json", default="", metavar="FILE", help="also write the latency row (run-of-record shape)")
     args = p.parse_args()
     sys.path.insert(0, args.official)
     import gct_profile as official  # the official script, imported from the carried checkout
@@ -78,6 +79,18 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     print(f"| {variant} | {args.frames} | {statistics.median(steady):.2f} | {np.percentile(steady, 90):.2f} | "
           f"{1000.0 / steady.mean():.1f} | {phase1_ms:.1f} | {torch.cuda.max_memory_allocated() / 1e9:.2f} |")
+    if args.json:
+        import json
+
+        row = {"table": "latency", "geometry": f"{args.width}x{args.height}", "heads": "depth+camera",
+               "path": "official", "attention": f"{args.backend}{'' if args.no_compile else '+compile'}",
+               "window": args.sliding_window, "scale_frames": scale, "camera_iterations": args.camera_iterations,
+               "streams": 1, "load": args.label or "idle", "median_ms": round(float(statistics.median(steady)), 2),
+               "p90_ms": round(float(np.percentile(steady, 90)), 2),
+               "peak_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2), "frames": args.frames,
+               "fps": round(1000.0 / float(steady.mean()), 1), "warm_up_s": round(warm_s, 1)}
+        with open(args.json, "w") as f:
+            json.dump({"rows": [row]}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 For the node's default one-frame path (full preset, bf16, CUDA graphs) and any bench variant: per
 ``SessionManager.push`` the host wall time and the device's span of the step, from the moment the
-frame's first graph is queued (``GraphedFrameStep.begin``: the image encoder's graph, or with
-``+onegraph`` nothing yet) to the end of the step graph (``finish``). In a back-to-back loop the
+frame's first graph is queued (``GraphedFrameStep.begin``: the image encoder's graph) to the end of
+the step graph (``finish``). In a back-to-back loop the
 device idles for ``wall - span``: host work that no graph hides. Inside the span, ``begin → finish``
 on the device is the encoder's graph or, when the host's plan takes longer, the wait for it.
 
@@ -13,7 +13,7 @@ on the host, the work before ``begin`` (checks, the frame's copy), between ``beg
 uploads) and after ``finish`` (the wait for the outputs, their copy, the result, the long-run policy).
 A second table splits the host parts by function.
 
-    python3 scripts/host_gap.py [--frames 120] [--heads depth+camera|camera] [--variants auto,auto+onegraph]
+    python3 bench/host_gap.py [--frames 120] [--heads depth+camera|camera] [--variants auto,portable]
 """
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ from lingbot_map_ros.core import cuda_graph
 from lingbot_map_ros.core import stream as stream_module
 from lingbot_map_ros.core.cache import camera_cache, paged, split_backend
 from lingbot_map_ros.core.config import RuntimeConfig, StreamConfig
-from lingbot_map_ros.core.session_manager import SessionManager, load_model
+from lingbot_map_ros.core.model_host import ModelHost
+from lingbot_map_ros.core.session_manager import SessionManager
 from lingbot_map_ros.tools.bench import variant_runtime
 
 
@@ -43,12 +44,12 @@ def main() -> None:
     args = p.parse_args()
     settings = RuntimeConfig(device=args.device, model_preset=args.preset,
                              dtype="bfloat16" if args.device.startswith("cuda") else "float32")
-    base = load_model(settings, log=lambda m: None)
+    base = ModelHost.load(settings, log=lambda m: None)
     marks: dict[str, float] = {}
     events: list[torch.cuda.Event] = []
     parts: dict[str, float] = {}  # host ms of this frame per part, reset before each push
     _instrument(marks, events, parts)
-    on_cuda = base.runtime.device.type == "cuda"
+    on_cuda = base.resolved.device.type == "cuda"
     print(f"host gap, {args.heads}, {args.width}x{args.height}, "
           f"{torch.cuda.get_device_name() if on_cuda else 'cpu'}, {args.frames} steady frames (medians, ms)")
     print("| variant | push wall | device span | device: begin → finish | device: step graph | host before begin "
@@ -56,7 +57,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     split_tables = []
     for variant in args.variants.split(","):
-        runtime = variant_runtime(variant, base.runtime.device, base.runtime.dtype)
+        runtime = variant_runtime(variant, base.resolved.device, base.resolved.dtype)
         stream = StreamConfig(with_depth=args.heads == "depth+camera")
         manager = SessionManager.around(base.model, base.cfg, stream, runtime, log=lambda m: None, settings=settings)
         gen = torch.Generator().manual_seed(0)
@@ -78,7 +79,8 @@ def main() -> None:
                 for part, ms in parts.items():
                     per_part.setdefault(part, []).append(ms)
         if not rows or not on_cuda:
-            print(f"| {variant} | no graph replays to time ({manager.info.attention} on {manager.info.device}) |")
+            print(f"| {variant} | no graph replays to time ({manager.host.info.attention} on "
+                  f"{manager.host.info.device}) |")
             continue
         torch.cuda.synchronize()
         triples = [events[j:j + 3] for j in range(0, len(events), 3)][-len(rows):]

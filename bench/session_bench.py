@@ -11,8 +11,8 @@ re-feed the overlap); the largest |Δ| of pose_enc between the resumed and the u
 when the resume is exact; CUDA graphs and autocast run the same kernels); and the frame time while
 another thread writes a save, as the node's session services do.
 
-    python3 scripts/session_bench.py --device cuda --dtype bfloat16 --preset full
-    python3 scripts/session_bench.py --device cpu --dtype float32 --preset tiny   # dry run, seconds
+    python3 bench/session_bench.py --device cuda --dtype bfloat16 --preset full
+    python3 bench/session_bench.py --device cpu --dtype float32 --preset tiny   # dry run, seconds
 """
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from lingbot_map_ros.core.config import RuntimeConfig, StreamConfig
-from lingbot_map_ros.core.session_manager import SessionManager, load_model
+from lingbot_map_ros.core.model_host import ModelHost
+from lingbot_map_ros.core.session_manager import SessionManager
 
 
 def sync(device: torch.device) -> None:
@@ -53,7 +54,7 @@ def frames_during_a_write(manager: SessionManager, frames, folder: Path, device:
     """Median ms of a frame (mapping off: nothing stored, no window switch) alone, then while the
     session is written by another thread as the node does (device copy where it fits); the max
     during, and the frames pushed during the write."""
-    manager.mapping = False
+    manager.session.mapping = False
 
     def timed(frame) -> float:
         t0 = time.perf_counter()
@@ -69,7 +70,7 @@ def frames_during_a_write(manager: SessionManager, frames, folder: Path, device:
     while writer.is_alive() and len(during) < 5000:
         during.append(timed(frames[len(during) % len(frames)]))
     writer.join()
-    manager.mapping = True
+    manager.session.mapping = True
     if not during:
         return statistics.median(base), float("nan"), float("nan"), 0
     return statistics.median(base), statistics.median(during), max(during), len(during)
@@ -97,9 +98,9 @@ def main() -> int:
     def log(message: str) -> None:  # quiet
         pass
 
-    loaded = load_model(runtime, log)
-    a = SessionManager(runtime, stream, log, load=lambda _r, _l: loaded)
-    b = SessionManager(runtime, stream, log, load=lambda _r, _l: loaded)
+    host = ModelHost.load(runtime, log)  # one model, two streams over it
+    a = SessionManager(host, stream, log)
+    b = SessionManager(host, stream, log)
     device = a.session.device
     g = torch.Generator().manual_seed(0)
     frames = [torch.rand(3, h, w, generator=g) for _ in range(args.scale + args.window + args.next + 2)]
@@ -127,10 +128,11 @@ def main() -> int:
             ra, rb = a.push(f), b.push(f)
             delta = max(delta, float(np.abs(np.stack([r.pose_enc for r in ra]) -
                                             np.stack([r.pose_enc for r in rb])).max()))
-        switches = a.window_switches
+        switches = a.policy.window_switches
         for f in frames[filled + args.next:]:  # the next keyframe passes max_stored_frames: a window switch
             a.push(f)
-        switch_ms = a.last_alignment.switch_ms if a.window_switches > switches and a.last_alignment else float("nan")
+        alignment = a.policy.last_alignment
+        switch_ms = alignment.switch_ms if a.policy.window_switches > switches and alignment else float("nan")
         during = frames_during_a_write(a, frames[:8], root / "during", device)
     finally:
         if not args.dir:

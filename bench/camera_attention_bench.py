@@ -5,7 +5,7 @@ static ``CameraKVCache`` of the default capacity (321) holding ``--stored`` fram
 graph as the frame step does; prints µs per frame for each kernel and the largest relative difference
 of their outputs.
 
-    python3 scripts/camera_attention_bench.py [--stored 208]
+    python3 bench/camera_attention_bench.py [--stored 208]
 """
 from __future__ import annotations
 

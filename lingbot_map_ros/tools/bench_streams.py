@@ -1,0 +1,277 @@
+"""``lingbot_map_bench --cameras N``: N camera streams on one model - batched steps against the
+same N streams one after another, and (``--processes``) against N separate processes on one device.
+
+Random weights, random frames; every stream gets a frame at every tick. The steady state starts once
+every stream's window is full (``scale_frames + sliding_window * keyframe_interval`` frames). Rows:
+
+* ``batched``: a ``StreamGroup`` (``core/stream_group.py``); ms per tick = one batched step of N
+  frames (the model call, every stream's plan and results);
+* ``one after another``: N ``SessionManager``s over the same model, each tick pushes every stream's
+  frame in turn (each push the single-camera path, CUDA graphs included);
+* ``N processes``: N copies of the one-stream run started together, as a user with N nodes on one GPU
+  would run them (each loads its own weights); frames/s is the sum of the processes' steady rates,
+  over the time their steady phases overlap.
+
+The batched and sequential runs feed identical frames, so their poses are compared too.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from ..core.config import StreamConfig
+from ..core.footprint import GB
+from ..core.model_host import ModelHost
+from ..core.runtime import resolve_device
+from ..core.session_manager import SessionManager
+from ..core.stream_group import StreamGroup, group_footprint
+from .common import add_session_options, check_session_args, runtime_from_args, stream_from_args
+
+
+@dataclass
+class StreamsRow:
+    mode: str
+    streams: int
+    step_median_ms: float  # per tick: N frames
+    step_p90_ms: float
+    total_fps: float  # frames of every stream per second, steady state
+    peak_gb: float
+    note: str = ""
+    predicted_gb: float = float("nan")  # the footprint of the group (batched rows)
+
+
+def _frames(height: int, width: int, streams: int, device: torch.device) -> list[list[torch.Tensor]]:
+    """A small pool of random frames per stream (different per stream), pinned on CUDA."""
+    pools = []
+    for s in range(streams):
+        gen = torch.Generator().manual_seed(100 + s)
+        pool = [torch.rand(3, height, width, generator=gen) for _ in range(4)]
+        pools.append([p.pin_memory() for p in pool] if device.type == "cuda" else pool)
+    return pools
+
+
+def _peak(device: torch.device) -> float:
+    return torch.cuda.max_memory_allocated(device) / GB if device.type == "cuda" else float("nan")
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _steady_start(stream: StreamConfig) -> int:
+    return stream.scale_frames + stream.sliding_window * stream.keyframe_interval
+
+
+def _timed_ticks(tick: Callable[[int], dict[str, list]], frames: int, steady: int) -> tuple[np.ndarray, dict]:
+    """Run ``frames`` ticks; the wall time of each steady tick and every stream's poses."""
+    times, poses = [], {}
+    for i in range(frames):
+        t0 = time.perf_counter()
+        out = tick(i)
+        dt = (time.perf_counter() - t0) * 1e3
+        for name, results in out.items():
+            poses.setdefault(name, []).extend(r.pose_enc for r in results)
+        if i >= steady:
+            times.append(dt)
+    return np.array(times), poses
+
+
+def run_batched(base: ModelHost, stream: StreamConfig, n: int, frames: int, pools) -> tuple[StreamsRow, dict]:
+    device = base.resolved.device
+    _reset_peak(device)
+    group = StreamGroup(base, stream, [f"cam{i}" for i in range(n)], log=lambda m: None, batch=True)
+
+    def tick(i: int) -> dict[str, list]:
+        outcomes = group.step({f"cam{s}": (pools[s][i % len(pools[s])], float(i)) for s in range(n)})
+        for name, o in outcomes.items():
+            if o.error is not None:
+                raise RuntimeError(f"{name}: {o.error}")
+        return {name: list(o.results) for name, o in outcomes.items()}
+
+    times, poses = _timed_ticks(tick, frames, _steady_start(stream))
+    fp = group_footprint(base, stream, n, group.managers["cam0"].session.image_hw)
+    row = _row("batched" if n > 1 else "batched (one stream: the single-camera path)", n, times, _peak(device),
+               f"footprint {fp.total / GB:.2f} GB predicted")
+    row.predicted_gb = fp.total / GB
+    return row, poses
+
+
+def run_sequential(base: ModelHost, stream: StreamConfig, n: int, frames: int, pools) -> tuple[StreamsRow, dict]:
+    device = base.resolved.device
+    _reset_peak(device)
+    managers = [SessionManager(base, stream, log=lambda m: None) for _ in range(n)]
+
+    def tick(i: int) -> dict[str, list]:
+        return {f"cam{s}": m.push(pools[s][i % len(pools[s])], float(i)) for s, m in enumerate(managers)}
+
+    times, poses = _timed_ticks(tick, frames, _steady_start(stream))
+    row = _row("one after another", n, times, _peak(device), f"{np.median(times) / n:.2f} ms a push")
+    return row, poses
+
+
+def _row(mode: str, n: int, times: np.ndarray, peak: float, note: str = "") -> StreamsRow:
+    nan = float("nan")
+    if not times.size:
+        return StreamsRow(mode, n, nan, nan, nan, peak, "run too short for a steady state")
+    return StreamsRow(mode, n, float(np.median(times)), float(np.percentile(times, 90)),
+                      n * 1e3 / float(np.mean(times)), peak, note)
+
+
+def run_processes(argv: list[str], n: int) -> StreamsRow:
+    """N one-stream runs of this tool (``--worker``) started together; each prints its steady span."""
+    cmd = [sys.executable, "-m", "lingbot_map_ros.tools.bench_streams", *argv, "--worker"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    reports = []
+    for proc in procs:
+        out, _ = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"a worker process failed (exit {proc.returncode})")
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    start = max(r["start"] for r in reports)
+    end = min(r["end"] for r in reports)
+    overlap = max(0.0, end - start)
+    spans = [r["end"] - r["start"] for r in reports]
+    times = np.concatenate([np.array(r["times"]) for r in reports])
+    fps = sum(len(r["times"]) / max(r["end"] - r["start"], 1e-9) for r in reports)
+    nan = float("nan")
+    return StreamsRow(f"{n} processes", n, float(np.median(times)) if times.size else nan,
+                      float(np.percentile(times, 90)) if times.size else nan, fps,
+                      max(r["peak"] for r in reports),
+                      f"ms per frame in each process; steady phases overlap {overlap / max(max(spans), 1e-9):.0%}")
+
+
+def worker(base: ModelHost, stream: StreamConfig, frames: int, pools) -> None:
+    """One stream alone; prints its steady per-frame times and the span they cover (JSON)."""
+    manager = SessionManager(base, stream, log=lambda m: None)
+    steady = _steady_start(stream)
+    times, start = [], 0.0
+    for i in range(frames):
+        if i == steady:
+            start = time.time()
+        t0 = time.perf_counter()
+        manager.push(pools[0][i % len(pools[0])], float(i))
+        if i >= steady:
+            times.append((time.perf_counter() - t0) * 1e3)
+    print(json.dumps({"times": times, "start": start, "end": time.time(), "peak": _peak(base.resolved.device)}))
+
+
+def format_table(rows: list[StreamsRow], header: str) -> str:
+    lines = [header, "", "| mode | streams | ms per tick (median) | p90 | frames/s, all streams | peak GB | note |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.mode} | {r.streams} | {r.step_median_ms:.2f} | {r.step_p90_ms:.2f} | {r.total_fps:.1f} "
+                     f"| {r.peak_gb:.2f} | {r.note} |")
+    return "\n".join(lines)
+
+
+def pose_difference(a: dict, b: dict) -> float:
+    """Largest relative difference of any stream's poses between two runs of the same frames."""
+    worst = 0.0
+    for name in a:
+        x, y = np.stack(a[name]), np.stack(b[name])
+        worst = max(worst, float(np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-12)))
+    return worst
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog="lingbot_map_bench --cameras N", description=__doc__.splitlines()[0])
+    add_session_options(p)
+    p.add_argument("--cameras", type=int, required=True, help="streams on the one model (1..8)")
+    p.add_argument("--height", type=int, default=378, help="model input height (multiple of 14)")
+    p.add_argument("--width", type=int, default=518, help="model input width (multiple of 14)")
+    p.add_argument("--frames", type=int, default=160, help="frames per stream, phase 1 included")
+    p.add_argument("--heads", default="depth+camera", choices=("depth+camera", "camera"))
+    p.add_argument("--processes", action="store_true", help="also run the N streams as N processes")
+    p.add_argument("--json", default="", help="also write the rows as a run-of-record part (table 'streams')")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    check_session_args(p, args)
+    if not 1 <= args.cameras <= 8:
+        p.error(f"--cameras must be in 1..8 (got {args.cameras})")
+    try:
+        device = resolve_device(args.device)
+    except ValueError as exc:
+        p.error(str(exc))
+    runtime_cfg = runtime_from_args(args)
+    stream = dataclasses.replace(stream_from_args(args), with_depth=args.heads == "depth+camera")
+    base = ModelHost.load(runtime_cfg, log=lambda m: None)
+    n = args.cameras
+    pools = _frames(args.height, args.width, n, device)
+    if args.worker:
+        worker(base, stream, args.frames, pools)
+        return 0
+    if args.frames <= _steady_start(stream) + 1:
+        print(f"note: {args.frames} frames do not reach the steady state (the window is full after "
+              f"{_steady_start(stream)} frames)", file=sys.stderr)
+    rows = []
+    single, _ = run_sequential(base, stream, 1, args.frames, pools[:1])
+    single.mode = "one stream (reference)"
+    rows.append(single)
+    batched, batched_poses = run_batched(base, stream, n, args.frames, pools)
+    sequential, sequential_poses = run_sequential(base, stream, n, args.frames, pools)
+    rows += [batched, sequential]
+    if args.processes:
+        del base
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        child = _without(argv, "--processes", "--json")
+        rows.append(run_processes(child, n))
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU x{os.cpu_count()}"
+    header = (f"lingbot_map_bench --cameras {n}: preset {runtime_cfg.resolved_preset()}, {args.width}x{args.height}, "
+              f"{args.heads}, scale {stream.scale_frames}, window {stream.sliding_window}, "
+              f"camera iterations {stream.camera_iterations}, {gpu}, torch {torch.__version__}")
+    print(format_table(rows, header))
+    ratio = batched.step_median_ms / single.step_median_ms if single.step_median_ms else float("nan")
+    print(f"batched step of {n} / one stream's step: {ratio:.2f}x; frames/s batched / one after another: "
+          f"{batched.total_fps / sequential.total_fps:.2f}x")
+    print(f"pose_enc relative difference, batched vs one after another (same frames): "
+          f"{pose_difference(batched_poses, sequential_poses):.2e}")
+    if args.json:
+        from .bench import write_results
+
+        write_results(args.json, result_rows(rows, args, stream), device)
+    return 0
+
+
+def _without(argv: list[str], flag: str, valued: str) -> list[str]:
+    """``argv`` without ``flag`` and without ``valued`` and its value (the worker's own command line)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == valued:
+            skip = True
+        elif a != flag and not a.startswith(valued + "="):
+            out.append(a)
+    return out
+
+
+def result_rows(rows: list[StreamsRow], args: argparse.Namespace, stream: StreamConfig) -> list[dict]:
+    """The rows of table ``streams`` of a run of record (``bench/record.py`` merges the parts)."""
+
+    def num(x: float, digits: int = 2):
+        return None if x != x else round(float(x), digits)
+
+    return [{"table": "streams", "geometry": f"{args.width}x{args.height}", "heads": args.heads,
+             "window": stream.sliding_window, "scale_frames": stream.scale_frames,
+             "camera_iterations": stream.camera_iterations, "streams": r.streams, "mode": r.mode,
+             "median_ms": num(r.step_median_ms), "p90_ms": num(r.step_p90_ms), "fps_total": num(r.total_fps, 1),
+             "peak_gb": num(r.peak_gb), "predicted_gb": num(r.predicted_gb), "frames": args.frames} for r in rows]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
