@@ -3,7 +3,8 @@
 On a robot the package is built with colcon from CMakeLists.txt (messages, executables, launch and
 config files); colcon ignores this file. ``pip install .`` gives the same console scripts for the
 parts that need no ROS (``lingbot_map_offline``, ``lingbot_map_bench``, ``lingbot_map_eval``,
-``lingbot_map_benchmark``; the last two with the ``eval`` extra, which brings evo);
+``lingbot_map_benchmark``, ``lingbot_map_batch``; eval and benchmark with the ``eval`` extra, which
+brings evo; ``--ray`` with the ``ray`` extra);
 the node and the demo need the ROS environment that ``scripts/setup_env.sh`` builds.
 """
 from setuptools import find_packages, setup
@@ -16,9 +17,10 @@ setup(
     packages=find_packages(include=[PACKAGE, f"{PACKAGE}.*"]),
     install_requires=["numpy", "torch", "pillow", "opencv-python-headless"],
     extras_require={
-        "gpu": ["flashinfer-python>=0.6.18,<0.7"],  # tested: 0.6.18.post1 (docs/benchmarks.md)
+        "gpu": ["flashinfer-python>=0.6.18,<0.7"],  # tested: 0.6.18.post1 (on the H200)
         "io": ["rosbags", "rosbags-image", "safetensors"],
         "eval": ["evo==1.38.1", "matplotlib"],  # lingbot_map_eval, lingbot_map_benchmark (scripts/setup_env.sh pins)
+        "ray": ["ray==2.60.0"],  # --ray of lingbot_map_benchmark and lingbot_map_batch (many GPUs, many nodes)
         "test": ["pytest", "hypothesis", "psutil"],
     },
     python_requires=">=3.10",
@@ -36,6 +38,7 @@ setup(
             f"lingbot_map_replay = {PACKAGE}.tools.replay:main",
             f"lingbot_map_eval = {PACKAGE}.tools.evaluate:main",
             f"lingbot_map_benchmark = {PACKAGE}.tools.benchmark:main",
+            f"lingbot_map_batch = {PACKAGE}.tools.batch:main",
         ],
     },
 )

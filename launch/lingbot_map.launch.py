@@ -43,7 +43,7 @@ PARAMETER_ARGUMENTS: dict[str, type] = {
     "base_frame": str, "odom_frame": str, "scale_source": str, "world_frame": str,
     "qos_reliability": str, "publish_depth": bool, "transform_publish_period": float,
     "transform_tolerance": float, "initial_session": str, "mapping": bool, "session_path": str,
-    "gpu_memory_budget": float, "fit_window": bool, "image_width": int,
+    "gpu_memory_budget": float, "fit_window": bool, "image_width": int, "camera_aspect": float,
     "primary_camera": str, "camera_timeout": float,
 }
 TRUE_WORDS = ("true", "1", "yes")
@@ -288,6 +288,9 @@ def generate_launch_description():
                                           "as in params_file"),
         DeclareLaunchArgument("image_width", default_value="",
                               description="model input width (a multiple of 14, 224..518); empty = as in params_file"),
+        DeclareLaunchArgument("camera_aspect", default_value="",
+                              description="the camera's height / width (0.75 for 640x480): configure checks the "
+                                          "memory budget for that frame; empty = as in params_file (0: a square)"),
         DeclareLaunchArgument("cameras", default_value="",
                               description="camera names, e.g. front,rear: one stream each on <name>/image (and "
                                           "<name>/depth), one model, one body pose (README: Several cameras); "

@@ -12,7 +12,9 @@ A region is the text between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -
   prints, read through the same ``ros2launch`` function);
 * ``fits``: ``lingbot_map_ros/core/sizing.py`` (the window configure picks per budget, width and heads);
 * ``topics``, ``services``, ``tf``: ``lingbot_map_ros/ros/interfaces.py`` (checked against a running
-  node by ``test/test_interfaces.py``).
+  node by ``test/test_interfaces.py``);
+* ``performance``: the runs of record in ``docs/perf/runs/`` (rendered by ``scripts/perf_tables.py``, which
+  also writes ``docs/performance.md``).
 
 ``test/test_readme_tables.py`` fails when a region differs from what this script writes, and compares
 the launch table with the real ``--show-args`` output.
@@ -193,6 +195,13 @@ def render_fits() -> str:
     return fits_table(model_config("full"), assumed_runtime("cuda", torch.bfloat16), RuntimeConfig(), StreamConfig())
 
 
+def render_performance() -> str:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import perf_tables
+
+    return perf_tables.render_readme(perf_tables.load_runs())
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "parameters": render_parameters,
     "launch-arguments": render_launch_arguments,
@@ -200,6 +209,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "services": render_services,
     "tf": render_tf,
     "fits": render_fits,
+    "performance": render_performance,
 }
 
 

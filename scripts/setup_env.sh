@@ -30,6 +30,7 @@ echo "[setup] creating $VENV (ROS 2 Jazzy wheels, torch CPU, message generation)
 # this repository sits in a workspace's src/ folder.
 touch "$VENV/COLCON_IGNORE"
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+# ray: the optional extra of `--ray` (lingbot_map_benchmark, lingbot_map_batch), here for its tests.
 "${PIP[@]}" \
   ros-jazzy-rclpy==7.1.6 ros-jazzy-rmw-fastrtps-cpp==8.4.3 \
   ros-jazzy-std-msgs==5.3.6 ros-jazzy-sensor-msgs==5.3.6 ros-jazzy-geometry-msgs==5.3.6 \
@@ -40,7 +41,7 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
   ros-jazzy-ament-cmake-gmock==2.5.4 ros-jazzy-ament-cmake-gtest==2.5.4 ros-jazzy-ament-cmake-pytest==2.5.4 \
   ros-python-cmake-module==0.11.1 catkin-pkg \
   torch==2.13.0 numpy pillow safetensors opencv-python-headless rosbags rosbags-image psutil pyyaml matplotlib \
-  evo==1.38.1 triton==3.6.0 \
+  evo==1.38.1 triton==3.6.0 ray==2.60.0 \
   pytest pytest-timeout hypothesis colcon-common-extensions ruff==0.17.6 \
   2> >(grep -v '^WARNING: Location' >&2)
 

@@ -205,3 +205,49 @@ def write_tartanair(root: Path, rel: str = "abandonedfactory/Easy/P001", n: int 
     (folder / "pose_left.txt").write_text("".join(
         " ".join(f"{v:.9e}" for v in (*p[:3, 3], *quaternion_xyzw_from_matrix(p[:3, :3]))) + "\n" for p in ned))
     return Written(images, np.arange(n, dtype=np.float64), optical)
+
+
+def write_oxford(root: Path, scene: str = "keble-college-02", n: int = 26, hw: tuple[int, int] = (4, 148)) -> Written:
+    """``images/NNNNNN.png`` and ``poses_c2w.txt`` (16 numbers per line, row-major camera-to-world)."""
+    poses = trajectory(n, 9)
+    folder = root / scene
+    images = [save(folder / "images" / f"{i:06d}.png", image(900 + i, hw)) for i in range(n)]
+    (folder / "poses_c2w.txt").write_text("".join(" ".join(f"{v:.15e}" for v in p.reshape(-1)) + "\n" for p in poses))
+    (folder / "intrinsics.txt").write_text("1000.0 1000.0 720.0 540.0 1440 1080\n")
+    return Written(images, np.arange(n, dtype=np.float64), poses)
+
+
+def write_vbr(root: Path, scene: str = "campus_train0", n: int = 8, hw: tuple[int, int] = (4, 148),
+              gt_frames: tuple[int, ...] | None = None) -> Written:
+    """``<scene>_processed_aligned/rgb/NNNNNN.png`` + ``intrinsics.txt`` and
+    ``processed_gt/<scene>_gt.txt`` (TUM lines whose stamp is the frame index; lines written in
+    reverse order, and only for ``gt_frames`` when given)."""
+    poses = trajectory(n, 10)
+    folder = root / f"{scene}_processed_aligned"
+    images = [save(folder / "rgb" / f"{i:06d}.png", image(1000 + i, hw)) for i in range(n)]
+    (folder / "intrinsics.txt").write_text("700.0 0 694.0\n0 700.0 350.0\n0 0 1\n")
+    frames = range(n) if gt_frames is None else gt_frames
+    (root / "processed_gt").mkdir(parents=True, exist_ok=True)
+    (root / "processed_gt" / f"{scene}_gt.txt").write_text(
+        "# frame tx ty tz qx qy qz qw\n" + "".join(tum_line(float(i), poses[i]) + "\n" for i in reversed(frames)))
+    c2w = np.full((n, 4, 4), np.nan)
+    c2w[list(frames)] = poses[list(frames)]
+    return Written(images, np.arange(n, dtype=np.float64), c2w)
+
+
+def write_droid_w(root: Path, scene: str = "downtown1", n: int = 10, hw: tuple[int, int] = (4, 148),
+                  seed: int = 0, pose_file: str = "traj_gt.txt") -> tuple[Written, np.ndarray, np.ndarray]:
+    """``images_anonymized/<unix seconds>.jpg`` at ~15 Hz (irregular) and a TUM ground truth at an
+    irregular ~10 Hz with gaps, so some frames are more than 0.05 s from any pose. Returns the
+    written sequence with ``c2w`` left NaN (the test associates by brute force) and the ground truth
+    stamps and poses."""
+    rng = np.random.default_rng(seed)
+    stamps = np.round(1700000000.0 + np.cumsum(rng.uniform(0.04, 0.09, n)), 6)
+    folder = root / scene
+    images = [save(folder / "images_anonymized" / f"{s:.6f}.jpg", image(1100 + i, hw)) for i, s in enumerate(stamps)]
+    gt_stamps = np.round(np.sort(rng.uniform(stamps[0] - 0.1, stamps[-1] + 0.1, 3 * n // 2)), 6)
+    gt_stamps = gt_stamps[(gt_stamps < stamps[n // 2] - 0.08) | (gt_stamps > stamps[n // 2] + 0.08)]  # a gap
+    gt_poses = trajectory(len(gt_stamps), 11)
+    (folder / pose_file).write_text("".join(tum_line(s, p) + "\n" for s, p in zip(gt_stamps, gt_poses)))
+    (root / "videos_mp4").mkdir(parents=True, exist_ok=True)
+    return Written(images, stamps, np.full((n, 4, 4), np.nan)), gt_stamps, gt_poses

@@ -13,14 +13,37 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from benchmark_layouts import write_kitti, write_tum
+from benchmark_layouts import write_kitti, write_tnt, write_tum
 
+from lingbot_map_ros.core.geometry import se3_inverse
 from lingbot_map_ros.core.trajectory import associate, pose_matrices, read_tum, trajectory_metrics
 
 BIN = Path(sys.executable).parent
 TINY = ["--model-preset", "tiny", "--scale-frames", "2", "--sliding-window", "3", "--camera-iterations", "1",
         "--device", "cpu"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+def brute_force_pair_errors(c2w_est: np.ndarray, c2w_gt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair i < j: the relative pose W_i W_j^-1 of the world-to-camera matrices, formed one by one;
+    rotation error from the relative rotations' angle, translation error the sign-free angle between
+    the relative translations (the official auc.py's definitions, without its eps clamps)."""
+    w_est, w_gt = np.linalg.inv(c2w_est), np.linalg.inv(c2w_gt)
+    rot, trans = [], []
+    for i in range(len(w_est)):
+        for j in range(i + 1, len(w_est)):
+            a, b = w_est[i] @ np.linalg.inv(w_est[j]), w_gt[i] @ np.linalg.inv(w_gt[j])
+            cos_r = np.clip((np.trace(a[:3, :3].T @ b[:3, :3]) - 1) / 2, -1, 1)
+            rot.append(np.degrees(np.arccos(cos_r)))
+            ta, tb = a[:3, 3] / np.linalg.norm(a[:3, 3]), b[:3, 3] / np.linalg.norm(b[:3, 3])
+            ang = np.degrees(np.arccos(np.clip(abs(ta @ tb), 0, 1)))
+            trans.append(ang)
+    return np.array(rot), np.array(trans)
+
+
+def auc_percent(errors_deg: np.ndarray, threshold: int) -> float:
+    hist, _ = np.histogram(errors_deg, bins=np.arange(threshold + 1))
+    return float(np.mean(np.cumsum(hist) / errors_deg.size) * 100)
 
 
 def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -78,6 +101,12 @@ def test_one_command_prints_the_tables_and_writes_every_file(first_run):
         # the model was fed the official TUM size: width 518, this synthetic camera's 4 px -> 14 px
         assert m["model_input_hw"] == [14, 518] and m["config"]["settings"]["model_preset"] == "tiny"
         assert 0 <= m["auc"]["auc@30"] <= 100 and m["auc"]["pairs"] == frames * (frames - 1) // 2
+        # both AUC conventions: the official W_i W_j^-1 and the inverse one, from the stored poses again
+        est_w2c, gt_w2c = se3_inverse(pose_matrices(pe, qe)), se3_inverse(pose_matrices(pg, qg))
+        for key, est_c, gt_c in (("auc", pose_matrices(pe, qe), pose_matrices(pg, qg)),
+                                 ("auc_inverse_convention", est_w2c, gt_w2c)):
+            rot, trans = brute_force_pair_errors(est_c, gt_c)
+            assert m[key]["auc@30"] == pytest.approx(auc_percent(np.maximum(rot, trans), 30), abs=1e-9)
     assert tum["ate"] == pytest.approx(np.mean([m["ate"] for m in per_seq.values()]))
     assert f"| {tum['ate']:.3f} |" in ours
     assert [f["sequence"] for f in tum["failed"]] == ["rgbd_dataset_freiburg1_room"]
@@ -97,8 +126,10 @@ def test_bad_input_fails_that_sequence_in_one_line_naming_the_file(first_run):
 def test_kitti_runs_at_the_official_image_size(first_run):
     root, data, out, proc = first_run
     m = json.loads((out / "kitti" / "07" / "metrics.json").read_text())
-    # 1241x376 -> the official 504x280 -> the node's width 518: 518 x round(280 * 518 / 504 / 14) * 14
-    assert m["model_input_hw"] == [294, 518] and m["evaluated"] == 6
+    # 1241x376 -> the official 504x280, and the model runs at that size (no node preprocessing after it)
+    assert m["model_input_hw"] == [280, 504] and m["evaluated"] == 6
+    assert m["config"]["image_size"] == "official" and m["config"]["settings"]["image_width"] is None
+    assert m["config"]["precision"] == "official"
     assert "| KITTI (504x280) (official lingbot-map.pt) | 11 | 24.046 | 2.861 | 0.696 |" in proc.stdout
     assert "## KITTI (504x280) (--dataset kitti): 1 of 1 sequences" in proc.stdout
 
@@ -124,6 +155,8 @@ def test_command_line_mistakes_are_one_line_before_any_work(tmp_path):
         (["--dataset", "tum2", str(tmp_path)], "--dataset tum2: unknown dataset; use one of tum, 7scenes"),
         (["--dataset", "tum", str(tmp_path / "nowhere")], f"--dataset tum {tmp_path / 'nowhere'}: no such folder"),
         (["--dataset", "tum", str(tmp_path), "--keyframe-interval", "often"], "--keyframe-interval must be 'auto'"),
+        (["--dataset", "tum", str(tmp_path), "--image-width", "280"], "--image-width needs --image-size node"),
+        (["--dataset", "tum", str(tmp_path), "--precision", "half"], "--precision: invalid choice"),
     ):
         proc = run(*args, "--out", str(tmp_path / "out"), *TINY, timeout=60)
         lines = proc.stderr.strip().splitlines()
@@ -154,3 +187,32 @@ def test_an_interrupted_run_keeps_the_finished_sequences(tmp_path):
     assert (out / "tum" / "rgbd_dataset_freiburg1_a" / "metrics.json").is_file()
     assert not (out / "tum" / "rgbd_dataset_freiburg1_b").exists()
     assert json.loads((out / "summary.json").read_text())["datasets"][0]["sequences_done"] == 1
+
+
+def test_official_scene_lists_and_the_node_image_width(tmp_path):
+    """An extra Tanks and Temples scene is not run (nor averaged in) unless --all-scenes asks, and then the
+    table marks it; --image-size node runs the node's preprocessing at --image-width and records it."""
+    data = tmp_path / "TanksAndTemples"
+    write_tnt(data, "Barn", n=4)
+    write_tnt(data, "Courthouse", n=4)
+    out = tmp_path / "out"
+    proc = run("--dataset", "tnt", str(data), "--out", str(out), *TINY)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 sequence(s) outside the official scene list not run (Courthouse); --all-scenes runs them" in proc.stderr
+    assert "## Tanks and Temples (--dataset tnt): 1 of 1 sequences" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())["datasets"][0]
+    barn = json.loads((out / "tnt" / "Barn" / "metrics.json").read_text())
+    assert summary["ate"] == pytest.approx(barn["ate"]) and summary["outside_official_scenes"] == []
+    assert not (out / "tnt" / "Courthouse").exists()
+    assert barn["model_input_hw"] == [14, 518]  # the official PIL Lanczos resize to width 518
+
+    again = run("--dataset", "tnt", str(data), "--out", str(out), "--all-scenes", "--image-size", "node",
+                "--image-width", "280", *TINY)
+    assert again.returncode == 0, again.stderr
+    assert "| Courthouse * |" in again.stdout and "1 of them outside the official scenes: *" in again.stdout
+    summary = json.loads((out / "summary.json").read_text())["datasets"][0]
+    assert summary["outside_official_scenes"] == ["Courthouse"] and summary["sequences_done"] == 2
+    for scene in ("Barn", "Courthouse"):
+        m = json.loads((out / "tnt" / scene / "metrics.json").read_text())
+        assert m["model_input_hw"] == [14, 280] and m["config"]["settings"]["image_width"] == 280
+        assert m["config"]["image_size"] == "node"

@@ -12,16 +12,20 @@ from benchmark_layouts import (
     image,
     save,
     write_7scenes,
+    write_droid_w,
     write_eth3d_prepared,
     write_eth3d_published,
     write_euroc,
     write_kitti,
     write_nrgbd,
+    write_oxford,
     write_tartanair,
     write_tnt,
     write_tum,
+    write_vbr,
 )
 
+from lingbot_map_ros.core.trajectory import pose_matrices, read_tum
 from lingbot_map_ros.tools.datasets import READERS, DatasetError
 
 ATOL = 1e-8  # the files hold 9 to 17 significant digits
@@ -34,7 +38,8 @@ def check(seq, written, every: int = 1) -> None:
 
 
 def test_every_cli_dataset_has_a_reader_with_a_protocol():
-    assert {"tum", "7scenes", "eth3d", "nrgbd", "kitti", "euroc", "tartanair"} <= set(READERS)
+    assert {"tum", "7scenes", "eth3d", "nrgbd", "kitti", "oxford", "vbr", "droid_w", "euroc", "tartanair"} \
+        <= set(READERS)
     for name, reader in READERS.items():
         p = reader.protocol
         assert reader.name == name and p.stride >= 1 and p.title
@@ -95,7 +100,9 @@ def test_eth3d_both_layouts_and_the_official_selection(tmp_path):
     prepared = write_eth3d_prepared(tmp_path, "delivery_area")
     write_eth3d_published(tmp_path, "meadow", n=3)  # left out by the official protocol
     reader = READERS["eth3d"]
-    assert reader.find(tmp_path) == ["courtyard", "delivery_area"]
+    found = reader.find(tmp_path)
+    assert found == ["courtyard", "delivery_area", "meadow"]
+    assert [n for n in found if reader.protocol.is_official_scene(n)] == ["courtyard", "delivery_area"]
     check(reader.load(tmp_path, "courtyard", 1), published)
     check(reader.load(tmp_path, "delivery_area", 1), prepared)  # DSC_0711 dropped
 
@@ -105,6 +112,7 @@ def test_tnt(tmp_path):
     write_tnt(tmp_path, "Courtroom", n=3)  # not an official scene, but a scene all the same
     reader = READERS["tnt"]
     assert reader.find(tmp_path) == ["Barn", "Courtroom"]
+    assert not reader.protocol.is_official_scene("Courtroom") and reader.protocol.is_official_scene("Barn")
     check(reader.load(tmp_path, "Barn", 1), w)
 
 
@@ -123,6 +131,58 @@ def test_tartanair_ned_cameras_become_optical(tmp_path):
     check(reader.load(tmp_path, "abandonedfactory/Easy/P001", 1), w)
 
 
+def test_oxford_spires_stride_12_and_the_excluded_scenes(tmp_path):
+    w = write_oxford(tmp_path, "keble-college-02", n=26)
+    write_oxford(tmp_path, "christ-church-01", n=3)  # excluded by the official protocol
+    reader = READERS["oxford"]
+    assert reader.protocol.stride == 12
+    assert reader.find(tmp_path) == ["christ-church-01", "keble-college-02"]
+    assert not reader.protocol.is_official_scene("christ-church-01")
+    seq = reader.load(tmp_path, "keble-college-02", 12)
+    assert len(seq.images) == 3  # frames 0, 12, 24
+    check(seq, w, every=12)
+
+
+def test_vbr_ground_truth_keyed_by_frame_index(tmp_path):
+    w = write_vbr(tmp_path, "campus_train0", n=8, gt_frames=(0, 1, 2, 4, 5, 7))  # 3 and 6 have no pose
+    write_vbr(tmp_path, "spagna_train0", n=3)
+    reader = READERS["vbr"]
+    assert reader.find(tmp_path) == ["campus_train0", "spagna_train0"]
+    seq = reader.load(tmp_path, "campus_train0", 1)
+    assert seq.images == w.images and seq.frames_with_gt == 6
+    assert np.isnan(seq.gt_c2w[[3, 6]]).all()
+    np.testing.assert_allclose(seq.gt_c2w[[0, 1, 2, 4, 5, 7]], w.c2w[[0, 1, 2, 4, 5, 7]], rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_droid_w_nearest_ground_truth_within_50_ms_against_brute_force(tmp_path, seed):
+    w, gt_stamps, _ = write_droid_w(tmp_path, "downtown1", n=24, seed=seed)
+    reader = READERS["droid_w"]
+    assert reader.find(tmp_path) == ["downtown1"]  # videos_mp4/ is not a scene
+    seq = reader.load(tmp_path, "downtown1", 1)
+    assert seq.images == w.images
+    np.testing.assert_array_equal(seq.stamps, w.stamps)
+    # brute force over the file as written: every image against every line, nearest first, <= 0.05 s
+    stamps, pos, quat = read_tum(tmp_path / "downtown1" / "traj_gt.txt")
+    hits = 0
+    for k, s in enumerate(w.stamps):
+        d = [abs(g - s) for g in stamps]
+        j = min(range(len(d)), key=lambda i: (d[i], i))
+        if d[j] <= 0.05:
+            hits += 1
+            np.testing.assert_allclose(seq.gt_c2w[k], pose_matrices(pos[j:j + 1], quat[j:j + 1])[0], rtol=0, atol=0)
+        else:
+            assert np.isnan(seq.gt_c2w[k]).all(), k
+    assert seq.frames_with_gt == hits and 0 < hits < len(w.stamps)  # the gap leaves some frames without
+    assert "have no ground-truth pose within 0.05 s" in seq.notes[0]
+
+
+def test_droid_w_reads_the_fastlivo_ground_truth_when_it_is_the_one_there(tmp_path):
+    write_droid_w(tmp_path, "downtown4", n=8, pose_file="traj_gt_fastlivo.txt")
+    seq = READERS["droid_w"].load(tmp_path, "downtown4", 2)
+    assert len(seq.images) == 4 and seq.ground_truth.endswith("traj_gt_fastlivo.txt")
+
+
 # ------------------------------------------------------------------------ the official image steps
 @pytest.mark.parametrize("dataset, size_wh, expect_wh", [
     ("tum", (640, 480), (518, 378)),
@@ -131,6 +191,9 @@ def test_tartanair_ned_cameras_become_optical(tmp_path):
     ("kitti", (1241, 376), (504, 280)),
     ("eth3d", (1512, 1008), (518, 336)),  # ETH3D's 6048x4032, quartered
     ("tnt", (1920, 1080), (518, 280)),
+    ("oxford", (1440, 1080), (518, 378)),
+    ("vbr", (1388, 700), (504, 280)),
+    ("droid_w", (1600, 1200), (518, 378)),
     ("euroc", (752, 480), (752, 480)),  # no official protocol: the node's preprocessing only
 ])
 def test_official_image_sizes(dataset, size_wh, expect_wh):
@@ -167,6 +230,8 @@ def test_missing_ground_truth_names_the_file(tmp_path):
         "tnt": (write_tnt, "Barn", "Barn/Barn_COLMAP_SfM.log"),
         "euroc": (write_euroc, "MH_01_easy", "MH_01_easy/mav0/state_groundtruth_estimate0/data.csv"),
         "tartanair": (lambda r: write_tartanair(r, "env/Easy/P000"), "env/Easy/P000", "env/Easy/P000/pose_left.txt"),
+        "oxford": (write_oxford, "keble-college-02", "keble-college-02/images/000003.png"),
+        "vbr": (write_vbr, "campus_train0", "processed_gt/campus_train0_gt.txt"),
     }
     for dataset, (write, name, gone) in cases.items():
         root = tmp_path / dataset
@@ -175,6 +240,18 @@ def test_missing_ground_truth_names_the_file(tmp_path):
         assert name in READERS[dataset].find(root), dataset
         with pytest.raises(DatasetError, match=f"{root / gone}: no such"):
             READERS[dataset].load(root, name, 1)
+    # DROID-W: a scene without its ground truth is not a scene; a ground truth of another recording
+    write_droid_w(tmp_path / "droid", "downtown2")
+    (tmp_path / "droid" / "downtown2" / "traj_gt.txt").unlink()
+    with pytest.raises(DatasetError, match="no DROID-W scene"):
+        READERS["droid_w"].find(tmp_path / "droid")
+    write_droid_w(tmp_path / "droid", "downtown2")
+    gt = tmp_path / "droid" / "downtown2" / "traj_gt.txt"
+    stamps, pos, quat = read_tum(gt)
+    gt.write_text("".join(f"{s + 100.0} {' '.join(map(str, p))} {' '.join(map(str, q))}\n"
+                          for s, p, q in zip(stamps, pos, quat)))
+    with pytest.raises(DatasetError, match=r"traj_gt.txt: no pose within 0.05 s of any image"):
+        READERS["droid_w"].load(tmp_path / "droid", "downtown2", 1)
 
 
 def test_mismatched_stamps_and_counts_name_the_file(tmp_path):

@@ -178,3 +178,46 @@ def test_every_robot_setting_of_the_readme_is_reachable_from_the_launch_file():
     overrides = mod.node_settings(context)[0][1]
     for name in mod.PARAMETER_ARGUMENTS:
         assert type(overrides[name]) is type(SETTINGS_BY_NAME[name].default), name  # what declare_parameter takes
+
+
+def test_a_ros1_robot_bag_replays_as_jazzy_messages(tmp_path):
+    """A ROS 1 recording's /tf (tf2_msgs/TFMessage with Header.seq) and depth come out as Jazzy CDR that
+    rclpy reads back field for field, in stamp order, transforms before the image at one stamp."""
+    pytest.importorskip("rosbags")
+    from rclpy.serialization import deserialize_message
+    from rosbags.rosbag1 import Writer
+    from rosbags.typesys import Stores, get_types_from_msg, get_typestore
+    from tf2_msgs.msg import TFMessage
+
+    from lingbot_map_ros.tools.bag_io import image_fields, iter_robot_messages, message_cdr
+
+    store = get_typestore(Stores.ROS1_NOETIC)
+    store.register(get_types_from_msg("geometry_msgs/TransformStamped[] transforms", "tf2_msgs/msg/TFMessage"))
+    t = store.types
+    bag = tmp_path / "robot.bag"
+    with Writer(bag) as writer:
+        tf_conn = writer.add_connection("/tf", "tf2_msgs/msg/TFMessage", typestore=store)
+        img_conn = writer.add_connection("/depth", "sensor_msgs/msg/Image", typestore=store)
+        for i in range(3):
+            stamp = t["builtin_interfaces/msg/Time"](sec=100 + i, nanosec=5)
+            header = t["std_msgs/msg/Header"](seq=i, stamp=stamp, frame_id="odom")
+            tf = t["tf2_msgs/msg/TFMessage"](transforms=[t["geometry_msgs/msg/TransformStamped"](
+                header=header, child_frame_id="base_link", transform=t["geometry_msgs/msg/Transform"](
+                    translation=t["geometry_msgs/msg/Vector3"](x=float(i), y=2.0, z=3.0),
+                    rotation=t["geometry_msgs/msg/Quaternion"](x=0.0, y=0.0, z=0.0, w=1.0)))])
+            depth = t["sensor_msgs/msg/Image"](header=t["std_msgs/msg/Header"](seq=i, stamp=stamp, frame_id="cam"),
+                                               **image_fields(np.full((2, 3), i, np.float32), "32FC1"))
+            time_ns = (100 + i) * 10**9 + 5
+            writer.write(img_conn, time_ns, store.serialize_ros1(depth, "sensor_msgs/msg/Image"))  # image first
+            writer.write(tf_conn, time_ns + 1, store.serialize_ros1(tf, "tf2_msgs/msg/TFMessage"))
+    out = list(iter_robot_messages(bag, {"/tf": "tf", "/depth": "depth"}))
+    assert [k for k, *_ in out] == ["tf", "depth"] * 3  # the transforms first at each stamp
+    for i, (kind, _, msgtype, msg, raw, stamp) in enumerate(out[::2]):
+        assert raw is None and stamp == (100 + i) * 10**9 + 5
+        tf = deserialize_message(message_cdr(msg, msgtype, raw), TFMessage)
+        [transform] = tf.transforms
+        assert (transform.header.frame_id, transform.child_frame_id) == ("odom", "base_link")
+        assert transform.transform.translation.x == float(i) and transform.header.stamp.nanosec == 5
+    _, _, msgtype, msg, raw, _ = out[1]
+    depth = deserialize_message(message_cdr(msg, msgtype, raw), Image)
+    assert depth.encoding == "32FC1" and np.frombuffer(bytes(depth.data), np.float32).tolist() == [0.0] * 6

@@ -49,6 +49,7 @@ from lingbot_map_ros.core.results import CacheSnapshot  # noqa: E402
 from lingbot_map_ros.core.session_manager import ManagerView, SessionStart  # noqa: E402
 from lingbot_map_ros.core.settings import defaults  # noqa: E402
 from lingbot_map_ros.msg import FrameStatus  # noqa: E402
+from lingbot_map_ros.ros.commands import Reset  # noqa: E402
 from lingbot_map_ros.ros.diagnostics import REJECT_KINDS  # noqa: E402
 from lingbot_map_ros.ros.frames import Frame, FrameLedger, InputRejected  # noqa: E402
 from lingbot_map_ros.ros.inference import InferenceWorker, SessionView  # noqa: E402
@@ -229,7 +230,7 @@ def test_frame_preprocessed_before_a_reset_is_checked_against_the_new_session(ri
             return frame
 
         stale = preprocessed(1, (64, 48))  # session 1 is 64x48
-        assert worker.submit(("reset", "test reset"), wait=10)  # session 2: no size yet
+        assert worker.submit(Reset("test reset"), wait=10)  # session 2: no size yet
         input_size.check(80, 60)  # a frame of another size reached the callback first
         worker.offer(stale)
         assert _wait(lambda: any(s[0] == 1 for s in rig["statuses"]))
@@ -238,7 +239,7 @@ def test_frame_preprocessed_before_a_reset_is_checked_against_the_new_session(ri
         assert manager.pushed == [] and input_size.input_wh == (80, 60)
 
         stale = preprocessed(2, (80, 60))  # session 2 is 80x60
-        assert worker.submit(("reset", "test reset"), wait=10)  # session 3: no size yet
+        assert worker.submit(Reset("test reset"), wait=10)  # session 3: no size yet
         worker.offer(stale)  # the first frame of session 3: its size is adopted
         assert _wait(lambda: manager.pushed)
         assert manager.pushed == [(2, (3, 392, 518))] and input_size.input_wh == (80, 60)
@@ -329,7 +330,7 @@ def test_stamps_that_jump_back_start_a_new_session_and_every_frame_ends_once(rig
         push(41)
         push(41)  # the same stamp again is no jump
         assert manager.session_id == 3 and ledger.c.time_jump_sessions == 2
-        worker.submit(("reset", "test reset"), wait=10)  # session 4: compared afresh, 30 < 41 is no jump
+        worker.submit(Reset("test reset"), wait=10)  # session 4: compared afresh, 30 < 41 is no jump
         push(30)
         assert manager.session_id == 4 and ledger.c.time_jump_sessions == 2 and ledger.c.resets == 1
     finally:

@@ -24,12 +24,13 @@ ROSDEP_KEYS = {
     "yaml": "python3-yaml",
     "matplotlib": "python3-matplotlib",
     "rosbags": "python3-rosbags-pip",
+    "scipy": "python3-scipy",
 }
 # ROS packages imported as Python modules of the same name (their rosdep key is that name).
 ROS_PACKAGES = {"rclpy", "launch", "launch_ros", "ament_index_python", "cv_bridge", "tf2_ros", "message_filters"}
 # From pip, not rosdep: required ones must be in the README's install line, optional ones named there.
 PIP_REQUIRED = {"torch": "torch", "safetensors": "safetensors", "evo": "evo"}
-PIP_OPTIONAL = {"flashinfer": "flashinfer-python", "triton": "triton"}
+PIP_OPTIONAL = {"flashinfer": "flashinfer-python", "triton": "triton", "ray": "ray"}
 OPTIONAL_SUBMODULES = {"rosbags.image": "rosbags-image"}  # a fallback where cv_bridge is missing
 
 

@@ -132,3 +132,45 @@ def test_abort_step_says_when_the_pages_are_not_as_before() -> None:
         assert _state(cache.table) == before
         cache.begin_step(1, store=False, undoable=True)  # a non-keyframe never overwrites a visible page
         assert cache.abort_step() is True
+
+
+def test_batched_flashinfer_plan_passes_the_request(monkeypatch) -> None:
+    """FlashInfer is GPU-only: a stand-in module records what the batched backend hands its wrapper's
+    ``plan`` and ``run`` (the request's arrays, page size 1 for fa3's token pages, the pool's views)."""
+    import sys
+    import types
+
+    calls = {}
+
+    class Wrapper:
+        def __init__(self, workspace, layout, backend):
+            calls["init"] = (layout, backend)
+
+        def plan(self, *args, **kw):
+            calls["plan"] = (args, kw)
+
+        def run(self, q, kv):
+            calls["run"] = (q.shape, kv[0].shape)
+            return q
+
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(BatchPrefillWithPagedKVCacheWrapper=Wrapper))
+    from lingbot_map_ros.core.cache.flashinfer_backend import BatchedFlashInferBackend
+
+    tables = [table(), table()]
+    tables[0].append(2)
+    tables[1].append(2)
+    tables[1].append(1)
+    for kernel, token_pages in (("fa2", False), ("fa3", True)):
+        backend = BatchedFlashInferBackend(num_heads=2, head_dim=4, dtype=torch.bfloat16, device="cpu", kernel=kernel)
+        assert backend.token_pages is token_pages and calls["init"] == ("NHD", kernel)
+        req = batched_page_request(tables, [0, 46], 11, token_pages=token_pages)
+        backend.plan(req, page_size=5)
+        args, kw = calls["plan"]
+        assert [a.tolist() for a in args[:4]] == [req.qo_indptr.tolist(), req.kv_indptr.tolist(), req.indices.tolist(),
+                                                  req.last_page_len.tolist()]
+        assert args[4:8] == (2, 2, 4, 1 if token_pages else 5) and kw["causal"] is False
+        pages = torch.zeros(92, 5, 2, 4, dtype=torch.bfloat16)  # [pool pages, page, H, D]
+        backend.run((pages, pages), torch.zeros(22, 2, 4))
+        assert calls["run"] == ((22, 2, 4), (460, 1, 2, 4) if token_pages else (92, 5, 2, 4))
+        with pytest.raises(ValueError, match="planned 22 query rows"):
+            backend.run((pages, pages), torch.zeros(11, 2, 4))

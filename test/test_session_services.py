@@ -22,6 +22,7 @@ from std_msgs.msg import String  # noqa: E402
 from std_srvs.srv import Trigger  # noqa: E402
 
 from lingbot_map_ros.core.session_store import SaveReport, SessionCapture, SessionFileError  # noqa: E402
+from lingbot_map_ros.ros.commands import CommandResult, LoadSession, SaveSession  # noqa: E402
 from lingbot_map_ros.ros.node import make_executor  # noqa: E402
 from lingbot_map_ros.ros.services import NodeServices  # noqa: E402
 
@@ -63,14 +64,17 @@ def test_a_slow_save_does_not_hold_up_the_image_callbacks(contexts, tmp_path):
     values = {"session_path": str(tmp_path / "s")}
 
     def submit(command, wait):
-        return HeldCapture(release, started) if command[0] == "save_session" else f"loaded {command[1]}"
+        if isinstance(command, SaveSession):
+            return CommandResult(True, "session copied", capture=HeldCapture(release, started))
+        assert isinstance(command, LoadSession)
+        return CommandResult(True, f"loaded {command.source}")
 
     def prepare_load(path):
         if path.endswith("bad"):
             raise SessionFileError(f"{path!r} is not a session (no such folder)")
         return f"<prepared {path}>"
 
-    NodeServices(node, values, configured=lambda: True, submit_reset=lambda r, w: "reset",
+    NodeServices(node, values, configured=lambda: True, submit_reset=lambda r, w: CommandResult(True, "reset"),
                  state_label=lambda: "active", trajectory=lambda: ([], 0), submit=submit, prepare_load=prepare_load)
     executor = make_executor(context=node_ctx)
     executor.add_node(node)

@@ -39,8 +39,8 @@ def test_footprint_with_a_budget_prints_the_window_a_real_configure_picks(capsys
             "--fit-window", "--heads", "camera"]
     assert bench.main(args) == 0
     printed = _picked(capsys.readouterr().out)
-    manager = SessionManager(runtime, replace(base, gpu_memory_budget=budget_gb, fit_window=True), log=lambda m: None,
-                             warn=lambda m: None)
+    manager = SessionManager.open(runtime, replace(base, gpu_memory_budget=budget_gb, fit_window=True),
+                                  log=lambda m: None, warn=lambda m: None)
     assert printed and printed[0][0] == manager.stream_cfg.sliding_window == 5, printed
 
 
@@ -89,3 +89,35 @@ def test_an_integrated_gpu_refuses_the_automatic_budget():
     assert jetson.bytes_for(StreamConfig(gpu_memory_budget=4.0), cuda) == 4 * GB  # an explicit budget is kept
     discrete = MemoryBudget(free_bytes=lambda d: 30 * GB, integrated=lambda d: False)
     assert discrete.bytes_for(StreamConfig(gpu_memory_budget=0.0), cuda) == 29.5 * GB
+
+
+def test_a_known_camera_aspect_sizes_configure_and_crops_a_taller_camera(capsys, one_torch_thread):
+    """camera_aspect 0.75 (a 640x480 camera): configure checks 224x168, not 224x224, so a budget that
+    holds window 5 of a square holds more; the printed pick is a real configure's; a square camera is
+    centre-cropped to the planned height."""
+    from lingbot_map_ros.core.config import planned_height
+    from lingbot_map_ros.core.preprocess import FramePreprocessor
+    from lingbot_map_ros.core.session_manager import SessionManager
+
+    base = StreamConfig(scale_frames=2, sliding_window=12, max_frame_num=64, max_stored_frames=40, overlap_frames=2,
+                        image_width=224)
+    cfg, rt = model_config("tiny"), assumed_runtime("cpu", torch.float32)
+    need = {w: footprint(cfg, rt, replace(base, sliding_window=w), 224, 224).total for w in (5, 6)}
+    budget_gb = (need[5] + need[6]) / 2 / GB
+    assert planned_height(224, 0.75) == 168 and planned_height(224, 0.0) == 224
+    args = ["--footprint", "--model-preset", "tiny", "--device", "cpu", "--image-width", "224", "--camera-aspect",
+            "0.75", "--scale-frames", "2", "--sliding-window", "12", "--max-frame-num", "64", "--max-stored-frames",
+            "40", "--overlap-frames", "2", "--gpu-memory-budget", repr(budget_gb), "--fit-window", "--heads", "camera"]
+    assert bench.main(args) == 0
+    [(window, _)] = _picked(capsys.readouterr().out)
+    manager = SessionManager.open(RuntimeConfig(model_preset="tiny", device="cpu"),
+                             replace(base, gpu_memory_budget=budget_gb, fit_window=True, camera_aspect=0.75),
+                             log=lambda m: None, warn=lambda m: None)
+    assert window == manager.stream_cfg.sliding_window > 5, window  # more than the square's 5
+    at = footprint(cfg, rt, replace(base, sliding_window=window), 168, 224).total
+    assert at <= budget_gb * GB
+    if window < base.sliding_window:
+        assert budget_gb * GB < footprint(cfg, rt, replace(base, sliding_window=window + 1), 168, 224).total
+    prep = FramePreprocessor(width=224, max_height=planned_height(224, 0.75))
+    prep.fix_size(300, 300)  # a square camera where a 4:3 one was planned for: cropped to the plan
+    assert prep.model_hw == (168, 224) and prep.crop_offset_y == 28

@@ -113,7 +113,13 @@ def test_batched_step_is_one_model_call_and_separates_the_streams(loaded, monkey
     got, _, _ = run_group(group, schedule, frames, 6)
     # phase 1 of each stream alone (its 2 scale frames at tick 1), then 4 batched steps of 2 frames
     assert calls == [(2, "PagedKVCache")] * 2 + [(2, "GroupGlobalAttention")] * 4
+    calls.clear()
+    alone = StreamGroup(loaded, STREAM, ["a", "b"], log=lambda m: None, batch=False)  # the CUDA-graph default
+    got_alone, _, batched = run_group(alone, schedule, frames, 6)
+    assert batched == 0 and calls == [(2, "PagedKVCache")] * 2 + [(1, "PagedKVCache")] * 8
     monkeypatch.undo()
+    for name in ("a", "b"):
+        assert_same(got_alone[name], got[name])
     other = lone_results(loaded, frames["b"])
     assert np.abs(got["a"][-1].pose_enc - other[-1].pose_enc).max() > 1e-4
 
@@ -249,3 +255,27 @@ def test_footprint_counts_every_stream_and_the_weights_once(loaded):
     StreamGroup(loaded, tight, ["a", "b"], log=lambda m: None)
     with pytest.raises(MemoryBudgetExceeded, match="a group of 3 streams needs"):
         StreamGroup(loaded, tight, ["a", "b", "c"], log=lambda m: None)
+
+
+def test_a_refused_frame_ends_with_its_reason_and_changes_nothing(loaded):
+    """A frame of another size in phase 2: that frame's outcome is the refusal (nothing changed), the
+    same stream's next frames and the other stream go on as if it never came."""
+    from lingbot_map_ros.core.session_errors import SessionError
+
+    frames = {"a": frames_of(71, 6), "b": frames_of(72, 6)}
+    wrong = torch.rand(3, 28, 28)
+    group = StreamGroup(loaded, STREAM, ["a", "b"], log=lambda m: None)
+    got = {"a": [], "b": []}
+    for t in range(6):
+        step = {n: (frames[n][t], t) for n in ("a", "b")}
+        if t == 3:
+            out = group.step({"a": step["a"], "b": (wrong, "wrong")})
+            assert isinstance(out["b"].error, SessionError) and "frame size changed" in str(out["b"].error)
+            assert out["b"].results == () and out["a"].error is None
+            got["a"] += out["a"].results
+            step = {"b": step["b"]}
+        for n, o in group.step(step).items():
+            assert o.error is None
+            got[n] += o.results
+    assert_same(got["a"], lone_results(loaded, frames["a"]))
+    assert_same(got["b"], lone_results(loaded, frames["b"]))

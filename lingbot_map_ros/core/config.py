@@ -142,6 +142,9 @@ class StreamConfig:
     image_width: int = limited(MODEL_WIDTH_PX, range=(16 * PATCH_SIZE, MODEL_WIDTH_PX))  # a multiple of 14
     gpu_memory_budget: float = limited(0.0, range=(0.0, 10_000.0))  # GB; 0: free memory at configure - margin
     fit_window: bool = False  # True: the largest sliding_window <= the configured one that fits the budget
+    # the camera's height / width (0.75 for 640x480): the budget plans for that frame, and a taller one is
+    # centre-cropped to it; 0: unknown, plan for the tallest input of the width (a square)
+    camera_aspect: float = limited(0.0, range=(0.0, 1.0))
     depth_chunk: int = 8  # frames per depth-head call in phase 1 (not a setting: the budget lowers it)
 
 
@@ -205,6 +208,16 @@ def model_input_height(width0: int, height0: int, width: int = MODEL_WIDTH_PX) -
     if width0 <= 0 or height0 <= 0:
         raise ValueError(f"image size must be positive (got {width0}x{height0})")
     return round(height0 * (width / width0) / PATCH_SIZE) * PATCH_SIZE
+
+
+def planned_height(image_width: int, camera_aspect: float) -> int:
+    """The tallest model input a session may get, the height the memory budget is checked at: the
+    camera's (``camera_aspect`` = height / width, rounded to patches as ``model_input_height`` does) when
+    known, else the width's tallest (a square: taller images are centre-cropped to it)."""
+    if camera_aspect <= 0:
+        return image_width
+    rows = round(camera_aspect * image_width / PATCH_SIZE)
+    return min(image_width, max(1, rows) * PATCH_SIZE)
 
 
 def stored_frame_limit(stream: StreamConfig) -> int:

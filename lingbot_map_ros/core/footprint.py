@@ -91,7 +91,7 @@ def element_size(dtype: torch.dtype) -> int:
 
 @functools.lru_cache(maxsize=16)
 def weight_bytes(preset: str, dtype: torch.dtype, with_depth_head: bool = True) -> int:
-    """Bytes of every parameter and buffer as ``load_model`` places them (aggregator in ``dtype``,
+    """Bytes of every parameter and buffer as ``ModelHost.load`` places them (aggregator in ``dtype``,
     heads fp32), counted on a model built on the meta device (nothing is allocated)."""
     from .model import LingBotMap  # late: the model package imports the whole network
 

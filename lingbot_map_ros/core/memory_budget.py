@@ -2,8 +2,9 @@
 allocated, or (``fit_window``) the sliding window shrinks until they fit (docs/memory.md).
 
 The check runs on the footprint (``core/footprint.py``) at the configured width and the tallest
-input that width can give (a square: portrait images are centre-cropped to it), so whatever camera
-connects later, its sessions stay inside the budget: phase 1 of every new session, window switches
+input the settings allow: ``camera_aspect``'s height when the camera is known (a taller camera is
+centre-cropped to it), else the width's square (portrait images are centre-cropped to it), so whatever
+camera connects later, its sessions stay inside the budget: phase 1 of every new session, window switches
 (they reuse the caches) and every change ``SessionManager.apply`` accepts.
 """
 from __future__ import annotations
@@ -13,8 +14,8 @@ from typing import Callable, Optional
 
 import torch
 
-from .config import ModelConfig, RuntimeConfig, StreamConfig, model_config, replace
-from .footprint import GB, Footprint, budget_problem, fits, footprint, largest_fitting_window, worst_case_height
+from .config import ModelConfig, RuntimeConfig, StreamConfig, model_config, planned_height, replace
+from .footprint import GB, Footprint, budget_problem, fits, footprint, largest_fitting_window
 from .runtime import ResolvedRuntime, resolve_runtime
 
 MEMORY_MARGIN_GB = 0.5  # kept free of an automatic budget: the CUDA context's growth, other processes' jitter
@@ -41,21 +42,11 @@ def device_free_bytes(device: torch.device) -> float:
     return float(free + torch.cuda.memory_allocated(device))
 
 
-def integrated_gpu(device: torch.device) -> bool:
-    """Whether ``device`` is an integrated GPU (a Jetson): its memory is the system's RAM."""
-    return device.type == "cuda" and bool(getattr(torch.cuda.get_device_properties(device), "is_integrated", False))
-
-
-INTEGRATED_AUTO_REFUSED = ("gpu_memory_budget 0 (the free memory at configure) is refused on an integrated GPU "
-                           "(a Jetson): its memory is the system RAM that the rest of the robot (nav2, drivers) "
-                           "shares, and what is free at configure is not this node's; set gpu_memory_budget to the "
-                           "GB it may use (lingbot_map_bench --footprint sizes it)")
-
-
 def predict(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig,
             hw: Optional[tuple[int, int]] = None) -> Footprint:
-    """The footprint at ``hw`` (the session's frame size), else at the worst case of the width."""
-    h, w = hw if hw is not None else (worst_case_height(stream.image_width), stream.image_width)
+    """The footprint at ``hw`` (the session's frame size), else at the tallest input the settings allow
+    (``camera_aspect``'s, else the width's square)."""
+    h, w = hw if hw is not None else (planned_height(stream.image_width, stream.camera_aspect), stream.image_width)
     return footprint(cfg, rt, stream, h, w)
 
 
@@ -78,7 +69,7 @@ def fit_stream(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig,
     if not stream.fit_window:
         raise MemoryBudgetExceeded(budget_problem(fp, budget, f"sliding_window {stream.sliding_window}")
                                    + "; lower sliding_window or image_width, or set fit_window true")
-    h, w = worst_case_height(stream.image_width), stream.image_width
+    h, w = planned_height(stream.image_width, stream.camera_aspect), stream.image_width
     best = largest_fitting_window(cfg, rt, stream, h, w, budget)
     if best is None:
         smallest = footprint(cfg, rt, replace(stream, sliding_window=1), h, w)
@@ -134,6 +125,17 @@ class BudgetCheck:
         except (ValueError, RuntimeError) as exc:  # over the budget, or a runtime that does not resolve
             return [str(exc)]
         return []
+
+
+def integrated_gpu(device: torch.device) -> bool:
+    """Whether ``device`` is an integrated GPU (a Jetson): its memory is the system's RAM."""
+    return device.type == "cuda" and bool(getattr(torch.cuda.get_device_properties(device), "is_integrated", False))
+
+
+INTEGRATED_AUTO_REFUSED = ("gpu_memory_budget 0 (the free memory at configure) is refused on an integrated GPU "
+                           "(a Jetson): its memory is the system RAM that the rest of the robot (nav2, drivers) "
+                           "shares, and what is free at configure is not this node's; set gpu_memory_budget to the "
+                           "GB it may use (lingbot_map_bench --footprint sizes it)")
 
 
 class MemoryBudget:

@@ -93,6 +93,8 @@ class ModelHost:
         self.random_weights = random_weights
         self.weights = weights
         self.info: SessionInfo = session_info(resolved, cfg, model, random_weights=random_weights)
+        # how ``swap`` builds the next model (None: ``ModelHost.load``; a tool's recipe stays with its host)
+        self.builder: Optional[Callable[[RuntimeConfig, Callable[[str], None]], "ModelHost"]] = None
 
     @classmethod
     def load(cls, runtime: RuntimeConfig, log: Callable[[str], None] = print) -> "ModelHost":
@@ -132,10 +134,10 @@ class ModelHost:
 
     def swap(self, runtime: RuntimeConfig, log: Callable[[str], None] = print,
              load: Optional[Callable[[RuntimeConfig, Callable[[str], None]], "ModelHost"]] = None) -> None:
-        """Replace the model by one built for ``runtime``. The new one is built first (``load``:
-        ``ModelHost.load`` unless given): when that raises, nothing changed. Every manager over the
-        host then needs a new session on the new model (``SessionManager.apply`` does it)."""
-        new = (load or ModelHost.load)(runtime, log)
+        """Replace the model by one built for ``runtime``. The new one is built first (``load``, else
+        the host's ``builder``, else ``ModelHost.load``): when that raises, nothing changed. Every
+        manager over the host then needs a new session on the new model (``SessionManager.apply``)."""
+        new = (load or self.builder or ModelHost.load)(runtime, log)
         old_device = self.resolved.device
         self.model, self.cfg, self.resolved, self.settings = new.model, new.cfg, new.resolved, runtime
         self.random_weights, self.weights, self.info = new.random_weights, new.weights, new.info

@@ -53,12 +53,14 @@ class ResolutionChanged(ValueError):
         )
 
 
-def model_size(width0: int, height0: int, width: int = MODEL_WIDTH_PX) -> tuple[int, int, int]:
+def model_size(width0: int, height0: int, width: int = MODEL_WIDTH_PX,
+               max_height: int = 0) -> tuple[int, int, int]:
     """Model input ``(H, W, crop_offset_y)`` for a ``width0 x height0`` camera image (docs/model.md §2.1)
     at model width ``width`` (a multiple of 14; 518 is the official size).
 
-    ``H`` is the resized height (``config.model_input_height``) capped at ``width`` by a centre crop
-    whose first kept row is ``crop_offset_y`` (0 without crop). ``W`` is always ``width``.
+    ``H`` is the resized height (``config.model_input_height``) capped at ``width`` (or at ``max_height``,
+    the height the memory budget planned for: ``config.planned_height``) by a centre crop whose first
+    kept row is ``crop_offset_y`` (0 without crop). ``W`` is always ``width``.
     """
     if width <= 0 or width % PATCH_SIZE:
         raise ValueError(f"model width must be a positive multiple of {PATCH_SIZE} (got {width})")
@@ -69,8 +71,9 @@ def model_size(width0: int, height0: int, width: int = MODEL_WIDTH_PX) -> tuple[
             f"image {width0}x{height0} is too wide: resized to width {width} it would be "
             f"{new_h} px high (< one {PATCH_SIZE}-px patch row)"
         )
-    if new_h > width:
-        return width, width, (new_h - width) // 2
+    cap = min(width, max_height) if max_height > 0 else width
+    if new_h > cap:
+        return cap, width, (new_h - cap) // 2
     return new_h, width, 0
 
 
@@ -140,6 +143,30 @@ def to_rgb(array: np.ndarray, encoding: str) -> np.ndarray:
     return _composite_over_white(a)
 
 
+def _to_unit_float(chw: torch.Tensor) -> torch.Tensor:
+    """uint8 [3, H, W] -> contiguous float32 in [0, 1]. True division by 255 in float32, as the
+    official ToTensor-style conversion does (x * (1/255) differs by one ulp for some values)."""
+    return chw.contiguous().to(torch.float32).div_(255.0)
+
+
+def exact_size_tensor(rgb: np.ndarray) -> torch.Tensor:
+    """An RGB uint8 [H, W, 3] image already at a model input size -> float32 [3, H, W] in [0, 1].
+
+    The official benchmark's path: each dataset's own resize and the area budget have fixed the size
+    (574x434 for 640x480 images, 504x280 for KITTI), and the model runs at it, wider than the node's
+    518 where the budget allows; nothing is resized or cropped here. Both sides must be multiples of
+    the 14-px patch (``ValueError`` otherwise)."""
+    if not isinstance(rgb, np.ndarray) or rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3:
+        desc = f"{rgb.dtype} {rgb.shape}" if isinstance(rgb, np.ndarray) else type(rgb).__name__
+        raise ValueError(f"expected an RGB uint8 array [H, W, 3], got {desc}")
+    h, w = rgb.shape[:2]
+    if h % PATCH_SIZE or w % PATCH_SIZE or not h or not w:
+        raise ValueError(f"image {w}x{h} is not a model input size (both sides multiples of {PATCH_SIZE})")
+    if not (rgb.flags.writeable and rgb.flags.c_contiguous):  # torch wraps only writable arrays
+        rgb = np.array(rgb, order="C")
+    return _to_unit_float(torch.from_numpy(rgb).permute(2, 0, 1))  # [3, H, W]
+
+
 class FramePreprocessor:
     """Session-scoped frame -> ``[3, H, 518]`` float32 tensor in [0, 1] (docs/model.md §2.1 steps 3-6).
 
@@ -152,10 +179,12 @@ class FramePreprocessor:
     from the official ones.
     """
 
-    def __init__(self, fast_resize: bool = False, width: int = MODEL_WIDTH_PX) -> None:
-        """``width``: the model input width (``image_width``; 518 is the official size)."""
+    def __init__(self, fast_resize: bool = False, width: int = MODEL_WIDTH_PX, max_height: int = 0) -> None:
+        """``width``: the model input width (``image_width``; 518 is the official size); ``max_height``:
+        the tallest model input the memory budget planned for (``camera_aspect``; 0: the width)."""
         self.fast_resize = fast_resize
         self.width = width
+        self.max_height = max_height
         self._input_wh: Optional[tuple[int, int]] = None
         self._new_h = 0
         self._hw_crop: tuple[int, int, int] = (0, 0, 0)
@@ -194,7 +223,7 @@ class FramePreprocessor:
         """
         wh = (int(width0), int(height0))
         if self._input_wh is None:
-            self._hw_crop = model_size(*wh, self.width)  # raises for impossible sizes before anything is adopted
+            self._hw_crop = model_size(*wh, self.width, self.max_height)  # raises for impossible sizes first
             self._new_h = model_input_height(*wh, self.width)
             self._input_wh = wh
         elif wh != self._input_wh:
@@ -210,10 +239,7 @@ class FramePreprocessor:
         self.fix_size(w0, h0)
         resized = self._resize(np.ascontiguousarray(rgb))  # [new_h, 518, 3] uint8
         h, _, oy = self._hw_crop
-        chw = torch.from_numpy(resized).permute(2, 0, 1)[:, oy : oy + h, :]  # [3, H, 518] uint8 view
-        # True division by 255 in float32, as the official ToTensor-style conversion does
-        # (x * (1/255) differs by one ulp for some values).
-        return chw.contiguous().to(torch.float32).div_(255.0)
+        return _to_unit_float(torch.from_numpy(resized).permute(2, 0, 1)[:, oy : oy + h, :])  # [3, H, 518]
 
     def _resize(self, rgb: np.ndarray) -> np.ndarray:
         """[H0, W0, 3] uint8 -> [new_h, 518, 3] uint8, a fresh writable array."""
@@ -230,6 +256,7 @@ class FramePreprocessor:
 
 __all__ = [
     "FramePreprocessor",
+    "exact_size_tensor",
     "ResolutionChanged",
     "RGB_ENCODINGS",
     "model_size",

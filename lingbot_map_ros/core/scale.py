@@ -74,7 +74,8 @@ def _median(values) -> float:
 
 # ------------------------------------------------------------------------------------------- depth
 def depth_grid_indices(colour_wh: tuple[int, int], depth_wh: tuple[int, int],
-                       stride: int = DEPTH_SAMPLE_STRIDE, width: int = MODEL_WIDTH_PX) -> tuple[np.ndarray, np.ndarray]:
+                       stride: int = DEPTH_SAMPLE_STRIDE, width: int = MODEL_WIDTH_PX,
+                       max_height: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Rows and columns of a sensor depth image (``depth_wh``, registered to a ``colour_wh`` camera
     image) under the model depth map's pixels ``[stride // 2 :: stride]`` in y and x.
 
@@ -95,7 +96,7 @@ def depth_grid_indices(colour_wh: tuple[int, int], depth_wh: tuple[int, int],
     from .preprocess import model_size  # late: preprocess imports torch and PIL
 
     new_h = model_input_height(w0, h0, width)
-    model_h, _, crop = model_size(w0, h0, width)
+    model_h, _, crop = model_size(w0, h0, width, max_height)  # max_height: the preprocessor's cap (camera_aspect)
     i = np.arange(stride // 2, model_h, stride)
     j = np.arange(stride // 2, width, stride)
     rows = np.minimum(((i + crop + 0.5) * hd / new_h).astype(np.int64), hd - 1)

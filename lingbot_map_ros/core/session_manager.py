@@ -118,15 +118,19 @@ class SessionManager:
 
     @classmethod
     def open(cls, runtime: RuntimeConfig, stream: StreamConfig, log: Callable[[str], None] = print,
-             warn: Optional[Callable[[str], None]] = None) -> "SessionManager":
+             warn: Optional[Callable[[str], None]] = None,
+             load: Optional[Callable[[RuntimeConfig, Callable[[str], None]], ModelHost]] = None) -> "SessionManager":
         """A manager with a model host of its own (released with it): the settings and the memory
-        budget are checked before the model is built."""
+        budget are checked before the model is built. ``load``: how the host builds its models
+        (``ModelHost.load`` unless given; the benchmark's precision recipes)."""
         problems = settings_problems(runtime, stream)
         if problems:
             raise ValueError("; ".join(problems))
         budget = MemoryBudget()
         budget.fit(*preview(runtime), stream, lambda s: settings_problems(runtime, s))  # raises with the numbers
-        manager = cls(ModelHost.load(runtime, log), stream, log, warn=warn, budget=budget)
+        host = (load or ModelHost.load)(runtime, log)
+        host.builder = load
+        manager = cls(host, stream, log, warn=warn, budget=budget)
         manager._owns_host = True
         return manager
 

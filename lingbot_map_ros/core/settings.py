@@ -84,7 +84,7 @@ SETTINGS: tuple[Setting, ...] = (
             "inside the CUDA-graph step: auto (on with CUDA graphs), on or off. Costs seconds on the first "
             "one-frame step (cached on disk), then ~8 ms/frame less on an H200.", "model"),
     _field(RuntimeConfig, "autocast", "The official mixed-precision recipe (fp32 LayerNorm outputs and residual "
-            "stream). false: the aggregator purely in dtype; opt-in, moves poses by ~4e-2 (docs/benchmarks.md).",
+            "stream). false: the aggregator purely in dtype; opt-in, moves poses by ~4e-2 over 200 frames.",
             "model"),
     _field(RuntimeConfig, "seed", "Seed of the random weights used when no checkpoint is given.", "model"),
     _field(RuntimeConfig, "allow_unsafe_checkpoint", "Allow loading a pickled checkpoint with "
@@ -113,6 +113,10 @@ SETTINGS: tuple[Setting, ...] = (
     _field(StreamConfig, "image_width", "Model input width in pixels (a multiple of 14, 224..518; 518 is the "
             "official size). Images are resized to it keeping their aspect, then centre-cropped to at most "
             "square.", "session"),
+    _field(StreamConfig, "camera_aspect", "The camera's image height / width (0.75 for 640x480, 0.5625 for "
+            "16:9): configure checks gpu_memory_budget at that frame's model input instead of the width's tallest "
+            "(a square), and a taller camera is centre-cropped to it. 0: unknown (a square). Read-only: a camera "
+            "keeps its aspect.", "startup"),
     _field(StreamConfig, "gpu_memory_budget", "GB the session may allocate (weights, caches, activations). 0: the "
             "free device memory at configure minus a margin; on the CPU 0 means no limit. Settings that do not "
             "fit are refused with the numbers.", "budget"),
@@ -348,7 +352,7 @@ RUNTIME_FIELDS = ("checkpoint", "model_preset", "device", "dtype", "attention_ba
                   "sdpa_kernel", "cuda_graphs", "compile_blocks", "autocast", "seed", "allow_unsafe_checkpoint")
 STREAM_FIELDS = ("scale_frames", "sliding_window", "keyframe_interval", "camera_iterations", "max_frame_num",
                  "long_run_policy", "max_stored_frames", "overlap_frames",
-                 "image_width", "gpu_memory_budget", "fit_window",  # these three: memory (docs/memory.md)
+                 "image_width", "camera_aspect", "gpu_memory_budget", "fit_window",  # memory (docs/memory.md)
                  "depth_every")
 CORE_FIELDS = frozenset(RUNTIME_FIELDS + STREAM_FIELDS)
 # The fields whose change starts a new session ("session" in the table): the cache geometry a session,

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from .config import ModelConfig, RuntimeConfig, StreamConfig
-from .footprint import GB, worst_case_height
+from .config import ModelConfig, RuntimeConfig, StreamConfig, planned_height
+from .footprint import GB
 from .memory_budget import MemoryBudget, MemoryBudgetExceeded
 from .runtime import ResolvedRuntime
 
@@ -47,7 +47,7 @@ def configure_fit(cfg: ModelConfig, rt: ResolvedRuntime, runtime: RuntimeConfig,
 
 def fit_line(fit: Fit, stream: StreamConfig) -> str:
     """One line for ``--footprint``: the window configure picks, or why it refuses."""
-    h = worst_case_height(stream.image_width)
+    h = planned_height(stream.image_width, stream.camera_aspect)
     where = f"configure's check at {stream.image_width}x{h}"
     if fit.stream is None:
         return f"gpu_memory_budget {stream.gpu_memory_budget:g} GB: configure refuses ({where}): {fit.refused}"

@@ -3,8 +3,10 @@
 Each stream is a ``SessionManager`` of its own - its session, page table, window FIFO, special
 pages, RoPE index, camera-head cache, long-run policy, saved sessions - over the ONE model the group
 holds (the weights once). What the streams share besides the weights is the memory of their global
-caches: one pool tensor per frame size, cut into a static share per stream (``cache/pool.py`` says
-why static shares and not a common free list).
+caches: one pool tensor, cut into a static share per stream (``cache/pool.py`` says why static
+shares and not a common free list), built for the first frame size a stream brings. A stream whose
+frames have another size (or whose geometry was changed alone) keeps pages of its own: it could not
+be batched with the others anyway, since a batch is one frame size.
 
 ``step({name: (frame, stamp), ...})`` runs the frames it is given:
 
@@ -94,14 +96,19 @@ class StreamGroup:
     """N camera streams, one model, one page pool per frame size, batched phase-2 steps."""
 
     def __init__(self, host: ModelHost, stream: StreamConfig, names: Sequence[str],
-                 log: Callable[[str], None] = print, *, batched_attention: str = "auto") -> None:
+                 log: Callable[[str], None] = print, *, batched_attention: str = "auto",
+                 batch: Optional[bool] = None) -> None:
         """``host``: the model every stream runs (``core/model_host.py``, the weights once); ``stream``:
         the settings of every stream (the pool's shares are cut for its geometry); ``names``: the
         streams, in order.
         ``batched_attention``: ``loop`` (each stream's own backend inside the attention call),
         ``flashinfer`` (one FlashInfer call over the pool), ``pool-sdpa`` (the same request over the
         pool through SDPA: the FlashInfer form's reference, any device), ``auto`` (FlashInfer when the
-        runtime's backend is FlashInfer on CUDA, else the loop)."""
+        runtime's backend is FlashInfer on CUDA, else the loop). ``batch``: run the phase-2 frames of
+        several streams as one call (True) or each alone (False); None: batched unless the runtime
+        captures CUDA graphs, because the batched call is eager and an eager step of the full model is
+        host-bound (thousands of launches), slower than the streams' captured lone steps one after
+        another until a batched step is captured per batch size."""
         names = list(names)
         if not names or len(set(names)) != len(names):
             raise ValueError(f"stream names must be given, each once (got {names})")
@@ -119,6 +126,7 @@ class StreamGroup:
             except ImportError as exc:
                 raise ValueError(f"batched_attention 'flashinfer' needs the flashinfer package ({exc})") from None
         self.batched_attention = batched_attention
+        self.batch = (not rt.cuda_graphs) if batch is None else bool(batch)
         self.footprint = group_footprint(host, stream, len(names))
         budget = MemoryBudget().bytes_for(stream, rt.device)
         if not fits(self.footprint, budget):  # checked before any stream allocates its caches
@@ -159,6 +167,10 @@ class StreamGroup:
             blocks, _, pages, page, heads, dim = shape
             key = (blocks, pages, page, heads, dim)
             pool = self._pools.get(key)
+            if pool is None and self._pools:  # another frame size or geometry than the pool's: never batched
+                self.log(f"stream {name}: its {page}-token pages do not fit the group's pool; its cache "
+                         "allocates its own pages (its frames run alone)")
+                return None
             if pool is None:
                 pool = self._pools[key] = SharedKVPool(
                     num_shares=len(self.names), num_blocks=blocks, pages_per_share=pages, page_size=page,
@@ -195,13 +207,14 @@ class StreamGroup:
                 outcomes[name] = StreamOutcome(error=exc)
                 continue
             cfg = session.stream_cfg
-            key = (session.image_hw, cfg.camera_iterations, cfg.max_frame_num, cfg.depth_chunk)
+            key = (session.image_hw, cfg.camera_iterations, cfg.max_frame_num, cfg.depth_chunk,
+                   id(self._pool_of(session.global_cache)) if self.batched_attention != "loop" else 0)
             batches.setdefault(key, []).append(_Entry(name, manager, step, frame, stamp))
         self.last_batch = 0
         for entries in batches.values():
-            if len(entries) == 1:  # a batch of one is the lone path (CUDA graph included)
-                e = entries[0]
-                outcomes[e.name] = self._alone(e.name, e.frame, e.stamp)
+            if len(entries) == 1 or not self.batch:  # a batch of one is the lone path (CUDA graph included)
+                for e in entries:
+                    outcomes[e.name] = self._alone(e.name, e.frame, e.stamp)
             else:
                 outcomes.update(self._run_batch(entries))
         return {name: outcomes[name] for name in frames}
@@ -277,7 +290,7 @@ class StreamGroup:
         tokens = SPECIAL_TOKENS_PER_FRAME + (h // self.host.cfg.patch_size) * (w // self.host.cfg.patch_size)
         caches = [s.global_cache for s in sessions]
         pool, batched = None, None
-        if self.batched_attention in ("flashinfer", "pool-sdpa"):
+        if self.batched_attention != "loop" and self._pool_of(caches[0]) is not None:  # else: pages of their own
             pool, batched = self._plan_batched(entries, tokens)
         attention = GroupGlobalAttention(caches, tokens, pool, batched)  # type: ignore[arg-type]
         camera = GroupCameraAttention([s.camera_cache for s in sessions])  # type: ignore[misc]
@@ -295,12 +308,18 @@ class StreamGroup:
             )
             return self._readback.fetch((out.pose_enc, out.depth, out.depth_conf))
 
+    def _pool_of(self, cache) -> Optional[SharedKVPool]:
+        """The pool whose share ``cache``'s pages are (None: pages of its own)."""
+        if cache is None:
+            return None
+        ptr = cache.storage.data_ptr()
+        return next((p for p in self._pools.values()
+                     if p.storage.data_ptr() <= ptr < p.storage.data_ptr() + p.nbytes), None)
+
     def _plan_batched(self, entries: list[_Entry], tokens: int):
         """The pool and FlashInfer's one plan of this step over every stream's visible pages."""
         caches = [e.manager.session.global_cache for e in entries]
-        storage = caches[0].storage  # type: ignore[union-attr]  # a share: find its pool
-        pool = next((p for p in self._pools.values() if p.storage.data_ptr() <= storage.data_ptr()
-                     < p.storage.data_ptr() + p.nbytes), None)
+        pool = self._pool_of(caches[0])
         if pool is None:
             raise RuntimeError("the batched FlashInfer step needs the streams' pages in one pool")
         rt, cfg = self.host.resolved, self.host.cfg

@@ -203,6 +203,57 @@ class TrajectoryMetrics:
     rpe_rot_mean_deg: float
     ate_errors: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))  # [N] per pose
     aligned_positions: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 3)))  # [N, 3]
+    alignment_note: str = ""  # one line when the alignment is not unique (a straight-line trajectory)
+
+
+class DegenerateTrajectory(ValueError):
+    """No alignment can be fitted (a trajectory that does not move); ``str(exc)`` is the one-line reason."""
+
+
+# A trajectory is "still" when its positions spread less than this (metres, or the estimate's units)
+# around their mean: nothing to align. Far below any camera's motion, far above float rounding.
+STILL_SPREAD = 1e-9
+
+
+def line_alignment(est_xyz: np.ndarray, gt_xyz: np.ndarray, with_scale: bool) -> tuple[np.ndarray, np.ndarray,
+                                                                                     float, str]:
+    """Umeyama's least-squares alignment ``est -> gt`` where evo refuses it: positions [N, 3] on a line.
+
+    Why it is still well-posed: with collinear points the rotation about the line is free, but
+    Umeyama's closed form (rotation ``U S V^T``, scale ``tr(D S) / var(est)``) still attains the least-
+    squares minimum (von Neumann's trace inequality holds at any rank), so the ATE RMSE is the
+    unique minimum, and the RPE, which sees the alignment only through its scale (unique too), is
+    unchanged. Only the per-pose errors (mean, median, max, the plot) depend on the free rotation,
+    and the returned note says so. A trajectory that does not move at all has no alignment:
+    ``DegenerateTrajectory`` names it. Returns ``(rotation [3, 3], translation [3], scale, note)``.
+    """
+    x, y = _f64(est_xyz), _f64(gt_xyz)  # [N, 3]
+    spread = {}
+    for name, pts in (("ground truth", y), ("estimate", x)):
+        centred = pts - pts.mean(axis=0)
+        sv = np.linalg.svd(centred, compute_uv=False) / np.sqrt(len(pts))  # RMS extent along each axis
+        if sv[0] <= STILL_SPREAD:
+            raise DegenerateTrajectory(
+                f"the {name} does not move (all {len(pts)} positions within {sv[0]:.2g} of their mean): "
+                "no alignment can be fitted; ATE and RPE need a moving camera")
+        spread[name] = sv
+    mean_x, mean_y = x.mean(axis=0), y.mean(axis=0)
+    var_x = float(np.mean(np.sum((x - mean_x) ** 2, axis=1)))
+    cov = (y - mean_y).T @ (x - mean_x) / len(x)  # [3, 3] cross-covariance gt x est
+    u, d, vt = np.linalg.svd(cov)
+    sign = np.eye(3)
+    if np.linalg.det(u) * np.linalg.det(vt) < 0:
+        sign[2, 2] = -1.0  # a rotation, not a reflection
+    rot = u @ sign @ vt
+    scale = float(np.trace(np.diag(d) @ sign) / var_x) if with_scale else 1.0
+    trans = mean_y - scale * rot @ mean_x
+    lines = [n for n, sv in spread.items() if sv[1] <= 1e-6 * sv[0]]
+    what = f"the {' and the '.join(lines)} lie{'s' if len(lines) == 1 else ''} on a straight line" if lines else \
+        "the estimate and the ground truth move together along fewer than two axes"
+    note = (f"{what}: the rotation about it is not determined; "
+            "aligned with one least-squares solution (ATE RMSE and RPE are the same for all of them, the per-pose "
+            "errors are not)")
+    return rot, trans, scale, note
 
 
 def trajectory_metrics(est_c2w: ArrayLike, gt_c2w: ArrayLike, align: str = "sim3", delta: int = 1,
@@ -230,9 +281,17 @@ def trajectory_metrics(est_c2w: ArrayLike, gt_c2w: ArrayLike, align: str = "sim3
     if delta < 1:
         raise ValueError(f"delta must be >= 1 (got {delta})")
     ref, moved = evo_trajectory(gt, stamps), evo_trajectory(est, stamps)
-    rot, trans, scale = np.eye(3), np.zeros(3), 1.0
+    rot, trans, scale, note = np.eye(3), np.zeros(3), 1.0, ""
     if align != "none":
-        rot, trans, scale = moved.align(ref, correct_scale=align == "sim3")
+        from evo.core.geometry import GeometryException
+
+        try:
+            rot, trans, scale = moved.align(ref, correct_scale=align == "sim3")
+        except GeometryException:  # "Degenerate covariance rank": a straight line, or no motion at all
+            rot, trans, scale, note = line_alignment(moved.positions_xyz, ref.positions_xyz, align == "sim3")
+            if align == "sim3":
+                moved.scale(scale)
+            moved.transform(se3(rot, trans))  # as evo's align applies its own result
     ape = metrics.APE(metrics.PoseRelation.translation_part)
     ape.process_data((ref, moved))
     rpe = {}
@@ -249,6 +308,7 @@ def trajectory_metrics(est_c2w: ArrayLike, gt_c2w: ArrayLike, align: str = "sim3
         rpe_trans_rmse=float(rpe["trans"]["rmse"]), rpe_trans_mean=float(rpe["trans"]["mean"]),
         rpe_rot_rmse_deg=float(rpe["rot"]["rmse"]), rpe_rot_mean_deg=float(rpe["rot"]["mean"]),
         ate_errors=np.asarray(ape.error, np.float64), aligned_positions=np.asarray(moved.positions_xyz, np.float64),
+        alignment_note=note,
     )
 
 
@@ -381,10 +441,12 @@ def pose_auc(est_c2w: ArrayLike, gt_c2w: ArrayLike, thresholds: Sequence[int] = 
 
 __all__ = [
     "AUC_THRESHOLDS_DEG",
+    "DegenerateTrajectory",
     "EVO_MISSING",
     "PoseAUC",
     "TrajectoryMetrics",
     "associate",
+    "line_alignment",
     "data_lines",
     "evo_trajectory",
     "nearest_within",

@@ -324,13 +324,15 @@ class CameraGroupWorker:
         return started
 
     def _run_command(self, item) -> None:
+        """A command (``ros/commands.py``) between two ticks; its ``CommandResult`` goes back to the caller."""
         from ..core.session_events import SessionCause
+        from .commands import ApplyParameters, CommandResult, LoadSession, Reset, SaveSession
 
-        (kind, arg), done, box = item
+        command, done, box = item
         try:
-            if kind == "reset":  # every stream, one new world
+            if isinstance(command, Reset):  # every stream, one new world
                 for name in self.channels:
-                    self.group.manager(name).reset(arg, SessionCause.RESET)
+                    self.group.manager(name).reset(command.reason, SessionCause.RESET)
                 with self.lock:
                     self.rig.reset()
                 self._previous_body = None
@@ -338,17 +340,21 @@ class CameraGroupWorker:
                 self._outputs.clear()
                 if self._outputs.recon is not None:
                     self._outputs.recon.reset()
-                box["result"] = f"every camera's stream restarted ({', '.join(self.channels)}): a new world frame"
                 self._on_view()
-            elif kind == "save_session":
-                box["result"] = self.capture()
-            elif kind == "load_session":
-                box["result"] = self.load(arg)
+                box["result"] = CommandResult(True, f"every camera's stream restarted ({', '.join(self.channels)}): "
+                                                    "a new world frame")
+            elif isinstance(command, SaveSession):
+                box["result"] = CommandResult(True, "captured", capture=self.capture())
+            elif isinstance(command, LoadSession):
+                box["result"] = CommandResult(True, self.load(command.source))
+            elif isinstance(command, ApplyParameters):
+                box["result"] = CommandResult(False, f"{list(command.changed)}: with several cameras the model and "
+                                                     "stream settings apply at the next configure")
             else:
-                box["result"] = f"error: {kind} is not a command of the several-camera mode"
+                box["result"] = CommandResult(False, f"{type(command).__name__} is not a command of the cameras mode")
         except Exception as exc:  # noqa: BLE001 - a command's failure is its answer
-            self._log.error(f"{kind} failed: {type(exc).__name__}: {exc}")
-            box["result"] = f"error: {exc}"
+            self._log.error(f"{type(command).__name__} failed: {type(exc).__name__}: {exc}")
+            box["result"] = CommandResult(False, str(exc))
         finally:
             done.set()
 

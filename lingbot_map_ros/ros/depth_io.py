@@ -36,18 +36,21 @@ class BadDepth(ValueError):
 class GridCache:
     """The sampling indices per (colour size, depth size): computed once, reused for every pair."""
 
-    def __init__(self, stride: int = DEPTH_SAMPLE_STRIDE, width: Callable[[], int] = lambda: 518):
-        """``width``: the model input width now (the ``image_width`` parameter)."""
+    def __init__(self, stride: int = DEPTH_SAMPLE_STRIDE, width: Callable[[], int] = lambda: 518,
+                 max_height: Callable[[], int] = lambda: 0):
+        """``width``: the model input width now (the ``image_width`` parameter); ``max_height``: the
+        preprocessor's height cap (``config.planned_height`` of ``camera_aspect``; 0: the width)."""
         self.stride = stride
         self._width = width
+        self._max_height = max_height
         self._cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     def indices(self, colour_wh: tuple[int, int], depth_wh: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-        width = int(self._width())
-        key = (tuple(colour_wh), tuple(depth_wh), width)
+        width, max_height = int(self._width()), int(self._max_height())
+        key = (tuple(colour_wh), tuple(depth_wh), width, max_height)
         if key not in self._cache:
             try:
-                self._cache[key] = depth_grid_indices(colour_wh, depth_wh, self.stride, width)
+                self._cache[key] = depth_grid_indices(colour_wh, depth_wh, self.stride, width, max_height)
             except ValueError as exc:
                 raise BadDepth("size", str(exc)) from None
             if len(self._cache) > 8:  # sizes only change with the camera: keep a few

@@ -21,8 +21,9 @@ from typing import Any, Callable, Mapping, Optional
 from lingbot_map_ros.msg import FrameStatus
 
 from ..core.session_errors import SessionError
-from ..core.session_manager import Change, InferenceFailed, ManagerView, SessionCapture, SessionCause, SessionStart
-from ..core.session_store import PreparedSession
+from ..core.session_manager import Change, InferenceFailed, ManagerView, SessionCause, SessionStart
+from ..core.session_store import PreparedSession, SessionCapture
+from .commands import ApplyParameters, Command, CommandResult, LoadSession, Reset, SaveSession
 from .frames import Frame, FrameLedger, InputRejected, LatestFrame, stamp_sec
 from .input_size import InputSize
 from .outputs import ResultPublisher
@@ -75,8 +76,8 @@ class WorkQueue:
         self._commands: list = []
         self._stop = False
 
-    def submit(self, command: tuple, wait: float = 0.0) -> Any:
-        """Queue ``(kind, arg)``; with ``wait`` > 0 wait that long for its result (None: not yet)."""
+    def submit(self, command: Command, wait: float = 0.0) -> Optional[CommandResult]:
+        """Queue ``command``; with ``wait`` > 0 wait that long for its result (None: not yet)."""
         done = threading.Event()
         box: dict = {}
         with self._cond:
@@ -144,7 +145,7 @@ class InferenceWorker:
     def offer(self, frame: Frame) -> None:
         self.queue.frames.put(frame)
 
-    def submit(self, command: tuple, wait: float = 0.0) -> Any:
+    def submit(self, command: Command, wait: float = 0.0) -> Optional[CommandResult]:
         return self.queue.submit(command, wait)
 
     def _loop(self) -> None:
@@ -236,24 +237,27 @@ class InferenceWorker:
 
     # ------------------------------------------------------------------ commands
     def _run_command(self, item) -> None:
-        (kind, arg), done, box = item
+        command, done, box = item
         try:
-            if kind == "reset":
-                self.manager.reset(arg, SessionCause.RESET)
-                box["result"] = f"session {self.manager.session_id} started (new world frame)"
-            elif kind == "apply":
-                box["result"] = self._apply_parameters(arg)
-            elif kind == "save_session":
-                box["result"] = self.capture_session()
-            elif kind == "load_session":
-                box["result"] = self.load_session(arg)
+            if isinstance(command, Reset):
+                self.manager.reset(command.reason, SessionCause.RESET)
+                box["result"] = CommandResult(True, f"session {self.manager.session_id} started (new world frame)")
+            elif isinstance(command, ApplyParameters):
+                box["result"] = self._apply_parameters(list(command.changed))
+            elif isinstance(command, SaveSession):
+                box["result"] = CommandResult(True, "session copied", capture=self.capture_session())
+            elif isinstance(command, LoadSession):
+                box["result"] = CommandResult(True, self.load_session(command.source))
+            else:
+                raise TypeError(f"not a command: {command!r}")
         except Exception as exc:
-            self._ledger.record_error(f"{kind} failed: {type(exc).__name__}: {exc}", exc)
-            box["result"] = f"error: {exc}"
+            name = type(command).__name__
+            self._ledger.record_error(f"{name} failed: {type(exc).__name__}: {exc}", exc)
+            box["result"] = CommandResult(False, str(exc))
         finally:
             done.set()
 
-    def _apply_parameters(self, changed: list[str]) -> str:
+    def _apply_parameters(self, changed: list[str]) -> CommandResult:
         """Hand the new settings to the session manager; it decides what they need."""
         manager = self.manager
         runtime, stream = configs_from_values(self._values)
@@ -265,10 +269,10 @@ class InferenceWorker:
             self._ledger.record_error(f"could not build the model for {changed}: {exc}; keeping the previous one "
                                       "and reverting the parameters to the values it runs with", exc)
             self._revert_parameters(manager.host.settings)
-            return f"error: {exc}"
+            return CommandResult(False, str(exc))
         if result.change is Change.NEXT_FRAME:
             self._view.update(manager)
-        return result.change.value  # a new session or model reached on_session_start already
+        return CommandResult(True, result.change.value)  # a new session or model reached on_session_start already
 
     # ------------------------------------------------------------------ saved sessions
     def capture_session(self) -> SessionCapture:

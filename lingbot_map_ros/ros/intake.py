@@ -25,6 +25,7 @@ from sensor_msgs.msg import CompressedImage, Image
 
 from lingbot_map_ros.msg import FrameStatus
 
+from ..core.config import planned_height
 from .frames import Frame, FrameLedger, InputRejected, stamp_sec
 from .input_size import InputSize
 
@@ -73,7 +74,9 @@ class DepthPairing:
         self._base = base  # the topic before remapping: depth, or <camera>/depth
         self._values = values
         self._wanted = wanted
-        self._grid = GridCache(width=lambda: int(values.get("image_width", 518)))
+        self._grid = GridCache(width=lambda: int(values.get("image_width", 518)),
+                               max_height=lambda: planned_height(int(values.get("image_width", 518)),
+                                                                 float(values.get("camera_aspect", 0.0))))
         self._lock = threading.Lock()
         self._sub = None
         self._sync = None

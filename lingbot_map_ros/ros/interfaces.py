@@ -71,20 +71,26 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              "`base_frame`, and the parents the one-parent check looks at"),
     Endpoint("subscription", "/tf_static", "tf2_msgs/msg/TFMessage", "latched", "always",
              "the robot's static transforms (the camera's mounting)"),
+    Endpoint("subscription", "/diagnostics", "diagnostic_msgs/msg/DiagnosticArray", "reliable", "always",
+             "other lingbot_map nodes' `tf` status: which edge each publishes, to name another publisher of "
+             "this node's edge"),
     # --- out, per frame
     Endpoint("publisher", "~/pose", "geometry_msgs/msg/PoseStamped", "reliable",
              "every processed frame (after the scale frames)",
              "the camera (optical frame) pose, or with `base_frame` the body pose, in `world_frame`, stamped with "
              "the image's stamp; metric once the scale is locked (`scale_source`)"),
     Endpoint("publisher", "~/odom", "nav_msgs/msg/Odometry", "reliable", "with `~/pose`",
-             "the same pose; `child_frame_id` = `base_frame` (else the camera frame); covariance unknown (-1); "
-             "a twist from consecutive poses when the scale is metric"),
+             "the same pose; `child_frame_id` = `base_frame` (else the camera frame); covariance "
+             "`pose_covariance_diagonal` / `twist_covariance_diagonal` (default unknown, -1); a twist from "
+             "consecutive poses when the scale is metric"),
     Endpoint("publisher", "~/path", "nav_msgs/msg/Path", "reliable",
              "with every pose up to 1000 poses, then at most twice a second",
              "the current session's poses, at most `path_max_length`"),
-    Endpoint("publisher", "/tf", "tf2_msgs/msg/TFMessage", "reliable", "with `~/pose`, when `publish_tf`",
-             "one edge per frame, `world_frame` -> camera, base or odometry frame (see the TF table); never a "
-             "second parent for a frame"),
+    Endpoint("publisher", "/tf", "tf2_msgs/msg/TFMessage", "reliable", "with `~/pose`, when `publish_tf`; with "
+             "`base_frame` also every `transform_publish_period` s",
+             "one edge, `world_frame` -> camera, base or odometry frame (see the TF table), at the image stamp; "
+             "with `base_frame` the correction is re-sent stamped now + `transform_tolerance`; never a second "
+             "parent for a frame"),
     Endpoint("publisher", "~/frame_status", "lingbot_map_ros/msg/FrameStatus", "reliable",
              "once per received frame (BUFFERED before it while the scale frames are collected)",
              "the frame's final status and its reason: PROCESSED, DROPPED_QUEUE, REJECTED_INPUT, REFUSED_POLICY, "
@@ -180,9 +186,11 @@ TF_EDGES: tuple[TfEdge, ...] = (
     TfEdge("world_frame", "camera_frame", "the image header's `frame_id` (`lingbot_camera` when that is empty too)",
            "`publish_tf` (default true), `base_frame` empty", "the image's stamp", only_if=(("base_frame", False),)),
     TfEdge("world_frame", "base_frame", "-", "`publish_tf`, `base_frame` set, `odom_frame` empty: the body pose",
-           "the image's stamp", only_if=(("base_frame", True), ("odom_frame", False))),
+           "the image's stamp; re-sent every `transform_publish_period` s stamped now + `transform_tolerance`",
+           only_if=(("base_frame", True), ("odom_frame", False))),
     TfEdge("world_frame", "odom_frame", "-", "`publish_tf`, `base_frame` and `odom_frame` set: the map -> odom "
-           "correction over the robot's own odometry (REP 105)", "the image's stamp",
+           "correction over the robot's own odometry (REP 105)",
+           "the image's stamp; re-sent every `transform_publish_period` s stamped now + `transform_tolerance`",
            only_if=(("base_frame", True), ("odom_frame", True))),
 )
 

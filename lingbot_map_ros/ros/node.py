@@ -56,6 +56,7 @@ from rclpy.qos import QoSProfile, QoSReliabilityPolicy
 from lingbot_map_ros.msg import FrameStatus
 
 from ..core.settings import camera_names
+from .commands import ApplyParameters, Command, CommandResult, Reset
 from .diagnostics import COUNTER_NAMES, DIAG_PREFIX, DiagnosticsSnapshot, diagnostic_array
 from .frames import Frame, FrameLedger, InputRejected
 from .input_size import InputSize
@@ -104,6 +105,7 @@ class LingBotMapNode(LifecycleNode):
             raise ValueError("invalid parameters: " + "; ".join(problems))
 
         # Late imports: torch-heavy modules load after parameters are known to be valid.
+        from ..core.config import planned_height
         from ..core.preprocess import FramePreprocessor
         from ..core.session_manager import SessionManager
         from .inference import SessionView
@@ -121,8 +123,9 @@ class LingBotMapNode(LifecycleNode):
         self._t_start = time.monotonic()
 
         self._ledger = FrameLedger(self, session_id=self._current_session_id)
-        self._input_size = InputSize(lambda: FramePreprocessor(fast_resize=bool(self._values["fast_resize"]),
-                                                               width=int(self._values["image_width"])))
+        self._input_size = InputSize(lambda: FramePreprocessor(
+            fast_resize=bool(self._values["fast_resize"]), width=int(self._values["image_width"]),
+            max_height=planned_height(int(self._values["image_width"]), float(self._values["camera_aspect"]))))
         self._session_view = SessionView()
         self._timeline = PipelineTimeline(origin=time.perf_counter())
         # The robot's frames and scale: the depth topic's pairing (scale_source depth) feeds the scale
@@ -137,9 +140,9 @@ class LingBotMapNode(LifecycleNode):
                                                QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE))
         self._params = ParameterHandler(self, self._values, get_view=self._session_view.read,
                                         resubscribe=self._resubscribe, restart_timer=self._restart_timer,
-                                        submit_apply=lambda changed: self._submit(("apply", changed)))
+                                        submit_apply=lambda changed: self._submit(ApplyParameters(tuple(changed))))
         self._node_services = NodeServices(self, self._values, configured=lambda: self._manager is not None,
-                                      submit_reset=lambda reason, wait: self._submit(("reset", reason), wait),
+                                      submit_reset=lambda reason, wait: self._submit(Reset(reason), wait),
                                       state_label=lambda: self._state_label, trajectory=self._outputs.trajectory,
                                       submit=self._submit, prepare_load=self._prepare_load)
         self._diag_timer = self.create_timer(float(self._values["diagnostics_period"]), self._publish_diagnostics)
@@ -325,7 +328,7 @@ class LingBotMapNode(LifecycleNode):
             raise RuntimeError("the node is not configured")
         return manager.prepare_load(path, on_device=staging_choice(self._values))
 
-    def _submit(self, command: tuple, wait: float = 0.0) -> Optional[str]:
+    def _submit(self, command: Command, wait: float = 0.0) -> Optional[CommandResult]:
         if self._cameras is not None:
             return self._cameras.submit(command, wait)
         worker = self._worker

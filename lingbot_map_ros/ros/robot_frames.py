@@ -3,7 +3,8 @@
 ``RobotFrames.place`` turns a finite ``FrameResult`` (the camera's pose in the model's world) into
 what the node publishes for it, on the inference thread:
 
-1. the scale: a depth-camera keyframe ratio or an odometry step goes to the ``ScaleEstimator``;
+1. the scale: a depth-camera keyframe ratio (its depth image awaited up to ``tf_timeout``, like a
+   transform) or an odometry step goes to the ``ScaleEstimator``;
    while it has no lock, the frame's pose outputs are withheld (nothing metric before the scale is
    known) and the frame ends PROCESSED with that note;
 2. the transforms at the image stamp, through ``FrameTree.lookup`` (``tf_timeout``): ``base_frame ->
@@ -44,6 +45,7 @@ from .transforms import FrameTree, NoTransform
 EXTRINSIC_JUMP = (0.01, math.radians(1.0))  # m, rad: a base -> camera change beyond this is a TF jump
 TWIST_MAX_DT = 1.0  # s: poses further apart give no twist (a gap is not a velocity)
 RECENT_S = 5.0  # a missing link or a jump WARNs this long in /diagnostics
+DEPTH_POLL_S = 0.005  # how often a keyframe waiting for its depth partner looks again
 
 
 @dataclass(frozen=True)
@@ -238,7 +240,7 @@ class RobotFrames:
 
     # ------------------------------------------------------------------ scale samples
     def _depth_sample(self, r, header) -> None:
-        grid = self.depth.take(header) if self.depth is not None else None
+        grid = self._depth_partner(header, float(self._values["tf_timeout"]))
         if grid is None:
             self.scale.miss("no depth partner: no depth image paired with this keyframe")
             return
@@ -250,6 +252,22 @@ class RobotFrames:
             self.scale.miss(f"grid mismatch: sensor grid {grid.shape} vs model grid {model.shape}")
             return
         self.scale.add_depth(depth_ratio(grid, model))
+
+    def _depth_partner(self, header, timeout: float):
+        """The keyframe's paired depth, waiting up to ``timeout`` (``tf_timeout``) for it as for a transform:
+        a depth image sent with its colour frame may reach the node after the frame's result."""
+        if self.depth is None:
+            return None
+        deadline = time.monotonic() + timeout
+        while True:
+            grid = self.depth.take(header)
+            if grid is not None or time.monotonic() >= deadline:
+                return grid
+            self._lock.release()  # the executor thread reads the report meanwhile
+            try:
+                time.sleep(DEPTH_POLL_S)
+            finally:
+                self._lock.acquire()
 
     def _log_scale_problems(self) -> None:
         """Once per kind: samples left out (odometry jumps, bad depth), a round that does not lock."""

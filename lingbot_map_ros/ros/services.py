@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 import numpy as np
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.task import Future
 from std_srvs.srv import Trigger
 
-from ..core.session_store import PreparedSession, SessionCapture, SessionFileError
+from ..core.session_store import PreparedSession, SessionFileError
 from ..core.trajectory import write_tum
+from .commands import Command, CommandResult, LoadSession, SaveSession
 
 RESET_WAIT_S = 30.0
 SESSION_WAIT_S = 600.0
@@ -37,14 +38,15 @@ class NodeServices:
     and returns its result (None when it has not run within ``wait``); ``state_label()`` names the
     lifecycle state for a refusal; ``trajectory()`` returns the current session's (stamp, c2w) list
     and its id; ``submit(command, wait)`` runs a command on the inference thread and returns its
-    result (``"error: ..."`` when it raised; a ``SessionCapture`` for a save); ``prepare_load(path)``
+    ``CommandResult`` (None when it has not run within ``wait``; a save's carries the copy); ``prepare_load(path)``
     reads and checks a saved session (``SessionManager.prepare_load``) on the calling thread.
     """
 
     def __init__(self, node, values: Mapping, configured: Callable[[], bool],
-                 submit_reset: Callable[[str, float], Optional[str]],
+                 submit_reset: Callable[[str, float], Optional[CommandResult]],
                  state_label: Callable[[], str], trajectory: Callable[[], tuple[list, Optional[int]]],
-                 submit: Callable[[tuple, float], Any], prepare_load: Callable[[str], PreparedSession]):
+                 submit: Callable[[Command, float], Optional[CommandResult]],
+                 prepare_load: Callable[[str], PreparedSession]):
         self._node = node
         self._values = values
         self._configured = configured
@@ -91,27 +93,26 @@ class NodeServices:
             response.message = f"the node is {self._state_label()}: configure it first"
             return response
         path = os.path.abspath(os.path.expanduser(self._values["session_path"]))
-        command: tuple = (kind, path)
+        command: Command = SaveSession()
         if kind == "load_session":
             try:
-                command = (kind, self._prepare_load(path))  # read, checked and staged while frames go on
+                command = LoadSession(self._prepare_load(path))  # read, checked and staged while frames go on
             except Exception as exc:  # noqa: BLE001 - any refusal is the service's answer; the session is kept
                 response.success, response.message = False, f"error: {exc}"
                 self._node.get_logger().error(f"load_session refused: {exc}")
                 return response
         result = self._submit(command, SESSION_WAIT_S)
-        if isinstance(result, SessionCapture) or hasattr(result, "write"):  # save (one camera, or several
-            # cameras' CamerasCapture): copied between two frames, written here
+        if result is not None and result.capture is not None:  # save: copied between two frames, written here
             try:
-                result = result.write(path).message()
-                self._node.get_logger().info(result)
+                result = CommandResult(True, result.capture.write(path).message())
+                self._node.get_logger().info(result.message)
             except SessionFileError as exc:
-                result = f"error: {exc}"
+                result = CommandResult(False, str(exc))
         if result is None:
             response.success, response.message = False, f"{kind} of {path} did not finish within {SESSION_WAIT_S:.0f} s"
         else:
-            response.success = not result.startswith("error: ")
-            response.message = result
+            response.success = result.ok
+            response.message = result.message if result.ok else f"error: {result.message}"
         return response
 
     def on_reset(self, request, response):
@@ -120,8 +121,8 @@ class NodeServices:
             response.message = f"the node is {self._state_label()}: configure it first"
             return response
         result = self._submit_reset("~/reset called", RESET_WAIT_S)
-        response.success = True
-        response.message = result or "reset queued: applies before the next frame"
+        response.success = result is None or result.ok
+        response.message = result.message if result is not None else "reset queued: applies before the next frame"
         return response
 
     def on_save_trajectory(self, request, response):

@@ -15,6 +15,7 @@ from rclpy.serialization import deserialize_message
 from std_msgs.msg import Header
 from tf2_msgs.msg import TFMessage
 
+from ..core.config import planned_height
 from ..ros.depth_io import BadDepth, GridCache, compressed_depth_grid, image_depth_grid
 from ..ros.robot_frames import Placement, RobotFrames, Withheld
 from ..ros.transforms import FrameTree, NoTransform
@@ -52,7 +53,9 @@ class BagDepth:
         self._messages: Iterator = iter_robot_messages(bag, {topic: "depth"})
         self._pending: list = []  # (stamp ns, message) read but not yet paired
         self._slop_ns = int(float(values["depth_sync_slop"]) * 1e9)
-        self._grid = GridCache(width=lambda: int(values.get("image_width", 518)))
+        self._grid = GridCache(width=lambda: int(values.get("image_width", 518)),
+                               max_height=lambda: planned_height(int(values.get("image_width", 518)),
+                                                                 float(values.get("camera_aspect", 0.0))))
         self._colour_wh = colour_wh
         self.counts: dict[str, int] = {}
         self.problem = ""

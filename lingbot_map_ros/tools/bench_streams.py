@@ -92,7 +92,7 @@ def _timed_ticks(tick: Callable[[int], dict[str, list]], frames: int, steady: in
 def run_batched(base: ModelHost, stream: StreamConfig, n: int, frames: int, pools) -> tuple[StreamsRow, dict]:
     device = base.resolved.device
     _reset_peak(device)
-    group = StreamGroup(base, stream, [f"cam{i}" for i in range(n)], log=lambda m: None)
+    group = StreamGroup(base, stream, [f"cam{i}" for i in range(n)], log=lambda m: None, batch=True)
 
     def tick(i: int) -> dict[str, list]:
         outcomes = group.step({f"cam{s}": (pools[s][i % len(pools[s])], float(i)) for s in range(n)})

@@ -6,6 +6,11 @@ associating the two files by timestamp (TUM's associate rule, ``core/trajectory.
 alignment and both metrics are evo's (``core/trajectory.trajectory_metrics``: the settings of
 ``evo_ape -as`` and ``evo_rpe -as --all_pairs``), so the numbers are the field's standard ones.
 LingBot-Map's translation has no metric scale, hence ``--align sim3`` by default.
+
+A ground truth on a straight line (a robot driving straight) leaves the rotation about the line
+free, and evo refuses it ("Degenerate covariance rank"); the alignment is then one of the equally
+good least-squares solutions (``core/trajectory.line_alignment``), with the same ATE RMSE and RPE
+for all of them, and the report says so. A trajectory that does not move is refused in one line.
 """
 from __future__ import annotations
 
@@ -38,6 +43,7 @@ class Evaluation:
     rpe_rot_mean_deg: float
     rpe_rot_rmse_deg: float
     evo_version: str
+    alignment_note: str = ""  # non-empty: the alignment is one of several equally good ones (a straight line)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,13 +98,15 @@ def evaluate(est_path: str, gt_path: str, align: str = "sim3", max_dt: float = 0
         ate_rmse=res.ate_rmse, ate_mean=res.ate_mean, ate_median=res.ate_median, ate_max=res.ate_max, delta=delta,
         rpe_trans_rmse=res.rpe_trans_rmse, rpe_rot_mean_deg=res.rpe_rot_mean_deg,
         rpe_rot_rmse_deg=res.rpe_rot_rmse_deg, evo_version=str(getattr(evo, "__version__", "?")),
+        alignment_note=res.alignment_note,
     )
 
 
 def report(ev: Evaluation, max_dt: float) -> str:
     lines = [
         f"associated {ev.matched} poses (estimated {ev.est_poses}, reference {ev.gt_poses}, max dt {max_dt:g} s)",
-        f"alignment {ev.align}" + (f": scale {ev.scale:.6g}" if ev.align == "sim3" else ""),
+        f"alignment {ev.align}" + (f": scale {ev.scale:.6g}" if ev.align == "sim3" else "")
+        + (f" (note: {ev.alignment_note})" if ev.alignment_note else ""),
         f"ATE RMSE {ev.ate_rmse:.6g}  (mean {ev.ate_mean:.6g}, median {ev.ate_median:.6g}, max {ev.ate_max:.6g})",
         f"RPE delta {ev.delta} frame(s): translation RMSE {ev.rpe_trans_rmse:.6g}, "
         f"rotation mean {ev.rpe_rot_mean_deg:.6g} deg (RMSE {ev.rpe_rot_rmse_deg:.6g} deg)",

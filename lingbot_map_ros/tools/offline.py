@@ -104,6 +104,8 @@ def robot_values(args: argparse.Namespace) -> dict:
     values = defaults()
     values.update({name: getattr(args, name) for name in ROBOT_OPTIONS})
     values["image_width"] = args.image_width
+    values["camera_aspect"] = args.camera_aspect
+    values["tf_timeout"] = 0.0  # the recording holds every transform and depth image already: nothing to wait for
     return values
 
 
@@ -163,7 +165,10 @@ def frame_source(args: argparse.Namespace):
 
     if args.frames:
         return frame_sources.open_npy(args.frames)
-    prep = FramePreprocessor(width=getattr(args, "image_width", 518))  # the node's preprocessing at --image-width
+    from ..core.config import planned_height
+
+    width = getattr(args, "image_width", 518)  # the node's preprocessing at --image-width (and --camera-aspect)
+    prep = FramePreprocessor(width=width, max_height=planned_height(width, getattr(args, "camera_aspect", 0.0)))
     if args.images:
         return frame_sources.open_images(args.images, stamps_file=args.stamps, fps=args.fps, preprocessor=prep)
     if args.video:

@@ -111,4 +111,96 @@ class Progress:
             self.enabled = False
 
 
-__all__ = ["Progress", "format_seconds"]
+class PoolProgress:
+    """One line for many workers at once (``--ray``): items done of the total, live workers, frames per
+    second of all workers together and the ETA.
+
+    The workers report frames done per item (``ray_runner.ProgressBoard``); ``update_from`` takes
+    that snapshot. The ETA counts the frames left of the running items and, for the items not
+    started yet, the mean length of those seen so far: an estimate until every item has started.
+    Draws like ``Progress`` (terminal only); ``line()`` is what a log gets instead.
+    """
+
+    def __init__(self, total: int, label: str, unit: str = "items", *, stream: Optional[TextIO] = None,
+                 enabled: Optional[bool] = None, min_interval: float = 0.5) -> None:
+        self._bar = Progress(total, label, unit, stream=stream, enabled=enabled, min_interval=min_interval)
+        self.total, self.label, self.unit = total, label, unit
+        self.done = 0
+        self.frames_done = 0  # frames streamed in this run, all workers
+        self.workers = 0
+        self.board: dict[str, dict] = {}
+        self._finished: dict[str, int] = {}  # item -> its frame count, once it ended
+
+    @property
+    def enabled(self) -> bool:
+        return self._bar.enabled
+
+    def finished(self, key: str, frames: int) -> None:
+        """An item ended (done, kept or failed); ``frames``: how many it streamed in this run (counted
+        from here for items whose worker reported none)."""
+        self.done += 1
+        self._finished[key] = frames
+        self._count()
+        self._redraw()
+
+    def update_from(self, board: dict[str, dict], workers: int) -> None:
+        """The workers' latest counts: ``{item: {"frames": N, "done": n, "running": bool, ...}}``."""
+        self.board, self.workers = board, workers
+        self._count()
+        self._redraw()
+
+    def _count(self) -> None:
+        self.frames_done = sum(int(e.get("done", 0)) for e in self.board.values()) + sum(
+            n for k, n in self._finished.items() if k not in self.board)
+
+    def rate(self) -> float:
+        elapsed = time.monotonic() - self._bar._start
+        return self.frames_done / elapsed if elapsed > 0 and self.frames_done else 0.0
+
+    def eta(self) -> Optional[float]:
+        """Seconds left at the current rate; None before any frame or any known item length."""
+        rate = self.rate()
+        lengths = [int(e["frames"]) for e in self.board.values() if e.get("frames")]
+        lengths += [n for k, n in self._finished.items() if k not in self.board and n]
+        if not rate or not lengths:
+            return None
+        running = [e for k, e in self.board.items() if e.get("running") and k not in self._finished]
+        left = sum(max(0, int(e["frames"]) - int(e.get("done", 0))) for e in running)
+        not_started = max(0, self.total - self.done - len(running))
+        left += not_started * (sum(lengths) / len(lengths))
+        return left / rate
+
+    def line(self) -> str:
+        eta = self.eta()
+        rate = self.rate()
+        return (f"[{self.label}] {self.done}/{self.total} {self.unit} done, {self.workers} workers, "
+                f"{self.frames_done} frames at {rate:.2f} frames/s in total, "
+                + (f"ETA {format_seconds(eta)}" if eta is not None and self.done < self.total else
+                   f"elapsed {format_seconds(time.monotonic() - self._bar._start)}"))
+
+    def _redraw(self) -> None:
+        bar = self._bar
+        if bar.enabled and time.monotonic() - bar._last_draw >= bar._min_interval:
+            bar._last_draw = time.monotonic()
+            bar.stream.write("\r\x1b[K" + self.line())
+            bar.stream.flush()
+            bar._drawn = True
+
+    def write(self, message: str) -> None:
+        """Print a message above the line (the line is drawn again after it)."""
+        bar = self._bar
+        if bar.enabled and bar._drawn:
+            bar.stream.write("\r\x1b[K")
+        bar.stream.write(message + "\n")
+        bar.stream.flush()
+        bar._last_draw = 0.0
+        self._redraw()
+
+    def close(self) -> None:
+        if self._bar.enabled:
+            self._bar.stream.write("\r\x1b[K" + self.line() + "\n")
+            self._bar.stream.flush()
+            self._bar.enabled = False
+
+
+__all__ = ["PoolProgress", "Progress", "format_seconds"]

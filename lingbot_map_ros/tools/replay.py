@@ -188,6 +188,13 @@ def replay(args: argparse.Namespace) -> int:
                 return fail(
                     PROG, f"--rate 0 needs the node's {rep.status_topic}; nobody publishes it (check --node)", 1
                 )
+        # what is sent before the node's subscription matched is lost (the first frame's transforms and depth):
+        # wait for the node's own subscriptions (others, a TF monitor say, may listen on /tf already)
+        volatile = [t for t in rep.others if t != "/tf_static"]
+        if volatile and not rep.wait_until(lambda: not _unmatched(rep, volatile, args.node),
+                                           max(args.wait_subscriber, 1.0)):
+            say(f"{args.node} has no subscription on {', '.join(_unmatched(rep, volatile, args.node))} yet; "
+                "publishing anyway")
         rep.spin_for(0.5)  # let the node's side of discovery match our publisher too
         say(f"{args.bag}: {topic_in} ({msgtype}) -> {topic_out}"
             + "".join(f", {t}" for t in robot if t != topic_in) + ", "
@@ -264,6 +271,17 @@ def _publish_loop(rep: _Replayer, messages, store, stamp_seconds, args, say, bar
             rep.rclpy.spin_once(rep.node, timeout_sec=0.0)  # take statuses as they come
         bar.update(1, extra=rep.summary())
     return sent, missing
+
+
+def _unmatched(rep: _Replayer, topics: list[str], node: str) -> list[str]:
+    """The topics on which ``node`` (a fully qualified name) has no subscription yet."""
+    name = node if node.startswith("/") else "/" + node
+
+    def subscribers(topic: str) -> set[str]:
+        return {(i.node_namespace.rstrip("/") + "/" + i.node_name)
+                for i in rep.node.get_subscriptions_info_by_topic(topic)}
+
+    return [t for t in topics if name not in subscribers(t)]
 
 
 def robot_topics(args: argparse.Namespace, image_topic: str) -> dict[str, tuple[str, str]]:

@@ -1,7 +1,7 @@
 """Paged attention through ``torch.nn.functional.scaled_dot_product_attention`` (CPU or GPU, any dtype).
 
 The portable backend and the oracle for faster ones. It avoids the three costs of the official SDPA
-fallback (docs/benchmarks.md): no ``torch.cat`` of the whole cache per frame (K/V stay in preallocated pages and
+fallback (docs/model.md §9.4): no ``torch.cat`` of the whole cache per frame (K/V stay in preallocated pages and
 are gathered with one ``index_select`` per block), no fp32 K cache (pages are in the model dtype),
 and the gather index is built once per step in ``plan`` and shared by every block.
 

@@ -44,6 +44,8 @@ class OfficialResult:
     rpe_rot_deg: float
     auc_macro: Optional[tuple[float, float, float, float]] = None  # AUC@3, @5, @15, @30 (percent)
     auc_micro: Optional[tuple[float, float, float, float]] = None
+    # The point-cloud table: accuracy, completeness, Chamfer (metres), precision, recall, F1 (percent)
+    points: Optional[tuple[float, float, float, float, float, float]] = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,17 @@ class Protocol:
     official: Optional[OfficialResult]
     source: tuple[str, ...]  # files of the official repository (benchmark/...) the facts come from
     notes: tuple[str, ...] = ()
+    # The official scene list: only these scenes count (None: every scene the layout holds), less
+    # ``excluded`` ones. A sequence name's first path part is its scene (``chess/seq-03`` -> chess).
+    scenes: Optional[tuple[str, ...]] = None
+    excluded: tuple[str, ...] = ()
+
+    def is_official_scene(self, sequence: str) -> bool:
+        """Whether the official benchmark runs ``sequence`` (``--all-scenes`` runs the others too)."""
+        scene = sequence.split("/", 1)[0]
+        if scene == ".":
+            return True  # a scene folder given itself: the user chose it
+        return scene not in self.excluded and (self.scenes is None or scene in self.scenes)
 
 
 @dataclass
@@ -147,14 +160,19 @@ def no_pose(n: int) -> np.ndarray:
 
 
 # ----------------------------------------------------------------- the official image steps
-def resize_to_width(rgb: np.ndarray, width: int = OFFICIAL_WIDTH, lanczos: bool = False) -> np.ndarray:
+def resize_to_width(rgb: np.ndarray, width: int = OFFICIAL_WIDTH, lanczos: bool = False,
+                    rounded: bool = False) -> np.ndarray:
     """The official readers' ``load_img_size``: width ``width``, height ``int(width * h / w)`` floored
     to a multiple of 14 (a slight squash, no crop); OpenCV bilinear, or PIL Lanczos (Tanks and
-    Temples). An image already ``width`` wide is kept as it is, as the official readers do."""
+    Temples, Oxford Spires, DROID-W). ``rounded``: the height is rounded before the floor
+    (``round(width * h / w)``, Python's rounding, as the DROID-W reader does). An image already
+    ``width`` wide is kept as it is, as the official readers do (PIL would copy it unchanged)."""
     h, w = rgb.shape[:2]
     if w == width:
         return rgb
-    height = int(width * (float(h) / w)) // PATCH * PATCH
+    # each reader's own expression: int(width * (h / w)), or round(width * h / w) (DROID-W)
+    height = round(width * h / w) if rounded else int(width * (float(h) / w))
+    height = max(height // PATCH * PATCH, PATCH)
     if lanczos:
         from PIL import Image
 

@@ -2,7 +2,8 @@
 
 Layout: ``ROOT/Barn/000001.jpg, 000002.jpg, ...`` (1-indexed) and ``ROOT/Barn/Barn_COLMAP_SfM.log``:
 per image a line ``i i 0`` and the 4 rows of its camera-to-world matrix (the log's entry k is image
-k + 1). The official table's 6 scenes: Barn, Caterpillar, Church, Ignatius, Meetingroom, Truck.
+k + 1). The official table's 6 scenes: Barn, Caterpillar, Church, Ignatius, Meetingroom, Truck; other
+scene folders are found too, and run only with ``--all-scenes``.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ PROTOCOL = Protocol(
     official=OfficialResult(scenes=6, ate=0.210, rpe_trans=0.087, rpe_rot_deg=0.572),
     source=("benchmark/datasets/tnt.py", "benchmark/configs/datasets/tat.yaml", "benchmark/configs/tat.yaml",
             "benchmark/README.md"),
+    scenes=OFFICIAL_SCENES,
 )
 
 
