@@ -208,3 +208,33 @@ def test_tf_edges_are_the_tables(ros_domain_id, tmp_path):
             listener.close()
             rclpy.shutdown(context=ctx)
             assert node.stop() == 0, node.output()[-3000:]
+
+
+def test_per_camera_rows_expand_to_each_camera():
+    values = dict(defaults(), cameras=["front", "rear"], base_frame="base_link")
+    pose = next(e for e in ENDPOINTS if e.name == "~/<name>/pose")
+    assert pose.names_with(values) == ["~/front/pose", "~/rear/pose"]
+    assert pose.names_with(defaults()) == [] and not pose.exists_with(defaults())
+    image = next(e for e in ENDPOINTS if e.name == "image")
+    assert image.names_with(defaults()) == ["image"] and image.names_with(values) == []
+
+
+def test_graph_with_two_cameras_equals_the_table(probe, ros_domain_id, tmp_path):
+    """The several-camera mode: the per-camera rows once per camera, the single camera's inputs gone."""
+    values = dict(defaults(), cameras=["front", "rear"], base_frame="base_link")
+    node = start_node(["-p", "cameras:=[front,rear]", "-p", "base_frame:=base_link"], ros_domain_id, tmp_path)
+    try:
+        assert node.wait_ready(120), node.output()[-3000:]
+        want = {(r.kind, resolve(name, "/", NODE_NAME), r.type) for r in ENDPOINTS + LIFECYCLE + STANDARD
+                for name in r.names_with(values)}
+        got = probe.wait_graph(NODE_NAME, "/", want)
+        assert got == want, diff(got, want)
+        for r in ENDPOINTS:
+            if r.per_camera and r.kind != "service" and r.exists_with(values):
+                for name in r.names_with(values):
+                    want_qos = (QoSReliabilityPolicy.BEST_EFFORT, QoSDurabilityPolicy.VOLATILE) \
+                        if r.qos == "qos_reliability" else QOS_OF[r.qos]
+                    got_qos = probe.qos(r.kind, resolve(name, "/", NODE_NAME), NODE_NAME)
+                    assert got_qos == want_qos, (name, got_qos, want_qos)
+    finally:
+        assert node.stop() == 0, node.output()[-3000:]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 NODE_NAME = "lingbot_map"
+CAMERA = "<name>"  # a per-camera row's placeholder for each name of the setting ``cameras``
 
 # QoS of a row, as the README shows it. "qos_reliability": the image subscription follows that parameter.
 QOS_TEXT = {
@@ -41,31 +42,70 @@ class Endpoint:
     # True: created by configure and removed by cleanup (the model's outputs and the image input);
     # False: from the node's start to its end, in every lifecycle state.
     configured_only: bool = False
+    # True: one per camera of the setting ``cameras`` (``<name>`` in ``name`` stands for each camera's
+    # name); the row exists only when ``cameras`` is set.
+    per_camera: bool = False
+    # True: the single camera's input, which the per-camera rows replace when ``cameras`` is set.
+    without_cameras: bool = False
 
     def exists_with(self, values: Mapping[str, object]) -> bool:
+        if (self.per_camera and not values.get("cameras")) or (self.without_cameras and values.get("cameras")):
+            return False
         return all(values.get(name) == value for name, value in self.only_if)
+
+    def names_with(self, values: Mapping[str, object]) -> list[str]:
+        """The endpoint's names with these settings: one per camera for a per-camera row (none when it does
+        not exist)."""
+        if not self.exists_with(values):
+            return []
+        if self.per_camera:
+            return [self.name.replace(CAMERA, str(camera)) for camera in values.get("cameras") or []]
+        return [self.name]
 
 
 ENDPOINTS: tuple[Endpoint, ...] = (
     # --- in
     Endpoint("subscription", "image", "sensor_msgs/msg/Image", "qos_reliability",
-             "`image_transport: raw` (default)",
+             "`image_transport: raw` (default), `cameras` empty",
              "the camera: rgb8, bgr8, rgba8, bgra8, mono8 and their 16-bit forms; bayer and yuv422 through "
              "cv_bridge. Remap it: `-r image:=/camera/color/image_raw`",
-             only_if=(("image_transport", "raw"),), configured_only=True),
+             only_if=(("image_transport", "raw"),), configured_only=True,
+             without_cameras=True),
     Endpoint("subscription", "image/compressed", "sensor_msgs/msg/CompressedImage", "qos_reliability",
-             "`image_transport: compressed`",
+             "`image_transport: compressed`, `cameras` empty",
              "JPEG or PNG. Remapping `image` also moves `image/compressed`, as image_transport does",
-             only_if=(("image_transport", "compressed"),), configured_only=True),
+             only_if=(("image_transport", "compressed"),), configured_only=True,
+             without_cameras=True),
     Endpoint("subscription", "depth", "sensor_msgs/msg/Image", "qos_reliability",
-             "`scale_source: depth` with `image_transport: raw`",
+             "`scale_source: depth` with `image_transport: raw`, `cameras` empty",
              "a depth image registered to the colour image (16UC1 mm or 32FC1 m), paired by stamp "
              "(`depth_sync_slop`): the metric scale. Remap it to the camera's aligned depth",
-             only_if=(("scale_source", "depth"), ("image_transport", "raw")), configured_only=True),
+             only_if=(("scale_source", "depth"), ("image_transport", "raw")), configured_only=True,
+             without_cameras=True),
     Endpoint("subscription", "depth/compressed", "sensor_msgs/msg/CompressedImage", "qos_reliability",
-             "`scale_source: depth` with `image_transport: compressed`",
+             "`scale_source: depth` with `image_transport: compressed`, `cameras` empty",
              "the same as compressedDepth PNG",
-             only_if=(("scale_source", "depth"), ("image_transport", "compressed")), configured_only=True),
+             only_if=(("scale_source", "depth"), ("image_transport", "compressed")), configured_only=True,
+             without_cameras=True),
+    # --- in, per camera (cameras set: these instead of image, depth and their compressed forms)
+    Endpoint("subscription", "<name>/image", "sensor_msgs/msg/Image", "qos_reliability",
+             "`cameras` set, `image_transport: raw`",
+             "camera `<name>`, the encodings of `image`. Remap it: `-r front/image:=/front_camera/color/image_raw`",
+             only_if=(("image_transport", "raw"),), configured_only=True, per_camera=True),
+    Endpoint("subscription", "<name>/image/compressed", "sensor_msgs/msg/CompressedImage", "qos_reliability",
+             "`cameras` set, `image_transport: compressed`",
+             "camera `<name>`, JPEG or PNG; remapping `<name>/image` also moves it",
+             only_if=(("image_transport", "compressed"),), configured_only=True, per_camera=True),
+    Endpoint("subscription", "<name>/depth", "sensor_msgs/msg/Image", "qos_reliability",
+             "`cameras` set, `scale_source: depth` with `image_transport: raw`",
+             "camera `<name>`'s registered depth, paired by stamp: that stream's metric scale",
+             only_if=(("scale_source", "depth"), ("image_transport", "raw")), configured_only=True,
+             per_camera=True),
+    Endpoint("subscription", "<name>/depth/compressed", "sensor_msgs/msg/CompressedImage", "qos_reliability",
+             "`cameras` set, `scale_source: depth` with `image_transport: compressed`",
+             "the same as compressedDepth PNG",
+             only_if=(("scale_source", "depth"), ("image_transport", "compressed")), configured_only=True,
+             per_camera=True),
     Endpoint("subscription", "/tf", "tf2_msgs/msg/TFMessage", "reliable", "always",
              "the robot's transforms (tf2 listener): `base_frame` -> camera at the image stamp, `odom_frame` -> "
              "`base_frame`, and the parents the one-parent check looks at"),
@@ -118,6 +158,32 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("publisher", "~/map_points", "sensor_msgs/msg/PointCloud2", "latched",
              "`publish_map`, every `map_period` s",
              "the session's bounded voxel map in `world_frame` (same fields)", configured_only=True),
+    # --- out, per camera (cameras set; ~/pose, ~/odom, ~/path and /tf are then the body's, one stream)
+    Endpoint("publisher", "~/<name>/pose", "geometry_msgs/msg/PoseStamped", "reliable",
+             "`cameras` set: every processed frame of camera `<name>` (withheld while its unit is estimated)",
+             "the camera's (optical frame) pose in the one `world_frame`, at the image's stamp",
+             configured_only=True, per_camera=True),
+    Endpoint("publisher", "~/<name>/frame_status", "lingbot_map_ros/msg/FrameStatus", "reliable",
+             "`cameras` set: once per received frame of camera `<name>`",
+             "that frame's final status and its reason (the statuses of `~/frame_status`)",
+             configured_only=True, per_camera=True),
+    Endpoint("publisher", "~/<name>/cache_stats", "lingbot_map_ros/msg/CacheStats", "reliable",
+             "`cameras` set: every processed frame of camera `<name>`",
+             "that camera's counters, its stream's KV-cache pages and frames, RoPE index, latency",
+             configured_only=True, per_camera=True),
+    Endpoint("publisher", "~/<name>/depth", "sensor_msgs/msg/Image", "reliable", "`cameras` set, `publish_depth`",
+             "camera `<name>`'s 32FC1 depth at the model input size, in the world's unit", configured_only=True,
+             per_camera=True),
+    Endpoint("publisher", "~/<name>/depth_confidence", "sensor_msgs/msg/Image", "reliable",
+             "`cameras` set, `publish_depth`", "32FC1 confidence of `~/<name>/depth`", configured_only=True,
+             per_camera=True),
+    Endpoint("publisher", "~/<name>/camera_info", "sensor_msgs/msg/CameraInfo", "reliable",
+             "`cameras` set, `publish_depth`", "camera `<name>`'s estimated intrinsics at the depth image's size",
+             configured_only=True, per_camera=True),
+    Endpoint("publisher", "~/<name>/points", "sensor_msgs/msg/PointCloud2", "reliable",
+             "`cameras` set, `publish_points`, while someone subscribes",
+             "camera `<name>`'s depth in the one `world_frame`; `~/map_points` fuses every camera's",
+             configured_only=True, per_camera=True),
     # --- services
     Endpoint("service", "~/reset", "std_srvs/srv/Trigger", "", "configured (else it answers why not)",
              "start a new session: KV cache emptied, new world frame from the next frame, path and trajectory "
@@ -213,5 +279,5 @@ def resolve(name: str, namespace: str = "/", node_name: str = NODE_NAME,
     return f"{ns}/{name}"
 
 
-__all__ = ["ENDPOINTS", "LIFECYCLE", "NODE_NAME", "QOS_TEXT", "STANDARD", "TF_EDGES", "Endpoint", "TfEdge",
+__all__ = ["CAMERA", "ENDPOINTS", "LIFECYCLE", "NODE_NAME", "QOS_TEXT", "STANDARD", "TF_EDGES", "Endpoint", "TfEdge",
            "resolve"]

@@ -187,6 +187,18 @@ def iter_bag_images(path: PathLike, topic: str = "") -> Iterator[tuple[np.ndarra
         yield message_to_rgb(msg), HeaderStamp(msg.header)
 
 
+def iter_bag_images_of(path: PathLike, topics: Sequence[str]) -> Iterator[tuple[str, np.ndarray, "HeaderStamp"]]:
+    """``(topic, rgb uint8 [H, W, 3], header stamp)`` of several image topics (several cameras of one
+    recording), merged in the bag's order (receive time), as a node subscribed to all of them hears them.
+    Undecodable frames raise ``image_io.UnsupportedImage``, as ``iter_bag_images``."""
+    chosen = {pick_image_topic(path, t)[0] for t in topics}
+    with _Opened(path) as reader:
+        connections = [c for c in reader.connections if c.topic in chosen]
+        for conn, _, raw in reader.messages(connections=connections):
+            msg = reader.deserialize(raw, conn.msgtype)
+            yield conn.topic, message_to_rgb(msg), HeaderStamp(msg.header)
+
+
 def check_first_image(path: PathLike, topic: str = "") -> tuple[str, str, int]:
     """Decode the first image of the topic before any work: ``(topic, msgtype, message count)``.
 
@@ -476,6 +488,28 @@ def write_image_bag(
     return write_messages_bag(path, topic, msgtype, items, storage=storage, frame_id=frame_id)
 
 
+def write_cameras_bag(path: PathLike, cameras: dict[str, tuple[Sequence[np.ndarray], Sequence[float]]],
+                      storage: str = "mcap") -> Path:
+    """A recording of several cameras (tests): ``cameras`` topic -> (RGB uint8 frames [H, W, 3], header
+    stamps in s), raw rgb8 ``Image`` messages received at their stamps, frame_id ``<topic>_optical``.
+    rosbag2 only (``mcap``/``sqlite3``)."""
+    store = _typestore()
+    header_t, time_t, image_t = (store.types[t] for t in ("std_msgs/msg/Header", "builtin_interfaces/msg/Time",
+                                                          IMAGE_TYPE))
+    items = []
+    for topic, (frames, stamps) in cameras.items():
+        frames, stamps = list(frames), list(stamps)
+        if len(frames) != len(stamps):
+            raise ValueError(f"{topic}: {len(frames)} frames but {len(stamps)} stamps")
+        frame_id = topic.strip("/").replace("/", "_") + "_optical"
+        for frame, stamp in zip(frames, stamps):
+            sec, nsec = _split_stamp(stamp)
+            header = header_t(stamp=time_t(sec=sec, nanosec=nsec), frame_id=frame_id)
+            items.append((topic, sec * 1_000_000_000 + nsec, image_t(header=header, **image_fields(frame))))
+    items.sort(key=lambda item: item[1])
+    return write_robot_bag(path, {t: IMAGE_TYPE for t in cameras}, items, storage=storage)
+
+
 __all__ = [
     "BagError",
     "HeaderStamp",
@@ -483,9 +517,11 @@ __all__ = [
     "TF_TYPE",
     "bag_recording_info",
     "bag_typestore",
+    "iter_bag_images_of",
     "iter_robot_messages",
     "message_cdr",
     "pick_depth_topic",
+    "write_cameras_bag",
     "tf_topics",
     "to_ros2",
     "write_robot_bag",

@@ -26,6 +26,10 @@ plus a registered 32FC1 depth image for ``depth``) and the node runs with ``base
 scale cost the inference thread per frame (target <= 0.5 ms), as the node measures it: wall time,
 and the thread's own CPU time (the verdict), which other threads and processes do not inflate.
 
+``--cameras N`` runs the several-camera mode on an emulated rig of N cameras and prints the node's own
+time per camera per frame instead (``overhead_cameras.py``: TF, anchoring, hand-over, publishing; target
+<= 0.5 ms).
+
 Prints a table (median / p90 / max in ms) and whether the targets (<= 5 ms, <= 0.5 ms) are met.
 """
 from __future__ import annotations
@@ -55,7 +59,9 @@ def _pct(values, q):
 class _Robot:
     """The robot's side for ``--robot``: static camera mount, odometry at each image stamp, depth."""
 
-    def __init__(self, listener, camera_frame: str, size: tuple[int, int], with_depth: bool):
+    def __init__(self, listener, camera_frame: str, size: tuple[int, int], with_depth: bool, mounts=None):
+        """``mounts``: ``[(link, optical frame, xyz, quaternion xyzw of base_link -> link)]`` of several
+        cameras (``--cameras``); default the one camera 0.2 m ahead of the body looking forward."""
         import numpy as np
         import tf2_ros
         from geometry_msgs.msg import TransformStamped
@@ -66,8 +72,10 @@ class _Robot:
         node = listener.node
         self._moving = tf2_ros.TransformBroadcaster(node)
         self._static = tf2_ros.StaticTransformBroadcaster(node)  # kept: it owns the latched publisher
-        self._static.sendTransform([self._tf("base_link", "camera_link", (0.2, 0.0, 0.45), (0, 0, 0, 1), 0),
-                                    self._tf("camera_link", camera_frame, (0, 0, 0), (-0.5, 0.5, -0.5, 0.5), 0)])
+        mounts = mounts or [("camera_link", camera_frame, (0.2, 0.0, 0.45), (0, 0, 0, 1))]
+        self._static.sendTransform([t for link, optical, xyz, q in mounts
+                                    for t in (self._tf("base_link", link, xyz, q, 0),
+                                              self._tf(link, optical, (0, 0, 0), (-0.5, 0.5, -0.5, 0.5), 0))])
         self._depth_pub = node.create_publisher(
             Image, "/lingbot_overhead/depth", QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE)) \
             if with_depth else None
@@ -147,6 +155,9 @@ def main(argv=None) -> int:
                    help="send at this many Hz like a camera (0: one at a time, each after the previous pose)")
     p.add_argument("--robot", choices=("none", "odometry", "depth"), default="none",
                    help="run on an emulated robot: base_frame, odom_frame and this scale_source (TF + scale row)")
+    p.add_argument("--cameras", type=int, default=0, help="the several-camera mode with this many emulated "
+                   "cameras (2..8) on a rig this tool plays (base_frame, odom_frame): a table of the node's own time "
+                   "per camera per frame (TF, anchoring, hand-over, publishing; target <= 0.5 ms); 0: one camera")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
     p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (default: env or derived)")
     # the node parameters it sets: names, types, ranges and help from the settings table; its own
@@ -158,6 +169,18 @@ def main(argv=None) -> int:
         p.error(f"--frames must exceed --scale-frames ({args.scale_frames}): scale frames are not measured")
     if args.rate < 0:
         p.error("--rate must be >= 0")
+    if args.cameras:
+        from ..core.settings import MAX_CAMERAS
+
+        if not 2 <= args.cameras <= MAX_CAMERAS:
+            p.error(f"--cameras must be 0 or 2..{MAX_CAMERAS} (got {args.cameras})")
+        if args.robot != "none" or args.rate > 0:
+            p.error("--cameras runs its own rig, one frame of every camera at a time: without --robot and --rate")
+        from .overhead_cameras import run_cameras
+
+        return run_cameras(args, {
+            **{name: getattr(args, name) for name in OVERHEAD_OPTIONS},
+            "checkpoint": os.path.abspath(args.checkpoint) if args.checkpoint else ""})
 
     from .node_client import (
         DEMO_CAMERA_FRAME,

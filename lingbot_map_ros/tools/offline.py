@@ -11,6 +11,9 @@ the cameras refer to (``DIR/images``). Both run the depth head. Saved sessions (
 continues a saved one, so a second recording is processed in the world of the first (``--no-mapping``:
 localization only, the loaded map is not changed). Frames are read one at a time
 (an ``.npy`` is memory-mapped) and only frames still waiting for their result are kept.
+
+Several cameras of one bag (``--topic /front/image --topic /rear/image``) run as the node's
+several-camera mode does, one stream per camera over one model: ``offline_cameras.py``.
 """
 from __future__ import annotations
 
@@ -54,7 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--video", help="video file, preprocessed as the node does; stamps: the container's timestamps")
     src.add_argument("--bag", help="rosbag2 folder (mcap or sqlite3) or ROS 1 .bag file with Image/CompressedImage "
                      "messages; stamps: the message headers")
-    p.add_argument("--topic", default="", help="image topic inside --bag (default: the only image topic)")
+    p.add_argument("--topic", action="append", default=[], help="image topic inside --bag (default: the only image "
+                   "topic); several --topic options: several cameras of one bag, one stream each through one model "
+                   "(the node's several-camera mode), one output per camera named after it: --out run.npz -> "
+                   "run.front.npz, run.rear.npz (--tum likewise)")
+    p.add_argument("--camera-name", action="append", default=[], help="with several --topic: the cameras' names, "
+                   "in the order of the topics (default: each topic's first name, /front/image -> front)")
     p.add_argument("--depth-topic", default="", help="--bag: the depth topic registered to the colour image "
                    "(scale_source depth), paired by stamp as the node pairs it")
     p.add_argument("--stamps", default="", help="--images: stamps file, one stamp (s) per image in name order, or "
@@ -233,7 +241,19 @@ def main(argv: list[str] | None = None) -> int:
         check_session_args(parser, args)  # settings and the checkpoint file: one line, exit 2
     except SystemExit as exc:  # --help, or a usage error already printed: a return code for in-process callers
         return int(exc.code or 0)
+    args.topics, args.topic = list(args.topic), (args.topic[0] if len(args.topic) == 1 else "")
+    if len(args.topics) > 1:  # several cameras of one bag (offline_cameras.py)
+        from .offline_cameras import check_camera_args, check_topics, run_cameras
+
+        try:
+            cameras = check_camera_args(args)
+            description = check_topics(args, cameras)
+        except UsageError as exc:
+            return fail(PROG, str(exc))
+        return run_cameras(args, cameras, description)
     try:
+        if args.camera_name:
+            raise UsageError("--camera-name names the cameras of several --topic options")
         check_outputs(args)
         source = frame_source(args)
     except UsageError as exc:
