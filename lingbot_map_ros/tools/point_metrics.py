@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.geometry import umeyama_sim3 as fit_sim3
+
 # Dataset -> the official evaluation threshold (metres) and ICP settings.
 EVAL_THRESHOLDS = {"7scenes": 0.05, "nrgbd": 0.05, "eth3d": 0.25}
 ICP_MAX_DISTANCE = 0.1  # configs/seven_scenes.yaml, eth3d.yaml, neural_rgbd.yaml: icp_threshold
@@ -80,24 +82,13 @@ def cloud_metrics(predicted: np.ndarray, reference: np.ndarray, threshold: float
 
 
 def umeyama_sim3(source: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """4x4 similarity ``T`` minimising ``sum |target_i - T source_i|^2`` over corresponding points
-    (Umeyama 1991, float64, reflection-safe)."""
+    """4x4 similarity ``T`` minimising ``sum |target_i - T source_i|^2`` over corresponding points:
+    the package's one Umeyama fit (``core.geometry.umeyama_sim3``, float64, reflection-safe) as a matrix."""
     x, y = _xyz(source, "source"), _xyz(target, "target")
     if x.shape != y.shape:
         raise ValueError(f"corresponding points needed: {x.shape} vs {y.shape}")
-    mx, my = x.mean(0), y.mean(0)
-    xc, yc = x - mx, y - my
-    cov = yc.T @ xc / len(x)  # [3, 3]
-    u, d, vt = np.linalg.svd(cov)
-    s = np.eye(3)
-    if np.linalg.det(u) * np.linalg.det(vt) < 0:
-        s[2, 2] = -1.0
-    r = u @ s @ vt
-    scale = float(np.trace(np.diag(d) @ s) / (xc**2).sum(1).mean())
-    out = np.eye(4)
-    out[:3, :3] = scale * r
-    out[:3, 3] = my - scale * r @ mx
-    return out
+    scale, rot, trans = fit_sim3(x, y)
+    return _matrix(scale * rot, trans)
 
 
 def transform(points: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -153,15 +144,15 @@ def icp_point_to_point(source: np.ndarray, target: np.ndarray, max_distance: flo
 
 
 def _kabsch(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    mx, my = x.mean(0), y.mean(0)
-    u, _, vt = np.linalg.svd((y - my).T @ (x - mx))
-    s = np.eye(3)
-    if np.linalg.det(u) * np.linalg.det(vt) < 0:
-        s[2, 2] = -1.0
-    r = u @ s @ vt
+    """The rigid fit of one ICP step: Umeyama without scale."""
+    _, rot, trans = fit_sim3(x, y, with_scale=False)
+    return _matrix(rot, trans)
+
+
+def _matrix(linear: np.ndarray, trans: np.ndarray) -> np.ndarray:
     out = np.eye(4)
-    out[:3, :3] = r
-    out[:3, 3] = my - r @ mx
+    out[:3, :3] = linear
+    out[:3, 3] = trans
     return out
 
 
