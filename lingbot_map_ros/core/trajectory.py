@@ -19,7 +19,7 @@ from typing import Iterator, Optional, Sequence, Union
 import numpy as np
 
 from .files import atomic_open
-from .geometry import quaternion_to_matrix, quaternion_xyzw_from_matrix, se3
+from .geometry import quaternion_to_matrix, quaternion_xyzw_from_matrix, se3, umeyama_sim3
 
 ArrayLike = Union[np.ndarray, Sequence[float], Sequence[Sequence[float]]]
 
@@ -237,16 +237,7 @@ def line_alignment(est_xyz: np.ndarray, gt_xyz: np.ndarray, with_scale: bool) ->
                 f"the {name} does not move (all {len(pts)} positions within {sv[0]:.2g} of their mean): "
                 "no alignment can be fitted; ATE and RPE need a moving camera")
         spread[name] = sv
-    mean_x, mean_y = x.mean(axis=0), y.mean(axis=0)
-    var_x = float(np.mean(np.sum((x - mean_x) ** 2, axis=1)))
-    cov = (y - mean_y).T @ (x - mean_x) / len(x)  # [3, 3] cross-covariance gt x est
-    u, d, vt = np.linalg.svd(cov)
-    sign = np.eye(3)
-    if np.linalg.det(u) * np.linalg.det(vt) < 0:
-        sign[2, 2] = -1.0  # a rotation, not a reflection
-    rot = u @ sign @ vt
-    scale = float(np.trace(np.diag(d) @ sign) / var_x) if with_scale else 1.0
-    trans = mean_y - scale * rot @ mean_x
+    scale, rot, trans = umeyama_sim3(x, y, with_scale=with_scale)  # the closed form attains the minimum at any rank
     lines = [n for n, sv in spread.items() if sv[1] <= 1e-6 * sv[0]]
     what = f"the {' and the '.join(lines)} lie{'s' if len(lines) == 1 else ''} on a straight line" if lines else \
         "the estimate and the ground truth move together along fewer than two axes"
