@@ -185,6 +185,7 @@ def test_stream_poses_frames_tf_and_cache(env):
     assert all(len(p.poses) <= 5 for p in rx.paths)
     last_path = [p for p in rx.paths if p.poses and stamp_ns(p.poses[-1].header.stamp) == stamps[-1]][0]
     assert [stamp_ns(p.header.stamp) for p in last_path.poses] == stamps[-5:]
+    assert [p.pose for p in last_path.poses] == [rx.poses[s].pose for s in stamps[-5:]]  # the ~/pose values
     assert last_path.header.frame_id == WORLD
     # /tf: world -> camera frame of the image, at the image stamps
     assert lst.wait_for(lambda r: sum(len(m.transforms) for m in r.tf) >= len(stamps), 10)

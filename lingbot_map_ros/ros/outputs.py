@@ -65,6 +65,10 @@ class ResultPublisher:
         self._depth_pub = node.create_publisher(Image, "~/depth", reliable10)
         self._lock = threading.Lock()  # path and trajectory (inference thread <-> ~/save_trajectory)
         self._path: collections.deque = collections.deque(maxlen=int(values["path_max_length"]))
+        # each pose of _path serialized once (rosmsg.pose_bytes): a send joins them, it does not convert
+        # every pose again (None: this middleware's bytes cannot be joined, Path messages are sent)
+        self._path_bytes: Optional[collections.deque] = (collections.deque(maxlen=self._path.maxlen)
+                                                         if rosmsg.path_bytes_agree() else None)
         # (stamp seconds, c2w) of the current session, bounded: a window-policy session never ends
         self._trajectory: collections.deque = collections.deque(maxlen=int(values["trajectory_max_length"]))
         self._path_last_pub = -1e9
@@ -76,6 +80,8 @@ class ResultPublisher:
         and scale start over."""
         with self._lock:
             self._path.clear()
+            if self._path_bytes is not None:
+                self._path_bytes.clear()
             self._trajectory.clear()
         self.robot.begin_session()
 
@@ -101,6 +107,9 @@ class ResultPublisher:
             self._trajectory = collections.deque(poses, maxlen=int(self._values["trajectory_max_length"]))
             self._path = collections.deque((rosmsg.pose_from_row(row, world) for row in state.get("path", [])),
                                            maxlen=int(self._values["path_max_length"]))
+            if self._path_bytes is not None:
+                self._path_bytes = collections.deque((rosmsg.pose_bytes(p) for p in self._path),
+                                                     maxlen=self._path.maxlen)
             self._published_session = session_id
         if state.get("robot"):
             self.robot.restore_session(state["robot"], session_id)
@@ -177,20 +186,28 @@ class ResultPublisher:
         with self._lock:
             if self._path.maxlen != int(values["path_max_length"]):
                 self._path = collections.deque(self._path, maxlen=int(values["path_max_length"]))
+                if self._path_bytes is not None:
+                    self._path_bytes = collections.deque(self._path_bytes, maxlen=self._path.maxlen)
             self._path.append(pose)
+            if self._path_bytes is not None:
+                self._path_bytes.append(rosmsg.pose_bytes(pose))
             if self._trajectory.maxlen != int(values["trajectory_max_length"]):
                 self._trajectory = collections.deque(self._trajectory, maxlen=int(values["trajectory_max_length"]))
             self._trajectory.append((stamp_sec(header.stamp), pose_matrix.copy()))
-            path_poses = None
+            path = None
             now = time.monotonic()
-            # A long Path costs ~4 ms per 1000 poses to send: every frame up to PATH_EVERY_FRAME poses,
-            # then at most every PATH_MIN_PERIOD seconds (and only when someone listens).
+            # Sent with every pose up to PATH_EVERY_FRAME poses, then at most every PATH_MIN_PERIOD seconds
+            # (and only when someone listens): the join of a long path's bytes is cheap, but its transport
+            # (about 90 bytes a pose) is not, nor a Path message's conversion without them.
             if self._path_pub.get_subscription_count() > 0 and (
                     len(self._path) <= PATH_EVERY_FRAME or now - self._path_last_pub >= PATH_MIN_PERIOD):
-                path_poses = list(self._path)
+                if self._path_bytes is not None:
+                    path = rosmsg.path_bytes(pose.header, self._path[0], list(self._path_bytes)[1:])
+                else:
+                    path = rosmsg.path_message(pose.header, list(self._path))
                 self._path_last_pub = now
-        if path_poses is not None:
-            self._path_pub.publish(rosmsg.path_message(pose.header, path_poses))
+        if path is not None:
+            self._path_pub.publish(path)
 
         if tf is not None:
             # a correction (with base_frame) is re-sent between frames; a camera pose is not (it is a
