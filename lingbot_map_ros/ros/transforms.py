@@ -30,8 +30,10 @@ import time
 from typing import Callable, Optional
 
 import numpy as np
+from geometry_msgs.msg import TransformStamped
 from rclpy.duration import Duration
 from rclpy.time import Time
+from std_msgs.msg import Header
 from tf2_ros import Buffer, TransformBroadcaster, TransformException, TransformListener
 
 from ..core.geometry import transform_matrix
@@ -200,13 +202,15 @@ class FrameTree:
     def send(self, parent: str, child: str, stamp, matrix: np.ndarray, repeat: bool = False) -> None:
         """A placed frame's edge at its image stamp. ``repeat`` (a correction: ``world -> odom`` or
         ``world -> base``, not a camera pose): kept for the timer, and with the timer on sent at once
-        stamped ``now + transform_tolerance`` too (so the newest future-stamped sample carries it)."""
+        stamped ``now + transform_tolerance`` too (so the newest future-stamped sample carries it), in the
+        same /tf message."""
         with self._lock:
             if repeat:
                 self._latest = (parent, child, matrix)
-        self._publish(parent, child, stamp, matrix)
+        stamps = [stamp]
         if repeat and self._repeat_timer is not None and self.repeating:
-            self._repeat()
+            stamps.append(self._ahead())
+        self._publish(parent, child, stamps, matrix)
 
     def forget(self) -> None:
         """A new session: the old correction places nothing in the new world; nothing is re-sent until
@@ -220,19 +224,29 @@ class FrameTree:
             latest = self._latest if self.repeating else None
         if latest is None:
             return
-        ahead = Duration(seconds=max(0.0, float(self._tolerance())))
-        self._publish(latest[0], latest[1], (self._node.get_clock().now() + ahead).to_msg(), latest[2])
+        self._publish(latest[0], latest[1], [self._ahead()], latest[2])
 
-    def _publish(self, parent: str, child: str, stamp, matrix: np.ndarray) -> None:
-        msg = rosmsg.transform_stamped(matrix, stamp, parent, child)
-        tr, q = msg.transform.translation, msg.transform.rotation
+    def _ahead(self):
+        """``now + transform_tolerance`` as a stamp: what a repeated correction carries."""
+        ahead = Duration(seconds=max(0.0, float(self._tolerance())))
+        return (self._node.get_clock().now() + ahead).to_msg()
+
+    def _publish(self, parent: str, child: str, stamps: list, matrix: np.ndarray) -> None:
+        """``parent -> child`` = ``matrix`` at each of ``stamps``, in one /tf message (one conversion of the
+        matrix, one send)."""
+        first = rosmsg.transform_stamped(matrix, stamps[0], parent, child)
+        msgs = [first] + [TransformStamped(header=Header(stamp=s, frame_id=parent), child_frame_id=child,
+                                           transform=first.transform) for s in stamps[1:]]
+        tr, q = first.transform.translation, first.transform.rotation
+        values = (tr.x, tr.y, tr.z, q.x, q.y, q.z, q.w)
         with self._lock:  # remembered before it goes out: its echo may come back at once
             sent = self._sent.setdefault((parent, child), collections.OrderedDict())
-            sent[Time.from_msg(stamp).nanoseconds] = (tr.x, tr.y, tr.z, q.x, q.y, q.z, q.w)
+            for msg in msgs:
+                sent[Time.from_msg(msg.header.stamp).nanoseconds] = values
             while len(sent) > SENDS_KEPT:
                 sent.popitem(last=False)
         if self._broadcaster is not None:
-            self._broadcaster.sendTransform(msg)
+            self._broadcaster.sendTransform(msgs)
 
     def destroy(self) -> None:
         if self._node is None:
