@@ -102,6 +102,24 @@ def test_quaternion_from_matrix_round_trip() -> None:
     np.testing.assert_allclose(g.quaternion_to_matrix(out), rots, atol=1e-12)
 
 
+def test_quaternion_of_one_matrix_is_the_batched_one() -> None:
+    """One [3, 3] matrix takes a scalar path: the same quaternion as the same matrix in a batch (the
+    array path), the hard cases included, and the same NaN for a non-finite matrix."""
+    rng = np.random.default_rng(5)
+    qs = rng.normal(size=(300, 4))
+    qs[:4] = [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 1e-12], [0, 0, 0, 1]]
+    qs[4:8] = [[1, 1, 0, 0], [0, 1, 1, 0], [1, 0, 1, 0], [1e-9, -2e-9, 3e-9, -1]]  # ties of the pivots, w < 0
+    rots = np.stack([reference_rotation(q) for q in qs])
+    batched = g.quaternion_xyzw_from_matrix(rots)
+    for rot, expected in zip(rots, batched):
+        np.testing.assert_allclose(g.quaternion_xyzw_from_matrix(rot), expected, rtol=0, atol=1e-15)
+    bad = rots[10].copy()
+    bad[1, 2] = np.nan
+    np.testing.assert_array_equal(g.quaternion_xyzw_from_matrix(bad), g.quaternion_xyzw_from_matrix(bad[None])[0])
+    zero = np.zeros((3, 3))
+    np.testing.assert_array_equal(g.quaternion_xyzw_from_matrix(zero), g.quaternion_xyzw_from_matrix(zero[None])[0])
+
+
 def test_normalize_quaternion() -> None:
     q = g.normalize_quaternion([0, 0, 3, 4])
     np.testing.assert_allclose(q, [0, 0, 0.6, 0.8])

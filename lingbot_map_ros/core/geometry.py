@@ -80,6 +80,10 @@ def quaternion_xyzw_from_matrix(rot: ArrayLike) -> np.ndarray:
     standardisation (docs/model.md §15).
     """
     m = _as_f64(rot)
+    if m.shape == (3, 3):
+        one = _quaternion_xyzw_of_one(m)
+        if one is not None:
+            return one
     m00, m01, m02 = m[..., 0, 0], m[..., 0, 1], m[..., 0, 2]
     m10, m11, m12 = m[..., 1, 0], m[..., 1, 1], m[..., 1, 2]
     m20, m21, m22 = m[..., 2, 0], m[..., 2, 1], m[..., 2, 2]
@@ -97,6 +101,31 @@ def quaternion_xyzw_from_matrix(rot: ArrayLike) -> np.ndarray:
     q = np.take_along_axis(cands, choice[..., None, None], axis=-2)[..., 0, :]
     q = q / np.linalg.norm(q, axis=-1, keepdims=True)
     return np.where(q[..., 3:4] < 0, -q, q)
+
+
+def _quaternion_xyzw_of_one(m: np.ndarray) -> Optional[np.ndarray]:
+    """``quaternion_xyzw_from_matrix`` of one finite [3, 3] matrix, the same formulas and choice in Python
+    floats: the array form costs tens of microseconds of NumPy calls per matrix, and the node converts
+    several poses per frame. None for a non-finite matrix (the array form decides what it gives)."""
+    (m00, m01, m02), (m10, m11, m12), (m20, m21, m22) = m.tolist()
+    tr = m00 + m11 + m22
+    if not math.isfinite(tr + m01 + m02 + m10 + m12 + m20 + m21):
+        return None
+    pivots = (m00, m11, m22, tr)
+    choice = pivots.index(max(pivots))  # the first largest, as np.argmax
+    if choice == 0:
+        q = (1 + 2 * m00 - tr, m10 + m01, m20 + m02, m21 - m12)
+    elif choice == 1:
+        q = (m01 + m10, 1 + 2 * m11 - tr, m21 + m12, m02 - m20)
+    elif choice == 2:
+        q = (m02 + m20, m12 + m21, 1 + 2 * m22 - tr, m10 - m01)
+    else:
+        q = (m21 - m12, m02 - m20, m10 - m01, 1 + tr)
+    norm = math.sqrt(q[0] * q[0] + q[1] * q[1] + q[2] * q[2] + q[3] * q[3])
+    if norm == 0.0:  # not a rotation
+        return None
+    sign = -1.0 if q[3] / norm < 0 else 1.0
+    return np.array([sign * v / norm for v in q])
 
 
 # ---------------------------------------------------------------------------------------------
