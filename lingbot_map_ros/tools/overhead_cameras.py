@@ -15,8 +15,9 @@ What is measured is what the node measures itself, per camera, on its inference 
 model (``/diagnostics``, ``lingbot_map: camera <name>``): placing a result (the TF lookup of
 ``base_frame -> camera`` at the image stamp, the scale, the rig's anchoring and hand-over) and placing
 plus publishing (the camera's pose, the body pose, odometry, path and /tf when it drives, its cache
-statistics and frame status), as wall time and as the thread's own CPU time (the verdict, which other
-threads and processes do not inflate). The rows are medians over the run, as the node reports them.
+statistics and frame status; this process reads every one of them, as a user watching them all would),
+as wall time and as the thread's own CPU time (the verdict, which other threads and processes do not
+inflate). The rows are medians over the run, as the node reports them.
 """
 from __future__ import annotations
 
@@ -64,10 +65,11 @@ def run_cameras(args, options: dict) -> int:
 
     prepare_ros_env(args.domain_id)  # before rclpy
     import rclpy
+    from geometry_msgs.msg import PoseStamped
     from rclpy.qos import QoSProfile, QoSReliabilityPolicy
     from sensor_msgs.msg import Image
 
-    from lingbot_map_ros.msg import FrameStatus
+    from lingbot_map_ros.msg import CacheStats, FrameStatus
 
     names = camera_names(args.cameras)
     tmp = tempfile.mkdtemp(prefix="lingbot_overhead_")
@@ -107,6 +109,10 @@ def run_cameras(args, options: dict) -> int:
     for n in names:
         listener.node.create_subscription(FrameStatus, f"/lingbot_map/{n}/frame_status", on_status(n),
                                           QoSProfile(depth=100))
+        # every per-camera output has a reader, as for a user who watches them all: each is delivered, and
+        # its delivery is in the measurement (a publisher without a matched reader sends nothing)
+        listener.node.create_subscription(PoseStamped, f"/lingbot_map/{n}/pose", lambda _msg: None, reliable)
+        listener.node.create_subscription(CacheStats, f"/lingbot_map/{n}/cache_stats", lambda _msg: None, reliable)
     report: dict[str, dict[str, str]] = {}
     try:
         if not node.wait_ready(180) or not _connected(listener, pubs, names, 30):
@@ -165,7 +171,8 @@ def _connected(listener, pubs: dict, names: list[str], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if all(pubs[n].get_subscription_count() > 0
-               and listener.node.count_publishers(f"/lingbot_map/{n}/frame_status") > 0 for n in names):
+               and all(listener.node.count_publishers(f"/lingbot_map/{n}/{topic}") > 0
+                       for topic in ("frame_status", "pose", "cache_stats")) for n in names):
             time.sleep(0.3)
             return True
         time.sleep(0.1)
