@@ -36,9 +36,17 @@ def ros_node(ros_domain_id):
         rclpy.shutdown(context=ctx)
 
 
-def _capture(tree: FrameTree) -> list:
+def _capture(tree: FrameTree, messages: list | None = None) -> list:
+    """The transforms that would go out on /tf, in order; ``messages`` gets each /tf message's count."""
     sent: list = []
-    tree._broadcaster.sendTransform = sent.append  # what would go out on /tf
+
+    def send(transforms) -> None:
+        batch = transforms if isinstance(transforms, list) else [transforms]
+        if messages is not None:
+            messages.append(len(batch))
+        sent.extend(batch)
+
+    tree._broadcaster.sendTransform = send
     return sent
 
 
@@ -48,15 +56,18 @@ def _ns(stamp) -> int:
 
 def test_the_correction_is_re_sent_stamped_ahead_and_forgotten_with_the_session(ros_node):
     tree = FrameTree(ros_node, repeat_period=0.05, tolerance=lambda: 0.5)
-    sent = _capture(tree)
+    messages: list = []
+    sent = _capture(tree, messages)
     correction = se3(np.eye(3), [1.0, 2.0, 0.5])
     tree._repeat()
     assert sent == []  # nothing placed yet: nothing to re-send
     tree.repeating = True
     image_stamp = Time(nanoseconds=1_000_000_000).to_msg()
     tree.send("map", "odom", image_stamp, correction, repeat=True)
-    # at the image stamp, then at once stamped now + tolerance
-    assert len(sent) == 2 and _ns(sent[0].header.stamp) == 1_000_000_000
+    # at the image stamp, then at once stamped now + tolerance, in one /tf message
+    assert len(sent) == 2 and _ns(sent[0].header.stamp) == 1_000_000_000 and messages == [2]
+    assert _ns(sent[1].header.stamp) > ros_node.get_clock().now().nanoseconds  # ahead by the tolerance
+    assert sent[1].transform == sent[0].transform and sent[1].child_frame_id == "odom"
     before = ros_node.get_clock().now().nanoseconds
     tree._repeat()
     after = ros_node.get_clock().now().nanoseconds
