@@ -85,8 +85,8 @@ class CameraChannel:
         self.non_finite_in_a_row = 0
         self.warned_no_frame_id = False
         # what this camera's frames cost the inference thread besides the model, per frame: (wall ms, the
-        # thread's own CPU ms) of everything (TF lookups, the scale, the rig, every publish, points
-        # included), then of placing alone (TF lookups, the scale, the rig's anchoring and hand-over)
+        # thread's own CPU ms) of everything (the non-finite check, TF lookups, the scale, the rig, every
+        # publish, points included), then of placing alone (TF lookups, the scale, the rig's anchoring and hand-over)
         self.costs: collections.deque = collections.deque(maxlen=200)
 
     def _offer(self, frame: Frame) -> None:
@@ -226,10 +226,11 @@ class CameraGroupWorker:
     def _publish(self, channel: CameraChannel, r) -> None:
         from ..core.session_events import SessionCause
 
+        t0, c0 = time.perf_counter(), time.thread_time()  # the node's own cost of this frame from here on
         frame: Frame = r.stamp
         header = frame.header
         manager = self.group.manager(channel.name)
-        bad = r.non_finite_fields()
+        bad = r.non_finite_fields()  # the guard of every output: part of publishing
         if bad:
             channel.non_finite_in_a_row += 1
             reason = f"non-finite model output ({', '.join(bad)}): nothing published"
@@ -241,7 +242,7 @@ class CameraGroupWorker:
                 manager.reset(f"{limit} consecutive frames with non-finite output", SessionCause.NON_FINITE)
             return
         channel.non_finite_in_a_row = 0
-        t0, c0 = time.perf_counter(), time.thread_time()
+        t_place, c_place = time.perf_counter(), time.thread_time()
         session_id = manager.session_id
         channel.session_id = session_id
         camera_frame = channel.camera_frame(header)
@@ -259,7 +260,7 @@ class CameraGroupWorker:
                 self.rig.min_travel = float(self._values["scale_min_travel"])
                 out = self.rig.place(channel.name, stamp_sec(header.stamp), placed.pose, placed.camera,
                                      time.monotonic(), placed.base_in_odom)
-        place = ((time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3)
+        place = ((time.perf_counter() - t_place) * 1e3, (time.thread_time() - c_place) * 1e3)
         if not isinstance(placed, Withheld):
             if isinstance(out, str):
                 note = out
