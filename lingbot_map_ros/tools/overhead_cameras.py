@@ -7,8 +7,8 @@ ahead, as a robot's faster odometry would be there before the frame is placed), 
 every camera, a few milliseconds apart (not synchronised), all sent before the frame's outcomes are
 awaited, so a tick may batch them. The node runs with ``base_frame``, ``odom_frame`` and
 ``scale_source: model``: every secondary camera takes the world's unit from the body's travel. Its
-``camera_timeout`` and ``tf_timeout`` are longer than any CPU tick, and the primary's first frame is
-taken before any other camera's, so what is measured is the steady state (the primary creates the
+``camera_timeout`` and ``tf_timeout`` are longer than any CPU tick, and the primary's scale frames are
+placed before any other camera's, so what is measured is the steady state (the primary creates the
 world and drives throughout, every frame is placed); the printout names the driving camera,
 the last hand-over and any frame that ended otherwise.
 
@@ -137,8 +137,11 @@ def run_cameras(args, options: dict) -> int:
                 robot.before(i + 1, stamps_of(i + 1)[n])
                 pubs[n].publish(image_message(images[(i + 5 * names.index(n)) % len(images)], stamps[n],
                                               f"{n}_optical"))
-                if i == 0 and n == names[0]:  # the primary's first frame is taken alone: the primary creates the
-                    listener.wait_for(lambda rx: (n, stamps[n]) in seen, 60.0)  # world and drives throughout
+                if i < args.scale_frames and n == names[0]:  # the primary's scale frames go first, alone, the
+                    # last one placed before any other camera's frame of the same round: the primary creates
+                    # the world and drives throughout
+                    first = finals if i == args.scale_frames - 1 else seen
+                    listener.wait_for(lambda rx: (n, stamps[n]) in first, max(1.0, deadline - time.monotonic()))
             wanted = finals if i >= args.scale_frames - 1 else seen
             listener.wait_for(lambda rx: all((n, stamps[n]) in wanted for n in names),
                               max(1.0, deadline - time.monotonic()))
