@@ -14,7 +14,9 @@ localization only, the loaded map is not changed). Frames are read one at a time
 
 Several cameras of one bag (``--topic /front/image --topic /rear/image``) run as the node's
 several-camera mode does, one stream per camera over one model; with ``--base-frame`` every camera is
-placed in one world with one body pose through the bag's TF: ``offline_cameras.py``.
+placed in one world with one body pose through the bag's TF: ``offline_cameras.py``. Offline, a camera
+counts as stalled (``--camera-timeout``) after that many seconds of image stamps without a placed frame
+(the node counts wall time), so a run is repeatable.
 """
 from __future__ import annotations
 

@@ -247,10 +247,13 @@ def run_cameras(args: argparse.Namespace, cameras: dict[str, str], description: 
         else:
             save_results(results[name], out, "", with_depth=args.with_depth,
                          extra_arrays=_world_arrays(rig, name, results[name]))
-            if tum:
-                placed = rig.placed[name]
+            placed = rig.placed[name]
+            if tum and placed:
                 write_tum(tum, [float(r.stamp) for r in results[name] if r.stamp.ns in placed],
                           [placed[r.stamp.ns].camera for r in results[name] if r.stamp.ns in placed])
+            elif tum:
+                say(f"camera {name}: no frame placed in the world ({_why(rig, name)}); {tum} not written")
+                tum = ""
         written += [x for x in (out, tum) if x]
     if rig is not None and rig.body:
         _save_body(rig, args.out, args.tum)
@@ -300,6 +303,12 @@ def _bag_rig(args: argparse.Namespace, cameras: dict[str, str], group, say: Call
         + ", ".join(f"{n} in {f}" for n, f in frames.items()) + f"; primary {rig.rig.primary}; stalled after "
         f"{args.camera_timeout:g} s of stamps without a placed frame")
     return rig
+
+
+def _why(rig, name: str) -> str:
+    """The last reason a camera's frame was withheld (the node's note in its frame status)."""
+    reasons = list(rig.withheld[name].values())
+    return reasons[-1] if reasons else "no result"
 
 
 def _world_arrays(rig, name: str, results: list[FrameResult]) -> dict:
