@@ -210,3 +210,33 @@ def test_a_badly_named_file_is_refused(tmp_path):
     write_run(tmp_path, [LATENCY], name="2030-01-02-Synthetic Run")
     with pytest.raises(perf.RunFileError, match="is named"):
         perf.load_runs(tmp_path)
+
+
+def _record_tool():
+    spec = importlib.util.spec_from_file_location("bench_record", REPO / "bench" / "record.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_record_merges_parts_into_a_run_file_the_tables_accept(tmp_path):
+    record = _record_tool()
+    first = {"table": "first_pose", "caches": "warm", "seconds": 11.5, "model_load_s": 3.0, "compile_s": 4.0,
+             "capture_s": 0.5}
+    (tmp_path / "a.json").write_text(json.dumps({"setup": SETUP, "rows": [first]}))
+    (tmp_path / "b.json").write_text(json.dumps({"rows": [LATENCY]}))
+    out = tmp_path / "runs" / "2030-01-02-merged.json"
+    out.parent.mkdir()
+    assert record.main([str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--run", "merged",
+                        "--commit", "abc1234", "--date", "2030-01-02", "--out", str(out)]) == 0
+    (run,) = perf.load_runs(out.parent)
+    assert run.setup == SETUP and [r["table"] for r in run.rows] == ["first_pose", "latency"]
+
+
+def test_record_refuses_parts_without_a_set_up(tmp_path, capsys):
+    record = _record_tool()
+    (tmp_path / "a.json").write_text(json.dumps({"rows": [LATENCY]}))
+    out = tmp_path / "2030-01-02-merged.json"
+    assert record.main([str(tmp_path / "a.json"), "--run", "merged", "--commit", "abc1234",
+                        "--date", "2030-01-02", "--out", str(out)]) == 2
+    assert "no part carries a set-up" in capsys.readouterr().err and not out.exists()
