@@ -238,7 +238,8 @@ def test_graphed_batched_streams_equal_their_lone_runs(loaded):
     assert sum(s.replays for s in stats.values()) == group.path_counts["graphed"]
     # keys: which streams in which order, how many with depth - each captured once, fewer than the replays
     keys = [k for step in group.batch_graphs.steps.values() for k in step.keys]
-    assert len(set(keys)) == len(keys) == sum(s.captures for s in stats.values()) < sum(s.replays for s in stats.values())
+    captures, replays = (sum(getattr(s, f) for s in stats.values()) for f in ("captures", "replays"))
+    assert len(set(keys)) == len(keys) == captures < replays
     assert {k.depth_frames for k in keys} >= {0, 1} and all(k.signatures == ((),) * len(k.streams) for k in keys)
     for name in schedule:
         assert_same(got[name], lone_results(loaded, frames[name][:fed[name]]))

@@ -114,7 +114,7 @@ def test_batched_step_is_one_model_call_and_separates_the_streams(loaded, monkey
     # phase 1 of each stream alone (its 2 scale frames at tick 1), then 4 batched steps of 2 frames
     assert calls == [(2, "PagedKVCache")] * 2 + [(2, "GroupGlobalAttention")] * 4
     calls.clear()
-    alone = StreamGroup(loaded, STREAM, ["a", "b"], log=lambda m: None, batch=False)  # the CUDA-graph default (batch=None)
+    alone = StreamGroup(loaded, STREAM, ["a", "b"], log=lambda m: None, batch=False)  # the CUDA-graph default
     got_alone, _, batched = run_group(alone, schedule, frames, 6)
     assert batched == 0 and calls == [(2, "PagedKVCache")] * 2 + [(1, "PagedKVCache")] * 8
     monkeypatch.undo()

@@ -11,12 +11,15 @@ be batched with the others anyway, since a batch is one frame size.
 ``step({name: (frame, stamp), ...})`` runs the frames it is given:
 
 * **batched**: the phase-2 frames of two or more streams (same frame size and head settings) go
-  through ONE model call (``_forward``): the image encoder, the frame blocks, every linear layer and
-  the depth head see ``[B, ...]``; global attention is per stream (each frame's queries against its
-  own stream's visible pages, ``cache/batched.py``), the camera head's attention per stream's cache.
-  Each stream's step is opened, closed and finished by its own session (``StreamingSession``'s
-  ``prepare_step`` / ``open_step`` / ``close_step`` / ``finish_step``), so its results are those of
-  the same stream run alone (``test/test_stream_group.py`` checks it to 1e-6).
+  through ONE model call - eager (``_forward``), or under CUDA graphs with ``batch=True`` the
+  captured step of that batch size (``_forward_graphed``; ``core/batched_graph.py`` also owns the
+  choice between them and its reason: ``decision``, ``batch_path``). The image encoder, the frame
+  blocks, every linear layer and the depth head see ``[B, ...]``; global attention is per stream
+  (each frame's queries against its own stream's visible pages, ``cache/batched.py``), the camera
+  head's attention per stream's cache. Each stream's step is opened, closed and finished by its own
+  session (``StreamingSession``'s ``prepare_step`` / ``open_step`` / ``close_step`` /
+  ``finish_step``), so its results are those of the same stream run alone
+  (``test/test_stream_group.py`` and ``test/test_batched_graph.py`` check it to 1e-6).
 * **alone**, through the stream's ``SessionManager.push`` exactly as a single-camera node does: a
   stream in phase 1 (scale frames, buffered and run together), a frame at the stored-frame limit
   (the long-run policy's window switch or new session), a frame refused, and the only phase-2 frame
@@ -24,12 +27,13 @@ be batched with the others anyway, since a batch is one frame size.
 
 Fault containment (every frame ends with exactly one result or one failure):
 
-* a batched model call that raises (an out-of-memory, say) cannot be blamed on one stream, so every
-  stream of the batch is taken back to its state before the step (``abort_step``: the page tables to
-  their marks; the step wrote only free pages and unused slots) and **re-run alone**; a stream whose
-  lone run raises too gets what a lone stream gets (a new session, ``InferenceFailed``). A stream
-  whose step cannot be undone exactly (an append that reused a page it evicted, the split backend's
-  ``lowest`` order) gets a new session and the failure at once;
+* a batched model call that raises (an out-of-memory, say; a captured step's capture or replay
+  alike, and a failed capture also refuses its batch size from then on) cannot be blamed on one
+  stream, so every stream of the batch is taken back to its state before the step (``abort_step``:
+  the page tables to their marks; the step wrote only free pages and unused slots) and **re-run
+  alone**; a stream whose lone run raises too gets what a lone stream gets (a new session,
+  ``InferenceFailed``). A stream whose step cannot be undone exactly (an append that reused a page
+  it evicted, the split backend's ``lowest`` order) gets a new session and the failure at once;
 * a non-finite output stays in its stream (rows of a batch never mix outside attention, and
   attention is per stream): the result is handed out as a lone stream's would be, and the caller
   (the node) gives it ``NON_FINITE_OUTPUT`` and counts it per stream (``StreamOutcome.non_finite``).
