@@ -294,3 +294,36 @@ def test_the_eager_cpu_group_decides_eager_and_says_why(loaded):
     group = StreamGroup(loaded, STREAM, ["a", "b"], log=lambda m: None)
     assert group.decision.path == "eager" and "no CUDA graphs" in group.decision.reason
     assert group.graph_stats() == {}
+
+
+def test_a_stream_refused_at_open_leaves_its_partner_to_its_own_step(loaded, monkeypatch):
+    """Stream b's step is refused when it opens (a cache that cannot take the frame): b's frame ends
+    with that error and nothing else changes, a's frame - a batch of one now - runs alone; both
+    streams then go on as their lone runs do (b's without the refused frame)."""
+    from lingbot_map_ros.core.session_errors import SessionError
+
+    frames = {"a": frames_of(51, 6), "b": frames_of(52, 6)}
+    group = StreamGroup(loaded, STREAM, ["a", "b"], log=lambda m: None, batch=True, capturer=RerunCapturer())
+    session = group.manager("b").session
+    opens = {"count": 0}
+    real_open = session.open_step
+
+    def refusing(step):
+        opens["count"] += 1
+        if opens["count"] == 2:
+            raise SessionError("injected: the cache cannot take the frame")
+        return real_open(step)
+
+    monkeypatch.setattr(session, "open_step", refusing)
+    got: dict[str, list] = {"a": [], "b": []}
+    errors = []
+    for t in range(6):
+        for name, outcome in group.step({n: (frames[n][t], t) for n in frames}).items():
+            if outcome.error is not None:
+                errors.append((name, t, str(outcome.error)))
+            got[name] += outcome.results
+    assert errors == [("b", 3, "injected: the cache cannot take the frame")]
+    assert group.path_counts["graphed"] == 4 and group.graph_stats()[2].replays == 3
+    assert_same(got["a"], pushed(loaded, frames["a"], range(6)))
+    kept = [t for t in range(6) if t != 3]
+    assert_same(got["b"], pushed(loaded, [frames["b"][t] for t in kept], kept))

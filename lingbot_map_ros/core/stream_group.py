@@ -56,6 +56,7 @@ from .batched_graph import (
     CaptureFailed,
     Capturer,
     CudaGraphCapturer,
+    GraphedBatchStep,
     decide_batching,
 )
 from .cache.batched import GroupCameraAttention, GroupGlobalAttention
@@ -302,6 +303,19 @@ class StreamGroup:
 
     def _run_batch(self, entries: list[_Entry], graphed: bool = False) -> dict[str, StreamOutcome]:
         outcomes: dict[str, StreamOutcome] = {}
+        began = None
+        start = time.perf_counter()
+        if graphed:
+            entries = sorted(entries, key=lambda e: not e.step.with_depth)  # stable: the depth frames lead
+            try:  # the frames in and the encoder queued first: the device encodes while the host opens the steps
+                began = self._begin_graphed(entries)
+            except Exception as exc:  # noqa: BLE001 - nothing is open yet: each stream alone
+                if isinstance(exc, CaptureFailed):
+                    self._refuse(exc)
+                else:
+                    self.log(f"batched step of {[e.name for e in entries]} failed before it began "
+                             f"({type(exc).__name__}: {exc}): each stream alone")
+                return {e.name: self._alone(e.name, e.frame, e.stamp) for e in entries}
         opened: list[_Entry] = []
         for e in entries:
             try:
@@ -320,14 +334,17 @@ class StreamGroup:
             outcomes[e.name] = (self._alone(e.name, e.frame, e.stamp) if e.manager.session.abort_step()
                                 else self._fail(e, RuntimeError("its batch partner was refused")))
             return outcomes
-        start = time.perf_counter()
+        if not graphed:
+            start = time.perf_counter()
         try:
-            pose, depth, conf, depth_rows = self._forward_graphed(opened) if graphed else self._forward(opened)
+            if graphed:  # the encoder ran on the frames of ``entries``: again when some were refused
+                same = len(opened) == len(entries)
+                pose, depth, conf, depth_rows = self._forward_graphed(opened, began if same else None)
+            else:
+                pose, depth, conf, depth_rows = self._forward(opened)
         except Exception as exc:  # noqa: BLE001 - not attributable to one stream: undo, re-run alone
             if isinstance(exc, CaptureFailed):  # batches of this size run alone from now on
-                assert self._graphs is not None
-                self._graphs.capture_failed(exc.batch, exc.cause)
-                self.log(self._graphs.refused[exc.batch])
+                self._refuse(exc)
                 exc = exc.cause  # type: ignore[assignment]
             cause = f"{type(exc).__name__}: {exc}"
             exc.__traceback__ = None  # its frames hold the failed step's activations
@@ -388,22 +405,33 @@ class StreamGroup:
         with self._managers[self.names[0]].session.graph_inference():
             return self.host.model.embed(images, variants, variants)
 
-    def _forward_graphed(self, entries: list[_Entry]):
-        """The batched step of the entries (their steps open) as a captured graph of its batch size
-        (``core/batched_graph.py``): captured on its key's first use, replayed after. Returns what
-        ``_forward`` returns, in the entries' order; inside, the frames with depth go first (the depth
-        head reads a leading slice of the batch)."""
+    def _refuse(self, exc: CaptureFailed) -> None:
         assert self._graphs is not None
-        order = sorted(range(len(entries)), key=lambda i: not entries[i].step.with_depth)  # stable: depth first
-        entries = [entries[i] for i in order]
+        self._graphs.capture_failed(exc.batch, exc.cause)
+        self.log(self._graphs.refused[exc.batch])
+
+    def _begin_graphed(self, entries: list[_Entry]) -> GraphedBatchStep:
+        """The captured step of this batch size with the entries' frames in and its encoder queued."""
+        assert self._graphs is not None
+        graph = self._graphs.step_for(len(entries), entries[0].manager.session.image_hw)  # type: ignore[arg-type]
+        graph.begin([e.step.image for e in entries])
+        return graph
+
+    def _forward_graphed(self, entries: list[_Entry], began: Optional[GraphedBatchStep] = None):
+        """The batched step of the entries (their steps open, the frames with depth first: the depth head
+        reads a leading slice of the batch) as a captured graph of its batch size (``core/batched_graph.py``):
+        captured on its key's first use, replayed after. ``began``: the step whose ``begin`` took these
+        frames already (None: begin here). Returns what ``_forward`` returns."""
+        assert self._graphs is not None
         depth_count = sum(e.step.with_depth for e in entries)
+        if any(e.step.with_depth for e in entries[depth_count:]):
+            raise ValueError("the frames with depth must lead the batch")
         sessions = [e.manager.session for e in entries]
         first = sessions[0]
         b, hw, cfg = len(entries), first.image_hw, first.stream_cfg
         patch = self.host.cfg.patch_size
         tokens_per_frame = SPECIAL_TOKENS_PER_FRAME + (hw[0] // patch) * (hw[1] // patch)  # type: ignore[index]
-        graph = self._graphs.step_for(b, hw)  # type: ignore[arg-type]
-        graph.begin([e.step.image for e in entries])  # the encoder runs while the host plans below
+        graph = began if began is not None else self._begin_graphed(entries)
         caches = [s.global_cache for s in sessions]
         cameras = [s.camera_cache for s in sessions]
         pool, batched = None, None
@@ -432,11 +460,8 @@ class StreamGroup:
         out = graph.finish(key, [e.step.rope_index for e in entries], run_model, keep=(*caches, *cameras))
         pose, depth, conf = self._readback.fetch((out.pose_enc, out.depth, out.depth_conf))
         if device.type != "cuda":  # CPU fp32 arrays are views of the outputs the next replay overwrites
-            depth, conf = (None if a is None else a.copy() for a in (depth, conf))
-        back = [0] * b  # entry i of the caller's order is row back[i] of the batch
-        for row, i in enumerate(order):
-            back[i] = row
-        return pose[back], depth, conf, [row if row < depth_count else None for row in back]
+            pose, depth, conf = (None if a is None else a.copy() for a in (pose, depth, conf))
+        return pose, depth, conf, [i if i < depth_count else None for i in range(b)]
 
     def _pool_of(self, cache) -> Optional[SharedKVPool]:
         """The pool whose share ``cache``'s pages are (None: pages of its own)."""
