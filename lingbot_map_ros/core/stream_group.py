@@ -248,8 +248,10 @@ class StreamGroup:
             if path == "alone":  # a batch of one is the lone path (CUDA graph included)
                 for e in entries:
                     outcomes[e.name] = self._alone(e.name, e.frame, e.stamp)
+            elif path == "graphed":
+                outcomes.update(self._run_batch(entries, graphed=True))
             else:
-                outcomes.update(self._run_batch(entries, graphed=path == "graphed"))
+                outcomes.update(self._run_batch(entries))
         return {name: outcomes[name] for name in frames}
 
     def batch_path(self, entries: Sequence[_Entry]) -> tuple[str, str]:
