@@ -17,6 +17,7 @@ from tf2_msgs.msg import TFMessage
 
 from ..core.config import planned_height
 from ..ros.depth_io import BadDepth, GridCache, compressed_depth_grid, image_depth_grid
+from ..ros.node_settings import FixedSettings, NodeSettings
 from ..ros.robot_frames import Placement, RobotFrames, Withheld
 from ..ros.transforms import FrameTree, NoTransform
 from .bag_io import iter_robot_messages, message_cdr, tf_topics
@@ -99,7 +100,7 @@ class BagRobot:
             tf = deserialize_message(message_cdr(msg, msgtype, raw), TFMessage)
             self.tree.take(tf.transforms, static=kind == "tf_static")
         self.depth = BagDepth(bag, depth_topic, values, colour_wh) if depth_topic else None
-        self.robot = RobotFrames(_Log(say), values, self.tree, self.depth)
+        self.robot = RobotFrames(_Log(say), FixedSettings(NodeSettings.from_values(values)), self.tree, self.depth)
         self.placed: dict[int, Placement] = {}  # stamp ns -> what the node would publish
         self.withheld: dict[int, str] = {}  # stamp ns -> why not (scale estimating, missing transform)
 
