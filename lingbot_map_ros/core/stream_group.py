@@ -48,14 +48,14 @@ from .cache.batched import GroupCameraAttention, GroupGlobalAttention
 from .cache.pool import SharedKVPool, batched_page_request
 from .cache.sdpa_backend import BatchedSdpaBackend
 from .config import SPECIAL_TOKENS_PER_FRAME, StreamConfig
-from .footprint import Footprint, budget_problem, fits, footprint, worst_case_height
-from .memory_budget import MemoryBudget, MemoryBudgetExceeded
+from .footprint import Footprint, footprint, worst_case_height
+from .memory_budget import MemoryBudget
 from .model_host import ModelHost
 from .readback import StagedReadback
 from .results import FrameResult
 from .session_errors import SessionError, StoredFrameLimit
 from .session_events import InferenceFailed, SessionCause
-from .session_manager import SessionManager
+from .session_manager import SessionManager, settings_problems
 from .stream import PhaseTwoStep
 
 BATCHED_ATTENTION = ("auto", "loop", "flashinfer", "pool-sdpa")
@@ -127,10 +127,15 @@ class StreamGroup:
                 raise ValueError(f"batched_attention 'flashinfer' needs the flashinfer package ({exc})") from None
         self.batched_attention = batched_attention
         self.batch = (not rt.cuda_graphs) if batch is None else bool(batch)
+        # Checked before any stream allocates its caches, for all streams at once: with fit_window every
+        # stream's window shrinks to what fits (one geometry for every share of the pool), else
+        # MemoryBudgetExceeded says by how much.
+        stream, warning = MemoryBudget().fit(host.cfg, rt, stream, lambda s: settings_problems(host.settings, s),
+                                             len(names))
+        if warning:
+            log(warning)
+        self.stream = stream
         self.footprint = group_footprint(host, stream, len(names))
-        budget = MemoryBudget().bytes_for(stream, rt.device)
-        if not fits(self.footprint, budget):  # checked before any stream allocates its caches
-            raise MemoryBudgetExceeded(budget_problem(self.footprint, budget, f"a group of {len(names)} streams"))
         self._pools: dict[tuple[int, ...], SharedKVPool] = {}
         self._batched_backend = None
         self._readback = StagedReadback()
