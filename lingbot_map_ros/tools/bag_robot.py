@@ -10,7 +10,6 @@ camera's ``RobotFrames`` then the node's ``core.rig.Rig``, the one world and the
 """
 from __future__ import annotations
 
-import collections
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Optional
 
@@ -151,7 +150,7 @@ class BagRig:
         self.values = values
         self.camera_frames = dict(camera_frames)
         self.tree = bag_tree(bag, duration_s)
-        mine = collections.ChainMap({"publish_tf": False}, dict(values))  # the rig's body has the one /tf edge
+        mine = FixedSettings(NodeSettings.from_values({**values, "publish_tf": False}))  # the rig's body: one /tf edge
         self.frames = {n: RobotFrames(_Log(say), mine, self.tree) for n in self.camera_frames}
         self.rig = Rig(list(self.camera_frames), primary, float(values["camera_timeout"]),
                        unit_from_primary=str(values["scale_source"]) == "model",
