@@ -10,7 +10,6 @@ camera's ``RobotFrames`` then the node's ``core.rig.Rig``, the one world and the
 """
 from __future__ import annotations
 
-import collections
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Optional
 
@@ -23,6 +22,7 @@ from tf2_msgs.msg import TFMessage
 from ..core.config import planned_height
 from ..core.rig import Rig, RigPlacement
 from ..ros.depth_io import BadDepth, GridCache, compressed_depth_grid, image_depth_grid
+from ..ros.node_settings import FixedSettings, NodeSettings
 from ..ros.robot_frames import Placement, RobotFrames, Withheld
 from ..ros.transforms import FrameTree, NoTransform
 from .bag_io import iter_robot_messages, message_cdr, tf_topics
@@ -111,7 +111,7 @@ class BagRobot:
         self.camera_frame = camera_frame
         self.tree = bag_tree(bag, duration_s)
         self.depth = BagDepth(bag, depth_topic, values, colour_wh) if depth_topic else None
-        self.robot = RobotFrames(_Log(say), values, self.tree, self.depth)
+        self.robot = RobotFrames(_Log(say), FixedSettings(NodeSettings.from_values(values)), self.tree, self.depth)
         self.placed: dict[int, Placement] = {}  # stamp ns -> what the node would publish
         self.withheld: dict[int, str] = {}  # stamp ns -> why not (scale estimating, missing transform)
 
@@ -150,7 +150,7 @@ class BagRig:
         self.values = values
         self.camera_frames = dict(camera_frames)
         self.tree = bag_tree(bag, duration_s)
-        mine = collections.ChainMap({"publish_tf": False}, dict(values))  # the rig's body has the one /tf edge
+        mine = FixedSettings(NodeSettings.from_values({**values, "publish_tf": False}))  # the rig's body: one /tf edge
         self.frames = {n: RobotFrames(_Log(say), mine, self.tree) for n in self.camera_frames}
         self.rig = Rig(list(self.camera_frames), primary, float(values["camera_timeout"]),
                        unit_from_primary=str(values["scale_source"]) == "model",
