@@ -126,9 +126,11 @@ def main() -> None:
           f"(scale frames) at {row['seconds']} s -> first one-frame pose at {row['first_graph_pose_s']} s "
           f"(its step {row['first_step_compile_capture_s']} s: compile + capture) -> window full at "
           f"{row['window_full_s']} s; longest later frame {row['longest_later_frame_ms']} ms; done at {steady:.1f} s")
-    if args.json:
+    if args.json:  # with the set-up, so that a run of record made of first-pose parts alone has one
+        from lingbot_map_ros.tools.bench import setup_facts
+
         with open(args.json, "w") as f:
-            json.dump({"rows": [row]}, f, indent=1)
+            json.dump({"setup": setup_facts(torch.device(args.device)), "rows": [row]}, f, indent=1)
 
 
 if __name__ == "__main__":

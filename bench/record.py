@@ -19,7 +19,10 @@ TABLES = ("latency", "long_run", "attention", "memory", "first_pose", "streams")
 
 
 def merge(parts: list[dict], run: str, commit: str, date: str, notes: str = "") -> dict:
-    setup = next((p["setup"] for p in parts if p.get("setup")), {})
+    setup = next((p["setup"] for p in parts if p.get("setup")), None)
+    if setup is None:  # scripts/perf_tables.py refuses a run without one: say so here, where it can be fixed
+        raise ValueError("no part carries a set-up: add a part written by `lingbot_map_bench --json` or "
+                         "`bench/first_pose.py --json`")
     if notes:
         setup = {**setup, "notes": notes}
     rows = [row for p in parts for row in p.get("rows", [])]
@@ -44,8 +47,14 @@ def main(argv: list[str] | None = None) -> int:
             parts.append(json.loads(Path(name).read_text()))
         except (OSError, json.JSONDecodeError) as exc:
             print(f"skipped {name}: {exc}", file=sys.stderr)
-    doc = merge(parts, args.run, args.commit, args.date, args.notes)
-    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    try:
+        doc = merge(parts, args.run, args.commit, args.date, args.notes)
+    except ValueError as exc:
+        print(f"record: {exc}", file=sys.stderr)
+        return 2
+    from lingbot_map_ros.core.files import atomic_write_text
+
+    atomic_write_text(args.out, json.dumps(doc, indent=1) + "\n")
     print(f"{args.out}: {len(doc['rows'])} rows from {len(parts)} parts")
     return 0
 

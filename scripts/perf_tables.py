@@ -458,6 +458,31 @@ def render_readme(runs: list[Run]) -> str:
     return table(["code", "heads", "median ms", "p90 ms", "FPS", "peak GB", "run"], rows, "llrrrrl")
 
 
+def render_readme_streams(runs: list[Run]) -> str:
+    """The README's cost per camera count (Several cameras): every ``streams`` row, the step of all cameras'
+    frames beside one camera's, and the total frame rate beside the cameras one after another."""
+    found = rows_of(runs, "streams")
+    if not found:
+        return ("No run of record has measured several cameras on a GPU yet: `lingbot_map_bench --cameras N` "
+                "measures the batched step, the same cameras one after another, and (`--processes`) a node "
+                "process per camera.\n")
+    found.sort(key=lambda rr: (geometry_key(rr[1]["geometry"]), rr[1]["window"], heads_order(rr[1]["heads"]),
+                               rr[1]["streams"], rr[0].date))
+    rows = []
+    for run, row in found:
+        ratio = row["ms_per_step"] / row["one_stream_ms"] if row["one_stream_ms"] else None
+        rows.append([row["streams"], geometry_cell(row["geometry"]), row["window"], HEADS_NAMES[row["heads"]],
+                     num(row["ms_per_step"]), "" if ratio is None else f"{ratio:.2f}×", num(row["fps_total"], 1),
+                     num(row["sequential_fps"], 1), num(row["processes_fps"], 1), run_cell(run)])
+    return table(["cameras", "input", "window", "heads", "ms a step", "× one camera", "FPS total",
+                  "one after another FPS", "a process each FPS", "run"], rows, "rlrlrrrrrl")
+
+
+def readme_renderers(runs: list[Run]) -> dict[str, Callable[[], str]]:
+    """The README regions this script owns, rendered from ``runs``."""
+    return {"performance": lambda: render_readme(runs), "cameras-cost": lambda: render_readme_streams(runs)}
+
+
 def problems(runs: list[Run], performance_text: str, readme_text: str) -> list[str]:
     """Why docs/performance.md or the README's region disagrees with the run files (unified diffs)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -469,7 +494,7 @@ def problems(runs: list[Run], performance_text: str, readme_text: str) -> list[s
         diff = "".join(difflib.unified_diff(performance_text.splitlines(True), want.splitlines(True),
                                             "docs/performance.md", "generated", n=0))
         out.append(f"docs/performance.md is stale:\n{diff}")
-    out += readme_tables.problems(readme_text, {"performance": lambda: render_readme(runs)})
+    out += readme_tables.problems(readme_text, readme_renderers(runs))
     return out
 
 
@@ -499,11 +524,12 @@ def main(argv=None) -> int:
 
     from lingbot_map_ros.core.files import atomic_write_text
 
-    if "performance" not in readme_tables.regions(readme):
-        print("README.md lacks the region <!-- generated: performance --> ... <!-- end: performance -->",
-              file=sys.stderr)
+    missing = [name for name in readme_renderers(runs) if name not in readme_tables.regions(readme)]
+    if missing:
+        print("README.md lacks the regions " + ", ".join(f"<!-- generated: {n} --> ... <!-- end: {n} -->"
+                                                          for n in missing), file=sys.stderr)
         return 1
-    new_readme = readme_tables.update(readme, {"performance": lambda: render_readme(runs)})
+    new_readme = readme_tables.update(readme, readme_renderers(runs))
     for path, old, new in ((PERFORMANCE_MD, current, render_performance(runs)), (readme_path, readme, new_readme)):
         if new != old:
             atomic_write_text(path, new)

@@ -10,11 +10,12 @@ A region is the text between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -
   and the tools' ``--help`` say, from the same rows);
 * ``launch-arguments``: the arguments the launch file declares (what ``ros2 launch ... --show-args``
   prints, read through the same ``ros2launch`` function);
-* ``fits``: ``lingbot_map_ros/core/sizing.py`` (the window configure picks per budget, width and heads);
+* ``fits``, ``fits-cameras``: ``lingbot_map_ros/core/sizing.py`` (the window configure picks per budget,
+  width and heads; for 2 and 4 cameras on one node);
 * ``topics``, ``services``, ``tf``: ``lingbot_map_ros/ros/interfaces.py`` (checked against a running
   node by ``test/test_interfaces.py``);
-* ``performance``: the runs of record in ``docs/perf/runs/`` (rendered by ``scripts/perf_tables.py``, which
-  also writes ``docs/performance.md``).
+* ``performance``, ``cameras-cost``: the runs of record in ``docs/perf/runs/`` (rendered by
+  ``scripts/perf_tables.py``, which also writes ``docs/performance.md``).
 
 ``test/test_readme_tables.py`` fails when a region differs from what this script writes, and compares
 the launch table with the real ``--show-args`` output.
@@ -195,6 +196,25 @@ def render_fits() -> str:
     return fits_table(model_config("full"), assumed_runtime("cuda", torch.bfloat16), RuntimeConfig(), StreamConfig())
 
 
+def render_fits_cameras() -> str:
+    """The same for several cameras on one node: 8 / 16 / 24 GB x 2 and 4 cameras (one window for all)."""
+    import torch
+
+    from lingbot_map_ros.core.config import RuntimeConfig, StreamConfig, model_config
+    from lingbot_map_ros.core.footprint import assumed_runtime
+    from lingbot_map_ros.core.sizing import cameras_fits_table
+
+    return cameras_fits_table(model_config("full"), assumed_runtime("cuda", torch.bfloat16), RuntimeConfig(),
+                              StreamConfig())
+
+
+def render_cameras_cost() -> str:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import perf_tables
+
+    return perf_tables.render_readme_streams(perf_tables.load_runs())
+
+
 def render_performance() -> str:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import perf_tables
@@ -209,7 +229,9 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "services": render_services,
     "tf": render_tf,
     "fits": render_fits,
+    "fits-cameras": render_fits_cameras,
     "performance": render_performance,
+    "cameras-cost": render_cameras_cost,
 }
 
 

@@ -27,6 +27,7 @@ def test_cameras_prints_batched_and_sequential_rows(capsys, tmp_path):
     for row in ("| one stream (reference) | 1 |", "| batched | 3 |", "| one after another | 3 |"):
         assert row in out, out
     assert "batched step of 3 / one stream's step" in out
+    assert "batched path: eager (no CUDA graphs" in out and rows[1]["path"] == "eager"  # the CPU has no graphs
     assert _pose_difference(out) < 1e-5
 
 

@@ -20,6 +20,7 @@ from lingbot_map_ros.core.geometry import se3  # noqa: E402
 from lingbot_map_ros.core.settings import covariance_matrix, defaults, validate_values  # noqa: E402
 from lingbot_map_ros.ros import messages as rosmsg  # noqa: E402
 from lingbot_map_ros.ros.intake import DepthPairing  # noqa: E402
+from lingbot_map_ros.ros.node_settings import FixedSettings, NodeSettings  # noqa: E402
 from lingbot_map_ros.ros.transforms import FrameTree  # noqa: E402
 from lingbot_map_ros.tools.node_client import node_command  # noqa: E402
 
@@ -129,7 +130,7 @@ def _depth(ns: int) -> Image:
 @pytest.mark.parametrize("cause", ["lost", "offset"])
 def test_an_unpaired_depth_image_names_its_cause(ros_node, cause):
     values = dict(defaults(), depth_sync_slop=0.02)
-    pairing = DepthPairing(ros_node, values, wanted=lambda: False)
+    pairing = DepthPairing(ros_node, FixedSettings(NodeSettings.from_values(values)))  # no consumer: no decoding
     pairing.subscribe(10)
     texts: dict = {}
     record = pairing._bad

@@ -89,6 +89,8 @@ def test_a_parameter_check_during_a_model_swap_reads_only_the_view(monkeypatch):
     inference thread is inside ``apply`` building a new model: the check answers from the view taken
     before, and never runs the live manager's budget (``MemoryBudget.fit`` writes its automatic value)."""
     pytest.importorskip("rclpy")
+    from lingbot_map_ros.ros.inference import SessionView
+    from lingbot_map_ros.ros.node_settings import LiveSettings, NodeSettings
     from lingbot_map_ros.ros.parameter_callbacks import ParameterHandler
     from lingbot_map_ros.ros.parameters import PARAMETERS
 
@@ -119,8 +121,9 @@ def test_a_parameter_check_during_a_model_swap_reads_only_the_view(monkeypatch):
         assert building.wait(30)
         values = {p.name: p.default for p in PARAMETERS} | {k: getattr(RUNTIME, k) for k in ("model_preset", "device")}
         values |= {k: getattr(stream, k) for k in SMALL}
-        handler = ParameterHandler(node=None, values=values, get_view=lambda: view, resubscribe=lambda: None,
-                                   restart_timer=lambda: None, submit_apply=lambda changed: None)
+        session_view = SessionView(latest=view)
+        handler = ParameterHandler(node=None, settings=LiveSettings(NodeSettings.from_values(values)),
+                                   session_view=session_view, intake=None, timer=None, parts=None)
 
         def param(name, value):
             return SimpleNamespace(name=name, value=value)

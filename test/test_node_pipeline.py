@@ -54,9 +54,17 @@ from lingbot_map_ros.ros.diagnostics import REJECT_KINDS  # noqa: E402
 from lingbot_map_ros.ros.frames import Frame, FrameLedger, InputRejected  # noqa: E402
 from lingbot_map_ros.ros.inference import InferenceWorker, SessionView  # noqa: E402
 from lingbot_map_ros.ros.input_size import InputSize  # noqa: E402
+from lingbot_map_ros.ros.node_settings import FixedSettings, NodeSettings  # noqa: E402
 from lingbot_map_ros.ros.outputs import ResultPublisher  # noqa: E402
 from lingbot_map_ros.ros.pipeline import PREPROCESSING_FAILED, PipelineTimeline, PreprocessStage  # noqa: E402
 from lingbot_map_ros.tools.node_client import Listener, NodeProcess, SyntheticCamera, image_message  # noqa: E402
+
+NO_REVERT = SimpleNamespace(revert_model_parameters=lambda runtime: None)  # no model parameters to revert here
+
+
+def _settings(**changes) -> FixedSettings:
+    """The settings table's defaults with ``changes``, as the node's parts read them."""
+    return FixedSettings(NodeSettings.from_values(dict(defaults(), **changes)))
 
 NS = "/lingbot_map"
 TOPIC = "/pipeline/camera/image"
@@ -96,7 +104,7 @@ def rig(ros_domain_id):
     input_size = InputSize(lambda: GatedPreprocessor(gate, started))
     input_size.renew()
     sunk: list[Frame] = []
-    stage = PreprocessStage({"fast_resize": False}, ledger, input_size, sink=sunk.append, context_ok=ctx.ok)
+    stage = PreprocessStage(_settings(), ledger, input_size, sink=sunk.append, context_ok=ctx.ok)
     box = {"node": node, "ctx": ctx, "gate": gate, "started": started, "ledger": ledger, "statuses": statuses,
            "input_size": input_size, "sunk": sunk, "stage": stage}
     try:
@@ -213,11 +221,11 @@ def test_frame_preprocessed_before_a_reset_is_checked_against_the_new_session(ri
     node, ledger, input_size = rig["node"], rig["ledger"], rig["input_size"]
     rig["gate"].set()
     # the settings table's defaults (ResultPublisher reads the robot settings), with a short path
-    values = dict(defaults(), path_max_length=10, trajectory_max_length=10, max_non_finite_frames=3)
+    settings = _settings(path_max_length=10, trajectory_max_length=10, max_non_finite_frames=3)
     manager = FakeManager()
-    worker = InferenceWorker(node, manager, values, ledger, input_size, ResultPublisher(node, values, ledger),
+    worker = InferenceWorker(node, manager, settings, ledger, input_size, ResultPublisher(node, settings, ledger),
                              SessionView(), PipelineTimeline(time.perf_counter()),
-                             revert_parameters=lambda runtime: None, context_ok=rig["ctx"].ok)
+                             parameters=NO_REVERT, context_ok=rig["ctx"].ok)
     worker.started_session("configured", counter=None)
     worker.start()
     try:
@@ -262,7 +270,7 @@ def test_a_preprocessing_fault_is_a_rejected_input_of_its_own_kind_not_a_failed_
     input_size = InputSize(FailingPreprocessor)
     input_size.renew()
     sunk: list[Frame] = []
-    stage = PreprocessStage({"fast_resize": False}, ledger, input_size, sink=sunk.append, context_ok=rig["ctx"].ok)
+    stage = PreprocessStage(_settings(), ledger, input_size, sink=sunk.append, context_ok=rig["ctx"].ok)
     stage.start()
     try:
         stage.offer(_frame(ledger, 7))
@@ -302,11 +310,11 @@ class BufferingManager(FakeManager):
 def test_stamps_that_jump_back_start_a_new_session_and_every_frame_ends_once(rig):
     node, ledger, input_size = rig["node"], rig["ledger"], rig["input_size"]
     rig["gate"].set()
-    values = dict(defaults(), path_max_length=10, trajectory_max_length=10, max_non_finite_frames=3)
+    settings = _settings(path_max_length=10, trajectory_max_length=10, max_non_finite_frames=3)
     manager = BufferingManager()
-    worker = InferenceWorker(node, manager, values, ledger, input_size, ResultPublisher(node, values, ledger),
+    worker = InferenceWorker(node, manager, settings, ledger, input_size, ResultPublisher(node, settings, ledger),
                              SessionView(), PipelineTimeline(time.perf_counter()),
-                             revert_parameters=lambda runtime: None, context_ok=rig["ctx"].ok)
+                             parameters=NO_REVERT, context_ok=rig["ctx"].ok)
     worker.started_session("configured", counter=None)
     worker.start()
     try:

@@ -4,7 +4,8 @@ The reference of each camera is the same tool run on that topic alone (one ``--t
 path, itself checked against the session in ``test_offline.py``). The bag holds two cameras at different
 rates (10 and 7 frames over the same second, not synchronised), so ticks batch both cameras, then one
 alone; each camera's poses must equal its lone run to 1e-6 while the batched step really ran. The node's
-camera streams equal the same lone runs (with its anchoring), ``test_cameras_node.py``.
+camera streams equal the same lone runs (with its anchoring), ``test_cameras_node.py``; with
+``--base-frame`` the tool places the cameras in one world as that node does, ``test_offline_cameras_rig.py``.
 """
 from __future__ import annotations
 
@@ -77,6 +78,12 @@ def test_camera_names_and_outputs():
     (["--camera-name", "a", "--camera-name", "2b"], "not camera names"),
     (["--ply", "m.ply"], "--ply goes with one --topic"),
     (["--save-session", "s"], "--save-session goes with one --topic"),
+    (["--camera-frame", "cam"], "--camera-frame goes with one --topic"),
+    (["--primary-camera", "rear"], "several cameras in one world need --base-frame"),
+    (["--odom-frame", "odom"], "several cameras in one world need --base-frame"),
+    (["--base-frame", "base_link", "--primary-camera", "side"], "'side' is not one of the cameras"),
+    (["--base-frame", "base_link", "--scale-source", "depth"], "--scale-source depth goes with one --topic"),
+    (["--base-frame", "base_link", "--camera-timeout", "0"], "--camera-timeout must be in"),
 ])
 def test_several_topics_refuse_what_they_cannot_do(bag, tmp_path, capsys, extra, reason):
     rc = offline.main(["--bag", str(bag), "--topic", "/front/image", "--topic", "/rear/image",
@@ -93,3 +100,6 @@ def test_unknown_topic_and_lone_camera_name_are_refused(bag, tmp_path, capsys):
     rc = offline.main(["--bag", str(bag), "--topic", "/front/image", "--camera-name", "front",
                        "--out", str(tmp_path / "x.npz"), *COMMON])
     assert rc == 2 and "--camera-name names the cameras of several --topic" in capsys.readouterr().err
+    rc = offline.main(["--bag", str(bag), "--topic", "/front/image", "--primary-camera", "front",
+                       "--out", str(tmp_path / "x.npz"), *COMMON])
+    assert rc == 2 and "--primary-camera chooses among the cameras of several --topic" in capsys.readouterr().err

@@ -123,7 +123,9 @@ def test_a_changed_row_shows_in_the_check(tmp_path):
     write_run(tmp_path, [LATENCY])
     runs = perf.load_runs(tmp_path)
     page, readme_region = perf.render_performance(runs), perf.render_readme(runs)
-    readme = f"# x\n\n<!-- generated: performance -->\n{readme_region}<!-- end: performance -->\n"
+    cost = perf.render_readme_streams(runs)
+    readme = (f"# x\n\n<!-- generated: performance -->\n{readme_region}<!-- end: performance -->\n"
+              f"<!-- generated: cameras-cost -->\n{cost}<!-- end: cameras-cost -->\n")
     assert perf.problems(runs, page, readme) == []
     changed = dict(LATENCY, median_ms=11.11)
     write_run(tmp_path, [changed])
@@ -210,3 +212,46 @@ def test_a_badly_named_file_is_refused(tmp_path):
     write_run(tmp_path, [LATENCY], name="2030-01-02-Synthetic Run")
     with pytest.raises(perf.RunFileError, match="is named"):
         perf.load_runs(tmp_path)
+
+
+def _record_tool():
+    spec = importlib.util.spec_from_file_location("bench_record", REPO / "bench" / "record.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_record_merges_parts_into_a_run_file_the_tables_accept(tmp_path):
+    record = _record_tool()
+    first = {"table": "first_pose", "caches": "warm", "seconds": 11.5, "model_load_s": 3.0, "compile_s": 4.0,
+             "capture_s": 0.5}
+    (tmp_path / "a.json").write_text(json.dumps({"setup": SETUP, "rows": [first]}))
+    (tmp_path / "b.json").write_text(json.dumps({"rows": [LATENCY]}))
+    out = tmp_path / "runs" / "2030-01-02-merged.json"
+    out.parent.mkdir()
+    assert record.main([str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--run", "merged",
+                        "--commit", "abc1234", "--date", "2030-01-02", "--out", str(out)]) == 0
+    (run,) = perf.load_runs(out.parent)
+    assert run.setup == SETUP and [r["table"] for r in run.rows] == ["first_pose", "latency"]
+
+
+def test_record_refuses_parts_without_a_set_up(tmp_path, capsys):
+    record = _record_tool()
+    (tmp_path / "a.json").write_text(json.dumps({"rows": [LATENCY]}))
+    out = tmp_path / "2030-01-02-merged.json"
+    assert record.main([str(tmp_path / "a.json"), "--run", "merged", "--commit", "abc1234",
+                        "--date", "2030-01-02", "--out", str(out)]) == 2
+    assert "no part carries a set-up" in capsys.readouterr().err and not out.exists()
+
+
+def test_the_readme_cost_per_camera_count_is_the_streams_rows(tmp_path):
+    """Each ``streams`` row becomes a README row with its step beside one camera's; without one the
+    region says that nothing is measured (and how to measure it)."""
+    write_run(tmp_path, [LATENCY])
+    assert "No run of record has measured several cameras" in perf.render_readme_streams(perf.load_runs(tmp_path))
+    row = {"table": "streams", "geometry": "518x378", "window": 16, "heads": "depth+camera", "streams": 2,
+           "ms_per_step": 30.0, "one_stream_ms": 20.0, "fps_total": 66.7, "sequential_fps": 50.0,
+           "processes_fps": 45.5}
+    write_run(tmp_path, [LATENCY, row])
+    text = perf.render_readme_streams(perf.load_runs(tmp_path))
+    assert "| 2 | 518×378 | 16 | depth + camera | 30.00 | 1.50× | 66.7 | 50.0 | 45.5 |" in text, text

@@ -21,6 +21,7 @@ from lingbot_map_ros.core.preprocess import FramePreprocessor  # noqa: E402
 from lingbot_map_ros.core.scale import DEPTH_SAMPLE_STRIDE, LOCKED, RE_ESTIMATING  # noqa: E402
 from lingbot_map_ros.core.session_manager import SessionManager  # noqa: E402
 from lingbot_map_ros.core.settings import defaults  # noqa: E402
+from lingbot_map_ros.ros.node_settings import FixedSettings, NodeSettings  # noqa: E402
 from lingbot_map_ros.ros.robot_frames import Placement, RobotFrames, Withheld  # noqa: E402
 from lingbot_map_ros.tools.node_client import SyntheticCamera  # noqa: E402
 
@@ -74,7 +75,7 @@ def test_window_switches_re_estimate_the_scale_without_a_jump(one_torch_thread):
     values = dict(defaults(), scale_source="depth", scale_min_samples=2, publish_tf=False)
     depth = _Depth()
     node = _Node()
-    robot = RobotFrames(node, values, _Tree(), depth)
+    robot = RobotFrames(node, FixedSettings(NodeSettings.from_values(values)), _Tree(), depth)
     stream = StreamConfig(scale_frames=2, sliding_window=3, camera_iterations=1, with_depth=True,
                           long_run_policy="window", max_stored_frames=6, overlap_frames=2)
     session = SessionManager.open(RuntimeConfig(model_preset="tiny", device="cpu"), stream, log=lambda m: None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -22,8 +23,11 @@ from std_msgs.msg import String  # noqa: E402
 from std_srvs.srv import Trigger  # noqa: E402
 
 from lingbot_map_ros.core.session_store import SaveReport, SessionCapture, SessionFileError  # noqa: E402
+from lingbot_map_ros.core.settings import defaults  # noqa: E402
 from lingbot_map_ros.ros.commands import CommandResult, LoadSession, SaveSession  # noqa: E402
 from lingbot_map_ros.ros.node import make_executor  # noqa: E402
+from lingbot_map_ros.ros.node_settings import LiveSettings, NodeSettings  # noqa: E402
+from lingbot_map_ros.ros.node_state import NodeState  # noqa: E402
 from lingbot_map_ros.ros.services import NodeServices  # noqa: E402
 
 
@@ -61,7 +65,7 @@ def test_a_slow_save_does_not_hold_up_the_image_callbacks(contexts, tmp_path):
     release, started = threading.Event(), threading.Event()
     received: list[float] = []
     node.create_subscription(String, "/session_services_test/images", lambda m: received.append(time.monotonic()), 10)
-    values = {"session_path": str(tmp_path / "s")}
+    settings = LiveSettings(NodeSettings.from_values(dict(defaults(), session_path=str(tmp_path / "s"))))
 
     def submit(command, wait):
         if isinstance(command, SaveSession):
@@ -74,8 +78,10 @@ def test_a_slow_save_does_not_hold_up_the_image_callbacks(contexts, tmp_path):
             raise SessionFileError(f"{path!r} is not a session (no such folder)")
         return f"<prepared {path}>"
 
-    NodeServices(node, values, configured=lambda: True, submit_reset=lambda r, w: CommandResult(True, "reset"),
-                 state_label=lambda: "active", trajectory=lambda: ([], 0), submit=submit, prepare_load=prepare_load)
+    state = NodeState()
+    state.enter("active")
+    parts = SimpleNamespace(configured=True, submit=submit, prepare_load=prepare_load)  # ConfiguredParts' methods
+    NodeServices(node, settings, state, parts, trajectory=SimpleNamespace(trajectory=lambda: ([], 0)))
     executor = make_executor(context=node_ctx)
     executor.add_node(node)
     spinner = threading.Thread(target=executor.spin, daemon=True)
@@ -104,11 +110,11 @@ def test_a_slow_save_does_not_hold_up_the_image_callbacks(contexts, tmp_path):
         release.set()
         client.spin_until_future_complete(future, timeout_sec=20)
         assert future.result().success and "saved session" in future.result().message
-        values["session_path"] = str(tmp_path / "bad")
+        settings.update({"session_path": str(tmp_path / "bad")})
         refused = load.call_async(Trigger.Request())
         client.spin_until_future_complete(refused, timeout_sec=20)
         assert not refused.result().success and "is not a session" in refused.result().message
-        values["session_path"] = str(tmp_path / "good")
+        settings.update({"session_path": str(tmp_path / "good")})
         loaded = load.call_async(Trigger.Request())
         client.spin_until_future_complete(loaded, timeout_sec=20)
         assert loaded.result().success and loaded.result().message == f"loaded <prepared {tmp_path / 'good'}>"

@@ -121,3 +121,24 @@ def test_a_known_camera_aspect_sizes_configure_and_crops_a_taller_camera(capsys,
     prep = FramePreprocessor(width=224, max_height=planned_height(224, 0.75))
     prep.fix_size(300, 300)  # a square camera where a 4:3 one was planned for: cropped to the plan
     assert prep.model_hw == (168, 224) and prep.crop_offset_y == 28
+
+
+def test_footprint_for_several_cameras_fits_one_window_for_all_and_the_readme_says_the_same(capsys):
+    """``--footprint --cameras 2``: the window configure picks for two cameras on one node (the weights
+    once, a pool share and camera cache each), checked against the footprint model directly, and the
+    README's several-camera table shows the same pick."""
+    import scripts.readme_tables as tables
+
+    assert bench.main(["--footprint", "--cameras", "2", "--gpu-memory-budget", "16", "--fit-window",
+                       "--heads", "depth+camera"]) == 0
+    [(window, gb)] = _picked(capsys.readouterr().out)
+    cfg, rt = model_config("full"), assumed_runtime("cuda", torch.bfloat16)
+    stream = StreamConfig(with_depth=True, depth_chunk=1)
+    at = {w: footprint(cfg, rt, replace(stream, sliding_window=w), 518, 518, 2).total for w in (window, window + 1)}
+    assert at[window] <= 16 * GB < at[window + 1], (window, at)
+    one = footprint(cfg, rt, replace(stream, sliding_window=window), 518, 518).total
+    assert at[window] > one  # a second camera costs memory: the same window fits one camera with room
+    [body] = tables.regions(tables.README.read_text(encoding="utf-8"))["fits-cameras"]
+    row = next(line for line in body.splitlines() if line.startswith("| 16 GB | 2 |"))
+    cell = row.split("|")[3].split()
+    assert int(cell[0]) == window and abs(float(cell[1].strip("(")) - gb) <= 0.051, (cell, window, gb)

@@ -253,8 +253,31 @@ def test_footprint_counts_every_stream_and_the_weights_once(loaded):
     two = group_footprint(loaded, STREAM, 2).total
     tight = replace(STREAM, gpu_memory_budget=two / 1e9)
     StreamGroup(loaded, tight, ["a", "b"], log=lambda m: None)
-    with pytest.raises(MemoryBudgetExceeded, match="a group of 3 streams needs"):
+    with pytest.raises(MemoryBudgetExceeded, match="for 3 cameras needs"):
         StreamGroup(loaded, tight, ["a", "b", "c"], log=lambda m: None)
+
+
+def test_fit_window_shrinks_every_stream_to_what_the_group_fits(loaded):
+    """With ``fit_window`` the window is fitted for all streams at once: the largest whose group
+    footprint fits the budget, the same for every stream (one geometry for every share of the pool)."""
+    from dataclasses import replace
+
+    from lingbot_map_ros.core.stream_group import group_footprint
+
+    # between windows 1 and 2 at the smallest depth chunk (the budget's first resort): window 1 fits
+    at = {w: group_footprint(loaded, replace(STREAM, sliding_window=w, depth_chunk=1), 3).total for w in (1, 2)}
+    between = (at[1] + at[2]) / 2
+    tight = replace(STREAM, gpu_memory_budget=between / 1e9, fit_window=True)
+    warned: list[str] = []
+    group = StreamGroup(loaded, tight, ["a", "b", "c"], log=warned.append)
+    window = group.stream.sliding_window
+    assert window == 1 < STREAM.sliding_window
+    assert {m.stream_cfg.sliding_window for m in group.managers.values()} == {window}
+    budget = tight.gpu_memory_budget * 1e9
+    assert group_footprint(loaded, replace(group.stream, sliding_window=window), 3).total <= budget
+    assert group_footprint(loaded, replace(group.stream, sliding_window=window + 1), 3).total > budget
+    assert any(f"sliding_window {window} instead of {STREAM.sliding_window}" in w and "for 3 cameras" in w
+               for w in warned), warned
 
 
 def test_a_refused_frame_ends_with_its_reason_and_changes_nothing(loaded):

@@ -43,46 +43,50 @@ def device_free_bytes(device: torch.device) -> float:
 
 
 def predict(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig,
-            hw: Optional[tuple[int, int]] = None) -> Footprint:
+            hw: Optional[tuple[int, int]] = None, streams: int = 1) -> Footprint:
     """The footprint at ``hw`` (the session's frame size), else at the tallest input the settings allow
-    (``camera_aspect``'s, else the width's square)."""
+    (``camera_aspect``'s, else the width's square); ``streams``: that many cameras on the one model."""
     h, w = hw if hw is not None else (planned_height(stream.image_width, stream.camera_aspect), stream.image_width)
-    return footprint(cfg, rt, stream, h, w)
+    return footprint(cfg, rt, stream, h, w, streams)
 
 
 def fit_stream(cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig,
-               rules: Callable[[StreamConfig], list[str]], budget: float) -> tuple[StreamConfig, str]:
+               rules: Callable[[StreamConfig], list[str]], budget: float,
+               streams: int = 1) -> tuple[StreamConfig, str]:
     """``(stream, "")`` when it fits ``budget`` (bytes, 0: no limit); with ``fit_window`` the largest
     window that fits and the warning that says so; else ``MemoryBudgetExceeded`` with what does not
     fit and by how much. ``rules``: the settings' own reasons against a window (the long-run policy's
-    overlap, say). Pure: it reads its arguments only (``MemoryBudget.adopt`` records the choice)."""
-    fp = predict(cfg, rt, stream)
+    overlap, say). ``streams``: the cameras that share the model, each with these settings (the
+    window is the same for all of them, so it shrinks for all). Pure: it reads its arguments only
+    (``MemoryBudget.adopt`` records the choice)."""
+    what = f" for {streams} cameras" if streams > 1 else ""
+    fp = predict(cfg, rt, stream, streams=streams)
     if fits(fp, budget):
         return stream, ""
     if stream.with_depth:  # phase 1's depth head in smaller calls: the same numbers in less memory
         for chunk in (4, 2, 1):
             if chunk < stream.depth_chunk:
                 stream = replace(stream, depth_chunk=chunk)
-                fp = predict(cfg, rt, stream)
+                fp = predict(cfg, rt, stream, streams=streams)
                 if fits(fp, budget):
                     return stream, ""
     if not stream.fit_window:
-        raise MemoryBudgetExceeded(budget_problem(fp, budget, f"sliding_window {stream.sliding_window}")
+        raise MemoryBudgetExceeded(budget_problem(fp, budget, f"sliding_window {stream.sliding_window}{what}")
                                    + "; lower sliding_window or image_width, or set fit_window true")
     h, w = planned_height(stream.image_width, stream.camera_aspect), stream.image_width
-    best = largest_fitting_window(cfg, rt, stream, h, w, budget)
+    best = largest_fitting_window(cfg, rt, stream, h, w, budget, streams)
     if best is None:
-        smallest = footprint(cfg, rt, replace(stream, sliding_window=1), h, w)
-        raise MemoryBudgetExceeded("fit_window: not even sliding_window 1 fits: "
-                                   + budget_problem(smallest, budget, "sliding_window 1"))
+        smallest = footprint(cfg, rt, replace(stream, sliding_window=1), h, w, streams)
+        raise MemoryBudgetExceeded(f"fit_window: not even sliding_window 1 fits{what}: "
+                                   + budget_problem(smallest, budget, f"sliding_window 1{what}"))
     fitted = replace(stream, sliding_window=best)
     problems = rules(fitted)
     if problems:  # the rules only tighten for smaller windows: no smaller one can do better
         raise MemoryBudgetExceeded(f"fit_window: sliding_window {best} is the largest that fits the memory "
                                    f"budget ({budget / GB:.2f} GB), but: " + "; ".join(problems))
-    need = footprint(cfg, rt, fitted, h, w).total
+    need = footprint(cfg, rt, fitted, h, w, streams).total
     return fitted, (f"fit_window: sliding_window {best} instead of {stream.sliding_window} fits the memory "
-                    f"budget ({need / GB:.2f} of {budget / GB:.2f} GB; window {stream.sliding_window} needs "
+                    f"budget{what} ({need / GB:.2f} of {budget / GB:.2f} GB; window {stream.sliding_window} needs "
                     f"{fp.total / GB:.2f} GB)")
 
 
@@ -164,13 +168,13 @@ class MemoryBudget:
         return self._auto[key]
 
     def predict(self, cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig,
-                hw: Optional[tuple[int, int]] = None) -> Footprint:
-        return predict(cfg, rt, stream, hw)
+                hw: Optional[tuple[int, int]] = None, streams: int = 1) -> Footprint:
+        return predict(cfg, rt, stream, hw, streams)
 
     def fit(self, cfg: ModelConfig, rt: ResolvedRuntime, stream: StreamConfig,
-            rules: Callable[[StreamConfig], list[str]]) -> tuple[StreamConfig, str]:
+            rules: Callable[[StreamConfig], list[str]], streams: int = 1) -> tuple[StreamConfig, str]:
         """``fit_stream`` against this budget (resolving and remembering an automatic one)."""
-        return fit_stream(cfg, rt, stream, rules, self.bytes_for(stream, rt.device))
+        return fit_stream(cfg, rt, stream, rules, self.bytes_for(stream, rt.device), streams)
 
     def snapshot(self) -> BudgetSnapshot:
         """The budget as data, for checks on another thread (``BudgetCheck``)."""

@@ -240,6 +240,11 @@ class StreamingSession:
         """The context every model call of this session runs in (inference mode, the runtime's autocast)."""
         return self._inference(None)
 
+    def graph_inference(self):
+        """The context of a captured step: ``inference`` with the session's compiled block bodies (when
+        the runtime fuses blocks), as its own graphed step runs; a group's batched graph uses it."""
+        return self._inference(self._fusion)
+
     def flush(self) -> list[Processed]:
         """Process buffered scale frames now, fewer than ``scale_frames`` if the stream ended early."""
         if self._phase1_done or not self._pending:

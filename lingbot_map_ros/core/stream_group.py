@@ -11,12 +11,15 @@ be batched with the others anyway, since a batch is one frame size.
 ``step({name: (frame, stamp), ...})`` runs the frames it is given:
 
 * **batched**: the phase-2 frames of two or more streams (same frame size and head settings) go
-  through ONE model call (``_forward``): the image encoder, the frame blocks, every linear layer and
-  the depth head see ``[B, ...]``; global attention is per stream (each frame's queries against its
-  own stream's visible pages, ``cache/batched.py``), the camera head's attention per stream's cache.
-  Each stream's step is opened, closed and finished by its own session (``StreamingSession``'s
-  ``prepare_step`` / ``open_step`` / ``close_step`` / ``finish_step``), so its results are those of
-  the same stream run alone (``test/test_stream_group.py`` checks it to 1e-6).
+  through ONE model call - eager (``_forward``), or under CUDA graphs with ``batch=True`` the
+  captured step of that batch size (``_forward_graphed``; ``core/batched_graph.py`` also owns the
+  choice between them and its reason: ``decision``, ``batch_path``). The image encoder, the frame
+  blocks, every linear layer and the depth head see ``[B, ...]``; global attention is per stream
+  (each frame's queries against its own stream's visible pages, ``cache/batched.py``), the camera
+  head's attention per stream's cache. Each stream's step is opened, closed and finished by its own
+  session (``StreamingSession``'s ``prepare_step`` / ``open_step`` / ``close_step`` /
+  ``finish_step``), so its results are those of the same stream run alone
+  (``test/test_stream_group.py`` and ``test/test_batched_graph.py`` check it to 1e-6).
 * **alone**, through the stream's ``SessionManager.push`` exactly as a single-camera node does: a
   stream in phase 1 (scale frames, buffered and run together), a frame at the stored-frame limit
   (the long-run policy's window switch or new session), a frame refused, and the only phase-2 frame
@@ -24,12 +27,13 @@ be batched with the others anyway, since a batch is one frame size.
 
 Fault containment (every frame ends with exactly one result or one failure):
 
-* a batched model call that raises (an out-of-memory, say) cannot be blamed on one stream, so every
-  stream of the batch is taken back to its state before the step (``abort_step``: the page tables to
-  their marks; the step wrote only free pages and unused slots) and **re-run alone**; a stream whose
-  lone run raises too gets what a lone stream gets (a new session, ``InferenceFailed``). A stream
-  whose step cannot be undone exactly (an append that reused a page it evicted, the split backend's
-  ``lowest`` order) gets a new session and the failure at once;
+* a batched model call that raises (an out-of-memory, say; a captured step's capture or replay
+  alike, and a failed capture also refuses its batch size from then on) cannot be blamed on one
+  stream, so every stream of the batch is taken back to its state before the step (``abort_step``:
+  the page tables to their marks; the step wrote only free pages and unused slots) and **re-run
+  alone**; a stream whose lone run raises too gets what a lone stream gets (a new session,
+  ``InferenceFailed``). A stream whose step cannot be undone exactly (an append that reused a page
+  it evicted, the split backend's ``lowest`` order) gets a new session and the failure at once;
 * a non-finite output stays in its stream (rows of a batch never mix outside attention, and
   attention is per stream): the result is handed out as a lone stream's would be, and the caller
   (the node) gives it ``NON_FINITE_OUTPUT`` and counts it per stream (``StreamOutcome.non_finite``).
@@ -39,23 +43,35 @@ Not thread-safe, like the managers: one thread owns the group.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from .batched_graph import (
+    BatchDecision,
+    BatchGraphs,
+    BatchKey,
+    CaptureFailed,
+    Capturer,
+    CudaGraphCapturer,
+    GraphedBatchStep,
+    decide_batching,
+)
 from .cache.batched import GroupCameraAttention, GroupGlobalAttention
-from .cache.pool import SharedKVPool, batched_page_request
+from .cache.pool import SharedKVPool, batched_index_capacity, batched_page_request
 from .cache.sdpa_backend import BatchedSdpaBackend
 from .config import SPECIAL_TOKENS_PER_FRAME, StreamConfig
-from .footprint import Footprint, budget_problem, fits, footprint, worst_case_height
-from .memory_budget import MemoryBudget, MemoryBudgetExceeded
+from .cuda_graph import side_stream
+from .footprint import Footprint, footprint, worst_case_height
+from .memory_budget import MemoryBudget
 from .model_host import ModelHost
 from .readback import StagedReadback
 from .results import FrameResult
 from .session_errors import SessionError, StoredFrameLimit
 from .session_events import InferenceFailed, SessionCause
-from .session_manager import SessionManager
+from .session_manager import SessionManager, settings_problems
 from .stream import PhaseTwoStep
 
 BATCHED_ATTENTION = ("auto", "loop", "flashinfer", "pool-sdpa")
@@ -97,7 +113,7 @@ class StreamGroup:
 
     def __init__(self, host: ModelHost, stream: StreamConfig, names: Sequence[str],
                  log: Callable[[str], None] = print, *, batched_attention: str = "auto",
-                 batch: Optional[bool] = None) -> None:
+                 batch: Optional[bool] = None, capturer: Optional[Capturer] = None) -> None:
         """``host``: the model every stream runs (``core/model_host.py``, the weights once); ``stream``:
         the settings of every stream (the pool's shares are cut for its geometry); ``names``: the
         streams, in order.
@@ -105,10 +121,11 @@ class StreamGroup:
         ``flashinfer`` (one FlashInfer call over the pool), ``pool-sdpa`` (the same request over the
         pool through SDPA: the FlashInfer form's reference, any device), ``auto`` (FlashInfer when the
         runtime's backend is FlashInfer on CUDA, else the loop). ``batch``: run the phase-2 frames of
-        several streams as one call (True) or each alone (False); None: batched unless the runtime
-        captures CUDA graphs, because the batched call is eager and an eager step of the full model is
-        host-bound (thousands of launches), slower than the streams' captured lone steps one after
-        another until a batched step is captured per batch size."""
+        several streams as one call (True: captured per batch size under CUDA graphs,
+        ``core/batched_graph.py``) or each alone (False); None: batched without CUDA graphs, each
+        stream's own captured step with them (``batched_graph.decide_batching`` decides, with its
+        reason in ``decision``). ``capturer``: how batched steps are captured (default: CUDA graphs
+        when the runtime has them; the CPU tests hand in a stand-in, which also selects the path)."""
         names = list(names)
         if not names or len(set(names)) != len(names):
             raise ValueError(f"stream names must be given, each once (got {names})")
@@ -126,11 +143,24 @@ class StreamGroup:
             except ImportError as exc:
                 raise ValueError(f"batched_attention 'flashinfer' needs the flashinfer package ({exc})") from None
         self.batched_attention = batched_attention
-        self.batch = (not rt.cuda_graphs) if batch is None else bool(batch)
+        # Checked before any stream allocates its caches, for all streams at once: with fit_window every
+        # stream's window shrinks to what fits (one geometry for every share of the pool), else
+        # MemoryBudgetExceeded says by how much.
+        stream, warning = MemoryBudget().fit(host.cfg, rt, stream, lambda s: settings_problems(host.settings, s),
+                                             len(names))
+        if warning:
+            log(warning)
+        self.stream = stream
+        self.decision: BatchDecision = decide_batching(batch=batch, cuda_graphs=rt.cuda_graphs or capturer is not None,
+                                                       batched_attention=batched_attention)
+        self.batch = self.decision.path != "alone"
+        self._graphs: Optional[BatchGraphs] = None
+        if self.decision.path == "graphed":
+            self._graphs = BatchGraphs(rt.device, capturer if capturer is not None else CudaGraphCapturer(rt.device),
+                                       self._encode)
+        self._graph_backends: dict[tuple[int, int], Any] = {}  # (batch, tokens) -> FlashInfer's CUDA-graph form
+        log(f"streams {names}: {self.decision.path} - {self.decision.reason}")
         self.footprint = group_footprint(host, stream, len(names))
-        budget = MemoryBudget().bytes_for(stream, rt.device)
-        if not fits(self.footprint, budget):  # checked before any stream allocates its caches
-            raise MemoryBudgetExceeded(budget_problem(self.footprint, budget, f"a group of {len(names)} streams"))
         self._pools: dict[tuple[int, ...], SharedKVPool] = {}
         self._batched_backend = None
         self._readback = StagedReadback()
@@ -142,6 +172,8 @@ class StreamGroup:
             self._managers[name] = manager
         self.last_step_ms = 0.0
         self.last_batch = 0
+        self.last_path = ""  # the path of the last batch of a step ("graphed", "eager", "alone")
+        self.path_counts: Counter[str] = Counter()  # batches of two or more streams per path they ran
 
     # ------------------------------------------------------------------ streams
     def manager(self, name: str) -> SessionManager:
@@ -211,13 +243,52 @@ class StreamGroup:
                    id(self._pool_of(session.global_cache)) if self.batched_attention != "loop" else 0)
             batches.setdefault(key, []).append(_Entry(name, manager, step, frame, stamp))
         self.last_batch = 0
+        if self._graphs is not None and batches:
+            self._graphs.prune(self._current_caches())
         for entries in batches.values():
-            if len(entries) == 1 or not self.batch:  # a batch of one is the lone path (CUDA graph included)
+            path, _ = self.batch_path(entries)
+            if len(entries) > 1:
+                self.path_counts[path] += 1
+                self.last_path = path
+            if path == "alone":  # a batch of one is the lone path (CUDA graph included)
                 for e in entries:
                     outcomes[e.name] = self._alone(e.name, e.frame, e.stamp)
+            elif path == "graphed":
+                outcomes.update(self._run_batch(entries, graphed=True))
             else:
                 outcomes.update(self._run_batch(entries))
         return {name: outcomes[name] for name in frames}
+
+    def batch_path(self, entries: Sequence[_Entry]) -> tuple[str, str]:
+        """How these prepared phase-2 frames run, and why: the group's ``decision``, narrowed per batch."""
+        if len(entries) < 2:
+            return "alone", "a batch of one is the stream's own step (its CUDA graph included)"
+        if self.decision.path != "graphed":
+            return self.decision.path, self.decision.reason
+        assert self._graphs is not None
+        refused = self._graphs.refused.get(len(entries))
+        if refused:
+            return "alone", refused
+        if self.host.resolved.cuda_graphs and not all(e.manager.session.use_cuda_graphs for e in entries):
+            return "eager", "a stream's CUDA graphs are off for now (the benchmark's kernel profile): one eager call"
+        return "graphed", self.decision.reason
+
+    @property
+    def batch_graphs(self) -> Optional[BatchGraphs]:
+        """The captured batched steps (None: the group does not capture them)."""
+        return self._graphs
+
+    def graph_stats(self) -> dict:
+        """Per batch size: captures, replays and encoder captures of the batched steps (empty: none)."""
+        return {} if self._graphs is None else self._graphs.stats()
+
+    def _current_caches(self) -> dict[str, tuple[int, int]]:
+        out = {}
+        for name, manager in self._managers.items():
+            s = manager.session
+            if s.global_cache is not None and s.camera_cache is not None:
+                out[name] = (id(s.global_cache), id(s.camera_cache))
+        return out
 
     def flush(self, name: str) -> StreamOutcome:
         """A stream's buffered scale frames processed now (its input ended early)."""
@@ -237,8 +308,21 @@ class StreamGroup:
         start = entry.manager.reset(f"inference failed: {type(exc).__name__}: {exc}", SessionCause.FAILURE)
         return StreamOutcome(error=InferenceFailed(exc, start))
 
-    def _run_batch(self, entries: list[_Entry]) -> dict[str, StreamOutcome]:
+    def _run_batch(self, entries: list[_Entry], graphed: bool = False) -> dict[str, StreamOutcome]:
         outcomes: dict[str, StreamOutcome] = {}
+        began = None
+        start = time.perf_counter()
+        if graphed:
+            entries = sorted(entries, key=lambda e: not e.step.with_depth)  # stable: the depth frames lead
+            try:  # the frames in and the encoder queued first: the device encodes while the host opens the steps
+                began = self._begin_graphed(entries)
+            except Exception as exc:  # noqa: BLE001 - nothing is open yet: each stream alone
+                if isinstance(exc, CaptureFailed):
+                    self._refuse(exc)
+                else:
+                    self.log(f"batched step of {[e.name for e in entries]} failed before it began "
+                             f"({type(exc).__name__}: {exc}): each stream alone")
+                return {e.name: self._alone(e.name, e.frame, e.stamp) for e in entries}
         opened: list[_Entry] = []
         for e in entries:
             try:
@@ -252,10 +336,23 @@ class StreamGroup:
             opened.append(e)
         if not opened:
             return outcomes
-        start = time.perf_counter()
+        if graphed and len(opened) == 1:  # the others were refused: a batch of one is the stream's own step
+            e = opened[0]
+            outcomes[e.name] = (self._alone(e.name, e.frame, e.stamp) if e.manager.session.abort_step()
+                                else self._fail(e, RuntimeError("its batch partner was refused")))
+            return outcomes
+        if not graphed:
+            start = time.perf_counter()
         try:
-            pose, depth, conf = self._forward(opened)
+            if graphed:  # the encoder ran on the frames of ``entries``: again when some were refused
+                same = len(opened) == len(entries)
+                pose, depth, conf, depth_rows = self._forward_graphed(opened, began if same else None)
+            else:
+                pose, depth, conf, depth_rows = self._forward(opened)
         except Exception as exc:  # noqa: BLE001 - not attributable to one stream: undo, re-run alone
+            if isinstance(exc, CaptureFailed):  # batches of this size run alone from now on
+                self._refuse(exc)
+                exc = exc.cause  # type: ignore[assignment]
             cause = f"{type(exc).__name__}: {exc}"
             exc.__traceback__ = None  # its frames hold the failed step's activations
             if isinstance(exc, torch.OutOfMemoryError):
@@ -269,19 +366,19 @@ class StreamGroup:
             e.manager.session.close_step()
         elapsed_ms = (time.perf_counter() - start) * 1e3
         self.last_step_ms, self.last_batch = elapsed_ms, len(opened)
-        d = 0
         for i, e in enumerate(opened):
             rows = (pose[i:i + 1], None, None)
-            if e.step.with_depth and depth is not None:
+            d = depth_rows[i]
+            if d is not None and depth is not None:
                 rows = (pose[i:i + 1], depth[d:d + 1], None if conf is None else conf[d:d + 1])
-                d += 1
             processed = e.manager.session.finish_step(e.step, rows, elapsed_ms)
             outcomes[e.name] = StreamOutcome(tuple(e.manager.policy.to_world(p) for p in processed), batched=True)
         return outcomes
 
     def _forward(self, entries: list[_Entry]):
         """ONE model call over the entries' frames ``[B, 3, H, W]``; their steps are open. Returns
-        host arrays: pose_enc [B, 9], depth and confidence [n, H, W] of the frames with depth (or None)."""
+        host arrays: pose_enc [B, 9], depth and confidence [n, H, W] of the frames with depth (or None),
+        and each frame's row of them (None: no depth for it)."""
         sessions = [e.manager.session for e in entries]
         first = sessions[0]
         device = self.host.resolved.device
@@ -306,7 +403,72 @@ class StreamGroup:
                 num_iterations=cfg.camera_iterations, with_depth=bool(depth_frames),
                 max_positions=cfg.max_frame_num, depth_frames=depth_frames,
             )
-            return self._readback.fetch((out.pose_enc, out.depth, out.depth_conf))
+            pose, depth, conf = self._readback.fetch((out.pose_enc, out.depth, out.depth_conf))
+        rows = {i: r for r, i in enumerate(depth_frames)}
+        return pose, depth, conf, [rows.get(i) for i in range(b)]
+
+    def _encode(self, images: torch.Tensor, variants: torch.Tensor) -> torch.Tensor:
+        """The image encoder of a batched graph: frames ``[B, 3, H, W]`` -> tokens ``[B, P, C]``."""
+        with self._managers[self.names[0]].session.graph_inference():
+            return self.host.model.embed(images, variants, variants)
+
+    def _refuse(self, exc: CaptureFailed) -> None:
+        assert self._graphs is not None
+        self._graphs.capture_failed(exc.batch, exc.cause)
+        self.log(self._graphs.refused[exc.batch])
+
+    def _begin_graphed(self, entries: list[_Entry]) -> GraphedBatchStep:
+        """The captured step of this batch size with the entries' frames in and its encoder queued."""
+        assert self._graphs is not None
+        graph = self._graphs.step_for(len(entries), entries[0].manager.session.image_hw)  # type: ignore[arg-type]
+        graph.begin([e.step.image for e in entries])
+        return graph
+
+    def _forward_graphed(self, entries: list[_Entry], began: Optional[GraphedBatchStep] = None):
+        """The batched step of the entries (their steps open, the frames with depth first: the depth head
+        reads a leading slice of the batch) as a captured graph of its batch size (``core/batched_graph.py``):
+        captured on its key's first use, replayed after. ``began``: the step whose ``begin`` took these
+        frames already (None: begin here). Returns what ``_forward`` returns."""
+        assert self._graphs is not None
+        depth_count = sum(e.step.with_depth for e in entries)
+        if any(e.step.with_depth for e in entries[depth_count:]):
+            raise ValueError("the frames with depth must lead the batch")
+        sessions = [e.manager.session for e in entries]
+        first = sessions[0]
+        b, hw, cfg = len(entries), first.image_hw, first.stream_cfg
+        patch = self.host.cfg.patch_size
+        tokens_per_frame = SPECIAL_TOKENS_PER_FRAME + (hw[0] // patch) * (hw[1] // patch)  # type: ignore[index]
+        graph = began if began is not None else self._begin_graphed(entries)
+        caches = [s.global_cache for s in sessions]
+        cameras = [s.camera_cache for s in sessions]
+        pool, batched = None, None
+        if self.batched_attention != "loop" and self._pool_of(caches[0]) is not None:
+            pool, batched = self._plan_batched(entries, tokens_per_frame, graphed=True)
+        if batched is not None:
+            signatures: tuple = (getattr(batched, "plan_signature", ()),)
+        else:
+            signatures = tuple(getattr(c.single_frame_backend, "plan_signature", ()) for c in caches)  # type: ignore[union-attr]
+        key = BatchKey(tuple((e.name, id(c), id(m)) for e, c, m in zip(entries, caches, cameras)), signatures,
+                       depth_count, cfg.camera_iterations)
+        depth_frames = None if depth_count in (0, b) else list(range(depth_count))  # None: every frame or none
+        device = self.host.resolved.device
+        depth_stream = side_stream(device, "depth") if device.type == "cuda" else None
+        model = self.host.model
+
+        def run_model(tokens: torch.Tensor, rope: torch.Tensor):
+            attention = GroupGlobalAttention(caches, tokens_per_frame, pool, batched)  # type: ignore[arg-type]
+            camera = GroupCameraAttention(cameras)  # type: ignore[arg-type]
+            with first.graph_inference():
+                return model.forward_embedded(tokens, hw, rope_frames=rope, global_attention=attention,  # type: ignore[arg-type]
+                                              camera_attention=camera, num_iterations=cfg.camera_iterations,
+                                              with_depth=depth_count > 0, max_positions=cfg.max_frame_num,
+                                              depth_stream=depth_stream, depth_frames=depth_frames)
+
+        out = graph.finish(key, [e.step.rope_index for e in entries], run_model, keep=(*caches, *cameras))
+        pose, depth, conf = self._readback.fetch((out.pose_enc, out.depth, out.depth_conf))
+        if device.type != "cuda":  # CPU fp32 arrays are views of the outputs the next replay overwrites
+            pose, depth, conf = (None if a is None else a.copy() for a in (pose, depth, conf))
+        return pose, depth, conf, [i if i < depth_count else None for i in range(b)]
 
     def _pool_of(self, cache) -> Optional[SharedKVPool]:
         """The pool whose share ``cache``'s pages are (None: pages of its own)."""
@@ -316,12 +478,21 @@ class StreamGroup:
         return next((p for p in self._pools.values()
                      if p.storage.data_ptr() <= ptr < p.storage.data_ptr() + p.nbytes), None)
 
-    def _plan_batched(self, entries: list[_Entry], tokens: int):
-        """The pool and FlashInfer's one plan of this step over every stream's visible pages."""
+    def _plan_batched(self, entries: list[_Entry], tokens: int, graphed: bool = False):
+        """The pool and FlashInfer's one plan of this step over every stream's visible pages (``graphed``:
+        the CUDA-graph wrapper of this batch size, its buffers written here, outside the graph)."""
         caches = [e.manager.session.global_cache for e in entries]
         pool = self._pool_of(caches[0])
         if pool is None:
             raise RuntimeError("the batched FlashInfer step needs the streams' pages in one pool")
+        backend = self._graph_backend(len(entries), tokens, pool) if graphed else self._eager_backend()
+        request = batched_page_request([c.table for c in caches],  # type: ignore[union-attr]
+                                       [pool.shares.first_page(e.name) for e in entries], tokens,
+                                       token_pages=backend.token_pages)
+        backend.plan(request, pool.page_size)
+        return pool.storage, backend
+
+    def _eager_backend(self):
         rt, cfg = self.host.resolved, self.host.cfg
         if self._batched_backend is None and self.batched_attention == "pool-sdpa":
             self._batched_backend = BatchedSdpaBackend(device=rt.device)
@@ -331,11 +502,25 @@ class StreamGroup:
             self._batched_backend = BatchedFlashInferBackend(num_heads=cfg.num_heads, head_dim=cfg.head_dim,
                                                              dtype=rt.dtype, device=rt.device,
                                                              kernel=rt.flashinfer_kernel)
-        request = batched_page_request([c.table for c in caches],  # type: ignore[union-attr]
-                                       [pool.shares.first_page(e.name) for e in entries], tokens,
-                                       token_pages=self._batched_backend.token_pages)
-        self._batched_backend.plan(request, pool.page_size)
-        return pool.storage, self._batched_backend
+        return self._batched_backend
+
+    def _graph_backend(self, batch: int, tokens: int, pool: SharedKVPool):
+        """FlashInfer's CUDA-graph wrapper for ``batch`` streams of ``tokens`` queries each (made once):
+        FlashInfer fixes both for a wrapper's life. Its index buffer holds ``batch`` full shares."""
+        backend = self._graph_backends.get((batch, tokens))
+        if backend is None:
+            if self.batched_attention != "flashinfer":  # decide_batching never captures pool-sdpa
+                raise RuntimeError(f"batched attention {self.batched_attention!r} has no CUDA-graph form")
+            from .cache.flashinfer_backend import BatchedFlashInferBackend
+
+            rt, cfg = self.host.resolved, self.host.cfg
+            token_pages = rt.flashinfer_kernel == "fa3"
+            backend = self._graph_backends[(batch, tokens)] = BatchedFlashInferBackend(
+                num_heads=cfg.num_heads, head_dim=cfg.head_dim, dtype=rt.dtype, device=rt.device,
+                kernel=rt.flashinfer_kernel, batch_size=batch,
+                max_indices=batched_index_capacity(batch, pool.shares.pages_per_share, pool.page_size,
+                                                   token_pages=token_pages))
+        return backend
 
 
 __all__ = ["BATCHED_ATTENTION", "StreamGroup", "StreamOutcome", "group_footprint"]

@@ -25,7 +25,7 @@ import math
 import statistics
 import threading
 import time
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
@@ -43,6 +43,8 @@ from .diagnostics import DIAG_PREFIX, RATE_WINDOW_S
 from .frames import Frame, FrameLedger, InputRejected, LatestFrame, stamp_sec
 from .input_size import InputSize
 from .intake import DepthPairing, ImageIntake
+from .node_settings import OverriddenSettings, SettingsSource
+from .node_state import NodeState
 from .robot_frames import RobotFrames, Withheld
 from .time_jump import TimeJumpDetector
 from .transforms import NoTransform
@@ -57,26 +59,26 @@ class InitialSessionRefused(RuntimeError):
 class CameraChannel:
     """One camera: its input, its ledger, its queue, its frames in the robot, its outputs."""
 
-    def __init__(self, node, values: Mapping, name: str, tree, cond: threading.Condition,
-                 is_active: Callable[[], bool], state_label: Callable[[], str]):
+    def __init__(self, node, settings: SettingsSource, name: str, tree, cond: threading.Condition, state: NodeState):
         from ..core.preprocess import FramePreprocessor
 
         self.name = name
         self._node = node
-        self._values = values
+        self._settings = settings
         self.session_id = 0
         self.ledger = FrameLedger(node, session_id=lambda: self.session_id, topic=f"~/{name}/frame_status")
-        self.input_size = InputSize(lambda: FramePreprocessor(fast_resize=bool(values["fast_resize"]),
-                                                              width=int(values["image_width"])))
+        self.input_size = InputSize(lambda: FramePreprocessor(fast_resize=bool(settings.current.fast_resize),
+                                                              width=int(settings.current.image_width)))
         # its own world and scale; the rig publishes the body's /tf edge, never a camera's RobotFrames
-        self.robot = RobotFrames(node, collections.ChainMap({"publish_tf": False}, values), tree)
-        self.depth = DepthPairing(node, values, wanted=lambda: self.robot.wants_depth, base=f"{name}/depth")
+        self.robot = RobotFrames(node, OverriddenSettings(settings, publish_tf=False), tree)
+        self.depth = DepthPairing(node, settings, base=f"{name}/depth")
+        self.depth.consumer = self.robot
         self.robot.depth = self.depth
         self.queue = LatestFrame(self.ledger, REPLACED, cond=cond)
         self.stage = None  # its PreprocessStage, while configured
         self.recon = None  # its ReconstructionPublisher (~/<name>/points, ...; the map is the node's), configured
-        self.intake = ImageIntake(node, values, self.ledger, self.input_size, sink=self._offer, is_active=is_active,
-                                  state_label=state_label, depth=self.depth, base=f"{name}/image")
+        self.intake = ImageIntake(node, settings, self.ledger, self.input_size, sink=self._offer, state=state,
+                                  depth=self.depth, base=f"{name}/image")
         reliable10 = QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE)
         self.pose_pub = node.create_publisher(PoseStamped, f"~/{name}/pose", reliable10)
         self.stats_pub = node.create_publisher(CacheStats, f"~/{name}/cache_stats", reliable10)
@@ -109,13 +111,13 @@ class CameraChannel:
 class CameraGroupWorker:
     """The inference thread of several cameras: commands between ticks, one batched step per tick."""
 
-    def __init__(self, node, group, channels: dict[str, CameraChannel], values: Mapping, outputs, rig: Rig,
+    def __init__(self, node, group, channels: dict[str, CameraChannel], settings: SettingsSource, outputs, rig: Rig,
                  on_view: Callable[[], None], context_ok: Callable[[], bool]):
         self._node = node
         self._log = node.get_logger()
         self.group = group
         self.channels = channels
-        self._values = values
+        self._settings = settings
         self._outputs = outputs
         self.rig = rig
         self._on_view = on_view
@@ -196,7 +198,7 @@ class CameraGroupWorker:
                 channel.ledger.reject(frame.header, exc.kind, str(exc))
                 continue
             frame.push_start = time.perf_counter()
-            manager.session.mapping = bool(self._values["mapping"])
+            manager.session.mapping = bool(self._settings.current.mapping)
             step[name] = (frame.model_image, frame)
         if not step:
             return
@@ -236,7 +238,7 @@ class CameraGroupWorker:
             reason = f"non-finite model output ({', '.join(bad)}): nothing published"
             channel.ledger.note_non_finite(reason)
             channel.ledger.finish(header, FrameStatus.NON_FINITE_OUTPUT, reason)
-            limit = int(self._values["max_non_finite_frames"])
+            limit = int(self._settings.current.max_non_finite_frames)
             if channel.non_finite_in_a_row >= limit:
                 channel.non_finite_in_a_row = 0
                 manager.reset(f"{limit} consecutive frames with non-finite output", SessionCause.NON_FINITE)
@@ -256,8 +258,8 @@ class CameraGroupWorker:
             note = placed.reason
         else:
             with self.lock:  # camera_timeout and scale_min_travel apply from the next frame
-                self.rig.timeout = float(self._values["camera_timeout"])
-                self.rig.min_travel = float(self._values["scale_min_travel"])
+                self.rig.timeout = float(self._settings.current.camera_timeout)
+                self.rig.min_travel = float(self._settings.current.scale_min_travel)
                 out = self.rig.place(channel.name, stamp_sec(header.stamp), placed.pose, placed.camera,
                                      time.monotonic(), placed.base_in_odom)
         place = ((time.perf_counter() - t_place) * 1e3, (time.thread_time() - c_place) * 1e3)
@@ -269,23 +271,23 @@ class CameraGroupWorker:
         frame.model_image = None
         publish_ms = (time.perf_counter() - t0) * 1e3
         counts, overhead_ms = channel.ledger.processed(r, frame, session_id, publish_ms, note)
-        channel.stats_pub.publish(rosmsg.cache_stats(r, header.stamp, str(self._values["world_frame"]), session_id,
+        channel.stats_pub.publish(rosmsg.cache_stats(r, header.stamp, self._settings.current.world_frame, session_id,
                                                      counts, overhead_ms, manager.host.info))
         with channel.ledger.lock:
             channel.costs.append(((time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3, *place))
 
     def _publish_placed(self, channel: CameraChannel, r, frame: Frame, out: RigPlacement, placed) -> None:
         header = frame.header
-        values = self._values
-        world = str(values["world_frame"])
+        values = self._settings.current
+        world = str(values.world_frame)
         channel.pose_pub.publish(rosmsg.pose_stamped(out.camera, header.stamp, world))
         if out.handed_over:
             self._log.warning(f"hand-over: {out.handed_over}")
         if out.drives and out.published_body is not None:
-            base, odom = str(values["base_frame"]), str(values["odom_frame"])
+            base, odom = str(values.base_frame), str(values.odom_frame)
             body = out.published_body
             tf = None
-            if values["publish_tf"]:
+            if values.publish_tf:
                 tf = self._outputs.robot.tf_edge(world, base, odom, channel.camera_frame(header), body,
                                                  placed.base_in_odom)
             self._outputs.publish_body(body, header, base, self._twist(header, body), tf)
@@ -293,7 +295,7 @@ class CameraGroupWorker:
         factor = float(placed.depth_factor) * out.unit  # metres when metric; the world's unit
         if depth is not None and factor != 1.0:
             depth = (depth * np.float32(factor)).astype(np.float32)
-        if values["publish_depth"] and depth is not None:
+        if values.publish_depth and depth is not None:
             channel.depth_pub.publish(rosmsg.depth_image(depth, header.stamp, channel.camera_frame(header)))
         if channel.recon is not None:  # its points in the one world; the map fuses every camera's
             channel.recon.publish(dataclasses.replace(r, c2w=out.camera, depth=depth, session_id=self.world),
@@ -302,7 +304,7 @@ class CameraGroupWorker:
     def _twist(self, header, body: np.ndarray):
         t = stamp_sec(header.stamp)
         previous, self._previous_body = self._previous_body, (t, body)
-        if previous is None or str(self._values["scale_source"]) == "model":
+        if previous is None or str(self._settings.current.scale_source) == "model":
             return None
         dt = t - previous[0]
         return body_twist(previous[1], body, dt) if 0.0 < dt <= 1.0 else None
@@ -365,7 +367,7 @@ class CameraGroupWorker:
         from .parameters import staging_choice
 
         captures = {name: self.group.manager(name).capture(extra={"robot": channel.robot.session_state()},
-                                                           on_device=staging_choice(self._values))
+                                                           on_device=staging_choice(self._settings.current))
                     for name, channel in self.channels.items()}
         with self.lock:
             rig = self.rig.state_dict()
@@ -406,14 +408,14 @@ class CameraGroupWorker:
 class CameraSystem:
     """The node's several-camera mode, from configure to cleanup (built only when ``cameras`` is set)."""
 
-    def __init__(self, node, values: Mapping, outputs, is_active: Callable[[], bool], state_label: Callable[[], str]):
+    def __init__(self, node, settings: SettingsSource, outputs, state: NodeState):
         self._node = node
-        self._values = values
+        self._settings = settings
         self._outputs = outputs
-        self.names = camera_names(values)  # frozen at configure
-        self.primary = primary_camera(values)
+        self.names = camera_names(settings.current.values())  # frozen at configure
+        self.primary = primary_camera(settings.current.values())
         self.cond = threading.Condition()
-        self.channels = {n: CameraChannel(node, values, n, outputs.robot.tree, self.cond, is_active, state_label)
+        self.channels = {n: CameraChannel(node, settings, n, outputs.robot.tree, self.cond, state)
                          for n in self.names}
         self.worker: Optional[CameraGroupWorker] = None
         self.group = None
@@ -428,27 +430,27 @@ class CameraSystem:
         log = self._node.get_logger()
         host = ModelHost.load(runtime, log=log.info)
         self.group = StreamGroup(host, stream, self.names, log=log.info)
-        values = self._values
-        rig = Rig(self.names, self.primary, float(values["camera_timeout"]),
-                  unit_from_primary=str(values["scale_source"]) == "model",
-                  min_travel=float(values["scale_min_travel"]))
-        self.worker = CameraGroupWorker(self._node, self.group, self.channels, values, self._outputs, rig,
+        values = self._settings.current
+        rig = Rig(self.names, self.primary, float(values.camera_timeout),
+                  unit_from_primary=str(values.scale_source) == "model",
+                  min_travel=float(values.scale_min_travel))
+        self.worker = CameraGroupWorker(self._node, self.group, self.channels, self._settings, self._outputs, rig,
                                         on_view=lambda: on_view(self.group.manager(self.primary)),
                                         context_ok=context_ok)
         device = host.resolved.device
         if self._outputs.recon is None:  # the one map (~/map_points, ~/save_map) of every camera
-            self._outputs.recon = ReconstructionPublisher(self._node, lambda: values, device=device)
+            self._outputs.recon = ReconstructionPublisher(self._node, self._settings, device=device)
         for channel in self.channels.values():
-            channel.stage = PreprocessStage(values, channel.ledger, channel.input_size, sink=channel.queue.put,
+            channel.stage = PreprocessStage(self._settings, channel.ledger, channel.input_size, sink=channel.queue.put,
                                             context_ok=context_ok)
-            channel.recon = ReconstructionPublisher(self._node, lambda: values, device=device,
+            channel.recon = ReconstructionPublisher(self._node, self._settings, device=device,
                                                     prefix=f"~/{channel.name}/", map_into=self._outputs.recon)
             channel.input_size.renew()
         on_view(self.group.manager(self.primary))
-        if values["initial_session"]:  # a bad one raises: configure fails with the reason
+        if values.initial_session:  # a bad one raises: configure fails with the reason
             import os
 
-            path = os.path.abspath(os.path.expanduser(str(values["initial_session"])))
+            path = os.path.abspath(os.path.expanduser(str(values.initial_session)))
             try:
                 self.worker.load(self.prepare_load(path))
             except Exception as exc:  # noqa: BLE001 - not a session, other cameras, damaged, other settings
@@ -486,7 +488,8 @@ class CameraSystem:
         group = self.group
         if group is None:
             raise RuntimeError("the node is not configured")
-        return prepare(path, self.names, {n: group.manager(n) for n in self.names}, staging_choice(self._values))
+        return prepare(path, self.names, {n: group.manager(n) for n in self.names},
+                       staging_choice(self._settings.current))
 
     def submit(self, command: tuple, wait: float = 0.0) -> Optional[str]:
         worker = self.worker
@@ -541,7 +544,7 @@ class CameraSystem:
             if state == "stalled":
                 level = DiagnosticStatus.WARN
                 message = (f"{name} stalled: no processed frame for {report.age_s:.1f} s (camera_timeout "
-                           f"{self._values['camera_timeout']} s); {driver or 'no camera'} drives the body pose")
+                           f"{self._settings.current.camera_timeout} s); {driver or 'no camera'} drives the body pose")
             elif state == "waiting":
                 message = f"{name}: no frame yet on {channel.intake.topic}"
             elif state == "unit_estimating":

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from lingbot_map_ros.msg import FrameStatus
 
@@ -26,8 +26,9 @@ from ..core.session_store import PreparedSession, SessionCapture
 from .commands import ApplyParameters, Command, CommandResult, LoadSession, Reset, SaveSession
 from .frames import Frame, FrameLedger, InputRejected, LatestFrame, stamp_sec
 from .input_size import InputSize
+from .node_settings import SettingsSource
 from .outputs import ResultPublisher
-from .parameters import configs_from_values, staging_choice
+from .parameters import staging_choice
 from .pipeline import PipelineTimeline
 from .time_jump import TIME_JUMP_COUNTER, TimeJumpDetector
 
@@ -103,27 +104,33 @@ class WorkQueue:
             self._cond.notify_all()
 
 
+class ModelParameters(Protocol):
+    """Who puts the model parameters back when a new model could not be built
+    (``parameter_callbacks.ParameterHandler``)."""
+
+    def revert_model_parameters(self, runtime: Any) -> None: ...
+
+
 class InferenceWorker:
     """The inference thread over one ``SessionManager`` (from configure to cleanup).
 
-    ``revert_parameters(runtime)`` puts the model parameters back when a new model could not be
-    built; ``context_ok()`` says whether ROS is still up (a frame failing during shutdown is not an
-    error).
+    ``parameters`` reverts the model parameters when a new model could not be built; ``context_ok()``
+    says whether ROS is still up (a frame failing during shutdown is not an error).
     """
 
-    def __init__(self, node, manager, values: Mapping, ledger: FrameLedger, input_size: InputSize,
+    def __init__(self, node, manager, settings: SettingsSource, ledger: FrameLedger, input_size: InputSize,
                  outputs: ResultPublisher, session_view: SessionView, timeline: PipelineTimeline,
-                 revert_parameters: Callable[[Any], None], context_ok: Callable[[], bool]):
+                 parameters: ModelParameters, context_ok: Callable[[], bool]):
         self._log = node.get_logger()
         self.manager = manager
         manager.on_new_session = self.on_session_start
-        self._values = values
+        self._settings = settings
         self._ledger = ledger
         self._input_size = input_size
         self._outputs = outputs
         self._view = session_view
         self._timeline = timeline
-        self._revert_parameters = revert_parameters
+        self._parameters = parameters
         self._context_ok = context_ok
         self.queue = WorkQueue(ledger)
         self._consecutive_non_finite = 0
@@ -180,7 +187,7 @@ class InferenceWorker:
             self._ledger.reject(frame.header, exc.kind, str(exc))
             return
         frame.push_start = time.perf_counter()
-        manager.session.mapping = bool(self._values["mapping"])  # false: localize against the map, store nothing
+        manager.session.mapping = self._settings.current.mapping  # false: localize against the map, store nothing
         before = manager.last_start
         try:
             results, failure = manager.push(frame.model_image, stamp=frame), None
@@ -230,7 +237,7 @@ class InferenceWorker:
         self._ledger.note_non_finite(reason)
         self._log.error(f"frame {stamp_sec(frame.header.stamp):.3f}: {reason}", throttle_duration_sec=5.0)
         self._ledger.finish(frame.header, FrameStatus.NON_FINITE_OUTPUT, reason)
-        limit = int(self._values["max_non_finite_frames"])
+        limit = self._settings.current.max_non_finite_frames
         if self._consecutive_non_finite >= limit:
             self._consecutive_non_finite = 0
             self.manager.reset(f"{limit} consecutive frames with non-finite output", SessionCause.NON_FINITE)
@@ -260,7 +267,7 @@ class InferenceWorker:
     def _apply_parameters(self, changed: list[str]) -> CommandResult:
         """Hand the new settings to the session manager; it decides what they need."""
         manager = self.manager
-        runtime, stream = configs_from_values(self._values)
+        runtime, stream = self._settings.current.configs()
         if runtime != manager.host.settings:
             self._log.info(f"parameters {changed} need a new model: building it")
         try:
@@ -268,7 +275,7 @@ class InferenceWorker:
         except Exception as exc:  # noqa: BLE001 - a failed model build keeps the previous model
             self._ledger.record_error(f"could not build the model for {changed}: {exc}; keeping the previous one "
                                       "and reverting the parameters to the values it runs with", exc)
-            self._revert_parameters(manager.host.settings)
+            self._parameters.revert_model_parameters(manager.host.settings)
             return CommandResult(False, str(exc))
         if result.change is Change.NEXT_FRAME:
             self._view.update(manager)
@@ -279,7 +286,8 @@ class InferenceWorker:
         """``~/save_session``, the part between two frames (this thread): the map and the node's world
         copied (in device memory where it has room, else to the host). The service writes the copy
         to disk while the frames go on."""
-        return self.manager.capture(extra=self._outputs.session_state(), on_device=staging_choice(self._values))
+        return self.manager.capture(extra=self._outputs.session_state(),
+                                    on_device=staging_choice(self._settings.current))
 
     def load_session(self, source: str | PreparedSession) -> str:
         """``~/load_session`` (a ``PreparedSession``: its commit) / ``initial_session`` (a path: read
@@ -288,16 +296,15 @@ class InferenceWorker:
         manager = self.manager
         # on_session_start has run by the time either returns: outputs cleared, counters noted
         if isinstance(source, str):
-            report = manager.load(source, on_device=staging_choice(self._values))
+            report = manager.load(source, on_device=staging_choice(self._settings.current))
         else:
             report = manager.commit_load(source)
         path = report.path
         self._outputs.restore_session(report.extra, report.session_id)
         self._view.update(self.manager)
-        saved_world = report.extra.get("world_frame")
-        if saved_world and saved_world != self._values["world_frame"]:
-            self._log.warning(f"session {path} was saved with world_frame {saved_world!r}, publishing in "
-                              f"{self._values['world_frame']!r}")
+        saved_world, world = report.extra.get("world_frame"), self._settings.current.world_frame
+        if saved_world and saved_world != world:
+            self._log.warning(f"session {path} was saved with world_frame {saved_world!r}, publishing in {world!r}")
         self._log.info(report.message())
         return report.message()
 

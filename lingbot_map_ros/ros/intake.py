@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Callable, Mapping, Optional
+from typing import Callable, Optional, Protocol
 
 import rclpy.qos
 from rclpy.event_handler import SubscriptionEventCallbacks
@@ -28,6 +28,8 @@ from lingbot_map_ros.msg import FrameStatus
 from ..core.config import planned_height
 from .frames import Frame, FrameLedger, InputRejected, stamp_sec
 from .input_size import InputSize
+from .node_settings import SettingsSource
+from .node_state import NodeState
 
 DEPTH_QUEUE = 10  # messages per topic the synchronizer holds while it looks for a partner
 DEPTH_KEPT = 64  # paired depth grids kept for the results to come (each ~50 kB)
@@ -48,6 +50,13 @@ def transport_topic(node, base: str, transport: str) -> str:
     return node.resolve_topic_name(base) + "/compressed"
 
 
+class DepthConsumer(Protocol):
+    """Who reads the paired depth (``robot_frames.RobotFrames``): whether a scale round is open."""
+
+    @property
+    def wants_depth(self) -> bool: ...
+
+
 class _ColourStamp:
     """What the synchronizer gets of a colour frame: its header (all it reads) and its image size,
     not the image (the synchronizer's queue would otherwise hold DEPTH_QUEUE camera images)."""
@@ -62,21 +71,20 @@ class DepthPairing:
     """The depth topic (``depth``, or ``depth/compressed`` with ``image_transport: compressed``),
     paired with the colour frames by header stamp; the node's depth scale reads it.
 
-    ``wanted()`` says whether a scale round is open: only then is a pair's depth decoded. Bad input
+    ``consumer`` (set by whoever pairs this with a ``RobotFrames``) says whether a scale round is
+    open (``wants_depth``): only then is a pair's depth decoded. Bad input
     is counted per kind and logged once (``counts``, ``/diagnostics``), never per frame: depth of
     another encoding, size or aspect ratio, depth without a colour partner, colour without depth.
     """
 
-    def __init__(self, node, values: Mapping, wanted: Callable[[], bool], base: str = "depth"):
+    def __init__(self, node, settings: SettingsSource, base: str = "depth"):
         from .depth_io import GridCache
 
         self._node = node
         self._base = base  # the topic before remapping: depth, or <camera>/depth
-        self._values = values
-        self._wanted = wanted
-        self._grid = GridCache(width=lambda: int(values.get("image_width", 518)),
-                               max_height=lambda: planned_height(int(values.get("image_width", 518)),
-                                                                 float(values.get("camera_aspect", 0.0))))
+        self._settings = settings
+        self.consumer: Optional[DepthConsumer] = None
+        self._grid = GridCache(width=self._model_width, max_height=self._model_max_height)
         self._lock = threading.Lock()
         self._sub = None
         self._sync = None
@@ -94,22 +102,34 @@ class DepthPairing:
     def subscribed(self) -> bool:
         return self._sub is not None
 
+    def _model_width(self) -> int:
+        return self._settings.current.image_width
+
+    def _model_max_height(self) -> int:
+        settings = self._settings.current
+        return planned_height(settings.image_width, settings.camera_aspect)
+
+    def _wanted(self) -> bool:
+        consumer = self.consumer
+        return consumer is not None and consumer.wants_depth
+
     def resolve_topic(self) -> str:
-        return transport_topic(self._node, self._base, self._values["image_transport"])
+        return transport_topic(self._node, self._base, self._settings.current.image_transport)
 
     def subscribe(self, qos) -> None:
         """(Re-)create the depth subscription and the synchronizer (same QoS as the colour topic)."""
         import message_filters
 
         self.unsubscribe()
+        settings = self._settings.current
         self.topic = self.resolve_topic()
-        compressed = self._values["image_transport"] == "compressed"
+        compressed = settings.image_transport == "compressed"
         self._sub = message_filters.Subscriber(self._node, CompressedImage if compressed else Image, self.topic,
                                                qos_profile=qos)
         self._sub.registerCallback(self._on_depth)  # first: it sees every depth message before the pairing
         self._colour_in = message_filters.SimpleFilter()
         self._sync = message_filters.ApproximateTimeSynchronizer(
-            [self._colour_in, self._sub], DEPTH_QUEUE, float(self._values["depth_sync_slop"]))
+            [self._colour_in, self._sub], DEPTH_QUEUE, settings.depth_sync_slop)
         self._sync.registerCallback(self._on_pair)
 
     def unsubscribe(self) -> None:
@@ -140,7 +160,8 @@ class DepthPairing:
 
     def _on_pair(self, colour: _ColourStamp, depth) -> None:
         c_ns, d_ns = _stamp_ns(colour.header), _stamp_ns(depth.header)
-        slop_ns = int(float(self._values["depth_sync_slop"]) * 1e9)
+        slop = self._settings.current.depth_sync_slop
+        slop_ns = int(slop * 1e9)
         with self._lock:
             self.counts["paired"] += 1
             self._waiting_colour.pop(c_ns, None)
@@ -163,7 +184,7 @@ class DepthPairing:
                     "messages: the middleware dropped it, e.g. best_effort on a loaded host; 'input' in "
                     "/diagnostics counts them; qos_reliability reliable keeps them)")
             self._bad("unpaired_depth", f"{len(lost_depth)} depth image(s) without a colour partner within "
-                                        f"depth_sync_slop {self._values['depth_sync_slop']} s: {cause}",
+                                        f"depth_sync_slop {slop} s: {cause}",
                       len(lost_depth))
         if lost_colour:
             lost_colour = len(lost_colour)
@@ -228,23 +249,22 @@ class DepthPairing:
 class ImageIntake:
     """The node's image subscription and its callback.
 
-    ``sink(frame)`` takes each accepted frame (the next stage's one-slot queue); ``is_active()`` and
-    ``state_label()`` are the node's lifecycle state as the callback needs it.
+    ``sink(frame)`` takes each accepted frame (the next stage's one-slot queue); ``state`` is the
+    node's lifecycle state (frames are let in only while active).
     """
 
-    def __init__(self, node, values: Mapping, ledger: FrameLedger, input_size: InputSize,
-                 sink: Callable[[Frame], None], is_active: Callable[[], bool], state_label: Callable[[], str],
-                 depth: Optional[DepthPairing] = None, base: str = "image"):
+    def __init__(self, node, settings: SettingsSource, ledger: FrameLedger, input_size: InputSize,
+                 sink: Callable[[Frame], None], state: NodeState, depth: Optional[DepthPairing] = None,
+                 base: str = "image"):
         from .image_io import UnsupportedImage, message_to_rgb
 
         self._node = node
         self._base = base  # the topic before remapping: image, or <camera>/image
-        self._values = values
+        self._settings = settings
         self._ledger = ledger
         self._input_size = input_size
         self._sink = sink
-        self._is_active = is_active
-        self._state_label = state_label
+        self._state = state
         self._message_to_rgb = message_to_rgb
         self._unsupported_image = UnsupportedImage
         self._sub = None
@@ -256,25 +276,35 @@ class ImageIntake:
         return self._sub is not None
 
     def resolve_topic(self) -> str:
-        return transport_topic(self._node, self._base, self._values["image_transport"])
+        return transport_topic(self._node, self._base, self._settings.current.image_transport)
+
+    def resubscribe(self) -> None:
+        """``image_transport`` or ``qos_reliability`` changed: a subscription is re-created at once;
+        without one (not configured) only the topic is resolved again for the next ``subscribe``."""
+        if self.subscribed:
+            self.subscribe()
+            self._node.get_logger().info(f"image subscription re-created on {self.topic}")
+        else:
+            self.topic = self.resolve_topic()
 
     def subscribe(self) -> None:
         """(Re-)create the subscription from the current parameters."""
         self.unsubscribe()
-        if self._values["qos_reliability"] == "reliable":
+        settings = self._settings.current
+        if settings.qos_reliability == "reliable":
             qos = QoSProfile(depth=5, reliability=QoSReliabilityPolicy.RELIABLE,
                              history=QoSHistoryPolicy.KEEP_LAST, durability=QoSDurabilityPolicy.VOLATILE)
         else:
             qos = rclpy.qos.qos_profile_sensor_data
         self.topic = self.resolve_topic()
-        msg_type = CompressedImage if self._values["image_transport"] == "compressed" else Image
+        msg_type = CompressedImage if settings.image_transport == "compressed" else Image
         # Losses before the node: what the middleware reports (message lost where the RMW supports it,
         # a publisher whose QoS cannot match ours, another message type on the topic).
         events = SubscriptionEventCallbacks(
             message_lost=self._on_messages_lost, incompatible_qos=self._on_incompatible_qos,
             incompatible_type=self._on_incompatible_type)
         self._sub = self._node.create_subscription(msg_type, self.topic, self.on_image, qos, event_callbacks=events)
-        if self.depth is not None and self._values["scale_source"] == "depth":
+        if self.depth is not None and settings.scale_source == "depth":
             self.depth.subscribe(qos)
 
     def unsubscribe(self) -> None:
@@ -304,9 +334,10 @@ class ImageIntake:
     def on_image(self, msg) -> None:
         t0 = time.perf_counter()
         self._ledger.received()
-        if not self._is_active():
+        state = self._state
+        if not state.active:
             self._ledger.finish(msg.header, FrameStatus.DROPPED_INACTIVE,
-                                f"the node is {self._state_label()}: activate it to process frames")
+                                f"the node is {state.label}: activate it to process frames")
             return
         try:
             rgb = self._convert(msg)

@@ -14,7 +14,11 @@ starts, stops and frees them on each transition. Each piece has one job and a mo
 * ``frames``: the frame counters and the one place a frame gets its final FrameStatus;
 * ``parameter_callbacks`` and ``services``: ``ros2 param set``, ``~/reset``, ``~/save_trajectory``;
 * ``diagnostics`` (what /diagnostics says), ``messages`` (how results look as ROS messages),
-  ``parameters`` (the settings table as ROS parameters), ``reconstruction`` (points and map).
+  ``parameters`` (the settings table as ROS parameters), ``reconstruction`` (points and map);
+* ``node_settings``: the settings as one frozen, typed object; ``LiveSettings`` owns the current one
+  (the parameter callbacks swap it whole, every part reads a snapshot);
+* ``node_state``: what the parts ask of the node (its lifecycle state, what configure built, the
+  commands for the inference thread, the diagnostics timer).
 
 Lifecycle (managed node, REP 2002-style states)
 -----------------------------------------------
@@ -55,12 +59,12 @@ from rclpy.qos import QoSProfile, QoSReliabilityPolicy
 
 from lingbot_map_ros.msg import FrameStatus
 
-from ..core.settings import camera_names
-from .commands import ApplyParameters, Command, CommandResult, Reset
 from .diagnostics import COUNTER_NAMES, DIAG_PREFIX, DiagnosticsSnapshot, diagnostic_array
 from .frames import Frame, FrameLedger, InputRejected
 from .input_size import InputSize
 from .intake import DepthPairing, ImageIntake
+from .node_settings import LiveSettings, NodeSettings
+from .node_state import ConfiguredParts, NodeState, RestartableTimer
 from .outputs import FALLBACK_CAMERA_FRAME, PATH_EVERY_FRAME, PATH_MIN_PERIOD, ResultPublisher
 from .parameter_callbacks import ParameterHandler
 from .parameters import (
@@ -70,7 +74,6 @@ from .parameters import (
     configs_from_values,
     declare,
     declare_error,
-    staging_choice,
     validate_values,
 )
 from .services import NodeServices
@@ -99,59 +102,53 @@ class LingBotMapNode(LifecycleNode):
                 declare(self, spec)
             except rclpy.exceptions.ParameterException as exc:  # a refused value from the command line or file
                 raise ValueError(declare_error(spec, exc)) from None
-        self._values = {p.name: self.get_parameter(p.name).value for p in PARAMETERS}
-        problems = validate_values(self._values)
+        values = {p.name: self.get_parameter(p.name).value for p in PARAMETERS}
+        problems = validate_values(values)
         if problems:
             raise ValueError("invalid parameters: " + "; ".join(problems))
+        # the one owner of the current settings; the parameter callbacks swap them (ParameterHandler)
+        self._settings = LiveSettings(NodeSettings.from_values(values))
 
         # Late imports: torch-heavy modules load after parameters are known to be valid.
-        from ..core.config import planned_height
-        from ..core.preprocess import FramePreprocessor
         from ..core.session_manager import SessionManager
         from .inference import SessionView
         from .pipeline import PipelineTimeline
 
         self._session_manager_cls = SessionManager
-        # Set in configure, cleared in cleanup.
-        self._manager = None
-        self._worker = None  # inference.InferenceWorker
-        self._stage = None  # pipeline.PreprocessStage (its thread runs while active)
-        self._cameras = None  # cameras.CameraSystem: the several-camera mode (parameter cameras)
-        self._active = False
-        self._state_label = "unconfigured"
+        self._state = NodeState()
+        self._parts = ConfiguredParts(self._settings)  # filled in configure, emptied in cleanup
         self._configure_error = ""
         self._t_start = time.monotonic()
 
-        self._ledger = FrameLedger(self, session_id=self._current_session_id)
-        self._input_size = InputSize(lambda: FramePreprocessor(
-            fast_resize=bool(self._values["fast_resize"]), width=int(self._values["image_width"]),
-            max_height=planned_height(int(self._values["image_width"]), float(self._values["camera_aspect"]))))
+        self._ledger = FrameLedger(self, session_id=self._parts.session_id)
+        self._input_size = InputSize(self._new_preprocessor)
         self._session_view = SessionView()
         self._timeline = PipelineTimeline(origin=time.perf_counter())
         # The robot's frames and scale: the depth topic's pairing (scale_source depth) feeds the scale
         # that ResultPublisher's RobotFrames applies; tf2's listener runs from here on, in every state.
-        self._depth = DepthPairing(self, self._values, wanted=lambda: self._outputs.robot.wants_depth)
-        self._outputs = ResultPublisher(self, self._values, self._ledger, depth=self._depth)
-        self._intake = ImageIntake(self, self._values, self._ledger, self._input_size, sink=self._offer,
-                                   is_active=lambda: self._active, state_label=lambda: self._state_label,
-                                   depth=self._depth)
-        # Plain publishers: /diagnostics must report every state; frames are gated by _active.
+        self._depth = DepthPairing(self, self._settings)
+        self._outputs = ResultPublisher(self, self._settings, self._ledger, depth=self._depth)
+        self._depth.consumer = self._outputs.robot
+        self._intake = ImageIntake(self, self._settings, self._ledger, self._input_size, sink=self._offer,
+                                   state=self._state, depth=self._depth)
+        # Plain publishers: /diagnostics must report every state; frames are gated by the state.
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics",
                                                QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE))
-        self._params = ParameterHandler(self, self._values, get_view=self._session_view.read,
-                                        resubscribe=self._resubscribe, restart_timer=self._restart_timer,
-                                        submit_apply=lambda changed: self._submit(ApplyParameters(tuple(changed))))
-        self._node_services = NodeServices(self, self._values, configured=lambda: self._manager is not None,
-                                      submit_reset=lambda reason, wait: self._submit(Reset(reason), wait),
-                                      state_label=lambda: self._state_label, trajectory=self._outputs.trajectory,
-                                      submit=self._submit, prepare_load=self._prepare_load)
-        self._diag_timer = self.create_timer(float(self._values["diagnostics_period"]), self._publish_diagnostics)
+        self._diag_timer = RestartableTimer(self, self._settings.current.diagnostics_period, self._publish_diagnostics)
+        self._params = ParameterHandler(self, self._settings, self._session_view, self._intake, self._diag_timer,
+                                        self._parts)
+        self._node_services = NodeServices(self, self._settings, self._state, self._parts, self._outputs)
         self.add_on_set_parameters_callback(self._params.on_set)
         self.add_post_set_parameters_callback(self._params.on_set_post)
 
     @property
+    def settings(self) -> LiveSettings:
+        """The node's current settings (read ``settings.current``); only its parameters change them."""
+        return self._settings
+
+    @property
     def autostart(self) -> bool:
-        return bool(self._values["autostart"])
+        return self._settings.current.autostart
 
     # ------------------------------------------------------------------ lifecycle transitions
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -160,11 +157,12 @@ class LingBotMapNode(LifecycleNode):
         from .pipeline import PreprocessStage
         from .reconstruction import ReconstructionPublisher
 
-        problems = validate_values(self._values)
+        settings = self._settings.current
+        problems = validate_values(settings.values())
         if problems:
             return self._configure_failed("invalid parameters: " + "; ".join(problems))
-        runtime, stream = configs_from_values(self._values)
-        if camera_names(self._values):
+        runtime, stream = settings.configs()
+        if settings.cameras:
             return self._configure_cameras(runtime, stream)
         self.get_logger().info(
             f"configuring: building the model (preset {runtime.resolved_preset()}, device {runtime.device}, "
@@ -175,48 +173,46 @@ class LingBotMapNode(LifecycleNode):
                                                 warn=self.get_logger().warning)
         except Exception as exc:  # noqa: BLE001 - any failure of the model build fails the transition
             return self._configure_failed(*build_failure(exc))
-        self._manager = manager
+        parts = self._parts
+        parts.manager = manager
         self._configure_error = ""
         if self._outputs.recon is None:
-            self._outputs.recon = ReconstructionPublisher(
-                self, lambda: self._values,
-                device=lambda: self._manager.session.device if self._manager is not None else None)
-        self._worker = InferenceWorker(self, manager, self._values, self._ledger, self._input_size, self._outputs,
-                                       self._session_view, self._timeline,
-                                       revert_parameters=self._params.revert_model_parameters,
+            self._outputs.recon = ReconstructionPublisher(self, self._settings, device=parts.device)
+        parts.worker = InferenceWorker(self, manager, self._settings, self._ledger, self._input_size, self._outputs,
+                                       self._session_view, self._timeline, parameters=self._params,
                                        context_ok=self.context.ok)
-        self._stage = PreprocessStage(self._values, self._ledger, self._input_size, sink=self._worker.offer,
+        parts.stage = PreprocessStage(self._settings, self._ledger, self._input_size, sink=parts.worker.offer,
                                       context_ok=self.context.ok)
-        self._worker.started_session("configured", counter=None)
-        if self._values["initial_session"]:  # a bad session fails the transition: the node stays unconfigured
+        parts.worker.started_session("configured", counter=None)
+        if settings.initial_session:  # a bad session fails the transition: the node stays unconfigured
             try:
-                self._worker.load_session(os.path.abspath(os.path.expanduser(self._values["initial_session"])))
+                parts.worker.load_session(os.path.abspath(os.path.expanduser(settings.initial_session)))
             except Exception as exc:  # noqa: BLE001 - not a session, damaged, other settings, unreadable
                 self._teardown()
                 return self._configure_failed(f"initial_session: {exc}")
-        self._worker.start()
+        parts.worker.start()
         self._intake.subscribe()
         info = manager.host.info
         if info.random_weights:
             self.get_logger().warning(
                 "NO CHECKPOINT: random weights (preset %s) - poses are NOT meaningful" % info.model_preset
             )
+        settings = self._settings.current
         self.get_logger().info(
             f"configured: attention {info.attention} ({info.backend_reason}), dtype {info.dtype}, "
             f"device {info.device}; "
-            f"subscribed to {self._intake.topic} ({self._values['image_transport']}, {self._values['qos_reliability']})"
+            f"subscribed to {self._intake.topic} ({settings.image_transport}, {settings.qos_reliability})"
         )
-        self._state_label = "inactive"
+        self._state.enter("inactive")
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        if self._cameras is not None:
-            self._cameras.activate()
+        if self._parts.cameras is not None:
+            self._parts.cameras.activate()
         else:
-            self._stage.start()  # before frames are let in
-        self._active = True
+            self._parts.stage.start()  # before frames are let in
         self._outputs.robot.tree.repeating = True  # the world -> odom correction is re-sent while active
-        self._state_label = "active"
+        self._state.enter("active")
         self.get_logger().info(f"ready: active, {self._intake.topic} -> {self.resolve_topic_name('~/pose')}")
         return super().on_activate(state)
 
@@ -225,14 +221,14 @@ class LingBotMapNode(LifecycleNode):
 
         The preprocessing thread is joined first, so nothing reaches the inference thread's queue
         after it was emptied here; the frame inside the model finishes."""
-        self._active = False
+        self._state.enter("inactive")
         self._outputs.robot.tree.repeating = False
-        self._state_label = "inactive"
-        if self._stage is not None:
-            self._stage.stop("the node was deactivated")
-        if self._cameras is not None:
-            self._cameras.deactivate()
-        frame = self._worker.queue.frames.take() if self._worker is not None else None
+        parts = self._parts
+        if parts.stage is not None:
+            parts.stage.stop("the node was deactivated")
+        if parts.cameras is not None:
+            parts.cameras.deactivate()
+        frame = parts.worker.queue.frames.take() if parts.worker is not None else None
         if frame is not None:
             self._ledger.finish(frame.header, FrameStatus.DROPPED_INACTIVE, "the node was deactivated")
         self.get_logger().info("inactive: frames are counted and dropped until activated again")
@@ -255,22 +251,23 @@ class LingBotMapNode(LifecycleNode):
         """``cameras`` set: one model, one stream per camera (ros/cameras.py)."""
         from .cameras import CameraSystem, InitialSessionRefused
 
-        if self._cameras is None or self._cameras.names != camera_names(self._values):
-            self._cameras = CameraSystem(self, self._values, self._outputs, is_active=lambda: self._active,
-                                         state_label=lambda: self._state_label)
+        parts = self._parts
+        if parts.cameras is None or parts.cameras.names != list(self._settings.current.cameras):
+            parts.cameras = CameraSystem(self, self._settings, self._outputs, self._state)
+        cameras = parts.cameras
         try:
-            self._cameras.configure(runtime, stream, on_view=self._session_view.update, context_ok=self.context.ok)
+            cameras.configure(runtime, stream, on_view=self._session_view.update, context_ok=self.context.ok)
         except InitialSessionRefused as exc:
-            self._cameras.teardown("configure failed")
+            cameras.teardown("configure failed")
             return self._configure_failed(str(exc))
         except Exception as exc:  # noqa: BLE001 - any failure of the model build fails the transition
-            self._cameras.teardown("configure failed")
+            cameras.teardown("configure failed")
             return self._configure_failed(*build_failure(exc))
-        self._manager = self._cameras.primary_manager
+        parts.manager = cameras.primary_manager
         self._configure_error = ""
-        self._state_label = "inactive"
-        self.get_logger().info(f"configured: cameras {self._cameras.names} (primary {self._cameras.primary}) on "
-                               f"{self._cameras.topics}")
+        self._state.enter("inactive")
+        self.get_logger().info(f"configured: cameras {cameras.names} (primary {cameras.primary}) on "
+                               f"{cameras.topics}")
         return TransitionCallbackReturn.SUCCESS
 
     def _configure_failed(self, reason: str, exc: Optional[BaseException] = None) -> TransitionCallbackReturn:
@@ -281,77 +278,60 @@ class LingBotMapNode(LifecycleNode):
 
     def _teardown(self) -> None:
         """Stop both threads (the frame in the model finishes), drop the subscription and the model."""
-        self._active = False
+        if self._state.active:
+            self._state.enter("inactive")  # no frame is let in any more
         self._outputs.robot.tree.repeating = False
-        worker = self._worker
+        parts = self._parts
+        worker = parts.worker
         self.shutdown(reason="the node was cleaned up")
         self._intake.unsubscribe()
-        if self._cameras is not None:
-            self._cameras.teardown("the node was cleaned up")
+        if parts.cameras is not None:
+            parts.cameras.teardown("the node was cleaned up")
         if worker is not None:
             worker.close("the node was cleaned up")
-        self._manager = None
+        parts.manager = None
         recon, self._outputs.recon = self._outputs.recon, None
         if recon is not None:
             recon.destroy()
-        self._state_label = "unconfigured"
+        self._state.enter("unconfigured")
 
     def shutdown(self, timeout: float = 30.0, reason: str = "the node was shut down") -> None:
         """Stop and join the preprocessing thread, then the inference thread; each finishes the frame
         in hand. The preprocessing thread's frames end DROPPED_INACTIVE with ``reason`` while ROS is
         still up (after a signal it is not: nothing can be published); ``_teardown`` then ends the
         inference thread's waiting frame."""
-        stage, self._stage = self._stage, None
+        parts = self._parts
+        stage, parts.stage = parts.stage, None
         if stage is not None and stage.running:
             stage.stop(reason, timeout)
-        worker, self._worker = self._worker, None
+        worker, parts.worker = parts.worker, None
         if worker is not None:
             worker.stop(timeout)
-        if self._cameras is not None:
-            self._cameras.shutdown(reason, timeout)
+        if parts.cameras is not None:
+            parts.cameras.shutdown(reason, timeout)
 
     # ------------------------------------------------------------------ wiring
+    def _new_preprocessor(self):
+        """A new session's ``FramePreprocessor`` (``InputSize``), from the current settings."""
+        from ..core.config import planned_height
+        from ..core.preprocess import FramePreprocessor
+
+        settings = self._settings.current
+        return FramePreprocessor(fast_resize=settings.fast_resize, width=settings.image_width,
+                                 max_height=planned_height(settings.image_width, settings.camera_aspect))
+
     def _offer(self, frame: Frame) -> None:
         """The image callback's hand-off: into the preprocessing thread's one-slot queue."""
-        stage = self._stage
+        stage = self._parts.stage
         if stage is not None and stage.running:
             stage.offer(frame)
         else:  # cannot happen while active (activate starts the stage first); never lose a frame
             self._ledger.finish(frame.header, FrameStatus.DROPPED_INACTIVE, "no preprocessing thread is running")
 
-    def _prepare_load(self, path: str):
-        """``~/load_session``'s reading and checking (the session services' thread)."""
-        if self._cameras is not None:
-            return self._cameras.prepare_load(path)
-        manager = self._manager
-        if manager is None:
-            raise RuntimeError("the node is not configured")
-        return manager.prepare_load(path, on_device=staging_choice(self._values))
-
-    def _submit(self, command: Command, wait: float = 0.0) -> Optional[CommandResult]:
-        if self._cameras is not None:
-            return self._cameras.submit(command, wait)
-        worker = self._worker
-        return worker.submit(command, wait) if worker is not None else None
-
-    def _current_session_id(self) -> int:
-        manager = self._manager
-        return manager.session_id if manager is not None else 0
-
-    def _resubscribe(self) -> None:
-        if self._intake.subscribed:
-            self._intake.subscribe()
-            self.get_logger().info(f"image subscription re-created on {self._intake.topic}")
-        else:
-            self._intake.topic = self._intake.resolve_topic()
-
-    def _restart_timer(self) -> None:
-        self.destroy_timer(self._diag_timer)
-        self._diag_timer = self.create_timer(float(self._values["diagnostics_period"]), self._publish_diagnostics)
-
     # ------------------------------------------------------------------ diagnostics (executor thread)
     def _publish_diagnostics(self) -> None:
-        _, stream = configs_from_values(self._values)
+        settings = self._settings.current
+        _, stream = settings.configs()
         view = self._session_view.read()  # the inference thread's latest snapshot of the session
         configured = view.info is not None
         timeline, overlapped = self._timeline.read()
@@ -361,8 +341,8 @@ class LingBotMapNode(LifecycleNode):
             c = ledger.c
             snapshot = DiagnosticsSnapshot(
                 now=time.monotonic(), started=self._t_start, hardware_id=self.get_fully_qualified_name(),
-                topic=self._intake.topic, transport=self._values["image_transport"],
-                qos_reliability=self._values["qos_reliability"], receive_times=list(ledger.recv_times),
+                topic=self._intake.topic, transport=settings.image_transport,
+                qos_reliability=settings.qos_reliability, receive_times=list(ledger.recv_times),
                 last_frame_time=ledger.last_frame_time, counters={k: getattr(c, k) for k in COUNTER_NAMES},
                 rejected_by_kind=dict(c.rejected_by_kind), dropped_since_last=c.dropped_since_diag,
                 rejected_since_last=c.rejected_since_diag, last_reject_reason=c.last_reject_reason,
@@ -376,14 +356,14 @@ class LingBotMapNode(LifecycleNode):
                 pending=c.pending, dropped=c.dropped,
                 stream_cfg=view.stream_cfg if configured else stream,
                 window_index=view.window_index, window_switches=view.window_switches, info=view.info,
-                checkpoint=view.runtime.checkpoint if configured else self._values["checkpoint"],
-                lifecycle_state=self._state_label, configure_error=self._configure_error,
+                checkpoint=view.runtime.checkpoint if configured else settings.checkpoint,
+                lifecycle_state=self._state.label, configure_error=self._configure_error,
                 timeline=timeline, overlapped=overlapped, robot=robot, memory=view.memory,
             )
             c.dropped_since_diag = c.rejected_since_diag = 0
         array = diagnostic_array(snapshot, self.get_clock().now().to_msg())
-        if self._cameras is not None:
-            array.status.extend(self._cameras.statuses(self.get_fully_qualified_name()))
+        if self._parts.cameras is not None:
+            array.status.extend(self._parts.cameras.statuses(self.get_fully_qualified_name()))
         self._diag_pub.publish(array)
 
 

@@ -15,7 +15,7 @@ import collections
 import dataclasses
 import threading
 import time
-from typing import TYPE_CHECKING, Mapping, Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 from geometry_msgs.msg import PoseStamped
@@ -30,6 +30,7 @@ from ..core.settings import covariance_matrix
 from . import messages as rosmsg
 from .edge_publishers import EdgePublishers
 from .frames import Frame, FrameLedger, stamp_sec
+from .node_settings import SettingsSource
 from .robot_frames import RobotFrames, Withheld
 from .transforms import FrameTree, NoTransform
 
@@ -49,14 +50,15 @@ class ResultPublisher:
     each result in the TF tree and the world's unit (``depth``: the depth topic's pairing).
     """
 
-    def __init__(self, node, values: Mapping, ledger: FrameLedger, depth=None):
+    def __init__(self, node, settings: SettingsSource, ledger: FrameLedger, depth=None):
         self._node = node
-        self._values = values
+        self._settings = settings
         self._ledger = ledger
         self.recon = None
-        tree = FrameTree(node, repeat_period=float(values["transform_publish_period"]),
-                         tolerance=lambda: float(values["transform_tolerance"]))
-        self.robot = RobotFrames(node, values, tree, depth, publishers=EdgePublishers(node))
+        values = settings.current
+        tree = FrameTree(node, repeat_period=float(values.transform_publish_period),
+                         tolerance=lambda: float(settings.current.transform_tolerance))
+        self.robot = RobotFrames(node, settings, tree, depth, publishers=EdgePublishers(node))
         reliable10 = QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE)
         self._pose_pub = node.create_publisher(PoseStamped, "~/pose", reliable10)
         self._odom_pub = node.create_publisher(Odometry, "~/odom", reliable10)
@@ -64,13 +66,13 @@ class ResultPublisher:
         self._stats_pub = node.create_publisher(CacheStats, "~/cache_stats", reliable10)
         self._depth_pub = node.create_publisher(Image, "~/depth", reliable10)
         self._lock = threading.Lock()  # path and trajectory (inference thread <-> ~/save_trajectory)
-        self._path: collections.deque = collections.deque(maxlen=int(values["path_max_length"]))
+        self._path: collections.deque = collections.deque(maxlen=int(values.path_max_length))
         # each pose of _path serialized once (rosmsg.pose_bytes): a send joins them, it does not convert
         # every pose again (None: this middleware's bytes cannot be joined, Path messages are sent)
         self._path_bytes: Optional[collections.deque] = (collections.deque(maxlen=self._path.maxlen)
                                                          if rosmsg.path_bytes_agree() else None)
         # (stamp seconds, c2w) of the current session, bounded: a window-policy session never ends
-        self._trajectory: collections.deque = collections.deque(maxlen=int(values["trajectory_max_length"]))
+        self._trajectory: collections.deque = collections.deque(maxlen=int(values.trajectory_max_length))
         self._path_last_pub = -1e9
         self._published_session: Optional[int] = None
         self._warned_no_frame_id = False
@@ -96,17 +98,17 @@ class ResultPublisher:
         with self._lock:
             trajectory = [[float(t), np.asarray(m, np.float64).reshape(-1).tolist()] for t, m in self._trajectory]
             path = [rosmsg.pose_row(p) for p in self._path]
-        return {"world_frame": str(self._values["world_frame"]), "trajectory": trajectory, "path": path,
+        return {"world_frame": str(self._settings.current.world_frame), "trajectory": trajectory, "path": path,
                 "robot": self.robot.session_state()}
 
     def restore_session(self, state: dict, session_id: int) -> None:
         """After a loaded session's start: ``~/path`` and ``~/save_trajectory`` continue from its poses."""
         poses = [(float(t), np.asarray(m, np.float64).reshape(4, 4)) for t, m in state.get("trajectory", [])]
-        world = str(self._values["world_frame"])
+        world = str(self._settings.current.world_frame)
         with self._lock:
-            self._trajectory = collections.deque(poses, maxlen=int(self._values["trajectory_max_length"]))
+            self._trajectory = collections.deque(poses, maxlen=int(self._settings.current.trajectory_max_length))
             self._path = collections.deque((rosmsg.pose_from_row(row, world) for row in state.get("path", [])),
-                                           maxlen=int(self._values["path_max_length"]))
+                                           maxlen=int(self._settings.current.path_max_length))
             if self._path_bytes is not None:
                 self._path_bytes = collections.deque((rosmsg.pose_bytes(p) for p in self._path),
                                                      maxlen=self._path.maxlen)
@@ -115,8 +117,8 @@ class ResultPublisher:
             self.robot.restore_session(state["robot"], session_id)
 
     def camera_frame(self, header: Header) -> str:
-        if self._values["camera_frame"]:
-            return self._values["camera_frame"]
+        if self._settings.current.camera_frame:
+            return self._settings.current.camera_frame
         if header.frame_id:
             return header.frame_id
         if not self._warned_no_frame_id:
@@ -133,12 +135,12 @@ class ResultPublisher:
         note = (r.frame_extra or {}).get("window_switch")
         if note:
             self._node.get_logger().info(f"long-run window {r.window_index}: {note}")
-        values = self._values
+        values = self._settings.current
         session_id = manager.session_id
         if session_id != self._published_session:
             self.clear()
             self._published_session = session_id
-        world = values["world_frame"]
+        world = values.world_frame
         camera_frame = self.camera_frame(header)
         # what placing costs the inference thread: wall time and its own CPU time (the latter is not
         # inflated by other threads or processes taking the core or the GIL meanwhile)
@@ -159,12 +161,12 @@ class ResultPublisher:
         recon = self.recon
         depth = r.depth
         t_scale, c_scale = time.perf_counter(), time.thread_time()
-        depth_wanted = any(bool(values[k]) for k in ("publish_depth", "publish_points", "publish_map"))
+        depth_wanted = any(bool(getattr(values, k)) for k in ("publish_depth", "publish_points", "publish_map"))
         if depth is not None and placed.depth_factor != 1.0 and depth_wanted:
             depth = (depth * np.float32(placed.depth_factor)).astype(np.float32)  # metres when metric
         self.robot.record_cost(place_ms + (time.perf_counter() - t_scale) * 1e3,
                                place_cpu_ms + (time.thread_time() - c_scale) * 1e3)
-        if values["publish_depth"] and depth is not None:
+        if values.publish_depth and depth is not None:
             self._depth_pub.publish(rosmsg.depth_image(depth, header.stamp, camera_frame))
         if recon is not None:  # depth confidence, camera info, points, map (after the pose), in the world's unit
             recon.publish(dataclasses.replace(r, c2w=placed.camera, depth=depth), frame.model_image, header,
@@ -175,24 +177,24 @@ class ResultPublisher:
     def publish_body(self, pose_matrix: np.ndarray, header: Header, child: str, twist, tf) -> None:
         """``~/pose``, ``~/odom``, ``~/path``, the trajectory and the /tf edge of one placed pose (several
         cameras: the rig's body pose, from the driving camera)."""
-        values = self._values
-        world = values["world_frame"]
+        values = self._settings.current
+        world = values.world_frame
         pose = rosmsg.pose_stamped(pose_matrix, header.stamp, world)
         self._pose_pub.publish(pose)
         self._odom_pub.publish(rosmsg.odometry(pose, child, twist,
-                                               covariance_matrix(values["pose_covariance_diagonal"]),
-                                               covariance_matrix(values["twist_covariance_diagonal"])))
+                                               covariance_matrix(values.pose_covariance_diagonal),
+                                               covariance_matrix(values.twist_covariance_diagonal)))
 
         with self._lock:
-            if self._path.maxlen != int(values["path_max_length"]):
-                self._path = collections.deque(self._path, maxlen=int(values["path_max_length"]))
+            if self._path.maxlen != int(values.path_max_length):
+                self._path = collections.deque(self._path, maxlen=int(values.path_max_length))
                 if self._path_bytes is not None:
                     self._path_bytes = collections.deque(self._path_bytes, maxlen=self._path.maxlen)
             self._path.append(pose)
             if self._path_bytes is not None:
                 self._path_bytes.append(rosmsg.pose_bytes(pose))
-            if self._trajectory.maxlen != int(values["trajectory_max_length"]):
-                self._trajectory = collections.deque(self._trajectory, maxlen=int(values["trajectory_max_length"]))
+            if self._trajectory.maxlen != int(values.trajectory_max_length):
+                self._trajectory = collections.deque(self._trajectory, maxlen=int(values.trajectory_max_length))
             self._trajectory.append((stamp_sec(header.stamp), pose_matrix.copy()))
             path = None
             now = time.monotonic()
@@ -212,7 +214,7 @@ class ResultPublisher:
         if tf is not None:
             # a correction (with base_frame) is re-sent between frames; a camera pose is not (it is a
             # measurement at its image stamp, not a transform that holds until the next frame)
-            self.robot.tree.send(tf[0], tf[1], header.stamp, tf[2], repeat=bool(values["base_frame"]))
+            self.robot.tree.send(tf[0], tf[1], header.stamp, tf[2], repeat=bool(values.base_frame))
 
     def _finish_processed(self, r: FrameResult, frame: Frame, session_id: int, manager, world: str, t0: float,
                           note: str = "") -> None:

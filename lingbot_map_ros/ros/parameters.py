@@ -8,7 +8,7 @@ enforces itself) and the additional constraints (allowed values, when a change a
 from __future__ import annotations
 
 import re
-from typing import Mapping, Optional
+from typing import Optional
 
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType
 from rclpy.parameter import Parameter
@@ -24,6 +24,7 @@ from ..core.settings import (
     configs_from_values,
     validate_values,
 )
+from .node_settings import NodeSettings
 
 # The names the node and the tests use for the table (a parameter is a setting seen from ROS).
 ParamSpec = Setting
@@ -92,10 +93,10 @@ def declare_error(spec: Setting, exc: Exception) -> str:
     return f"parameter {spec.name}: {text}"
 
 
-def staging_choice(values: Mapping) -> Optional[bool]:
+def staging_choice(settings: NodeSettings) -> Optional[bool]:
     """``session_staging`` as ``SessionManager``'s ``on_device``: None (auto: device memory where a copy
     fits) or False (host memory)."""
-    return False if values["session_staging"] == "host" else None
+    return False if settings.session_staging == "host" else None
 
 
 __all__ = ["PARAMETERS", "PARAMETER_NAMES", "RUNTIME_FIELDS", "SPECS", "STREAM_FIELDS", "ParamSpec",

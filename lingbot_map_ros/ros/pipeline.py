@@ -27,12 +27,13 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Callable, Mapping, Optional
+from typing import Callable, Optional
 
 from lingbot_map_ros.msg import FrameStatus
 
 from .frames import Frame, FrameLedger, InputRejected, LatestFrame
 from .input_size import InputSize
+from .node_settings import SettingsSource
 
 REPLACED_BEFORE_PREPROCESSING = "replaced by a newer frame before preprocessing"
 PREPROCESSING_FAILED = "preprocessing_failed"  # REJECTED_INPUT kind: the preprocessor raised for the frame
@@ -44,9 +45,9 @@ class PreprocessStage:
     thread's one-slot queue). ``context_ok()`` says whether ROS is still up: during shutdown a frame
     in hand is dropped without a status (the status publisher is gone)."""
 
-    def __init__(self, values: Mapping, ledger: FrameLedger, input_size: InputSize,
+    def __init__(self, settings: SettingsSource, ledger: FrameLedger, input_size: InputSize,
                  sink: Callable[[Frame], None], context_ok: Callable[[], bool]):
-        self._values = values
+        self._settings = settings
         self._ledger = ledger
         self._input_size = input_size
         self._sink = sink
@@ -123,7 +124,7 @@ class PreprocessStage:
         frame.handoff_ms = (t0 - frame.received) * 1e3 - frame.convert_ms
         try:
             preproc = self._input_size.check(*frame.wh)  # a new session may have started since the callback
-            preproc.fast_resize = bool(self._values["fast_resize"])  # the resize method applies from the next frame
+            preproc.fast_resize = self._settings.current.fast_resize  # the resize method applies from the next frame
             frame.model_image = preproc(frame.rgb)
         except InputRejected as exc:
             self._ledger.reject(frame.header, exc.kind, str(exc))

@@ -21,7 +21,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Callable, Optional, Union
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from std_srvs.srv import Trigger
 from ..core.geometry import intrinsics_for_camera
 from ..core.reconstruction import PointBatch, VoxelMap, is_finite_camera, point_records, unproject_depth, write_ply
 from ..core.results import FrameResult
+from .node_settings import NodeSettings, SettingsSource
 
 # x, y, z, rgb (packed 0x00RRGGBB in a float32), confidence: five little-endian float32 = 20 bytes
 POINT_FIELD_NAMES = ("x", "y", "z", "rgb", "confidence")
@@ -129,8 +130,8 @@ def published_intrinsics(result: FrameResult) -> np.ndarray:
 class ReconstructionPublisher:
     """``~/depth_confidence``, ``~/camera_info``, ``~/points``, ``~/map_points`` and ``~/save_map``.
 
-    ``get_values()`` returns the node's current parameter values (read on every frame and tick, so
-    every parameter applies from the next frame). ``device`` (a device or a callable returning one) is
+    ``settings`` holds the node's current settings (read once on every frame, tick and call, so every
+    parameter applies from the next frame). ``device`` (a device or a callable returning one) is
     where the per-pixel work runs: the model's device; default: the model image's. ``map_device``
     where the voxel map lives (default CPU, so its merges never queue kernels between the model's on
     the GPU).
@@ -143,7 +144,7 @@ class ReconstructionPublisher:
     stall, so memory stays bounded on runs of hours.
     """
 
-    def __init__(self, node, get_values: Callable[[], Mapping[str, Any]],
+    def __init__(self, node, settings: SettingsSource,
                  device: Union[None, str, torch.device, Callable[[], Optional[torch.device]]] = None,
                  map_device: Union[str, torch.device] = "cpu", prefix: str = "~/",
                  map_into: Optional["ReconstructionPublisher"] = None):
@@ -152,16 +153,16 @@ class ReconstructionPublisher:
         this one has no map, ``~/save_map`` or timer of its own."""
         self._node = node
         self._map_into = map_into
-        self._get_values = get_values
+        self._settings = settings
         # a callable follows the model when the node rebuilds it on another device
         self._device = device if callable(device) else (lambda d=device: d)
         self.map_device = torch.device(map_device)
-        values = get_values()
+        values = settings.current
         self._qlock = threading.Lock()  # the queue below (inference thread <-> executor)
         self._queue: collections.deque = collections.deque()  # ("points", session, PointBatch, stamp) | ("reset",)
         self._queued_points = 0
         self._map_lock = threading.Lock()  # the map and its bookkeeping (executor side only)
-        self._map = VoxelMap(float(values["map_voxel_size"]), int(values["map_max_points"]), device=map_device)
+        self._map = VoxelMap(values.map_voxel_size, values.map_max_points, device=map_device)
         self._map_stamp: Optional[TimeMsg] = None
         self._map_session: Optional[int] = None
         self._map_dirty = False
@@ -193,10 +194,8 @@ class ReconstructionPublisher:
         """
         if result.depth is None:
             return
-        values = self._get_values()
-        want_depth = bool(values["publish_depth"])
-        want_points = bool(values["publish_points"])
-        want_map = bool(values["publish_map"])
+        values = self._settings.current
+        want_depth, want_points, want_map = values.publish_depth, values.publish_points, values.publish_map
         if not (want_depth or want_points or want_map):
             return
         k = published_intrinsics(result)
@@ -218,7 +217,7 @@ class ReconstructionPublisher:
         device = self._device() or (model_image.device if model_image is not None else torch.device("cpu"))
         points = unproject_depth(
             result.depth, k, result.c2w, confidence=result.depth_conf, image=model_image,
-            stride=int(values["points_stride"]), min_confidence=float(values["points_min_confidence"]),
+            stride=values.points_stride, min_confidence=values.points_min_confidence,
             max_points=MAX_POINTS_PER_FRAME, device=device,
         )
         records = point_records(points)  # [N, 5] on the host: the one copy off the device
@@ -226,7 +225,7 @@ class ReconstructionPublisher:
             self._points_pub.publish(point_cloud2(records, stamp, world_frame))
         if want_map:  # the map is fed from the host copy (no second transfer)
             self._enqueue(("points", int(result.session_id), PointBatch.from_records(records), stamp), len(records),
-                          int(values["map_max_points"]))
+                          values.map_max_points)
 
     def reset(self) -> None:
         """A new session started: its world frame is new, so the map starts empty (in queue order)."""
@@ -249,13 +248,13 @@ class ReconstructionPublisher:
                 self.dropped_map_frames += 1
 
     # ------------------------------------------------------------------ executor thread
-    def _drain_locked(self, values: Mapping[str, Any]) -> None:
+    def _drain_locked(self, values: NodeSettings) -> None:
         """Move every queued item into the map (map lock held)."""
         with self._qlock:
             items, self._queue = list(self._queue), collections.deque()
             self._queued_points = 0
-        if self._map.configure(float(values["map_voxel_size"]), int(values["map_max_points"])):
-            self._node.get_logger().info(f"map_voxel_size is now {values['map_voxel_size']}: map emptied")
+        if self._map.configure(values.map_voxel_size, values.map_max_points):
+            self._node.get_logger().info(f"map_voxel_size is now {values.map_voxel_size}: map emptied")
             self._map_dirty = True
         for item in items:
             if item[0] == "reset" or (self._map_session is not None and item[1] != self._map_session):
@@ -276,11 +275,11 @@ class ReconstructionPublisher:
                                           throttle_duration_sec=5.0)
 
     def _tick(self) -> None:
-        values = self._get_values()
+        values = self._settings.current
         now = time.monotonic()
-        due = bool(values["publish_map"]) and now - self._last_map_pub >= float(values["map_period"])
+        due = values.publish_map and now - self._last_map_pub >= values.map_period
         with self._qlock:
-            big_queue = self._queued_points * 4 >= int(values["map_max_points"])
+            big_queue = self._queued_points * 4 >= values.map_max_points
             has_items = bool(self._queue)
         if not (due or (big_queue and has_items)):
             return
@@ -295,7 +294,7 @@ class ReconstructionPublisher:
         self._last_map_pub = now
         if stamp is None:
             stamp = self._node.get_clock().now().to_msg()
-        self._map_pub.publish(point_cloud2(point_records(points), stamp, str(values["world_frame"])))
+        self._map_pub.publish(point_cloud2(point_records(points), stamp, values.world_frame))
 
     def _on_save_map(self, request, response):
         """``~/save_map`` (std_srvs/Trigger): write the voxel map to ``map_path`` as binary PLY, atomically.
@@ -304,9 +303,9 @@ class ReconstructionPublisher:
         replace a good file with nothing): the call fails and says why (``publish_map`` is false, or
         no frame of this session has been merged yet). A map that stopped growing because
         ``publish_map`` was turned off is written, and the message says so."""
-        values = self._get_values()
-        path = os.path.abspath(os.path.expanduser(str(values["map_path"])))
-        building = bool(values["publish_map"])
+        values = self._settings.current
+        path = os.path.abspath(os.path.expanduser(values.map_path))
+        building = values.publish_map
         try:
             with self._map_lock:
                 self._drain_locked(values)
@@ -320,8 +319,8 @@ class ReconstructionPublisher:
                     else "the map is empty: no frame of this session has been merged into it yet"))
                 return response
             n = write_ply(path, xyz, rgb, conf,
-                          comment=f"lingbot_map_ros voxel map (session {session}, frame {values['world_frame']}, "
-                                  f"voxel {values['map_voxel_size']})")
+                          comment=f"lingbot_map_ros voxel map (session {session}, frame {values.world_frame}, "
+                                  f"voxel {values.map_voxel_size})")
         except Exception as exc:  # noqa: BLE001 - answer with the reason; never raise into the executor
             response.success = False
             response.message = f"cannot write {path}: {type(exc).__name__}: {exc}"
@@ -336,7 +335,7 @@ class ReconstructionPublisher:
     def map_size(self) -> int:
         """Voxels in the map now (drains and merges the queue)."""
         with self._map_lock:
-            self._drain_locked(self._get_values())
+            self._drain_locked(self._settings.current)
             return len(self._map)
 
     def destroy(self) -> None:

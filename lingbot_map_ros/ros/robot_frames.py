@@ -34,12 +34,13 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Union
+from typing import Optional, Union
 
 import numpy as np
 
 from ..core.geometry import body_pose, body_twist, odom_correction, pose_difference, relative_pose
 from ..core.scale import ScaleEstimator, ScaleStatus, depth_ratio, model_depth_grid
+from .node_settings import SettingsSource
 from .transforms import FrameTree, NoTransform
 
 EXTRINSIC_JUMP = (0.01, math.radians(1.0))  # m, rad: a base -> camera change beyond this is a TF jump
@@ -98,15 +99,16 @@ class RobotFrames:
     """The frames and the scale of the current session, applied to each result (inference thread);
     ``report`` for the executor thread. ``depth`` is the ``DepthPairing`` (scale_source depth)."""
 
-    def __init__(self, node, values: Mapping, tree: FrameTree, depth=None, publishers=None):
+    def __init__(self, node, settings: SettingsSource, tree: FrameTree, depth=None, publishers=None):
         self._log = node.get_logger()
         self._publishers = publishers  # EdgePublishers: names another publisher of the node's edge
         self._logged_foreign: set[str] = set()
-        self._values = values
+        self._settings = settings
+        values = settings.current
         self.tree = tree
         self.depth = depth
-        self.scale = ScaleEstimator(str(values["scale_source"]), float(values["scale_factor"]),
-                                    int(values["scale_min_samples"]), float(values["scale_min_travel"]))
+        self.scale = ScaleEstimator(str(values.scale_source), float(values.scale_factor),
+                                    int(values.scale_min_samples), float(values.scale_min_travel))
         self._lock = threading.Lock()  # the estimator and the report fields (inference <-> executor thread)
         self._session: Optional[int] = None
         self._window = 0
@@ -139,8 +141,8 @@ class RobotFrames:
     # ------------------------------------------------------------------ per frame
     def place(self, r, header, camera_frame: str, session_id: int) -> Union[Placement, Withheld, NoTransform]:
         """Steps 1-4 of the module docstring for the finite result ``r`` of the image with ``header``."""
-        v = self._values
-        base, odom, world = str(v["base_frame"]), str(v["odom_frame"]), str(v["world_frame"])
+        v = self._settings.current
+        base, odom, world = str(v.base_frame), str(v.odom_frame), str(v.world_frame)
         with self._lock:
             if session_id != self._session:
                 if self._session is not None:  # a session that started without begin_session
@@ -149,11 +151,11 @@ class RobotFrames:
             if r.window_index != self._window:
                 self._window = r.window_index
                 self.scale.start_window(r.c2w[:3, 3])
-            self.scale.set_limits(int(v["scale_min_samples"]), float(v["scale_min_travel"]))
+            self.scale.set_limits(int(v.scale_min_samples), float(v.scale_min_travel))
             if self.scale.wants_depth and r.is_keyframe:
                 self._depth_sample(r, header)
         try:
-            extrinsic, base_in_odom = self._lookups(header, camera_frame, base, odom, float(v["tf_timeout"]))
+            extrinsic, base_in_odom = self._lookups(header, camera_frame, base, odom, float(v.tf_timeout))
         except NoTransform as missing:
             self._note_missing(missing)
             return missing
@@ -179,7 +181,7 @@ class RobotFrames:
                     self._world = body_pose(metric.pose(first_camera), first_extrinsic)
                 camera = relative_pose(self._world, camera)
                 pose, child = body_pose(camera, extrinsic), base
-        tf = self._tf_edge(world, base, odom, camera_frame, pose, base_in_odom) if v["publish_tf"] else None
+        tf = self._tf_edge(world, base, odom, camera_frame, pose, base_in_odom) if v.publish_tf else None
         return Placement(camera=camera, pose=pose, child=child, depth_factor=metric.factor,
                          twist=self._twist(header, pose), tf=tf, base_in_odom=base_in_odom)
 
@@ -240,7 +242,7 @@ class RobotFrames:
 
     # ------------------------------------------------------------------ scale samples
     def _depth_sample(self, r, header) -> None:
-        grid = self._depth_partner(header, float(self._values["tf_timeout"]))
+        grid = self._depth_partner(header, float(self._settings.current.tf_timeout))
         if grid is None:
             self.scale.miss("no depth partner: no depth image paired with this keyframe")
             return
@@ -352,8 +354,8 @@ class RobotFrames:
         dist, angle = pose_difference(previous, extrinsic)
         if dist > EXTRINSIC_JUMP[0] or angle > EXTRINSIC_JUMP[1]:
             self._jumps += 1
-            text = (f"{self._values['base_frame']} -> camera moved by {dist:.3f} m / {math.degrees(angle):.1f} deg "
-                    "between two frames (a TF jump): the new transform is used")
+            text = (f"{self._settings.current.base_frame} -> camera moved by {dist:.3f} m / "
+                    f"{math.degrees(angle):.1f} deg between two frames (a TF jump): the new transform is used")
             self._last_jump = (text, time.monotonic())
             if self._jumps == 1:
                 self._log.warning(text + " (reported once; counted in /diagnostics 'tf')")
@@ -374,14 +376,14 @@ class RobotFrames:
         return found
 
     def report(self) -> RobotReport:
-        v = self._values
+        v = self._settings.current
         depth_counts, depth_problem = self.depth.report() if self.depth is not None else ({}, "")
         other_publishers = self._other_publishers()
         with self._lock:
             cost, cost_cpu = (_summary([c[k] for c in self._costs]) for k in (0, 1))
             return RobotReport(
-                now=time.monotonic(), world_frame=str(v["world_frame"]), base_frame=str(v["base_frame"]),
-                odom_frame=str(v["odom_frame"]), publish_tf=bool(v["publish_tf"]), edge=self._edge,
+                now=time.monotonic(), world_frame=str(v.world_frame), base_frame=str(v.base_frame),
+                odom_frame=str(v.odom_frame), publish_tf=bool(v.publish_tf), edge=self._edge,
                 conflicts=dict(self._conflicts), no_transform=self._no_transform, missing_link=self._missing[0],
                 missing_reason=self._missing[1], missing_time=self._missing[2], tf_jumps=self._jumps,
                 last_jump=self._last_jump[0], last_jump_time=self._last_jump[1], scale=self.scale.status(),

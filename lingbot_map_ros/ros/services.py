@@ -16,45 +16,45 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable, Mapping, Optional
+from typing import Optional, Protocol
 
 import numpy as np
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.task import Future
 from std_srvs.srv import Trigger
 
-from ..core.session_store import PreparedSession, SessionFileError
+from ..core.session_store import SessionFileError
 from ..core.trajectory import write_tum
-from .commands import Command, CommandResult, LoadSession, SaveSession
+from .commands import Command, CommandResult, LoadSession, Reset, SaveSession
+from .node_settings import SettingsSource
+from .node_state import ConfiguredParts, NodeState
 
 RESET_WAIT_S = 30.0
 SESSION_WAIT_S = 600.0
 
 
+class TrajectorySource(Protocol):
+    """What ``~/save_trajectory`` writes (``outputs.ResultPublisher``)."""
+
+    def trajectory(self) -> tuple[list, Optional[int]]: ...
+
+
 class NodeServices:
     """The node's Trigger services.
 
-    ``configured()`` says whether a model is loaded; ``submit_reset(reason, wait)`` queues a reset
-    and returns its result (None when it has not run within ``wait``); ``state_label()`` names the
-    lifecycle state for a refusal; ``trajectory()`` returns the current session's (stamp, c2w) list
-    and its id; ``submit(command, wait)`` runs a command on the inference thread and returns its
-    ``CommandResult`` (None when it has not run within ``wait``; a save's carries the copy); ``prepare_load(path)``
-    reads and checks a saved session (``SessionManager.prepare_load``) on the calling thread.
+    ``state`` names the lifecycle state for a refusal; ``parts`` says whether a model is loaded, runs
+    a command on the inference thread (``submit``: its ``CommandResult``, None when it has not run
+    within the wait; a save's carries the copy) and reads and checks a saved session on the calling
+    thread (``prepare_load``); ``trajectory`` holds the current session's (stamp, c2w) list and its id.
     """
 
-    def __init__(self, node, values: Mapping, configured: Callable[[], bool],
-                 submit_reset: Callable[[str, float], Optional[CommandResult]],
-                 state_label: Callable[[], str], trajectory: Callable[[], tuple[list, Optional[int]]],
-                 submit: Callable[[Command, float], Optional[CommandResult]],
-                 prepare_load: Callable[[str], PreparedSession]):
+    def __init__(self, node, settings: SettingsSource, state: NodeState, parts: ConfiguredParts,
+                 trajectory: TrajectorySource):
         self._node = node
-        self._values = values
-        self._configured = configured
-        self._submit_reset = submit_reset
-        self._state_label = state_label
+        self._settings = settings
+        self._state = state
+        self._parts = parts
         self._trajectory = trajectory
-        self._submit = submit
-        self._prepare_load = prepare_load
         node.create_service(Trigger, "~/reset", self.on_reset)
         node.create_service(Trigger, "~/save_trajectory", self.on_save_trajectory)
         # a group of their own: while one awaits its thread, the node's default (mutually exclusive) group,
@@ -88,20 +88,20 @@ class NodeServices:
 
     def _on_session(self, kind: str, response):
         """Save or load ``session_path`` (a thread of its own); its refusal reason is the message."""
-        if not self._configured():
+        if not self._parts.configured:
             response.success = False
-            response.message = f"the node is {self._state_label()}: configure it first"
+            response.message = f"the node is {self._state.label}: configure it first"
             return response
-        path = os.path.abspath(os.path.expanduser(self._values["session_path"]))
+        path = os.path.abspath(os.path.expanduser(self._settings.current.session_path))
         command: Command = SaveSession()
         if kind == "load_session":
             try:
-                command = LoadSession(self._prepare_load(path))  # read, checked and staged while frames go on
+                command = LoadSession(self._parts.prepare_load(path))  # read, checked and staged while frames go on
             except Exception as exc:  # noqa: BLE001 - any refusal is the service's answer; the session is kept
                 response.success, response.message = False, f"error: {exc}"
                 self._node.get_logger().error(f"load_session refused: {exc}")
                 return response
-        result = self._submit(command, SESSION_WAIT_S)
+        result = self._parts.submit(command, SESSION_WAIT_S)
         if result is not None and result.capture is not None:  # save: copied between two frames, written here
             try:
                 result = CommandResult(True, result.capture.write(path).message())
@@ -116,18 +116,18 @@ class NodeServices:
         return response
 
     def on_reset(self, request, response):
-        if not self._configured():
+        if not self._parts.configured:
             response.success = False
-            response.message = f"the node is {self._state_label()}: configure it first"
+            response.message = f"the node is {self._state.label}: configure it first"
             return response
-        result = self._submit_reset("~/reset called", RESET_WAIT_S)
+        result = self._parts.submit(Reset("~/reset called"), RESET_WAIT_S)
         response.success = result is None or result.ok
         response.message = result.message if result is not None else "reset queued: applies before the next frame"
         return response
 
     def on_save_trajectory(self, request, response):
-        path = os.path.expanduser(self._values["trajectory_path"])
-        trajectory, session_id = self._trajectory()
+        path = os.path.expanduser(self._settings.current.trajectory_path)
+        trajectory, session_id = self._trajectory.trajectory()
         try:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             write_tum(path, np.array([s for s, _ in trajectory], np.float64),  # atomic: never half a file

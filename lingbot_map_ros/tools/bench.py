@@ -328,10 +328,10 @@ def footprint_tables(runtime_cfg: RuntimeConfig, stream_cfg: StreamConfig, args:
         if stream.gpu_memory_budget > 0:  # the window configure picks for the budget (fit_window), then its table
             from ..core.sizing import configure_fit, fit_line
 
-            fit = configure_fit(cfg, rt, runtime_cfg, stream)
+            fit = configure_fit(cfg, rt, runtime_cfg, stream, args.cameras)
             tables.append(fit_line(fit, stream))
             stream = fit.stream or stream
-        tables.append(footprint(cfg, rt, stream, args.height, args.width).table())
+        tables.append(footprint(cfg, rt, stream, args.height, args.width, args.cameras).table())
     return "\n\n".join(tables)
 
 
@@ -412,7 +412,8 @@ def warm_cache(args: argparse.Namespace, base: ModelHost, runtime_cfg: RuntimeCo
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if any(a == "--cameras" or a.startswith("--cameras=") for a in argv):  # N streams: tools/bench_streams.py
+    several = any(a == "--cameras" or a.startswith("--cameras=") for a in argv)
+    if several and "--footprint" not in argv:  # N streams' speed: tools/bench_streams.py
         from .bench_streams import main as streams_main
 
         return streams_main(argv)
@@ -430,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--footprint", action="store_true",
                    help="print the predicted memory of each head setting at --width x --height and exit: no GPU "
                         "needed (--device auto = cuda; docs/memory.md)")
+    p.add_argument("--cameras", type=int, default=1,
+                   help="with --footprint: the cameras of one node (the weights once, a share of the page pool "
+                        "and a camera cache each); without it: the several-stream benchmark")
     p.add_argument("--json", default="", metavar="FILE",
                    help="also write the rows as a run-of-record file (docs/perf/runs/*.json shape)")
     p.add_argument("--load", default="idle", help="the host's load during the run, as the rows name it")
@@ -438,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(LINGBOT_MAP_CACHE_DIR, else ~/.cache/lingbot_map) and exit")
     args = p.parse_args(argv)
     check_session_args(p, args)
+    if args.cameras < 1:
+        p.error(f"--cameras must be at least 1 (got {args.cameras})")
     runtime_cfg = runtime_from_args(args)
     if args.footprint:
         print(footprint_tables(runtime_cfg, stream_from_args(args), args))

@@ -4,8 +4,10 @@ same N streams one after another, and (``--processes``) against N separate proce
 Random weights, random frames; every stream gets a frame at every tick. The steady state starts once
 every stream's window is full (``scale_frames + sliding_window * keyframe_interval`` frames). Rows:
 
-* ``batched``: a ``StreamGroup`` (``core/stream_group.py``); ms per tick = one batched step of N
-  frames (the model call, every stream's plan and results);
+* ``batched``: a ``StreamGroup`` (``core/stream_group.py``) with ``batch=True``; ms per tick = one
+  batched step of N frames (the model call, every stream's plan and results). Under CUDA graphs the
+  step is the captured one of its batch size (``core/batched_graph.py``), else one eager call; the
+  row's note and the line after the table say which path ran and how often;
 * ``one after another``: N ``SessionManager``s over the same model, each tick pushes every stream's
   frame in turn (each push the single-camera path, CUDA graphs included);
 * ``N processes``: N copies of the one-stream run started together, as a user with N nodes on one GPU
@@ -48,6 +50,7 @@ class StreamsRow:
     peak_gb: float
     note: str = ""
     predicted_gb: float = float("nan")  # the footprint of the group (batched rows)
+    path: str = ""  # batched rows: the path the batched ticks ran ("graphed", "eager", "alone")
 
 
 def _frames(height: int, width: int, streams: int, device: torch.device) -> list[list[torch.Tensor]]:
@@ -104,9 +107,22 @@ def run_batched(base: ModelHost, stream: StreamConfig, n: int, frames: int, pool
     times, poses = _timed_ticks(tick, frames, _steady_start(stream))
     fp = group_footprint(base, stream, n, group.managers["cam0"].session.image_hw)
     row = _row("batched" if n > 1 else "batched (one stream: the single-camera path)", n, times, _peak(device),
-               f"footprint {fp.total / GB:.2f} GB predicted")
+               f"footprint {fp.total / GB:.2f} GB predicted; {batched_paths(group)}")
     row.predicted_gb = fp.total / GB
+    row.path = group.path_counts.most_common(1)[0][0] if group.path_counts else "alone"
+    print(f"batched path: {group.decision.path} ({group.decision.reason})")
     return row, poses
+
+
+def batched_paths(group: StreamGroup) -> str:
+    """Which path the batched ticks took, how often, and the captures per batch size."""
+    if not group.path_counts:
+        return "path: every step alone (no tick had two phase-2 frames)"
+    text = "path: " + ", ".join(f"{path} x{count}" for path, count in group.path_counts.most_common())
+    stats = group.graph_stats()
+    if stats:
+        text += "; " + ", ".join(f"B={b}: {s.captures} captures, {s.replays} replays" for b, s in sorted(stats.items()))
+    return text
 
 
 def run_sequential(base: ModelHost, stream: StreamConfig, n: int, frames: int, pools) -> tuple[StreamsRow, dict]:
@@ -270,7 +286,8 @@ def result_rows(rows: list[StreamsRow], args: argparse.Namespace, stream: Stream
              "window": stream.sliding_window, "scale_frames": stream.scale_frames,
              "camera_iterations": stream.camera_iterations, "streams": r.streams, "mode": r.mode,
              "median_ms": num(r.step_median_ms), "p90_ms": num(r.step_p90_ms), "fps_total": num(r.total_fps, 1),
-             "peak_gb": num(r.peak_gb), "predicted_gb": num(r.predicted_gb), "frames": args.frames} for r in rows]
+             "peak_gb": num(r.peak_gb), "predicted_gb": num(r.predicted_gb), "frames": args.frames,
+             **({"path": r.path} if r.path else {})} for r in rows]
 
 
 if __name__ == "__main__":

@@ -13,7 +13,10 @@ localization only, the loaded map is not changed). Frames are read one at a time
 (an ``.npy`` is memory-mapped) and only frames still waiting for their result are kept.
 
 Several cameras of one bag (``--topic /front/image --topic /rear/image``) run as the node's
-several-camera mode does, one stream per camera over one model: ``offline_cameras.py``.
+several-camera mode does, one stream per camera over one model; with ``--base-frame`` every camera is
+placed in one world with one body pose through the bag's TF: ``offline_cameras.py``. Offline, a camera
+counts as stalled (``--camera-timeout``) after that many seconds of image stamps without a placed frame
+(the node counts wall time), so a run is repeatable.
 """
 from __future__ import annotations
 
@@ -93,9 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_session_options(p, names=RECON_OPTIONS, with_depth=False)
     # a robot's recording (--bag with /tf, /tf_static, a depth topic): the node's robot settings
     add_session_options(p, names=ROBOT_OPTIONS, with_depth=False)
+    # several cameras with --base-frame: the node's rig settings (offline_cameras.py)
+    add_session_options(p, names=CAMERA_OPTIONS, with_depth=False)
     return p
 
 
+CAMERA_OPTIONS = ("primary_camera", "camera_timeout")
 RECON_OPTIONS = ("points_stride", "points_min_confidence", "map_voxel_size", "map_max_points")
 ROBOT_OPTIONS = ("base_frame", "odom_frame", "world_frame", "camera_frame", "scale_source", "scale_factor",
                  "scale_min_samples", "scale_min_travel", "depth_sync_slop")
@@ -185,7 +191,7 @@ def frame_source(args: argparse.Namespace):
 
 
 def save_results(results: list[FrameResult], out: str, tum: str = "", with_depth: bool = False,
-                 robot=None) -> None:
+                 robot=None, extra_arrays: Optional[dict] = None) -> None:
     """Write the results under exactly the names given (temp file + rename: never a half file).
 
     ``robot`` (a ``bag_robot.BagRobot``): also what the node would publish, per frame: ``robot_pose``
@@ -213,6 +219,7 @@ def save_results(results: list[FrameResult], out: str, tum: str = "", with_depth
             status = robot.scale()
             extra["scale"] = np.array(status.value if status.metric else np.nan)
             extra["scale_state"] = np.array(status.state)
+        extra.update(extra_arrays or {})  # a caller's own per-frame arrays (several cameras: their world poses)
         arrays = dict(
             **extra,
             pose_enc=pose_enc,
@@ -254,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.camera_name:
             raise UsageError("--camera-name names the cameras of several --topic options")
+        if args.primary_camera:
+            raise UsageError("--primary-camera chooses among the cameras of several --topic options")
         check_outputs(args)
         source = frame_source(args)
     except UsageError as exc:

@@ -140,13 +140,18 @@ class BatchedFlashInferBackend:
     ...]``, each stream's visible pages as pool page ids, or its token slots for ``fa3``) once per
     step; ``run`` attends every block's ``[B·T, H, D]`` queries over the pool's K and V. FlashInfer's
     scheduler packs (stream, query tile, key chunk) work over all streams and merges the partial
-    states, so streams of different lengths cost one launch. Eager (no CUDA graph): a captured
-    wrapper fixes its batch size for life, so a graphed form needs one wrapper per batch size."""
+    states, so streams of different lengths cost one launch.
+
+    ``batch_size`` > 0: the CUDA-graph form for exactly that many streams (FlashInfer fixes a captured
+    wrapper's batch size, and its query rows at the first plan, for its life: a group keeps one per
+    batch size). ``qo_indptr`` / ``paged_kv_indptr`` / ``last_page_len`` / ``paged_kv_indices`` are
+    preallocated (``max_indices``: ``pool.batched_index_capacity``) and ``plan`` writes them outside
+    the graph before each replay; ``run`` is what the graph captures."""
 
     name = "flashinfer"
 
     def __init__(self, *, num_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str,
-                 kernel: str = "fa2") -> None:
+                 kernel: str = "fa2", batch_size: int = 0, max_indices: int = 0) -> None:
         import flashinfer  # optional dependency: imported only when this backend is built
 
         if dtype not in (torch.float16, torch.bfloat16):
@@ -157,11 +162,37 @@ class BatchedFlashInferBackend:
         self.device = torch.device(device)
         self.token_pages = kernel == "fa3"  # fa3 takes power-of-two pages only: one key per index (exact)
         self._workspace = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
-        self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD", backend=kernel)
+        self.batch_size, self.max_indices = batch_size, max_indices
+        kwargs = {}
+        if batch_size:
+            if batch_size < 1 or max_indices < 1:
+                raise ValueError(f"the CUDA-graph form needs batch_size and max_indices >= 1 "
+                                 f"(got {batch_size}, {max_indices})")
+            i32 = dict(dtype=torch.int32, device=self.device)
+            kwargs = dict(use_cuda_graph=True, qo_indptr_buf=torch.zeros(batch_size + 1, **i32),
+                          paged_kv_indptr_buf=torch.zeros(batch_size + 1, **i32),
+                          paged_kv_indices_buf=torch.zeros(max_indices, **i32),
+                          paged_kv_last_page_len_buf=torch.zeros(batch_size, **i32))
+        self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD", backend=kernel,
+                                                                       **kwargs)
         self._num_queries = 0
+
+    @property
+    def plan_signature(self) -> tuple:
+        """Host-side launch parameters fixed by ``plan`` (a captured graph is valid while it is unchanged)."""
+        info = getattr(self._wrapper, "_plan_info", None)
+        return (self._num_queries, tuple(int(x) for x in info) if info is not None else None)
 
     def plan(self, request, page_size: int) -> None:
         """``request``: a ``pool.BatchedPageRequest`` built with ``token_pages`` = this backend's."""
+        if self.batch_size:
+            b = len(request.last_page_len)
+            if b != self.batch_size or request.indices.size > self.max_indices:
+                raise ValueError(f"this CUDA-graph plan is for {self.batch_size} streams and {self.max_indices} "
+                                 f"indices (got {b} streams, {request.indices.size} indices)")
+            if self._num_queries and int(request.qo_indptr[-1]) != self._num_queries:
+                raise ValueError(f"this CUDA-graph plan has {self._num_queries} query rows "
+                                 f"(got {int(request.qo_indptr[-1])})")
         self._wrapper.plan(
             torch.from_numpy(request.qo_indptr), torch.from_numpy(request.kv_indptr),
             torch.from_numpy(request.indices).to(self.device, non_blocking=True),

@@ -159,4 +159,16 @@ def batched_page_request(tables: Sequence[PageTable], first_pages: Sequence[int]
     )
 
 
-__all__ = ["BatchedPageRequest", "PoolShares", "SharedKVPool", "batched_page_request"]
+def batched_index_capacity(batch: int, pages_per_share: int, page_size: int, *, token_pages: bool = False) -> int:
+    """Indices a batched plan of ``batch`` streams can ever need: what a CUDA-graph plan preallocates.
+
+    A stream's visible pages are pages of its share, each at most once, so ``pages_per_share`` bounds
+    them whatever the window, eviction or special pages do (a non-keyframe's own page included: it is a
+    free page of the share). With ``token_pages`` one index per key: at most ``page_size`` per page."""
+    if batch < 1 or pages_per_share < 1 or page_size < 1:
+        raise ValueError(f"batch, pages_per_share and page_size must be >= 1 (got {batch}, {pages_per_share}, "
+                         f"{page_size})")
+    return batch * pages_per_share * (page_size if token_pages else 1)
+
+
+__all__ = ["BatchedPageRequest", "PoolShares", "SharedKVPool", "batched_index_capacity", "batched_page_request"]

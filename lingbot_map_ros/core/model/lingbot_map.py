@@ -112,6 +112,7 @@ class LingBotMap(nn.Module):
         with_depth: bool = False,
         max_positions: int = DEFAULT_MAX_POSITIONS,
         depth_stream: torch.cuda.Stream | None = None,
+        depth_frames: Sequence[int] | None = None,
     ) -> ModelOutput:
         """The rest of ``forward`` from ``embed``'s tokens ``[S, P, C]`` of ``image_hw`` frames; no checks
         that read tensors back (the graph step's caller guarantees the ranges):
@@ -120,7 +121,7 @@ class LingBotMap(nn.Module):
         grid = (image_hw[0] // self.cfg.patch_size, image_hw[1] // self.cfg.patch_size)
         layers = self.aggregator.attend(tokens, grid, rope_frames=rope_frames, global_attention=global_attention,
                                         max_positions=max_positions, check_rope=False)  # list of [S, P, 2C]
-        return self._heads(layers, image_hw, camera_attention, num_iterations, with_depth, depth_stream)
+        return self._heads(layers, image_hw, camera_attention, num_iterations, with_depth, depth_stream, depth_frames)
 
     def _heads(self, layers: list[Tensor], hw: tuple[int, int], camera_attention: CameraAttention,
                num_iterations: int, with_depth: bool, depth_stream: torch.cuda.Stream | None,
@@ -128,8 +129,12 @@ class LingBotMap(nn.Module):
         """The camera head (and the depth head when asked) over the aggregator's layers ``[S, P, 2C]``."""
         depth_here = with_depth and self.depth_head is not None and (depth_frames is None or len(depth_frames) > 0)
         if depth_here and depth_frames is not None and list(depth_frames) != list(range(layers[0].shape[0])):
-            index = torch.tensor(list(depth_frames), dtype=torch.long, device=layers[0].device)  # [n]
-            depth_layers = [layer.index_select(0, index) for layer in layers]  # [n, P, 2C] each
+            n = len(depth_frames)
+            if list(depth_frames) == list(range(n)):  # the leading frames (a captured batch puts them first): views
+                depth_layers = [layer[:n] for layer in layers]  # [n, P, 2C] each, no index upload inside a graph
+            else:
+                index = torch.tensor(list(depth_frames), dtype=torch.long, device=layers[0].device)  # [n]
+                depth_layers = [layer.index_select(0, index) for layer in layers]  # [n, P, 2C] each
             poses = self.camera_head(layers[-1][:, 0], camera_attention, num_iterations)
             depth, depth_conf = self.depth_head(depth_layers, hw)
             return ModelOutput(pose_enc=poses[-1], depth=depth, depth_conf=depth_conf)
