@@ -204,7 +204,17 @@ class CameraGroupWorker:
             return
         outcomes = self.group.step(step)
         end = time.perf_counter()
-        for name, outcome in outcomes.items():
+        # Placed in the order the frames were taken (their stamps), not the cameras' order: the rig's
+        # anchoring and hand-over then see the frames as a camera-by-camera feed of the same recording
+        # would (lingbot_map_offline --base-frame places a recording in this order).
+        order = {name: i for i, name in enumerate(self.channels)}
+        def taken_at(n: str) -> tuple[int, int]:
+            stamp = step[n][1].header.stamp
+            return stamp.sec * 10**9 + stamp.nanosec, order[n]
+
+        in_time = sorted(outcomes, key=taken_at)
+        for name in in_time:
+            outcome = outcomes[name]
             channel = self.channels[name]
             frame = step[name][1]
             frame.push_end = end
