@@ -15,8 +15,13 @@ ones, field by field), either
 A robot's recording (``--depth-topic``, and the bag's ``/tf`` + ``/tf_static``, published unless
 ``--no-tf``) goes out in header-stamp order with each message's own stamps: at one stamp the
 transforms and the depth image before the colour image, so the node (``base_frame``, ``odom_frame``,
-``scale_source: depth``) has what a frame needs when it arrives, as on the robot. ``/tf_static`` is
-published latched (transient local), the others as recorded; only the colour images are paced.
+``scale_source: depth``) has what a frame needs when it arrives, as on the robot. Publishing them first
+is not enough: a subscriber that has not yet matched our publisher (discovery is not symmetric, and
+slow on a loaded host) takes a message only when the middleware resends it, seconds later, and the
+frame would then end NO_TRANSFORM and the session's world start at a later frame than the recording's.
+So a colour image goes out only once every reliable subscriber has acknowledged the messages before it
+(``--ack-timeout`` at most, then it goes anyway, said once). ``/tf_static`` is published latched
+(transient local), the others as recorded; only the colour images are paced.
 
 Before anything is published the bag, the topic and its first image are checked (a depth topic or
 an unsupported encoding is refused in one line, exit 2). Ctrl-C stops the replay and prints what was
@@ -135,6 +140,15 @@ class _Replayer:
             self.rclpy.spin_once(self.node, timeout_sec=0.02)
         return True
 
+    def wait_delivered(self, topics, timeout: float) -> list[str]:
+        """Wait until every matched reliable subscriber has acknowledged what went out on ``topics``
+        (other than the image); returns those still unacknowledged after ``timeout`` s."""
+        from rclpy.duration import Duration
+
+        end = time.monotonic() + timeout
+        return [t for t in topics
+                if not self.others[t].wait_for_all_acked(Duration(seconds=max(0.0, end - time.monotonic())))]
+
     def summary(self) -> str:
         from .node_client import status_summary
 
@@ -237,13 +251,16 @@ def _publish_all(rep: _Replayer, messages, store, stamp_seconds, args, say, tota
 
 def _publish_loop(rep: _Replayer, messages, store, stamp_seconds, args, say, bar, progress: dict) -> tuple[int, int]:
     sent = missing = consecutive = 0
+    undelivered: set[str] = set()  # the robot's topics published since the last image
+    warned_undelivered = False
     t0_bag: Optional[int] = None
     t0_wall = time.monotonic()
     for kind, topic, msgtype, raw, t_ns in messages:
         if args.max_frames and sent >= args.max_frames:
             break
-        if kind != "image":  # the robot's transforms and depth: as they come, not paced, not acknowledged
+        if kind != "image":  # the robot's transforms and depth: as they come, not paced
             rep.others[topic].publish(raw)
+            undelivered.add(topic)
             continue
         header = store.deserialize_cdr(raw, msgtype).header
         key = (int(header.stamp.sec), int(header.stamp.nanosec))
@@ -252,6 +269,12 @@ def _publish_loop(rep: _Replayer, messages, store, stamp_seconds, args, say, bar
                 t0_bag = t_ns
             due = t0_wall + (t_ns - t0_bag) * 1e-9 / args.rate
             rep.spin_for(max(0.0, due - time.monotonic()))
+        late = rep.wait_delivered(sorted(undelivered), args.ack_timeout) if undelivered else []
+        undelivered.clear()
+        if late and not warned_undelivered:
+            warned_undelivered = True
+            bar.write(f"[{PROG}] {', '.join(late)} not acknowledged by every subscriber within {args.ack_timeout:g} s "
+                      f"before frame {sent} (stamp {stamp_seconds(header):.9f}); publishing it anyway (said once)")
         rep.acked.pop(key, None)  # a repeated stamp must be acknowledged afresh
         rep.pub.publish(raw)
         sent += 1
