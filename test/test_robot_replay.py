@@ -52,8 +52,9 @@ WORLD, BASE, LINK, OPTICAL, ODOM = "map", "base_link", "camera_link", "camera_co
 STAMP0 = 1_700_000_000 * 10**9
 MODEL = ["--model-preset", "tiny", "--device", "cpu", "--scale-frames", "2", "--sliding-window", "3",
          "--camera-iterations", "2"]
-# the replay sends a frame's image only once the node has acknowledged its transforms and depth (they can
-# take seconds on a loaded host); tf_timeout 5 s is for the node's executor, which takes them from there
+# the replay sends the first image only once the node has acknowledged the transforms and depth before it
+# (the node may match the replay late: seconds on a loaded host); tf_timeout 5 s covers a later message
+# the middleware must resend (a heartbeat, ~3 s)
 NODE_PARAMS = dict(base_frame=BASE, odom_frame=ODOM, scale_source="depth", transform_publish_period=0.0,
                    tf_timeout=5.0)
 
