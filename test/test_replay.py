@@ -215,7 +215,9 @@ def test_node_soak_windows(tmp_path, ros_domain_id):
         assert out.returncode == 0, f"{out.stdout}\n{out.stderr}\n{node.log()}"
         seconds = time.monotonic() - start
         growth_mb = (node.rss() - rss0) / 2**20
-        client.spin(1.0)
+        # the marker: the last frame's ~/cache_stats (published right after its status, which the replay waited
+        # for) has counted every frame
+        client.spin_until(lambda: client.stats is not None and client.stats.frames_received == 600, 30)
         assert node.proc.poll() is None, node.log()
         s = client.stats
         assert s is not None
