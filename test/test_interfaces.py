@@ -75,7 +75,7 @@ class Probe:
                 seen = set()
             if seen == expected:
                 return seen
-            time.sleep(0.1)
+            time.sleep(0.2)
         return seen
 
     def qos(self, kind: str, topic: str, node_name: str) -> tuple:
