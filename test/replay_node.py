@@ -104,10 +104,14 @@ class RosClient:
         self.node.create_subscription(CacheStats, topic, keep,
                                       QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE))
 
-    def spin(self, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
+    def spin_until(self, predicate, timeout: float) -> bool:
+        """Spin until ``predicate()`` holds (False after ``timeout`` s)."""
+        end = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() >= end:
+                return False
             self.executor.spin_once(timeout_sec=0.05)
+        return True
 
     def trigger(self, service: str, timeout: float = 30.0):
         from std_srvs.srv import Trigger

@@ -75,7 +75,7 @@ class Probe:
                 seen = set()
             if seen == expected:
                 return seen
-            time.sleep(0.5)
+            time.sleep(0.2)
         return seen
 
     def qos(self, kind: str, topic: str, node_name: str) -> tuple:
@@ -193,12 +193,14 @@ def test_tf_edges_are_the_tables(ros_domain_id, tmp_path):
             assert listener.wait_connected(30)
             camera = SyntheticCamera(64, 48)
             deadline, i = time.monotonic() + 90, 0
-            # a frame every 0.3 s until poses come back: frames sent before the node has matched this
+            # frames until transforms come back, each sent once the node has accounted for the one before
+            # (its frame_status) or after a second without one: frames sent before the node has matched this
             # publisher (discovery is not symmetric) are lost, as they would be from any camera
             while time.monotonic() < deadline and sum(len(m.transforms) for m in listener.rx.tf) < 3:
-                listener.pub.publish(image_message(camera.render(i), 1_700_000_000 * 10**9 + i * 10**8, "header_cam"))
+                stamp = 1_700_000_000 * 10**9 + i * 10**8
+                listener.pub.publish(image_message(camera.render(i), stamp, "header_cam"))
+                listener.wait_for(lambda rx: stamp in rx.status, 1.0)
                 i += 1
-                time.sleep(0.3)
             assert sum(len(m.transforms) for m in listener.rx.tf) >= 3, (node.output()[-3000:], listener.rx.status_log)
             with listener.lock:
                 edges = {(t.header.frame_id, t.child_frame_id) for m in listener.rx.tf for t in m.transforms}

@@ -152,13 +152,15 @@ def test_nan_checkpoint_publishes_nothing_and_restarts_sessions(tmp_path, ros_do
         rx = listener.rx
         assert [listener.final_status(t).status for t in stamps] == [FrameStatus.NON_FINITE_OUTPUT] * 6
         assert all("non-finite" in listener.final_status(t).reason for t in stamps)
-        time.sleep(0.5)  # anything published late would arrive now
+        # scale 2, limit 2: every joint call gives two bad frames in a row -> a new session each time
+        assert [s.statuses(t).count(FrameStatus.BUFFERED) for t in stamps] == [1, 0, 1, 0, 1, 0]
+        # the marker: no valid frame can follow (every output is NaN), so the node's own count is it: a
+        # /diagnostics message that has counted all six frames as finished was read after the last
+        # frame's outputs and status went out, and comes later than any of them (the node's timer)
+        d = _settled_diag(listener, received=6)
         with listener.lock:
             assert not rx.poses and not rx.odoms and not rx.tf, "a non-finite frame was published"
             assert all(not p.poses for p in rx.paths)
-        # scale 2, limit 2: every joint call gives two bad frames in a row -> a new session each time
-        assert [s.statuses(t).count(FrameStatus.BUFFERED) for t in stamps] == [1, 0, 1, 0, 1, 0]
-        d = _settled_diag(listener, received=6)
         assert int(d["frames_non_finite"]) == 6 and int(d["frames_processed"]) == 0
         assert int(d["non_finite_sessions"]) == 3
         assert d["level"] == b"\x02" and "non-finite" in d["message"], d  # ERROR while such frames occur

@@ -20,6 +20,7 @@ rclpy = pytest.importorskip("rclpy")
 pytest.importorskip("lingbot_map_ros.msg")
 pytestmark = [pytest.mark.ros, pytest.mark.slow]  # starts nodes or tool processes
 
+from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
 from geometry_msgs.msg import PoseStamped  # noqa: E402
 from map_files import read_ply  # noqa: E402
 from rclpy.context import Context  # noqa: E402
@@ -69,6 +70,10 @@ class Collector:
         self.rx["frame_status"] = []
         self.node.create_subscription(FrameStatus, f"{NS}/frame_status", self._cb("frame_status"),
                                       QoSProfile(depth=100))
+        # created last: our readers are announced in creation order on one reliable discovery stream, so once
+        # the node's /diagnostics reach this one, the node has matched every reader above it too
+        self.rx["diagnostics"] = []
+        self.node.create_subscription(DiagnosticArray, "/diagnostics", self._cb("diagnostics"), reliable)
         self.pub = self.node.create_publisher(Image, TOPIC,
                                               QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE))
         self.executor = SingleThreadedExecutor(context=context)
@@ -122,6 +127,7 @@ def env(tmp_path_factory, new_domain_id):
     node = NodeProcess(
         ["-p", "model_preset:=tiny", "-p", "device:=cpu", "-p", "scale_frames:=2", "-p", "sliding_window:=3",
          "-p", "camera_iterations:=1", "-p", "qos_reliability:=reliable", "-p", f"world_frame:={WORLD}",
+         "-p", "diagnostics_period:=0.2",
          "-p", f"camera_frame:={CAMERA}", "-p", "publish_depth:=true", "-p", "publish_points:=true",
          "-p", "publish_map:=true", "-p", f"points_stride:={STRIDE}", "-p", f"points_min_confidence:={MIN_CONF}",
          "-p", f"map_max_points:={MAP_MAX}", "-p", "map_period:=0.3", "-p", "map_voxel_size:=0.0001",
@@ -137,7 +143,8 @@ def env(tmp_path_factory, new_domain_id):
         while col.pub.get_subscription_count() == 0 or col.node.count_publishers(f"{NS}/points") == 0:
             assert time.monotonic() < deadline, f"no connection:\n{node.output()[-2000:]}"
             time.sleep(0.05)
-        time.sleep(0.5)
+        # the node's side of discovery: its periodic /diagnostics reached our last reader
+        assert col.wait(lambda rx: rx["diagnostics"], 30), f"the node never matched us:\n{node.output()[-2000:]}"
         yield {"node": node, "col": col, "map_path": map_path}
     finally:
         col.close()

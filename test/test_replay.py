@@ -215,7 +215,9 @@ def test_node_soak_windows(tmp_path, ros_domain_id):
         assert out.returncode == 0, f"{out.stdout}\n{out.stderr}\n{node.log()}"
         seconds = time.monotonic() - start
         growth_mb = (node.rss() - rss0) / 2**20
-        client.spin(1.0)
+        # the marker: the last frame's ~/cache_stats (published right after its status, which the replay waited
+        # for) has counted every frame
+        client.spin_until(lambda: client.stats is not None and client.stats.frames_received == 600, 30)
         assert node.proc.poll() is None, node.log()
         s = client.stats
         assert s is not None
@@ -234,3 +236,89 @@ def test_node_soak_windows(tmp_path, ros_domain_id):
             client.close()
         node.stop()
     assert node.proc.returncode == 0, node.log()
+
+
+# ------------------------------------------------------------------------------- robot replay order
+class _Publisher:
+    def __init__(self, topic: str, events: list):
+        self.topic, self.events = topic, events
+
+    def publish(self, raw) -> None:
+        self.events.append(("publish", self.topic))
+
+
+class _ReplayerDouble:
+    """``_Replayer`` without DDS: records publishes and delivery waits; the node acknowledges every image
+    at once; ``late`` topics are never acknowledged by their subscribers."""
+
+    def __init__(self, others: list[str], late: tuple = ()):
+        self.events: list = []
+        self.others = {t: _Publisher(t, self.events) for t in others}
+        self.pub = _Publisher("image", self.events)
+        self.acked: dict = {}
+        self.late = late
+
+    def wait_delivered(self, topics, timeout: float) -> list[str]:
+        self.events.append(("delivered", tuple(topics)))
+        return [t for t in topics if t in self.late]
+
+    def wait_until(self, predicate, timeout: float) -> bool:
+        for key in [k for k in self._stamps if k not in self.acked]:
+            self.acked[key] = 0
+        return predicate()
+
+    def summary(self) -> str:
+        return ""
+
+
+class _Bar:
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def write(self, text: str) -> None:
+        self.lines.append(text)
+
+    def update(self, n: int, extra: str = "") -> None:
+        pass
+
+
+@pytest.mark.parametrize("late", [(), ("/tf",)])
+def test_robot_replay_sends_the_first_image_only_after_its_transforms_and_depth_arrived(late):
+    """A frame's transforms and depth go out before its image, and the first image waits until the
+    subscribers have them (a node that matched the replay's /tf late got them seconds after the image,
+    ended the frame NO_TRANSFORM, and its world started a frame later than the recording's); later frames
+    do not wait (both sides are matched by then; an acknowledgement takes a heartbeat, ~3 s). A
+    subscriber that never acknowledges delays the first image by ``--ack-timeout`` at most, said once."""
+    import argparse
+
+    from lingbot_map_ros.tools import replay as replay_tool
+    from lingbot_map_ros.tools.bag_io import bag_typestore, image_fields, stamp_seconds
+
+    store = bag_typestore()
+    t = store.types
+    depth_topic = "/cam/depth"
+
+    def image(ns: int) -> bytes:
+        header = t["std_msgs/msg/Header"](stamp=t["builtin_interfaces/msg/Time"](sec=ns // 10**9, nanosec=ns % 10**9),
+                                          frame_id="cam")
+        msg = t["sensor_msgs/msg/Image"](header=header, **image_fields(np.zeros((2, 3, 3), np.uint8)))
+        return bytes(store.serialize_cdr(msg, "sensor_msgs/msg/Image"))
+
+    stamps = [1_700_000_000 * 10**9 + i * 10**8 for i in range(3)]
+    messages = [("tf_static", "/tf_static", "", b"", 0)]
+    for s in stamps:
+        messages += [("tf", "/tf", "", b"", s), ("depth", depth_topic, "", b"", s),
+                     ("image", "image", "sensor_msgs/msg/Image", image(s), s)]
+    rep = _ReplayerDouble(["/tf_static", "/tf", depth_topic], late=late)
+    rep._stamps = [(s // 10**9, s % 10**9) for s in stamps]
+    args = argparse.Namespace(max_frames=0, rate=0.0, ack_timeout=2.0, max_missing=3)
+    bar = _Bar()
+    sent, missing = replay_tool._publish_loop(rep, iter(messages), store, stamp_seconds, args, lambda m: None, bar,
+                                              {})
+    assert (sent, missing) == (3, 0)
+    frame = [("publish", "/tf"), ("publish", depth_topic), ("publish", "image")]
+    first = [("publish", "/tf_static"), ("publish", "/tf"), ("publish", depth_topic),
+             ("delivered", tuple(sorted(["/tf", "/tf_static", depth_topic]))), ("publish", "image")]
+    assert rep.events == first + frame + frame
+    said = [line for line in bar.lines if "not acknowledged by every subscriber" in line]
+    assert len(said) == (1 if late else 0) and all("/tf" in line and "2 s" in line for line in said), bar.lines

@@ -15,8 +15,15 @@ ones, field by field), either
 A robot's recording (``--depth-topic``, and the bag's ``/tf`` + ``/tf_static``, published unless
 ``--no-tf``) goes out in header-stamp order with each message's own stamps: at one stamp the
 transforms and the depth image before the colour image, so the node (``base_frame``, ``odom_frame``,
-``scale_source: depth``) has what a frame needs when it arrives, as on the robot. ``/tf_static`` is
-published latched (transient local), the others as recorded; only the colour images are paced.
+``scale_source: depth``) has what a frame needs when it arrives, as on the robot. Publishing them first
+is not enough for the first frame: a subscriber that has not matched our publisher yet (discovery is not
+symmetric, and slow on a loaded host) takes a message only when the middleware resends it, seconds
+later; the frame would end NO_TRANSFORM and the session's world start at a later frame than the
+recording's. So the first image goes out only once every reliable subscriber has acknowledged what went
+before it (``--ack-timeout`` at most, then it goes anyway, said once): from then on both sides are
+matched. Acknowledgements come with the middleware's heartbeat (about 3 s with Fast DDS), so later
+frames do not wait for them. ``/tf_static`` is published latched (transient local), the others as
+recorded; only the colour images are paced.
 
 Before anything is published the bag, the topic and its first image are checked (a depth topic or
 an unsupported encoding is refused in one line, exit 2). Ctrl-C stops the replay and prints what was
@@ -135,6 +142,15 @@ class _Replayer:
             self.rclpy.spin_once(self.node, timeout_sec=0.02)
         return True
 
+    def wait_delivered(self, topics, timeout: float) -> list[str]:
+        """Wait until every matched reliable subscriber has acknowledged what went out on ``topics``
+        (other than the image); returns those still unacknowledged after ``timeout`` s."""
+        from rclpy.duration import Duration
+
+        end = time.monotonic() + timeout
+        return [t for t in topics
+                if not self.others[t].wait_for_all_acked(Duration(seconds=max(0.0, end - time.monotonic())))]
+
     def summary(self) -> str:
         from .node_client import status_summary
 
@@ -195,7 +211,8 @@ def replay(args: argparse.Namespace) -> int:
                                            max(args.wait_subscriber, 1.0)):
             say(f"{args.node} has no subscription on {', '.join(_unmatched(rep, volatile, args.node))} yet; "
                 "publishing anyway")
-        rep.spin_for(0.5)  # let the node's side of discovery match our publisher too
+        if not rep.others:  # a robot's replay proves it instead: its first frame waits for acknowledgements
+            rep.spin_for(0.5)  # let the node's side of discovery match our publisher too
         say(f"{args.bag}: {topic_in} ({msgtype}) -> {topic_out}"
             + "".join(f", {t}" for t in robot if t != topic_in) + ", "
             + ("paced by " + rep.status_topic if args.rate == 0 else f"rate x{args.rate:g}"))
@@ -237,19 +254,26 @@ def _publish_all(rep: _Replayer, messages, store, stamp_seconds, args, say, tota
 
 def _publish_loop(rep: _Replayer, messages, store, stamp_seconds, args, say, bar, progress: dict) -> tuple[int, int]:
     sent = missing = consecutive = 0
+    undelivered: set[str] = set()  # the robot's topics published before the first image
     t0_bag: Optional[int] = None
-    t0_wall = time.monotonic()
+    t0_wall = 0.0
     for kind, topic, msgtype, raw, t_ns in messages:
         if args.max_frames and sent >= args.max_frames:
             break
-        if kind != "image":  # the robot's transforms and depth: as they come, not paced, not acknowledged
+        if kind != "image":  # the robot's transforms and depth: as they come, not paced
             rep.others[topic].publish(raw)
+            if sent == 0:
+                undelivered.add(topic)
             continue
         header = store.deserialize_cdr(raw, msgtype).header
         key = (int(header.stamp.sec), int(header.stamp.nanosec))
+        late = rep.wait_delivered(sorted(undelivered), args.ack_timeout) if sent == 0 and undelivered else []
+        if late:
+            bar.write(f"[{PROG}] {', '.join(late)} not acknowledged by every subscriber within {args.ack_timeout:g} s "
+                      f"before the first frame (stamp {stamp_seconds(header):.9f}); publishing it anyway")
         if args.rate > 0:
-            if t0_bag is None:
-                t0_bag = t_ns
+            if t0_bag is None:  # the recorded rate from the first image on
+                t0_bag, t0_wall = t_ns, time.monotonic()
             due = t0_wall + (t_ns - t0_bag) * 1e-9 / args.rate
             rep.spin_for(max(0.0, due - time.monotonic()))
         rep.acked.pop(key, None)  # a repeated stamp must be acknowledged afresh
