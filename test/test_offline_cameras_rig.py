@@ -40,6 +40,7 @@ pytest.importorskip("rosbags")
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
 from rclpy.context import Context  # noqa: E402
+from rclpy.duration import Duration  # noqa: E402
 from rclpy.qos import QoSDurabilityPolicy, QoSProfile, QoSReliabilityPolicy  # noqa: E402
 from rclpy.serialization import deserialize_message  # noqa: E402
 from replay_node import frames  # noqa: E402
@@ -145,6 +146,7 @@ def offline_run(recording):
 def _replay(bag, cams: dict[str, Listener], player, tf_pub, static_pub, timeout: float = 60.0) -> None:
     """The bag in stamp order: transforms as they come, each image after the previous one's status."""
     kinds = {"/tf_static": "tf_static", "/tf": "tf", "/front/image": "image", "/rear/image": "image"}
+    first_image = True
     for kind, topic, msgtype, msg, raw, ns in iter_robot_messages(bag, kinds):
         cdr = message_cdr(msg, msgtype, raw)
         if kind == "tf_static":
@@ -153,6 +155,11 @@ def _replay(bag, cams: dict[str, Listener], player, tf_pub, static_pub, timeout:
             tf_pub.publish(deserialize_message(cdr, TFMessage))
         else:
             name = topic.split("/")[1]
+            if first_image:  # the node may not have matched these publishers yet: the first frame's transforms
+                # must be in its buffer (else the world starts at a later frame); later ones come in time
+                for pub in (static_pub, tf_pub):
+                    assert pub.wait_for_all_acked(Duration(seconds=15)), "the node never acknowledged the transforms"
+                first_image = False
             cams[name].pub.publish(deserialize_message(cdr, Image))
             assert cams[name].wait_for(lambda rx: ns in rx.status, timeout), f"no status for {name} {ns}"
 
