@@ -351,6 +351,11 @@ class SessionManager:
         elif device.type == "cuda":
             torch.cuda.empty_cache()
 
+    def start_after(self, last_session_id: int, reason: str, cause: SessionCause) -> SessionStart:
+        """A new session numbered after ``last_session_id``: a stream its owner rebuilt goes on counting."""
+        self._session_id = max(self._session_id, last_session_id)
+        return self._start_session(reason, cause)
+
     # ------------------------------------------------------------------ the one path of a new session
     def _start_session(self, reason: str, cause: SessionCause, *, discarded: Optional[list[Any]] = None,
                        keep: Any = None, fill: Optional[Callable[[], None]] = None) -> SessionStart:

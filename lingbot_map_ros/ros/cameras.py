@@ -37,7 +37,7 @@ from lingbot_map_ros.msg import CacheStats, FrameStatus
 
 from ..core.geometry import body_twist
 from ..core.rig import Rig, RigPlacement
-from ..core.settings import camera_names, primary_camera
+from ..core.settings import RUNTIME_FIELDS, STREAM_FIELDS, camera_names, primary_camera
 from . import messages as rosmsg
 from .diagnostics import DIAG_PREFIX, RATE_WINDOW_S
 from .frames import Frame, FrameLedger, InputRejected, LatestFrame, stamp_sec
@@ -112,10 +112,12 @@ class CameraGroupWorker:
     """The inference thread of several cameras: commands between ticks, one batched step per tick."""
 
     def __init__(self, node, group, channels: dict[str, CameraChannel], settings: SettingsSource, outputs, rig: Rig,
-                 on_view: Callable[[], None], context_ok: Callable[[], bool]):
+                 on_view: Callable[[], None], context_ok: Callable[[], bool], requested=None, parameters=None):
         self._node = node
         self._log = node.get_logger()
         self.group = group
+        self._requested = requested if requested is not None else group.stream  # the stream settings asked for
+        self._parameters = parameters  # ros/parameter_callbacks.ParameterHandler: reverts what cannot apply
         self.channels = channels
         self._settings = settings
         self._outputs = outputs
@@ -129,8 +131,7 @@ class CameraGroupWorker:
         self._previous_body: Optional[tuple[float, np.ndarray]] = None
         self.world = 0  # the one world's number: ~/reset starts the next (the fused map starts empty)
         self.lock = threading.Lock()  # the rig's report (executor thread) against the ticks
-        for name, channel in channels.items():
-            group.manager(name).on_new_session = self._session_listener(channel)
+        self._listen(group)
 
     # ------------------------------------------------------------------ thread
     def start(self) -> None:
@@ -320,6 +321,10 @@ class CameraGroupWorker:
         return body_twist(previous[1], body, dt) if 0.0 < dt <= 1.0 else None
 
     # ------------------------------------------------------------------ sessions and commands
+    def _listen(self, group) -> None:
+        for name, channel in self.channels.items():
+            group.manager(name).on_new_session = self._session_listener(channel)
+
     def _session_listener(self, channel: CameraChannel):
         from .inference import SESSION_COUNTERS
 
@@ -361,8 +366,7 @@ class CameraGroupWorker:
             elif isinstance(command, LoadSession):
                 box["result"] = CommandResult(True, self.load(command.source))
             elif isinstance(command, ApplyParameters):
-                box["result"] = CommandResult(False, f"{list(command.changed)}: with several cameras the model and "
-                                                     "stream settings apply at the next configure")
+                box["result"] = self._apply_parameters(command.changed)
             else:
                 box["result"] = CommandResult(False, f"{type(command).__name__} is not a command of the cameras mode")
         except Exception as exc:  # noqa: BLE001 - a command's failure is its answer
@@ -370,6 +374,106 @@ class CameraGroupWorker:
             box["result"] = CommandResult(False, str(exc))
         finally:
             done.set()
+
+    def _apply_parameters(self, changed: tuple[str, ...]):
+        """A change of model or stream settings (the settings table's ``applies``), for every camera at
+        once: their streams share one model and one pool cut for one geometry. A new model, or a field
+        that starts a new session (a window, the scale frames, the width, ...), rebuilds the group:
+        every camera's stream restarts in one new world, as ``~/reset`` does. The rest applies to every
+        stream from its next frame. What cannot apply (a model that does not build, a window that does
+        not fit the budget for all cameras) changes nothing and the parameters go back to the values
+        in use, as with one camera."""
+        from ..core.memory_budget import MemoryBudget
+        from ..core.session_manager import changed_fields, settings_problems
+        from ..core.settings import applies_of_field
+        from .commands import CommandResult
+
+        runtime, requested = self._settings.current.configs()
+        group = self.group
+        host = group.host
+        try:
+            if runtime.device != host.settings.device:
+                raise ValueError(f"device {host.settings.device} -> {runtime.device}: with several cameras the "
+                                 "device changes at the next configure (cleanup, then configure)")
+            if runtime == host.settings:
+                fitted, warning = MemoryBudget().fit(host.cfg, host.resolved, requested,
+                                                     lambda st: settings_problems(runtime, st), len(self.channels))
+                session = [f for f in changed_fields(group.stream, fitted) if applies_of_field(f) == "session"]
+                if not session:  # from the next frame, for every stream (the window and pool stay)
+                    changes = [group.manager(name).apply(runtime, fitted) for name in self.channels]
+                    group.stream = fitted
+                    self._requested = requested
+                    if warning:
+                        self._log.warning(warning)
+                    self._on_view()
+                    return CommandResult(True, changes[0].change.value)
+                self._rebuild(runtime, requested, f"parameters {session} changed")
+                return CommandResult(True, "new session")
+            model = list(changed_fields(host.settings, runtime))
+            self._log.info(f"parameters {model} need a new model: building it")
+            self._rebuild(runtime, requested, f"parameters {model} changed (new model)")
+            return CommandResult(True, "new model")
+        except Exception as exc:  # noqa: BLE001 - what cannot apply changes nothing
+            self._log.error(f"parameters {list(changed)} not applied: {type(exc).__name__}: {exc}; reverted to the "
+                            "values in use")
+            if self._parameters is not None:
+                in_use = {**{f: getattr(self.group.host.settings, f) for f in RUNTIME_FIELDS},
+                          **{f: getattr(self._requested, f) for f in STREAM_FIELDS}}
+                self._parameters.revert_parameters(in_use)
+            return CommandResult(False, str(exc))
+
+    def _rebuild(self, runtime, requested, why: str) -> None:
+        """A new group of streams (over a new model when ``runtime`` differs), in one new world. The new
+        model is built while the old one runs (a failure keeps it); the old streams' pages are freed
+        before the new pool is cut; when the new group does not fit, the old settings are rebuilt."""
+        import torch
+
+        from ..core.model_host import ModelHost
+        from ..core.stream_group import StreamGroup
+
+        old = self.group
+        host = old.host
+        new_host = ModelHost.load(runtime, log=self._log.info) if runtime != host.settings else host
+        last = {name: old.manager(name).session_id for name in self.channels}  # the rebuilt streams go on counting
+        for name, channel in self.channels.items():  # frames buffered for the scale frames end here
+            manager = old.manager(name)
+            for stamp in manager.pending_stamps():
+                channel.ledger.finish(stamp.header, FrameStatus.DROPPED_RESET,
+                                      f"buffered for the scale frames, then discarded: {why}")
+            manager.release()
+        self.group = old = None
+        if host.resolved.device.type == "cuda":
+            torch.cuda.empty_cache()
+        try:
+            group = StreamGroup(new_host, requested, list(self.channels), log=self._log.info)
+        except Exception:
+            if new_host is not host:
+                new_host.release()
+            self.group = StreamGroup(host, self._requested, list(self.channels), log=self._log.info)
+            self._restart_world(f"the previous settings restored after: {why}", last)
+            raise
+        if new_host is not host:
+            host.release()
+        self.group = group
+        self._requested = requested
+        self._restart_world(why, last)
+
+    def _restart_world(self, why: str, last: dict[str, int]) -> None:
+        """Every stream of ``self.group`` is new: one new world, and a new session per camera numbered
+        after its last one (its listener does the camera's bookkeeping)."""
+        from ..core.session_events import SessionCause
+
+        self._listen(self.group)
+        with self.lock:
+            self.rig.reset()
+        self._previous_body = None
+        self.world += 1
+        self._outputs.clear()
+        if self._outputs.recon is not None:
+            self._outputs.recon.reset()
+        for name in self.channels:
+            self.group.manager(name).start_after(last[name], why, SessionCause.PARAMETERS)
+        self._on_view()
 
     def capture(self):
         """``~/save_session`` between two ticks: every stream's session (with its robot frames) and the rig."""
@@ -428,9 +532,15 @@ class CameraSystem:
         self.channels = {n: CameraChannel(node, settings, n, outputs.robot.tree, self.cond, state)
                          for n in self.names}
         self.worker: Optional[CameraGroupWorker] = None
-        self.group = None
+        self._group = None  # until the worker exists (it owns the group from then on: a change rebuilds it)
 
-    def configure(self, runtime, stream, on_view: Callable[[Any], None], context_ok: Callable[[], bool]) -> None:
+    @property
+    def group(self):
+        worker = self.worker
+        return worker.group if worker is not None else self._group
+
+    def configure(self, runtime, stream, on_view: Callable[[Any], None], context_ok: Callable[[], bool],
+                  parameters=None) -> None:
         """Build the model once and a stream per camera; raises with the reason when it cannot."""
         from ..core.model_host import ModelHost
         from ..core.stream_group import StreamGroup
@@ -439,14 +549,15 @@ class CameraSystem:
 
         log = self._node.get_logger()
         host = ModelHost.load(runtime, log=log.info)
-        self.group = StreamGroup(host, stream, self.names, log=log.info)
+        group = self._group = StreamGroup(host, stream, self.names, log=log.info)
         values = self._settings.current
         rig = Rig(self.names, self.primary, float(values.camera_timeout),
                   unit_from_primary=str(values.scale_source) == "model",
                   min_travel=float(values.scale_min_travel))
-        self.worker = CameraGroupWorker(self._node, self.group, self.channels, self._settings, self._outputs, rig,
+        self.worker = CameraGroupWorker(self._node, group, self.channels, self._settings, self._outputs, rig,
                                         on_view=lambda: on_view(self.group.manager(self.primary)),
-                                        context_ok=context_ok)
+                                        context_ok=context_ok, requested=stream, parameters=parameters)
+        self._group = None
         device = host.resolved.device
         if self._outputs.recon is None:  # the one map (~/map_points, ~/save_map) of every camera
             self._outputs.recon = ReconstructionPublisher(self._node, self._settings, device=device)
@@ -524,7 +635,7 @@ class CameraSystem:
         worker, self.worker = self.worker, None
         if worker is not None:
             worker.close(why)
-        self.group = None
+        self._group = None
 
     # ------------------------------------------------------------------ /diagnostics (executor thread)
     def statuses(self, hardware_id: str) -> list[DiagnosticStatus]:

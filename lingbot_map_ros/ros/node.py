@@ -256,14 +256,15 @@ class LingBotMapNode(LifecycleNode):
             parts.cameras = CameraSystem(self, self._settings, self._outputs, self._state)
         cameras = parts.cameras
         try:
-            cameras.configure(runtime, stream, on_view=self._session_view.update, context_ok=self.context.ok)
+            cameras.configure(runtime, stream, on_view=self._session_view.update, context_ok=self.context.ok,
+                              parameters=self._params)
         except InitialSessionRefused as exc:
             cameras.teardown("configure failed")
             return self._configure_failed(str(exc))
         except Exception as exc:  # noqa: BLE001 - any failure of the model build fails the transition
             cameras.teardown("configure failed")
             return self._configure_failed(*build_failure(exc))
-        parts.manager = cameras.primary_manager
+        parts.follow_cameras()
         self._configure_error = ""
         self._state.enter("inactive")
         self.get_logger().info(f"configured: cameras {cameras.names} (primary {cameras.primary}) on "

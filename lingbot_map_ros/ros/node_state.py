@@ -51,10 +51,30 @@ class ConfiguredParts:
 
     def __init__(self, settings: SettingsSource) -> None:
         self._settings = settings
-        self.manager: Optional["SessionManager"] = None  # the primary camera's with several cameras
+        self._manager: Optional["SessionManager"] = None
+        self._follows_cameras = False
         self.worker: Optional["InferenceWorker"] = None
         self.stage: Optional["PreprocessStage"] = None  # its thread runs while active
         self.cameras: Optional["CameraSystem"] = None  # kept across cleanup while the names stay the same
+
+    @property
+    def manager(self) -> Optional["SessionManager"]:
+        """The session manager; with several cameras the primary camera's at this moment (a change of
+        model or stream settings rebuilds every camera's manager)."""
+        if self._follows_cameras:
+            cameras = self.cameras
+            return cameras.primary_manager if cameras is not None else None
+        return self._manager
+
+    @manager.setter
+    def manager(self, manager: Optional["SessionManager"]) -> None:
+        self._manager = manager
+        self._follows_cameras = False
+
+    def follow_cameras(self) -> None:
+        """From configure of the several-camera mode to cleanup: ``manager`` is the primary camera's."""
+        self._manager = None
+        self._follows_cameras = True
 
     @property
     def configured(self) -> bool:

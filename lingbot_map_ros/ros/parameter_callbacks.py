@@ -10,7 +10,7 @@ the inference thread (model and session changes; ``SessionManager.apply`` decide
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping
 
 import rclpy.parameter
 from rcl_interfaces.msg import SetParametersResult
@@ -95,7 +95,12 @@ class ParameterHandler:
         The settings are swapped first, through the same ``LiveSettings.update`` (and its lock) as a
         parameter change of the executor thread; ``set_parameters`` then runs the post-set callback
         here, which finds nothing left to change and queues nothing."""
-        stale = self._settings.update({name: getattr(runtime, name) for name in RUNTIME_FIELDS})
+        self.revert_parameters({name: getattr(runtime, name) for name in RUNTIME_FIELDS})
+
+    def revert_parameters(self, in_use: Mapping[str, Any]) -> None:
+        """Put the parameters named in ``in_use`` back to those values (the ones the running model and
+        streams use), through the one owner of the settings; see ``revert_model_parameters``."""
+        stale = self._settings.update(dict(in_use))
         if not stale:
             return
         settings = self._settings.current
