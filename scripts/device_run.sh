@@ -16,6 +16,7 @@
 #   load:WxH         the default with half of the host's cores busy
 #   long:WxH         1,000 frames of the default (memory growth)
 #   official:WxH     the official code (FlashInfer, its torch.compile recipe)
+#   streams:WxH      several cameras on one model: 2 at window 64 (beside 2 processes), 2 and 4 at window 16
 # Each step has its own time limit within the call's (RECORD_S, default 570 s); a step that would not fit
 # is skipped and says so. Rows go to /tmp/parts_NAME and are merged by bench/record.py into $OUT/NAME.json;
 # the log is $OUT/NAME.log. LINGBOT_COMMIT (the code's short hash) and OFFICIAL_COMMIT name what ran.
@@ -57,8 +58,15 @@ official() {  # official GEOMETRY [LABEL] [JSON]
     ${2:+--label "$2"} ${3:+--json "$3"}
 }
 gpu_tests() {
-  python3 -m pytest test/test_gpu.py test/test_gpu_faults.py test/test_gpu_sessions.py test/test_config_runtime.py \
-    test/test_readback.py -q -s -p no:cacheprovider -rfE "$@"
+  python3 -m pytest test/test_gpu.py test/test_gpu_faults.py test/test_gpu_sessions.py test/test_gpu_streams.py \
+    test/test_config_runtime.py test/test_readback.py test/test_batched_graph.py -q -s -p no:cacheprovider -rfE "$@"
+}
+streams() {  # streams GEOMETRY CAMERAS WINDOW ARGS...: lingbot_map_bench --cameras at the run-of-record settings
+  geometry "$1"
+  local window=$3; [ -z "${DRY:-}" ] || window=$WINDOW   # the dry run's short window
+  python3 -m lingbot_map_ros.tools.bench --cameras "$2" --model-preset "$PRESET" --device "$DEVICE" --dtype "$DTYPE" \
+    --scale-frames "$SCALE" --sliding-window "$window" --height "$H" --width "$W" \
+    --camera-iterations 4 "${@:4}"
 }
 
 case "$MODE" in
@@ -81,7 +89,7 @@ record)
   [ $# -gt 0 ] || set -- first:518x378 grid:518x378 grid:518x392 grid:518x294 official:518x378 official:518x392 \
     official:518x294 load:518x378 long:518x378 tests
   PARTS=/tmp/parts_$NAME; rm -rf "$PARTS"; mkdir -p "$PARTS"
-  export -f geometry bench first_pose with_flashinfer official gpu_tests
+  export -f geometry bench first_pose with_flashinfer official gpu_tests streams
   LOG="$OUT/$NAME.log"
   END=$(( SECONDS + ${RECORD_S:-570} ))
   step() {  # step SECONDS NAME COMMAND...: run under min(SECONDS, what is left), or skip
@@ -110,6 +118,10 @@ record)
       kill "${PIDS[@]}" 2>/dev/null; wait "${PIDS[@]}" 2>/dev/null ;;
     long) step 100 "1000 frames $g" bench "$g" --frames 1000 --heads depth+camera --variants auto --report-every 200 --json "$PARTS/long_$g.json" ;;
     official) step "${OFFICIAL_S:-200}" "official $g" official "$g" "" "$PARTS/official_$g.json" ;;
+    streams)
+      step "${STREAMS_S:-240}" "2 cameras, window 64 $g" streams "$g" 2 64 --processes --json "$PARTS/streams_2_64_$g.json"
+      step 150 "2 cameras, window 16 $g" streams "$g" 2 16 --json "$PARTS/streams_2_16_$g.json"
+      step 150 "4 cameras, window 16 $g" streams "$g" 4 16 --json "$PARTS/streams_4_16_$g.json" ;;
     *) echo "unknown step $s" | tee -a "$LOG" ;;
     esac
   done

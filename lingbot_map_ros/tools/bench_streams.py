@@ -277,18 +277,27 @@ def _without(argv: list[str], flag: str, valued: str) -> list[str]:
 
 
 def result_rows(rows: list[StreamsRow], args: argparse.Namespace, stream: StreamConfig) -> list[dict]:
-    """The rows of table ``streams`` of a run of record (``bench/record.py`` merges the parts)."""
+    """The row of table ``streams`` of a run of record (``scripts/perf_tables.py``'s shape;
+    ``bench/record.py`` merges the parts): the batched step of N streams beside one stream's step,
+    the same streams one after another and (``--processes``) a process each."""
 
     def num(x: float, digits: int = 2):
         return None if x != x else round(float(x), digits)
 
+    by_mode = {r.mode: r for r in rows}
+    batched = next(r for r in rows if r.mode.startswith("batched"))
+    single = by_mode["one stream (reference)"]
+    sequential = by_mode.get("one after another")
+    processes = by_mode.get(f"{batched.streams} processes")
     return [{"table": "streams", "geometry": f"{args.width}x{args.height}", "heads": args.heads,
              "window": stream.sliding_window, "scale_frames": stream.scale_frames,
-             "camera_iterations": stream.camera_iterations, "streams": r.streams, "mode": r.mode,
-             "median_ms": num(r.step_median_ms), "p90_ms": num(r.step_p90_ms), "fps_total": num(r.total_fps, 1),
-             "peak_gb": num(r.peak_gb), "predicted_gb": num(r.predicted_gb), "frames": args.frames,
-             **({"path": r.path} if r.path else {})} for r in rows]
-
+             "camera_iterations": stream.camera_iterations, "streams": batched.streams,
+             "ms_per_step": num(batched.step_median_ms), "p90_ms": num(batched.step_p90_ms),
+             "one_stream_ms": num(single.step_median_ms), "fps_total": num(batched.total_fps, 1),
+             "sequential_fps": num(sequential.total_fps, 1) if sequential else None,
+             "processes_fps": num(processes.total_fps, 1) if processes else None,
+             "peak_gb": num(batched.peak_gb), "predicted_gb": num(batched.predicted_gb), "frames": args.frames,
+             "path": batched.path}]
 
 if __name__ == "__main__":
     sys.exit(main())
