@@ -55,7 +55,7 @@ from typing import Any, Callable, Hashable, Optional, Protocol, Sequence
 
 import torch
 
-from .cuda_graph import MAX_GRAPHS, side_stream
+from .cuda_graph import MAX_GRAPHS, capture_into, warm_up
 
 BATCH_PATHS = ("graphed", "eager", "alone")
 
@@ -113,23 +113,10 @@ class CudaGraphCapturer:
         self._pool = None
 
     def capture(self, run: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
-        # Warm-up on a side stream (allocator, cuBLAS/cuDNN handles, compiled kernels): the capture must
-        # see no first-time work. It really runs the step, which is harmless: the replay recomputes the
-        # same values into the same slots.
-        side = side_stream(self.device, "warmup")
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            run()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
+        warm_up(self.device, run)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        try:
-            with torch.cuda.graph(graph, pool=self._pool):
-                output = run()
-        except BaseException:
-            graph.reset()
-            raise
+        graph, output = capture_into(self._pool, run)
         return graph.replay, output
 
     def reset(self) -> None:

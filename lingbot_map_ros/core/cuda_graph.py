@@ -40,6 +40,31 @@ import torch
 from .model import LingBotMap, ModelOutput
 
 
+def warm_up(device: torch.device, run: Callable[[], Any]) -> None:
+    """``run()`` once on the warm-up side stream: capture must see no first-time work (allocator pools,
+    cuBLAS/cuDNN handles, lazily built RoPE tables, compiled kernels). It really runs the step, which is
+    harmless: the replay recomputes the same values into the same slots."""
+    side = side_stream(device, "warmup")
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream(device).wait_stream(side)
+
+
+def capture_into(pool: Any, run: Callable[[], Any]) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """``run()`` captured into the graph memory pool ``pool``: the graph and its outputs. An aborted
+    capture resets its graph and raises; what else must go with it (graphs sharing the pool) is the
+    caller's to drop."""
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            output = run()
+    except BaseException:
+        graph.reset()
+        raise
+    return graph, output
+
+
 def side_stream(device: torch.device, role: str) -> torch.cuda.Stream:
     """The one side stream of this process per ``role`` on ``device``: ``warmup`` for capture
     warm-ups, ``depth`` for the depth head beside the camera head inside the frame step.
@@ -155,26 +180,16 @@ class GraphedFrameStep:
 
     def _capture_graph(self, run: Callable[[], Any]) -> tuple[torch.cuda.CUDAGraph, Any]:
         """``run()`` warmed up, then captured into the step's pool; returns the graph and its outputs."""
-        # Warm up on a side stream first (allocator pools, cuBLAS/cuDNN handles, lazily built RoPE
-        # tables, compiled kernels): capture must see no first-time work. The warm-up really runs this
-        # frame's step, which is harmless: the replay recomputes the same values into the same slots.
-        side = side_stream(self.device, "warmup")
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            run()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
+        warm_up(self.device, run)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         try:
-            with torch.cuda.graph(graph, pool=self._pool):
-                output = run()
+            graph, output = capture_into(self._pool, run)
         except BaseException:
             # An aborted capture (e.g. out of memory: the capture allocates in its own pool, so it needs
             # more memory than the eager warm-up) leaves blocks in the pool; they are only given back
             # when no graph uses the pool any more, so drop every graph of this step with it (the
             # encoder's too: its tokens live in the pool).
-            graph.reset()
             self._graphs.clear()
             self._encoder = None
             self._begun = False
