@@ -394,7 +394,8 @@ python3 bench/record.py --run NAME --commit HASH --out docs/perf/runs/YYYY-MM-DD
 
 `record` with no steps named runs every table's rows at the three camera geometries (its header lists
 the steps: tests, first pose, the default and portable paths, host load, 1,000 frames, the official
-code). A run of record is one file `docs/perf/runs/<YYYY-MM-DD>-<name>.json`; then
+code); `record NAME streams:518x378` adds the several-camera rows (`lingbot_map_bench --cameras N`).
+A run of record is one file `docs/perf/runs/<YYYY-MM-DD>-<name>.json`; then
 `.venv/bin/python scripts/perf_tables.py` rewrites this page and the README's table, and a run whose
 code is superseded is deleted from that folder (git keeps it). Predictions and the experiments
 behind a change belong in its commit message.
