@@ -139,3 +139,20 @@ def replay(env: dict, bag: Path, *extra: str, rate: str = "0", timeout: float = 
 def node_params(tmp_path: Path, **more) -> dict:
     return {"model_preset": "tiny", "qos_reliability": "reliable", "scale_frames": 2, "sliding_window": 3,
             "trajectory_path": str(tmp_path / "traj.tum"), "publish_tf": "false", **more}
+
+
+def bag_transform(store, parent: str, child: str, m: np.ndarray, ns: int):
+    """A ``TransformStamped`` of ``store``'s types (rosbags) for a bag's /tf: ``parent -> child`` is ``m``
+    [4, 4] at ``ns``."""
+    from lingbot_map_ros.core.geometry import quaternion_xyzw_from_matrix
+
+    t = store.types
+    sec, nanosec = divmod(ns, 10**9)
+    q = quaternion_xyzw_from_matrix(m[:3, :3])
+    return t["geometry_msgs/msg/TransformStamped"](
+        header=t["std_msgs/msg/Header"](stamp=t["builtin_interfaces/msg/Time"](sec=sec, nanosec=nanosec),
+                                        frame_id=parent),
+        child_frame_id=child,
+        transform=t["geometry_msgs/msg/Transform"](
+            translation=t["geometry_msgs/msg/Vector3"](x=float(m[0, 3]), y=float(m[1, 3]), z=float(m[2, 3])),
+            rotation=t["geometry_msgs/msg/Quaternion"](x=float(q[0]), y=float(q[1]), z=float(q[2]), w=float(q[3]))))

@@ -43,14 +43,13 @@ from rclpy.context import Context  # noqa: E402
 from rclpy.duration import Duration  # noqa: E402
 from rclpy.qos import QoSDurabilityPolicy, QoSProfile, QoSReliabilityPolicy  # noqa: E402
 from rclpy.serialization import deserialize_message  # noqa: E402
-from replay_node import frames  # noqa: E402
+from replay_node import bag_transform, frames  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from tf2_msgs.msg import TFMessage  # noqa: E402
 
 from lingbot_map_ros.core.geometry import (  # noqa: E402
     R_OPTICAL_BODY,
     quaternion_to_matrix,
-    quaternion_xyzw_from_matrix,
     se3,
 )
 from lingbot_map_ros.tools import offline  # noqa: E402
@@ -100,33 +99,20 @@ def pose_matrix(pose) -> np.ndarray:
     return se3(quaternion_to_matrix([o.x, o.y, o.z, o.w]), [p.x, p.y, p.z])
 
 
-def _transform(store, parent: str, child: str, m: np.ndarray, ns: int):
-    t = store.types
-    sec, nanosec = divmod(ns, 10**9)
-    q = quaternion_xyzw_from_matrix(m[:3, :3])
-    return t["geometry_msgs/msg/TransformStamped"](
-        header=t["std_msgs/msg/Header"](stamp=t["builtin_interfaces/msg/Time"](sec=sec, nanosec=nanosec),
-                                        frame_id=parent),
-        child_frame_id=child,
-        transform=t["geometry_msgs/msg/Transform"](
-            translation=t["geometry_msgs/msg/Vector3"](x=float(m[0, 3]), y=float(m[1, 3]), z=float(m[2, 3])),
-            rotation=t["geometry_msgs/msg/Quaternion"](x=float(q[0]), y=float(q[1]), z=float(q[2]), w=float(q[3]))))
-
-
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rig_bag")
     store = bag_typestore()
     tf_type, image_type = "tf2_msgs/msg/TFMessage", "sensor_msgs/msg/Image"
-    statics = [_transform(store, BASE, f"{n}_link", link, 0) for n, (link, _) in MOUNTS.items()]
-    statics += [_transform(store, f"{n}_link", f"{n}_optical", optical, 0) for n, (_, optical) in MOUNTS.items()]
+    statics = [bag_transform(store, BASE, f"{n}_link", link, 0) for n, (link, _) in MOUNTS.items()]
+    statics += [bag_transform(store, f"{n}_link", f"{n}_optical", optical, 0) for n, (_, optical) in MOUNTS.items()]
     items = [("/tf_static", STAMP0 - 1, store.types[tf_type](transforms=statics))]
     for name, stamps, seed in (("front", FRONT, 1), ("rear", REAR, 2)):
         for rgb, ns in zip(frames(len(stamps), seed), stamps):
             sec, nanosec = divmod(ns, 10**9)
             header = store.types["std_msgs/msg/Header"](
                 stamp=store.types["builtin_interfaces/msg/Time"](sec=sec, nanosec=nanosec), frame_id=f"{name}_optical")
-            items += [("/tf", ns, store.types[tf_type](transforms=[_transform(store, ODOM, BASE, odom_at(ns), ns)])),
+            items += [("/tf", ns, store.types[tf_type](transforms=[bag_transform(store, ODOM, BASE, odom_at(ns), ns)])),
                       (f"/{name}/image", ns + 1, store.types[image_type](header=header, **image_fields(rgb, "rgb8")))]
     items.sort(key=lambda item: item[1])
     bag = write_robot_bag(tmp / "rig", {"/front/image": image_type, "/rear/image": image_type, "/tf": tf_type,

@@ -26,6 +26,7 @@ pytest.importorskip("rosbags")
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
 from rclpy.context import Context  # noqa: E402
+from replay_node import bag_transform  # noqa: E402
 from test_robot import (  # noqa: E402
     DEPTH_TOPIC,
     T_BASE_LINK,
@@ -38,7 +39,7 @@ from test_robot import (  # noqa: E402
     stop_node,
 )
 
-from lingbot_map_ros.core.geometry import quaternion_to_matrix, quaternion_xyzw_from_matrix, se3, se3_inverse  # noqa: E402
+from lingbot_map_ros.core.geometry import quaternion_to_matrix, se3, se3_inverse  # noqa: E402
 from lingbot_map_ros.msg import FrameStatus  # noqa: E402
 from lingbot_map_ros.tools import offline  # noqa: E402
 from lingbot_map_ros.tools.bag_io import bag_typestore, image_fields, write_image_bag, write_robot_bag  # noqa: E402
@@ -69,19 +70,6 @@ def _odom(i: int) -> np.ndarray:
     return se3(quaternion_to_matrix(q / np.linalg.norm(q)), rng.normal(size=3))
 
 
-def _transform(store, parent: str, child: str, m: np.ndarray, ns: int):
-    t = store.types
-    sec, nanosec = divmod(ns, 10**9)
-    q = quaternion_xyzw_from_matrix(m[:3, :3])
-    return t["geometry_msgs/msg/TransformStamped"](
-        header=t["std_msgs/msg/Header"](stamp=t["builtin_interfaces/msg/Time"](sec=sec, nanosec=nanosec),
-                                        frame_id=parent),
-        child_frame_id=child,
-        transform=t["geometry_msgs/msg/Transform"](
-            translation=t["geometry_msgs/msg/Vector3"](x=float(m[0, 3]), y=float(m[1, 3]), z=float(m[2, 3])),
-            rotation=t["geometry_msgs/msg/Quaternion"](x=float(q[0]), y=float(q[1]), z=float(q[2]), w=float(q[3]))))
-
-
 def _image(store, fields: dict, ns: int, frame_id: str):
     t = store.types
     sec, nanosec = divmod(ns, 10**9)
@@ -106,12 +94,12 @@ def recording(tmp_path_factory):
     store = bag_typestore()
     tf_type, image_type = "tf2_msgs/msg/TFMessage", "sensor_msgs/msg/Image"
     items = [("/tf_static", stamps[0] - 1, store.types[tf_type](transforms=[
-        _transform(store, BASE, LINK, T_BASE_LINK, 0), _transform(store, LINK, OPTICAL, T_LINK_OPTICAL, 0)]))]
+        bag_transform(store, BASE, LINK, T_BASE_LINK, 0), bag_transform(store, LINK, OPTICAL, T_LINK_OPTICAL, 0)]))]
     for i, s in enumerate(stamps):
         depth = (K * reference["depth"][i]).astype(np.float32)
         items += [(COLOUR, s, _image(store, image_fields(frames[i], "rgb8"), s, OPTICAL)),
                   (DEPTH, s + 1000, _image(store, image_fields(depth, "32FC1"), s, OPTICAL)),
-                  ("/tf", s + 2000, store.types[tf_type](transforms=[_transform(store, ODOM, BASE, _odom(i), s)]))]
+                  ("/tf", s + 2000, store.types[tf_type](transforms=[bag_transform(store, ODOM, BASE, _odom(i), s)]))]
     bag = write_robot_bag(tmp / "robot", {COLOUR: image_type, DEPTH: image_type, "/tf": tf_type,
                                           "/tf_static": tf_type}, items)
     return {"bag": bag, "stamps": stamps, "reference": reference, "tmp": tmp}

@@ -275,13 +275,7 @@ class CameraGroupWorker:
             if isinstance(command, Reset):  # every stream, one new world
                 for name in self.channels:
                     self.group.manager(name).reset(command.reason, SessionCause.RESET)
-                with self.lock:
-                    self.rig.reset()
-                self._previous_body = None
-                self.world += 1
-                self._outputs.clear()
-                if self._outputs.recon is not None:
-                    self._outputs.recon.reset()
+                self._new_world()
                 self._on_view()
                 box["result"] = CommandResult(True, f"every camera's stream restarted ({', '.join(self.channels)}): "
                                                     "a new world frame")
@@ -382,12 +376,8 @@ class CameraGroupWorker:
         self._requested = requested
         self._restart_world(why, last)
 
-    def _restart_world(self, why: str, last: dict[str, int]) -> None:
-        """Every stream of ``self.group`` is new: one new world, and a new session per camera numbered
-        after its last one (its listener does the camera's bookkeeping)."""
-        from ..core.session_events import SessionCause
-
-        self._listen(self.group)
+    def _new_world(self) -> None:
+        """The next world: the rig, the body's path and twist and the fused map start anew."""
         with self.lock:
             self.rig.reset()
         self._previous_body = None
@@ -395,6 +385,14 @@ class CameraGroupWorker:
         self._outputs.clear()
         if self._outputs.recon is not None:
             self._outputs.recon.reset()
+
+    def _restart_world(self, why: str, last: dict[str, int]) -> None:
+        """Every stream of ``self.group`` is new: one new world, and a new session per camera numbered
+        after its last one (its listener does the camera's bookkeeping)."""
+        from ..core.session_events import SessionCause
+
+        self._listen(self.group)
+        self._new_world()
         for name in self.channels:
             self.group.manager(name).start_after(last[name], why, SessionCause.PARAMETERS)
         self._on_view()
