@@ -18,7 +18,8 @@
 #   official:WxH     the official code (FlashInfer, its torch.compile recipe)
 #   streams:WxH      several cameras on one model: 2 at window 64 (beside 2 processes), 2 and 4 at window 16
 # Each step has its own time limit within the call's (RECORD_S, default 570 s); a step that would not fit
-# is skipped and says so. Rows go to /tmp/parts_NAME and are merged by bench/record.py into $OUT/NAME.json;
+# is skipped and says so; RESUME=1 in a later call on the same warm machine runs only the steps not finished.
+# Rows go to /tmp/parts_NAME and are merged by bench/record.py into $OUT/NAME.json;
 # the log is $OUT/NAME.log. LINGBOT_COMMIT (the code's short hash) and OFFICIAL_COMMIT name what ran.
 #
 # Carry: .whl_fi (flashinfer-python, apache-tvm-ffi wheels: scripts/device_env.sh says how to fetch them),
@@ -88,21 +89,23 @@ record)
   # no steps named: the whole run of record, more than one call holds (10 minutes): name a part per call
   [ $# -gt 0 ] || set -- first:518x378 grid:518x378 grid:518x392 grid:518x294 official:518x378 official:518x392 \
     official:518x294 load:518x378 long:518x378 tests
-  PARTS=/tmp/parts_$NAME; rm -rf "$PARTS"; mkdir -p "$PARTS"
+  # RESUME=1 (a later call on the same warm machine): keep the parts, skip the steps that finished before
+  PARTS=/tmp/parts_$NAME; [ -n "${RESUME:-}" ] || rm -rf "$PARTS"; mkdir -p "$PARTS"
   export -f geometry bench first_pose with_flashinfer official gpu_tests streams
   LOG="$OUT/$NAME.log"
   END=$(( SECONDS + ${RECORD_S:-570} ))
   step() {  # step SECONDS NAME COMMAND...: run under min(SECONDS, what is left), or skip
     local want=$1 name=$2 left=$(( END - SECONDS - 10 ))
     shift 2
-    if [ "$left" -lt 25 ]; then echo "SKIPPED $name: ${left}s left in the call" | tee -a "$LOG"; return; fi
+    if [ "$left" -lt 25 ]; then echo "SKIPPED $name: ${left}s left in the call" | tee -a "$LOG"; CUT=1; return; fi
     local limit=$(( want < left ? want : left )) t0=$SECONDS
     echo "== $name (limit ${limit}s)" | tee -a "$LOG"
     timeout "$limit" bash -c '"$@"' _ "$@" 2>&1 | grep -vE "^\s*$|Warning|warn\(" | tee -a "$LOG" | grep -E "^\||time to first|passed|failed|FAILED|rror|official_bench|frames [0-9]+:"
     echo "== $name: rc ${PIPESTATUS[0]}, $(( SECONDS - t0 ))s" | tee -a "$LOG"
   }
   for s in "$@"; do
-    kind=${s%%:*}; g=${s#*:}
+    kind=${s%%:*}; g=${s#*:}; CUT=""; done_mark="$PARTS/.done_${s/:/_}"
+    if [ -n "${RESUME:-}" ] && [ -e "$done_mark" ]; then echo "== $s: finished in an earlier call" | tee -a "$LOG"; continue; fi
     case "$kind" in
     tests) step "${TESTS_S:-200}" tests gpu_tests ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} ;;
     first)
@@ -122,8 +125,9 @@ record)
       step "${STREAMS_S:-240}" "2 cameras, window 64 $g" streams "$g" 2 64 --processes --json "$PARTS/streams_2_64_$g.json"
       step 150 "2 cameras, window 16 $g" streams "$g" 2 16 --json "$PARTS/streams_2_16_$g.json"
       step 150 "4 cameras, window 16 $g" streams "$g" 4 16 --json "$PARTS/streams_4_16_$g.json" ;;
-    *) echo "unknown step $s" | tee -a "$LOG" ;;
+    *) echo "unknown step $s" | tee -a "$LOG"; CUT=1 ;;
     esac
+    [ -n "$CUT" ] || touch "$done_mark"
   done
   python3 bench/record.py --run "$NAME" --commit "${LINGBOT_COMMIT:-unknown}" --out "$OUT/$NAME.json" "$PARTS"/*.json 2>&1 | tee -a "$LOG"
   ;;
