@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import threading
 import time
 from typing import TYPE_CHECKING, Optional
@@ -40,6 +41,12 @@ if TYPE_CHECKING:
 FALLBACK_CAMERA_FRAME = "lingbot_camera"
 PATH_EVERY_FRAME = 1000  # ~/path is sent with every pose while it holds at most this many poses,
 PATH_MIN_PERIOD = 0.5  # then at most every this many seconds
+
+
+@functools.lru_cache(maxsize=8)
+def _covariance(diagonal: tuple) -> tuple:
+    """``covariance_matrix`` of a ``*_covariance_diagonal`` parameter, once per value (it rarely changes)."""
+    return tuple(covariance_matrix(diagonal))
 
 
 class ResultPublisher:
@@ -179,11 +186,13 @@ class ResultPublisher:
         cameras: the rig's body pose, from the driving camera)."""
         values = self._settings.current
         world = values.world_frame
-        pose = rosmsg.pose_stamped(pose_matrix, header.stamp, world)
-        self._pose_pub.publish(pose)
-        self._odom_pub.publish(rosmsg.odometry(pose, child, twist,
-                                               covariance_matrix(values.pose_covariance_diagonal),
-                                               covariance_matrix(values.twist_covariance_diagonal)))
+        row = rosmsg.pose_values(pose_matrix, header.stamp)
+        encoded = rosmsg.POSES.encode(world, row)
+        self._pose_pub.publish(encoded)
+        self._odom_pub.publish(rosmsg.odometry_encoded(row, world, child, twist,
+                                                       _covariance(tuple(values.pose_covariance_diagonal)),
+                                                       _covariance(tuple(values.twist_covariance_diagonal))))
+        pose = rosmsg.pose_from_row(row, world)  # the path keeps messages (its first pose, a saved session)
 
         with self._lock:
             if self._path.maxlen != int(values.path_max_length):
@@ -192,7 +201,8 @@ class ResultPublisher:
                     self._path_bytes = collections.deque(self._path_bytes, maxlen=self._path.maxlen)
             self._path.append(pose)
             if self._path_bytes is not None:
-                self._path_bytes.append(rosmsg.pose_bytes(pose))
+                self._path_bytes.append(encoded[rosmsg.ENCAPSULATION:] if isinstance(encoded, bytes)
+                                        else rosmsg.pose_bytes(pose))
             if self._trajectory.maxlen != int(values.trajectory_max_length):
                 self._trajectory = collections.deque(self._trajectory, maxlen=int(values.trajectory_max_length))
             self._trajectory.append((stamp_sec(header.stamp), pose_matrix.copy()))

@@ -30,10 +30,8 @@ import time
 from typing import Callable, Optional
 
 import numpy as np
-from geometry_msgs.msg import TransformStamped
 from rclpy.duration import Duration
 from rclpy.time import Time
-from std_msgs.msg import Header
 from tf2_ros import Buffer, TransformBroadcaster, TransformException, TransformListener
 
 from ..core.geometry import transform_matrix
@@ -169,9 +167,12 @@ class FrameTree:
             return cached[0]
         when = Time.from_msg(stamp)
         try:
-            if self._node is None or self.buffer.can_transform_core(target, source, when)[0]:  # no waiting needed
+            try:  # one call into tf2 when the transform is there (the usual case)
                 t = self.buffer.lookup_transform_core(target, source, when)
-            else:  # not (yet) there: tf2_ros waits up to the timeout for it
+            except TransformException:
+                if self._node is None:
+                    raise
+                # not (yet) there: tf2_ros waits up to the timeout for it
                 t = self.buffer.lookup_transform(target, source, when, Duration(seconds=max(0.0, float(timeout))))
         except TransformException as exc:
             reason = " ".join(str(exc).split()) or type(exc).__name__
@@ -234,19 +235,15 @@ class FrameTree:
     def _publish(self, parent: str, child: str, stamps: list, matrix: np.ndarray) -> None:
         """``parent -> child`` = ``matrix`` at each of ``stamps``, in one /tf message (one conversion of the
         matrix, one send)."""
-        first = rosmsg.transform_stamped(matrix, stamps[0], parent, child)
-        msgs = [first] + [TransformStamped(header=Header(stamp=s, frame_id=parent), child_frame_id=child,
-                                           transform=first.transform) for s in stamps[1:]]
-        tr, q = first.transform.translation, first.transform.rotation
-        values = (tr.x, tr.y, tr.z, q.x, q.y, q.z, q.w)
+        values = rosmsg.transform_values(matrix)
         with self._lock:  # remembered before it goes out: its echo may come back at once
             sent = self._sent.setdefault((parent, child), collections.OrderedDict())
-            for msg in msgs:
-                sent[Time.from_msg(msg.header.stamp).nanoseconds] = values
+            for s in stamps:
+                sent[s.sec * 10**9 + s.nanosec] = values
             while len(sent) > SENDS_KEPT:
                 sent.popitem(last=False)
-        if self._broadcaster is not None:
-            self._broadcaster.sendTransform(msgs)
+        if self._broadcaster is not None:  # its publisher, given the /tf message's bytes (one conversion less)
+            self._broadcaster.pub_tf.publish(rosmsg.tf_encoded(parent, child, stamps, values))
 
     def destroy(self) -> None:
         if self._node is None:
