@@ -182,3 +182,19 @@ def test_every_field_of_a_layout_moves_its_own_bytes():
         assert diff and not diff & changed
         changed |= diff
     assert struct.calcsize("<d") == 8
+
+
+@pytest.mark.parametrize("header_frame", ["w", "map", "world", "a_world_frame_of_some_length"])
+def test_path_from_a_template_is_the_path(header_frame):
+    """~/path with its header and first pose written into a template (``path_bytes_of``) is the Path of those
+    poses, at every alignment of the first pose and of the later ones."""
+    rng = np.random.default_rng(len(header_frame))
+    for first_frame in ("m", header_frame, "odom_frame"):
+        made = [(random_pose(rng), random_stamp(rng), f) for f in (first_frame, header_frame, "o", header_frame)]
+        poses = [rosmsg.pose_stamped(*m) for m in made]
+        stamp = random_stamp(rng)
+        for count in (1, 2, 4):
+            later = [rosmsg.pose_encoded(*m)[rosmsg.ENCAPSULATION:] for m in made[1:count]]
+            first = (first_frame, rosmsg.pose_values(made[0][0], made[0][1]))
+            joined = rosmsg.path_bytes_of(stamp, header_frame, first, later)
+            same_message(joined, rosmsg.path_message(Header(stamp=stamp, frame_id=header_frame), poses[:count]))

@@ -242,7 +242,8 @@ class FrameLedger:
 
     def _counts(self) -> rosmsg.FrameCounts:
         c = self.c
-        return rosmsg.FrameCounts(c.received, c.processed, c.dropped, c.rejected, c.pending)
+        dropped = c.dropped  # summed once (``pending`` would sum the drop counters again)
+        return rosmsg.FrameCounts(c.received, c.processed, dropped, c.rejected, c.received - c.processed - dropped)
 
     # ------------------------------------------------------------------ events
     def record_error(self, text: str, exc: Optional[BaseException] = None, detail: str = "") -> None:

@@ -532,3 +532,29 @@ def transform_stamped_of(values: tuple, stamp: TimeMsg, parent: str, child: str)
     t, r = tf.transform.translation, tf.transform.rotation
     t.x, t.y, t.z, r.x, r.y, r.z, r.w = values
     return tf
+
+
+def _path_head_example(key) -> Path:
+    header_frame, first_frame = key
+    return Path(header=Header(frame_id=header_frame), poses=[PoseStamped(header=Header(frame_id=first_frame))])
+
+
+PATH_HEADS = Packed(_path_head_example, (*STAMP_FIELDS, *(f"poses[0].{f}" for f in POSE_FIELDS)))
+
+
+@functools.lru_cache(maxsize=16)
+def _path_count_offset(header_frame: str) -> int:
+    """Where a Path's pose count sits in its bytes with a header of ``header_frame`` (right after the header)."""
+    return len(serialize_message(Path(header=Header(frame_id=header_frame)))) - 4
+
+
+def path_bytes_of(stamp: TimeMsg, header_frame: str, first: tuple[str, tuple], later: Sequence[bytes]) -> bytes:
+    """``path_bytes`` of the header (``stamp``, ``header_frame``) with the first pose given as (its frame id, its
+    ``pose_values``): the header and that pose are written into a template too, not serialized per send."""
+    layout = PATH_HEADS.layout((header_frame, first[0]))
+    if layout is None:
+        return path_bytes(Header(stamp=stamp, frame_id=header_frame), pose_from_row(first[1], first[0]), later)
+    head = layout.pack((stamp.sec, stamp.nanosec, *first[1]))
+    count = _path_count_offset(header_frame)
+    order = "<" if head[1] & 1 else ">"  # CDR_LE / CDR_BE (the representation id's low bit)
+    return b"".join((head[:count], struct.pack(order + "I", 1 + len(later)), head[count + 4:], *later))
