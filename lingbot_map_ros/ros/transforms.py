@@ -166,15 +166,15 @@ class FrameTree:
             cached = self._static_lookups.get((target, source))
         if cached is not None:
             return cached[0]
-        when = Time.from_msg(stamp)
         try:
-            try:  # one call into tf2 when the transform is there (the usual case)
-                t = self.buffer.lookup_transform_core(target, source, when)
+            try:  # one call into tf2 when the transform is there (the usual case); tf2 reads the stamp message
+                t = self.buffer.lookup_transform_core(target, source, stamp)
             except TransformException:
                 if self._node is None:
                     raise
                 # not (yet) there: tf2_ros waits up to the timeout for it
-                t = self.buffer.lookup_transform(target, source, when, Duration(seconds=max(0.0, float(timeout))))
+                t = self.buffer.lookup_transform(target, source, Time.from_msg(stamp),
+                                                 Duration(seconds=max(0.0, float(timeout))))
         except TransformException as exc:
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise NoTransform(target, source, f"{reason} (waited {timeout:g} s)") from None
