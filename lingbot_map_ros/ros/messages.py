@@ -492,19 +492,6 @@ def cache_stats_encoded(result: FrameResult, stamp: TimeMsg, world_frame: str, s
         float(result.latency_ms), float(overhead_ms)))
 
 
-def _tf_example(key) -> TFMessage:
-    parent, child, count = key
-    return TFMessage(transforms=[TransformStamped(header=Header(frame_id=parent), child_frame_id=child)
-                                 for _ in range(count)])
-
-
-def _tf_fields(count: int) -> tuple[str, ...]:
-    return tuple(f"transforms[{k}].{f}" for k in range(count) for f in (
-        *STAMP_FIELDS, "transform.translation.x", "transform.translation.y", "transform.translation.z",
-        "transform.rotation.x", "transform.rotation.y", "transform.rotation.z", "transform.rotation.w"))
-
-
-TRANSFORMS = {count: Packed(_tf_example, _tf_fields(count)) for count in (1, 2)}
 
 
 def transform_values(matrix: np.ndarray) -> tuple:
@@ -512,15 +499,6 @@ def transform_values(matrix: np.ndarray) -> tuple:
     m = np.asarray(matrix, dtype=np.float64)
     q = quaternion_xyzw_from_matrix(m[:3, :3])
     return float(m[0, 3]), float(m[1, 3]), float(m[2, 3]), float(q[0]), float(q[1]), float(q[2]), float(q[3])
-
-
-def tf_encoded(parent: str, child: str, stamps: Sequence[TimeMsg], values: tuple):
-    """The /tf message of ``parent -> child`` with ``transform_values`` ``values`` at each of ``stamps`` (one or
-    two), for ``publish``: its bytes (or the message)."""
-    packed = TRANSFORMS.get(len(stamps))
-    if packed is None:
-        return TFMessage(transforms=[transform_stamped_of(values, s, parent, child) for s in stamps])
-    return packed.encode((parent, child, len(stamps)), [v for s in stamps for v in (s.sec, s.nanosec, *values)])
 
 
 def transform_stamped_of(values: tuple, stamp: TimeMsg, parent: str, child: str) -> TransformStamped:

@@ -245,8 +245,8 @@ class FrameTree:
                 sent[s.sec * 10**9 + s.nanosec] = values
             while len(sent) > SENDS_KEPT:
                 sent.popitem(last=False)
-        if self._broadcaster is not None:  # its publisher, given the /tf message's bytes (one conversion less)
-            self._broadcaster.pub_tf.publish(rosmsg.tf_encoded(parent, child, stamps, values))
+        if self._broadcaster is not None:
+            self._broadcaster.sendTransform([rosmsg.transform_stamped_of(values, s, parent, child) for s in stamps])
 
     def destroy(self) -> None:
         if self._node is None:
