@@ -255,8 +255,8 @@ def cache_stats(result: FrameResult, stamp: TimeMsg, world_frame: str, session_i
 
 # Per-frame messages as bytes. rclpy spends most of a publish converting the Python message into its C
 # form (type checks per field, a C struct per nested message), and building the message in Python costs
-# as much again: for the few small messages sent with every frame that is most of the node's own time per
-# frame. Their strings (frame ids, a reason) and sequence lengths rarely change, so the middleware
+# about as much again: for the few small messages sent with every frame, most of what each costs the
+# publishing thread beyond the middleware's own send. Their strings (frame ids, a reason) and sequence lengths rarely change, so the middleware
 # serializes one message per such key once; where each numeric field lands in those bytes is found by
 # serializing it with two values that differ in every byte, and each frame writes its numbers there
 # (``struct``). ``FieldLayout.of`` checks the result once against the middleware's own serialization
