@@ -253,14 +253,13 @@ def cache_stats(result: FrameResult, stamp: TimeMsg, world_frame: str, session_i
     return stats
 
 
-# Per-frame messages as bytes. rclpy spends most of a publish converting the Python message into its C
-# form (type checks per field, a C struct per nested message), and building the message in Python costs
-# about as much again: for the few small messages sent with every frame, most of what each costs the
-# publishing thread beyond the middleware's own send. Their strings (frame ids, a reason) and sequence lengths rarely change, so the middleware
-# serializes one message per such key once; where each numeric field lands in those bytes is found by
-# serializing it with two values that differ in every byte, and each frame writes its numbers there
-# (``struct``). ``FieldLayout.of`` checks the result once against the middleware's own serialization
-# (read back as the same message), else the caller publishes messages.
+# Per-frame messages as bytes. A publish of a message makes rclpy convert it into its C form (type checks
+# per field, a C struct per nested message), after Python built it field by field with checks of its own;
+# a publish of bytes skips both. The strings of these messages (frame ids, a reason) and their sequence
+# lengths rarely change, so the middleware serializes one message per such key once; where each numeric
+# field lands in those bytes is found by serializing it with two values that differ in every byte, and each
+# frame writes its numbers there (``struct``). ``FieldLayout.of`` checks the result once against the
+# middleware's own serialization (read back as the same message), else the caller publishes messages.
 _FIELD_FORMATS = {"double": "d", "float": "f", "int8": "b", "uint8": "B", "octet": "B", "char": "B",
                   "boolean": "?", "int16": "h", "uint16": "H", "int32": "i", "uint32": "I", "int64": "q",
                   "uint64": "Q"}
