@@ -206,8 +206,8 @@ class CameraGroupWorker:
         frame.model_image = None
         publish_ms = (time.perf_counter() - t0) * 1e3
         counts, overhead_ms = channel.ledger.processed(r, frame, session_id, publish_ms, note)
-        channel.stats_pub.publish(rosmsg.cache_stats(r, header.stamp, self._settings.current.world_frame, session_id,
-                                                     counts, overhead_ms, manager.host.info))
+        channel.stats_pub.publish(rosmsg.cache_stats_encoded(r, header.stamp, self._settings.current.world_frame,
+                                                             session_id, counts, overhead_ms, manager.host.info))
         with channel.ledger.lock:
             channel.costs.append(((time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3, *place))
 
@@ -215,7 +215,7 @@ class CameraGroupWorker:
         header = frame.header
         values = self._settings.current
         world = str(values.world_frame)
-        channel.pose_pub.publish(rosmsg.pose_stamped(out.camera, header.stamp, world))
+        channel.pose_pub.publish(rosmsg.pose_encoded(out.camera, header.stamp, world))
         if out.handed_over:
             self._log.warning(f"hand-over: {out.handed_over}")
         if out.drives and out.published_body is not None:

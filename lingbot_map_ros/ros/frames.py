@@ -224,7 +224,9 @@ class FrameLedger:
             counts = self._counts()
             self.last_result_info = {"frame_index": int(r.frame_index), "rope_frame_index": int(r.rope_frame_index),
                                      "is_keyframe": bool(r.is_keyframe), "stamp": stamp_sec(frame.header.stamp)}
-        self._status_pub.publish(rosmsg.processed_status(r, frame.header, session_id, note))
+        # a note (a withheld pose's reason) changes from frame to frame: a message; else the bytes of one
+        self._status_pub.publish(rosmsg.processed_status(r, frame.header, session_id, note) if note
+                                 else rosmsg.processed_status_encoded(r, frame.header, session_id))
         return counts, overhead_ms
 
     def interim(self, header: Header, status: int, reason: str) -> None:
@@ -240,7 +242,8 @@ class FrameLedger:
 
     def _counts(self) -> rosmsg.FrameCounts:
         c = self.c
-        return rosmsg.FrameCounts(c.received, c.processed, c.dropped, c.rejected, c.pending)
+        dropped = c.dropped  # summed once (``pending`` would sum the drop counters again)
+        return rosmsg.FrameCounts(c.received, c.processed, dropped, c.rejected, c.received - c.processed - dropped)
 
     # ------------------------------------------------------------------ events
     def record_error(self, text: str, exc: Optional[BaseException] = None, detail: str = "") -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import struct
+import threading
 from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -250,3 +251,287 @@ def cache_stats(result: FrameResult, stamp: TimeMsg, world_frame: str, session_i
     stats.backend = info.backend
     stats.dtype = info.dtype
     return stats
+
+
+# Per-frame messages as bytes. A publish of a message makes rclpy convert it into its C form (type checks
+# per field, a C struct per nested message), after Python built it field by field with checks of its own;
+# a publish of bytes skips both. The strings of these messages (frame ids, a reason) and their sequence
+# lengths rarely change, so the middleware serializes one message per such key once; where each numeric
+# field lands in those bytes is found by serializing it with two values that differ in every byte, and each
+# frame writes its numbers there (``struct``). ``FieldLayout.of`` checks the result once against the
+# middleware's own serialization (read back as the same message), else the caller publishes messages.
+_FIELD_FORMATS = {"double": "d", "float": "f", "int8": "b", "uint8": "B", "octet": "B", "char": "B",
+                  "boolean": "?", "int16": "h", "uint16": "H", "int32": "i", "uint32": "I", "int64": "q",
+                  "uint64": "Q"}
+
+
+def _field_type(msg_type, path: str) -> str:
+    """The IDL type name of the numeric field ``path`` ("pose.position.x", "pose_enc[3]") of ``msg_type``."""
+    kind = ""
+    for part in path.split("."):
+        name = part.split("[")[0]
+        kind = msg_type.get_fields_and_field_types()[name]
+        if "[" in part:  # an element: "double[9]", "sequence<double>", "sequence<double, 9>"
+            kind = kind.split("[")[0] if "[" in kind else kind[len("sequence<"):].split(",")[0].rstrip(">")
+        if "/" in kind:
+            package, _, type_name = kind.partition("/")
+            msg_type = getattr(__import__(f"{package}.msg", fromlist=[type_name]), type_name)
+    return kind
+
+
+def _container(msg, path: str) -> tuple[object, object]:
+    """(object, attribute name or index) that holds the field ``path`` of ``msg``."""
+    *parents, last = path.split(".")
+    for part in parents:
+        name, _, index = part.partition("[")
+        msg = getattr(msg, name)[int(index[:-1])] if index else getattr(msg, name)
+    name, _, index = last.partition("[")
+    return (getattr(msg, name), int(index[:-1])) if index else (msg, name)
+
+
+def set_field(msg, path: str, value) -> None:
+    """``msg.<path> = value`` for a dotted path with element indices ("pose_enc[3]")."""
+    holder, key = _container(msg, path)
+    if isinstance(key, int):
+        holder[key] = value
+    else:
+        setattr(holder, key, value)
+
+
+def get_field(msg, path: str):
+    holder, key = _container(msg, path)
+    return holder[key] if isinstance(key, int) else getattr(holder, key)
+
+
+class FieldLayout:
+    """The serialized bytes of one message with its numeric ``fields`` written per send (``pack``)."""
+
+    def __init__(self, template: bytes, runs: list[tuple[int, struct.Struct, int, int]], size: int):
+        self._template = template
+        self._runs = runs  # (offset, Struct of consecutive fields, first field, end field)
+        self.size = size
+
+    @classmethod
+    def of(cls, example, fields: Sequence[str]) -> Optional["FieldLayout"]:
+        """The layout of ``example``'s type with ``example``'s strings and sequence lengths, its ``fields``
+        written by ``pack``; None where the middleware's serialization cannot be patched this way."""
+        try:
+            return cls._build(example, fields)
+        except Exception:  # noqa: BLE001 - a middleware or field this cannot handle: the caller sends messages
+            return None
+
+    @classmethod
+    def _build(cls, example, fields: Sequence[str]) -> Optional["FieldLayout"]:
+        msg_type = type(example)
+        probe = deserialize_message(serialize_message(example), msg_type)  # a copy, the example untouched
+        template = serialize_message(probe)
+        order = "<" if template[1] & 1 else ">"  # CDR_LE / CDR_BE (the representation id's low bit)
+        slots = []
+        for path in fields:
+            kind = _field_type(msg_type, path)
+            fmt = _FIELD_FORMATS[kind]
+            width = struct.calcsize(fmt)
+            original = get_field(probe, path)
+            forms = []
+            for fill in (b"\x11", b"\x22"):
+                raw = (b"\x00" if fill == b"\x11" else b"\x01") if fmt == "?" else fill * width
+                set_field(probe, path, struct.unpack(order + fmt, raw)[0])
+                forms.append((serialize_message(probe), raw))
+            set_field(probe, path, original)
+            (a, raw_a), (b, raw_b) = forms
+            found = [p for p in range(ENCAPSULATION, len(a) - width + 1)
+                     if a[p:p + width] == raw_a and b[p:p + width] == raw_b]
+            if len(found) != 1 or len(a) != len(template):
+                return None
+            slots.append((found[0], fmt, width))
+        runs = []  # consecutive fields in one Struct each
+        for i, (offset, fmt, width) in enumerate(slots):
+            last = runs[-1] if runs else None
+            if last is not None and last[0] + last[3] == offset and last[2] == i:
+                runs[-1] = (last[0], last[1] + fmt, i + 1, last[3] + width)
+            else:
+                runs.append((offset, fmt, i + 1, width))
+        layout = cls(template, [(off, struct.Struct(order + fmt), end - len(fmt), end) for off, fmt, end, _ in runs],
+                     len(fields))
+        check = deserialize_message(serialize_message(example), msg_type)
+        values = []
+        for k, path in enumerate(fields):  # distinct values in every field's range
+            fmt = _FIELD_FORMATS[_field_type(msg_type, path)]
+            value = bool(k % 2) if fmt == "?" else (k + 1.25 if fmt in "df" else k + 1)
+            set_field(check, path, value)
+            values.append(value)
+        packed = layout.pack(values)
+        if len(packed) != len(template) or deserialize_message(packed, msg_type) != check:
+            return None
+        return layout
+
+    def pack(self, values: Sequence) -> bytes:
+        """The serialized message with ``values`` (one per field, in the order of ``fields``)."""
+        buf = bytearray(self._template)
+        for offset, packer, start, end in self._runs:
+            packer.pack_into(buf, offset, *values[start:end])
+        return bytes(buf)
+
+
+class Packed:
+    """``FieldLayout``s of one message kind by key (the strings and lengths they fix), built on first use
+    from ``example(key)``; a key without a layout gives messages (``example`` with the values set)."""
+
+    def __init__(self, example, fields: Sequence[str], keep: int = 16):
+        self._example = example
+        self.fields = tuple(fields)
+        self._keep = keep
+        self._layouts: dict = {}
+        self._lock = threading.Lock()  # the inference threads and the executor thread share a kind
+
+    def layout(self, key) -> Optional[FieldLayout]:
+        try:
+            return self._layouts[key]
+        except KeyError:
+            pass
+        layout = FieldLayout.of(self._example(key), self.fields)
+        with self._lock:
+            if len(self._layouts) >= self._keep:
+                self._layouts.pop(next(iter(self._layouts)))
+            self._layouts[key] = layout
+        return layout
+
+    def encode(self, key, values: Sequence):
+        """What to publish: the bytes of the message of ``key`` with ``values``, or that message."""
+        layout = self.layout(key)
+        if layout is not None:
+            return layout.pack(values)
+        return self.message(key, values)
+
+    def message(self, key, values: Sequence):
+        """The message of ``key`` with ``values``, built field by field (what ``encode``'s bytes carry)."""
+        msg = self._example(key)
+        for path, value in zip(self.fields, values):
+            set_field(msg, path, value)
+        return msg
+
+
+STAMP_FIELDS = ("header.stamp.sec", "header.stamp.nanosec")
+POSE_FIELDS = (*STAMP_FIELDS, "pose.position.x", "pose.position.y", "pose.position.z", "pose.orientation.x",
+               "pose.orientation.y", "pose.orientation.z", "pose.orientation.w")
+
+
+def pose_values(c2w: np.ndarray, stamp: TimeMsg) -> tuple:
+    """``pose_stamped``'s numbers in ``POSE_FIELDS`` order: (sec, nanosec, x, y, z, qx, qy, qz, qw)."""
+    m = np.asarray(c2w, dtype=np.float64)
+    q = quaternion_xyzw_from_matrix(m[:3, :3])
+    return (stamp.sec, stamp.nanosec, float(m[0, 3]), float(m[1, 3]), float(m[2, 3]),
+            float(q[0]), float(q[1]), float(q[2]), float(q[3]))
+
+
+POSES = Packed(lambda world_frame: PoseStamped(header=Header(frame_id=world_frame)), POSE_FIELDS)
+
+
+def pose_encoded(c2w: np.ndarray, stamp: TimeMsg, world_frame: str):
+    """``pose_stamped(c2w, stamp, world_frame)`` for ``publish``: its bytes (or the message)."""
+    return POSES.encode(world_frame, pose_values(c2w, stamp))
+
+
+ODOMETRY_FIELDS = (*STAMP_FIELDS, *(f"pose.{f}" for f in POSE_FIELDS[2:]),
+                   *(f"twist.twist.{part}.{axis}" for part in ("linear", "angular") for axis in "xyz"))
+
+
+def _odometry_example(key) -> Odometry:
+    world_frame, child_frame, pose_covariance, twist_covariance = key
+    return odometry(PoseStamped(header=Header(frame_id=world_frame)), child_frame, None, pose_covariance,
+                    twist_covariance)
+
+
+ODOMETRIES = Packed(_odometry_example, ODOMETRY_FIELDS)
+_NO_TWIST = (0.0,) * 6
+
+
+def odometry_encoded(pose: tuple, world_frame: str, child_frame: str,
+                     twist: Optional[tuple[np.ndarray, np.ndarray]] = None,
+                     pose_covariance: Optional[Sequence[float]] = None,
+                     twist_covariance: Optional[Sequence[float]] = None):
+    """``odometry`` of the pose with ``pose_values`` ``pose`` in ``world_frame``, for ``publish``."""
+    key = (world_frame, child_frame, None if pose_covariance is None else tuple(float(v) for v in pose_covariance),
+           None if twist_covariance is None else tuple(float(v) for v in twist_covariance))
+    moving = _NO_TWIST if twist is None else (*(float(v) for v in twist[0]), *(float(v) for v in twist[1]))
+    return ODOMETRIES.encode(key, (*pose, *moving))
+
+
+STATUS_FIELDS = (*STAMP_FIELDS, "status", "session_id", "frame_index", *(f"pose_enc[{i}]" for i in range(9)))
+STATUSES = Packed(lambda key: FrameStatus(header=Header(frame_id=key[0]), reason=key[1]), STATUS_FIELDS)
+
+
+def processed_status_encoded(result: FrameResult, header: Header, session_id: int, note: str = ""):
+    """``processed_status`` for ``publish``: its bytes (or the message)."""
+    pose_enc = np.asarray(result.pose_enc, dtype=np.float64).reshape(9)
+    return STATUSES.encode((header.frame_id, note), (header.stamp.sec, header.stamp.nanosec, FrameStatus.PROCESSED,
+                                                     session_id, int(result.frame_index), *pose_enc.tolist()))
+
+
+STATS_FIELDS = (*STAMP_FIELDS, "frames_received", "frames_processed", "frames_dropped", "frames_rejected",
+                "frames_pending", "frame_index", "session_id", "is_keyframe", "is_scale_frame", "frames_stored",
+                "scale_frames", "window_frames", "frames_evicted", "page_size", "patch_pages_total", "scale_pages",
+                "window_pages", "free_pages", "special_pages", "special_pages_capacity", "special_tokens",
+                "rope_frame_index", "max_frame_num", "visible_keys", "camera_cache_frames", "latency_ms",
+                "node_overhead_ms")
+STATS = Packed(lambda key: CacheStats(header=Header(frame_id=key[0]), backend=key[1], dtype=key[2]), STATS_FIELDS)
+
+
+def cache_stats_encoded(result: FrameResult, stamp: TimeMsg, world_frame: str, session_id: int, counts: FrameCounts,
+                        overhead_ms: float, info: SessionInfo):
+    """``cache_stats`` for ``publish``: its bytes (or the message)."""
+    s = result.cache
+    return STATS.encode((world_frame, info.backend, info.dtype), (
+        stamp.sec, stamp.nanosec, int(counts.received), int(counts.processed), int(counts.dropped),
+        int(counts.rejected), int(counts.pending), int(result.frame_index), session_id, bool(result.is_keyframe),
+        bool(result.is_scale_frame), int(s.frames_stored), int(s.scale_frames), int(s.window_frames),
+        int(s.frames_evicted), int(s.page_size), int(s.patch_pages_total), int(s.scale_pages), int(s.window_pages),
+        int(s.free_pages), int(s.special_pages), int(s.special_pages_capacity), int(s.special_tokens),
+        int(result.rope_frame_index), int(s.max_frame_num), int(s.visible_keys), int(s.camera_cache_frames),
+        float(result.latency_ms), float(overhead_ms)))
+
+
+
+
+def transform_values(matrix: np.ndarray) -> tuple:
+    """``transform_stamped``'s numbers of ``matrix`` [4, 4]: (x, y, z, qx, qy, qz, qw)."""
+    m = np.asarray(matrix, dtype=np.float64)
+    q = quaternion_xyzw_from_matrix(m[:3, :3])
+    return float(m[0, 3]), float(m[1, 3]), float(m[2, 3]), float(q[0]), float(q[1]), float(q[2]), float(q[3])
+
+
+def transform_stamped_of(values: tuple, stamp: TimeMsg, parent: str, child: str) -> TransformStamped:
+    """``parent -> child`` with ``transform_values`` ``values`` at ``stamp``."""
+    tf = TransformStamped()
+    tf.header.stamp = stamp
+    tf.header.frame_id = parent
+    tf.child_frame_id = child
+    t, r = tf.transform.translation, tf.transform.rotation
+    t.x, t.y, t.z, r.x, r.y, r.z, r.w = values
+    return tf
+
+
+def _path_head_example(key) -> Path:
+    header_frame, first_frame = key
+    return Path(header=Header(frame_id=header_frame), poses=[PoseStamped(header=Header(frame_id=first_frame))])
+
+
+PATH_HEADS = Packed(_path_head_example, (*STAMP_FIELDS, *(f"poses[0].{f}" for f in POSE_FIELDS)))
+
+
+@functools.lru_cache(maxsize=16)
+def _path_count_offset(header_frame: str) -> int:
+    """Where a Path's pose count sits in its bytes with a header of ``header_frame`` (right after the header)."""
+    return len(serialize_message(Path(header=Header(frame_id=header_frame)))) - 4
+
+
+def path_bytes_of(stamp: TimeMsg, header_frame: str, first: tuple[str, tuple], later: Sequence[bytes]) -> bytes:
+    """``path_bytes`` of the header (``stamp``, ``header_frame``) with the first pose given as (its frame id, its
+    ``pose_values``): the header and that pose are written into a template too, not serialized per send."""
+    layout = PATH_HEADS.layout((header_frame, first[0]))
+    if layout is None:
+        return path_bytes(Header(stamp=stamp, frame_id=header_frame), pose_from_row(first[1], first[0]), later)
+    head = layout.pack((stamp.sec, stamp.nanosec, *first[1]))
+    count = _path_count_offset(header_frame)
+    order = "<" if head[1] & 1 else ">"  # CDR_LE / CDR_BE (the representation id's low bit)
+    return b"".join((head[:count], struct.pack(order + "I", 1 + len(later)), head[count + 4:], *later))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import threading
 import time
 from typing import TYPE_CHECKING, Optional
@@ -42,6 +43,17 @@ PATH_EVERY_FRAME = 1000  # ~/path is sent with every pose while it holds at most
 PATH_MIN_PERIOD = 0.5  # then at most every this many seconds
 
 
+@functools.lru_cache(maxsize=8)
+def _covariance(diagonal: tuple) -> tuple:
+    """``covariance_matrix`` of a ``*_covariance_diagonal`` parameter, once per value (it rarely changes)."""
+    return tuple(covariance_matrix(diagonal))
+
+
+def _pose_values(row) -> tuple:
+    """A saved session's ``pose_row`` as ``rosmsg.pose_values`` gives it."""
+    return (int(row[0]), int(row[1]), *(float(v) for v in row[2:9]))
+
+
 class ResultPublisher:
     """The per-frame output topics, the bounded path and trajectory of the current session.
 
@@ -66,6 +78,7 @@ class ResultPublisher:
         self._stats_pub = node.create_publisher(CacheStats, "~/cache_stats", reliable10)
         self._depth_pub = node.create_publisher(Image, "~/depth", reliable10)
         self._lock = threading.Lock()  # path and trajectory (inference thread <-> ~/save_trajectory)
+        # the poses of ~/path: (frame id, rosmsg.pose_values) each
         self._path: collections.deque = collections.deque(maxlen=int(values.path_max_length))
         # each pose of _path serialized once (rosmsg.pose_bytes): a send joins them, it does not convert
         # every pose again (None: this middleware's bytes cannot be joined, Path messages are sent)
@@ -97,7 +110,7 @@ class ResultPublisher:
         session (``~/save_session``)."""
         with self._lock:
             trajectory = [[float(t), np.asarray(m, np.float64).reshape(-1).tolist()] for t, m in self._trajectory]
-            path = [rosmsg.pose_row(p) for p in self._path]
+            path = [list(row) for _, row in self._path]
         return {"world_frame": str(self._settings.current.world_frame), "trajectory": trajectory, "path": path,
                 "robot": self.robot.session_state()}
 
@@ -107,11 +120,11 @@ class ResultPublisher:
         world = str(self._settings.current.world_frame)
         with self._lock:
             self._trajectory = collections.deque(poses, maxlen=int(self._settings.current.trajectory_max_length))
-            self._path = collections.deque((rosmsg.pose_from_row(row, world) for row in state.get("path", [])),
+            self._path = collections.deque(((world, _pose_values(row)) for row in state.get("path", [])),
                                            maxlen=int(self._settings.current.path_max_length))
             if self._path_bytes is not None:
-                self._path_bytes = collections.deque((rosmsg.pose_bytes(p) for p in self._path),
-                                                     maxlen=self._path.maxlen)
+                self._path_bytes = collections.deque((rosmsg.pose_bytes(rosmsg.pose_from_row(row, frame))
+                                                      for frame, row in self._path), maxlen=self._path.maxlen)
             self._published_session = session_id
         if state.get("robot"):
             self.robot.restore_session(state["robot"], session_id)
@@ -179,20 +192,22 @@ class ResultPublisher:
         cameras: the rig's body pose, from the driving camera)."""
         values = self._settings.current
         world = values.world_frame
-        pose = rosmsg.pose_stamped(pose_matrix, header.stamp, world)
-        self._pose_pub.publish(pose)
-        self._odom_pub.publish(rosmsg.odometry(pose, child, twist,
-                                               covariance_matrix(values.pose_covariance_diagonal),
-                                               covariance_matrix(values.twist_covariance_diagonal)))
+        row = rosmsg.pose_values(pose_matrix, header.stamp)
+        encoded = rosmsg.POSES.encode(world, row)
+        self._pose_pub.publish(encoded)
+        self._odom_pub.publish(rosmsg.odometry_encoded(row, world, child, twist,
+                                                       _covariance(tuple(values.pose_covariance_diagonal)),
+                                                       _covariance(tuple(values.twist_covariance_diagonal))))
 
         with self._lock:
             if self._path.maxlen != int(values.path_max_length):
                 self._path = collections.deque(self._path, maxlen=int(values.path_max_length))
                 if self._path_bytes is not None:
                     self._path_bytes = collections.deque(self._path_bytes, maxlen=self._path.maxlen)
-            self._path.append(pose)
+            self._path.append((world, row))
             if self._path_bytes is not None:
-                self._path_bytes.append(rosmsg.pose_bytes(pose))
+                self._path_bytes.append(encoded[rosmsg.ENCAPSULATION:] if isinstance(encoded, bytes)
+                                        else rosmsg.pose_bytes(encoded))
             if self._trajectory.maxlen != int(values.trajectory_max_length):
                 self._trajectory = collections.deque(self._trajectory, maxlen=int(values.trajectory_max_length))
             self._trajectory.append((stamp_sec(header.stamp), pose_matrix.copy()))
@@ -204,9 +219,10 @@ class ResultPublisher:
             if self._path_pub.get_subscription_count() > 0 and (
                     len(self._path) <= PATH_EVERY_FRAME or now - self._path_last_pub >= PATH_MIN_PERIOD):
                 if self._path_bytes is not None:
-                    path = rosmsg.path_bytes(pose.header, self._path[0], list(self._path_bytes)[1:])
+                    path = rosmsg.path_bytes_of(header.stamp, world, self._path[0], list(self._path_bytes)[1:])
                 else:
-                    path = rosmsg.path_message(pose.header, list(self._path))
+                    path = rosmsg.path_message(Header(stamp=header.stamp, frame_id=world),
+                                               [rosmsg.pose_from_row(row, frame) for frame, row in self._path])
                 self._path_last_pub = now
         if path is not None:
             self._path_pub.publish(path)
