@@ -395,6 +395,8 @@ python3 bench/record.py --run NAME --commit HASH --out docs/perf/runs/YYYY-MM-DD
 `record` with no steps named runs every table's rows at the three camera geometries (its header lists
 the steps: tests, first pose, the default and portable paths, host load, 1,000 frames, the official
 code); `record NAME streams:518x378` adds the several-camera rows (`lingbot_map_bench --cameras N`).
+Each call has a time limit: name a part per call. `RESUME=1` in a later call on the same warm machine
+runs only the steps the earlier call did not finish.
 A run of record is one file `docs/perf/runs/<YYYY-MM-DD>-<name>.json`; then
 `.venv/bin/python scripts/perf_tables.py` rewrites this page and the README's table, and a run whose
 code is superseded is deleted from that folder (git keeps it). Predictions and the experiments
