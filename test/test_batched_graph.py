@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import pytest
 import torch
-from test_stream_group import STREAM, assert_same, frames_of, lone_results, run_group
+from stream_runs import STREAM, assert_same, frames_of, lone_results, run_group
 
 from lingbot_map_ros.core.batched_graph import (
     BatchGraphs,

@@ -24,6 +24,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from stream_runs import run_group
 from test_gpu import SPECIALS, D, H, dense64, visible_reference
 
 from lingbot_map_ros.core.config import StreamConfig
@@ -255,21 +256,6 @@ def _alone(host, frames) -> list:
     return [r for i, f in enumerate(frames) for r in manager.push(f, i)]
 
 
-def _run(group, schedule: dict[str, list[int]], frames: dict[str, list], ticks: int) -> dict[str, list]:
-    got: dict[str, list] = {n: [] for n in schedule}
-    fed = {n: 0 for n in schedule}
-    for t in range(ticks):
-        step = {}
-        for name, at in schedule.items():
-            if t in at:
-                step[name] = (frames[name][fed[name]], fed[name])
-                fed[name] += 1
-        for name, outcome in group.step(step).items():
-            assert outcome.error is None, outcome.error
-            got[name] += outcome.results
-    return got
-
-
 def _relative(got: list, want: list, field: str) -> float:
     a = np.stack([getattr(r, field) for r in got if getattr(r, field) is not None]).astype(np.float64)
     b = np.stack([getattr(r, field) for r in want if getattr(r, field) is not None]).astype(np.float64)
@@ -297,7 +283,7 @@ def test_graphed_batched_step_equals_each_stream_alone(runtime, attention):
     frames = {name: _frames(seed, len(at)) for seed, (name, at) in enumerate(schedule.items())}
     group = StreamGroup(host, STREAM, list(schedule), log=lambda m: None, batched_attention=attention, batch=True)
     assert group.decision.path == "graphed", group.decision
-    got = _run(group, schedule, frames, 16)
+    got, _, _ = run_group(group, schedule, frames, 16)
     stats = group.graph_stats()
     assert group.path_counts["graphed"] >= 8 and set(stats) == {2, 3}, (group.path_counts, stats)
     assert all(s.encoder_captures == 1 and s.replays > s.captures for s in stats.values()), stats
@@ -315,11 +301,11 @@ def test_streams_that_never_share_a_tick_replay_the_lone_graphs_bit_for_bit(runt
     host = _host(**runtime)
     frames = {"a": _frames(1, 10), "b": _frames(2, 10)}
     solo = StreamGroup(host, STREAM, ["a"], log=lambda m: None, batched_attention=attention, batch=True)
-    got = _run(solo, {"a": list(range(10))}, frames, 10)
+    got, _, _ = run_group(solo, {"a": list(range(10))}, frames, 10)
     want = _alone(host, frames["a"])
     np.testing.assert_array_equal(np.stack([r.pose_enc for r in got["a"]]), np.stack([r.pose_enc for r in want]))
     pair = StreamGroup(host, STREAM, ["a", "b"], log=lambda m: None, batched_attention=attention, batch=True)
-    got = _run(pair, {"a": list(range(0, 20, 2)), "b": list(range(1, 20, 2))}, frames, 20)
+    got, _, _ = run_group(pair, {"a": list(range(0, 20, 2)), "b": list(range(1, 20, 2))}, frames, 20)
     assert pair.path_counts == {} and pair.graph_stats() == {}
     for name in ("a", "b"):
         want = _alone(host, frames[name])
@@ -341,7 +327,7 @@ def test_two_streams_at_different_rates_enter_phase_two_at_different_frames(runt
     schedule = {"a": list(range(40)), "b": list(range(5, 40, 3))}
     frames = {name: _frames(10 + seed, len(at)) for seed, (name, at) in enumerate(schedule.items())}
     group = StreamGroup(host, STREAM, ["a", "b"], log=lambda m: None, batched_attention=attention, batch=True)
-    got = _run(group, schedule, frames, 40)
+    got, _, _ = run_group(group, schedule, frames, 40)
     assert group.path_counts["graphed"] >= 8 and group.manager("a").policy.window_switches >= 1
     for name, at in schedule.items():
         _assert_near_alone(got[name], _alone(host, frames[name][:len(at)]))
@@ -355,5 +341,6 @@ def test_the_default_keeps_each_streams_own_graph_under_cuda_graphs():
     host = _host(backend="sdpa", sdpa_kernel="split")
     group = StreamGroup(host, STREAM, ["a", "b"], log=lambda m: None)
     assert group.decision.path == "alone" and "batch=True" in group.decision.reason
-    got = _run(group, {"a": list(range(6)), "b": list(range(6))}, {"a": _frames(1, 6), "b": _frames(2, 6)}, 6)
+    frames = {"a": _frames(1, 6), "b": _frames(2, 6)}
+    got, _, _ = run_group(group, {"a": list(range(6)), "b": list(range(6))}, frames, 6)
     assert group.path_counts["alone"] == 4 and len(got["a"]) == 6
