@@ -451,8 +451,9 @@ def odometry_encoded(pose: tuple, world_frame: str, child_frame: str,
                      pose_covariance: Optional[Sequence[float]] = None,
                      twist_covariance: Optional[Sequence[float]] = None):
     """``odometry`` of the pose with ``pose_values`` ``pose`` in ``world_frame``, for ``publish``."""
-    key = (world_frame, child_frame, None if pose_covariance is None else tuple(float(v) for v in pose_covariance),
-           None if twist_covariance is None else tuple(float(v) for v in twist_covariance))
+    # the covariances are part of the key as given (the node passes the same cached tuples every frame)
+    key = (world_frame, child_frame, None if pose_covariance is None else tuple(pose_covariance),
+           None if twist_covariance is None else tuple(twist_covariance))
     moving = _NO_TWIST if twist is None else (*(float(v) for v in twist[0]), *(float(v) for v in twist[1]))
     return ODOMETRIES.encode(key, (*pose, *moving))
 
@@ -489,8 +490,6 @@ def cache_stats_encoded(result: FrameResult, stamp: TimeMsg, world_frame: str, s
         int(s.free_pages), int(s.special_pages), int(s.special_pages_capacity), int(s.special_tokens),
         int(result.rope_frame_index), int(s.max_frame_num), int(s.visible_keys), int(s.camera_cache_frames),
         float(result.latency_ms), float(overhead_ms)))
-
-
 
 
 def transform_values(matrix: np.ndarray) -> tuple:
