@@ -12,9 +12,11 @@ import pytest
 rclpy = pytest.importorskip("rclpy")
 pytest.importorskip("tf2_ros")
 from rclpy.context import Context  # noqa: E402
+from rclpy.serialization import deserialize_message  # noqa: E402
 from rclpy.time import Time  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from std_msgs.msg import Header  # noqa: E402
+from tf2_msgs.msg import TFMessage  # noqa: E402
 
 from lingbot_map_ros.core.geometry import se3  # noqa: E402
 from lingbot_map_ros.core.settings import covariance_matrix, defaults, validate_values  # noqa: E402
@@ -41,13 +43,14 @@ def _capture(tree: FrameTree, messages: list | None = None) -> list:
     """The transforms that would go out on /tf, in order; ``messages`` gets each /tf message's count."""
     sent: list = []
 
-    def send(transforms) -> None:
-        batch = transforms if isinstance(transforms, list) else [transforms]
+    def publish(message) -> None:  # what the broadcaster's /tf publisher is given: bytes, read back as a subscriber
+        if isinstance(message, bytes):
+            message = deserialize_message(message, TFMessage)
         if messages is not None:
-            messages.append(len(batch))
-        sent.extend(batch)
+            messages.append(len(message.transforms))
+        sent.extend(message.transforms)
 
-    tree._broadcaster.sendTransform = send
+    tree._broadcaster.pub_tf.publish = publish
     return sent
 
 

@@ -122,13 +122,33 @@ def test_status_and_statistics_bytes_are_the_messages(frame):
 
 
 def test_tf_values_make_the_transform():
-    """/tf goes out as messages (``transform_stamped_of`` of the numbers the echo check keeps): the same message
-    as ``transform_stamped`` of the matrix."""
+    """``transform_stamped_of`` of the numbers the echo check keeps is the same message as ``transform_stamped``
+    of the matrix."""
     rng = np.random.default_rng(5)
     for parent, child in (("map", "odom"), ("w", "base_link")):
         matrix, stamp = random_pose(rng), random_stamp(rng)
         made = rosmsg.transform_stamped_of(rosmsg.transform_values(matrix), stamp, parent, child)
         assert made == rosmsg.transform_stamped(matrix, stamp, parent, child)
+
+
+@pytest.mark.parametrize("parent", FRAMES)
+@pytest.mark.parametrize("child", ["o", "odom", "base_link", "front_camera_optical"])
+def test_tf_bytes_are_the_message(parent, child):
+    """/tf goes out as bytes (``tf_encoded``): one transform at the image stamp, or two (a correction sent
+    ahead too), each the message built field by field (``transform_stamped``) at every frame-id alignment;
+    three stamps, which has no template, give that message itself."""
+    from tf2_msgs.msg import TFMessage
+
+    rng = np.random.default_rng(len(parent) * 7 + len(child))
+    for count in (1, 2, 3):
+        matrix = random_pose(rng)
+        stamps = [random_stamp(rng) for _ in range(count)]
+        encoded = rosmsg.tf_encoded(rosmsg.transform_values(matrix), stamps, parent, child)
+        reference = TFMessage(transforms=[rosmsg.transform_stamped(matrix, s, parent, child) for s in stamps])
+        if count == 3:
+            assert encoded == reference
+        else:
+            same_message(encoded, reference)
 
 
 def test_a_numeric_field_lands_where_the_strings_before_it_put_it():

@@ -510,6 +510,30 @@ def transform_stamped_of(values: tuple, stamp: TimeMsg, parent: str, child: str)
     return tf
 
 
+TRANSFORM_FIELDS = (*STAMP_FIELDS, *(f"transform.translation.{a}" for a in "xyz"),
+                    *(f"transform.rotation.{a}" for a in "xyzw"))
+
+
+def _tf_example(key) -> TFMessage:
+    parent, child, count = key
+    return TFMessage(transforms=[TransformStamped(header=Header(frame_id=parent), child_frame_id=child)
+                                 for _ in range(count)])
+
+
+TF_MESSAGES = {count: Packed(_tf_example, tuple(f"transforms[{i}].{f}" for i in range(count) for f in TRANSFORM_FIELDS))
+               for count in (1, 2)}  # a camera pose or a correction at its image stamp; a correction sent ahead too
+
+
+def tf_encoded(values: tuple, stamps: Sequence[TimeMsg], parent: str, child: str):
+    """One /tf message of ``parent -> child`` with ``transform_values`` ``values`` at each of ``stamps``, for
+    ``publish``: its bytes (or the message); the same as ``TFMessage(transforms=[transform_stamped_of(...)])``."""
+    packed = TF_MESSAGES.get(len(stamps))
+    if packed is None:
+        return TFMessage(transforms=[transform_stamped_of(values, s, parent, child) for s in stamps])
+    return packed.encode((parent, child, len(stamps)),
+                         [v for s in stamps for v in (s.sec, s.nanosec, *values)])
+
+
 def _path_head_example(key) -> Path:
     header_frame, first_frame = key
     return Path(header=Header(frame_id=header_frame), poses=[PoseStamped(header=Header(frame_id=first_frame))])

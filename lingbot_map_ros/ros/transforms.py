@@ -3,8 +3,9 @@
 * In: a ``tf2_ros.Buffer`` fed by a ``TransformListener`` (``/tf`` and ``/tf_static``); ``lookup``
   asks it for a transform at an image stamp, waiting up to ``tf_timeout``, and says which link is
   missing when it does not come (``NoTransform``).
-* Out: a ``tf2_ros.TransformBroadcaster`` (``send``). The node's correction (its one edge) is kept
-  and, with ``transform_publish_period`` > 0, re-sent by a timer stamped ``now + transform_tolerance``
+* Out: a ``tf2_ros.TransformBroadcaster``'s /tf publisher (``send``; the message as bytes from a
+  checked template, ``messages.tf_encoded``). The node's correction (its one edge) is kept and, with
+  ``transform_publish_period`` > 0, re-sent by a timer stamped ``now + transform_tolerance``
   (AMCL and slam_toolbox do the same), so a tf2 consumer looking up "now" never has to extrapolate
   between frames; the value changes only when a frame is placed (``send``), ``forget`` drops it
   (a new session: its world is not the old one's), ``repeating`` pauses it (the node inactive).
@@ -237,7 +238,7 @@ class FrameTree:
 
     def _publish(self, parent: str, child: str, stamps: list, matrix: np.ndarray) -> None:
         """``parent -> child`` = ``matrix`` at each of ``stamps``, in one /tf message (one conversion of the
-        matrix, one send)."""
+        matrix, one send, through the broadcaster's own /tf publisher)."""
         values = rosmsg.transform_values(matrix)
         with self._lock:  # remembered before it goes out: its echo may come back at once
             sent = self._sent.setdefault((parent, child), collections.OrderedDict())
@@ -245,8 +246,8 @@ class FrameTree:
                 sent[s.sec * 10**9 + s.nanosec] = values
             while len(sent) > SENDS_KEPT:
                 sent.popitem(last=False)
-        if self._broadcaster is not None:
-            self._broadcaster.sendTransform([rosmsg.transform_stamped_of(values, s, parent, child) for s in stamps])
+        if self._broadcaster is not None:  # its publisher, given bytes from a checked template (messages.py)
+            self._broadcaster.pub_tf.publish(rosmsg.tf_encoded(values, stamps, parent, child))
 
     def destroy(self) -> None:
         if self._node is None:
