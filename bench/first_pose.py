@@ -1,15 +1,23 @@
 """Time to first pose: from process start to the first poses of the core (GPU; a CPU dry run works).
 
 What a robot waits for after boot, through the core alone (no ROS transport, no camera pacing: frames
-are pushed back to back): the interpreter and imports, the model's build (random weights of the preset;
-reading a checkpoint instead costs its file's read), the scale frames' joint call (the first poses,
-eager), then the first one-frame step, which compiles the fused blocks and the depth head (Inductor),
-JIT-compiles our Triton/Gluon kernels and captures the step's CUDA graphs, and the frames until the
-window is full (each filling bucket of the split kernel is one more capture). With the kernel cache
-empty (``cold``) every compiler runs; with it kept (``warm``: ``LINGBOT_MAP_CACHE_DIR``, or
+are pushed back to back): the interpreter and imports, the model's load, the scale frames' joint call
+(the first poses, eager), then the first one-frame step, which compiles the fused blocks and the depth
+head (Inductor), JIT-compiles our Triton/Gluon kernels and captures the step's CUDA graphs, and the
+frames until the window is full (each filling bucket of the split kernel is one more capture). With the
+kernel cache empty (``cold``) every compiler runs; with it kept (``warm``: ``LINGBOT_MAP_CACHE_DIR``, or
 ``lingbot_map_bench --warm-cache`` at install time) they read their results back.
 
-    LINGBOT_MAP_CACHE_DIR=/tmp/kc python3 bench/first_pose.py --caches cold --json first_cold.json
+The model loads as a robot's does, from a checkpoint file (``--checkpoint``: ``RuntimeConfig(checkpoint=...)``,
+the file read, cast to the compute dtype and moved to the GPU). A file of the official key names and
+shapes, holding the preset's seeded random weights, is written beforehand and untimed by
+``--write-checkpoint`` (float32, as the official files are: 4.6 GB for ``full``; speed does not depend on
+the values). Without ``--checkpoint`` the weights are drawn in the timed process instead, which costs
+far more than reading a file. The row's ``weights`` says which of the two its ``model_load_s`` holds.
+
+    python3 bench/first_pose.py --write-checkpoint /tmp/fp/full.safetensors          # set-up, untimed
+    LINGBOT_MAP_CACHE_DIR=/tmp/kc python3 bench/first_pose.py --checkpoint /tmp/fp/full.safetensors \
+        --caches cold --json first_cold.json
     python3 bench/first_pose.py --device cpu --preset tiny --height 42 --width 56   # dry run
 """
 from __future__ import annotations
@@ -37,6 +45,52 @@ _AT_MODULE_START = _seconds_since_process_start()
 import argparse  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+RANDOM_WEIGHTS = "random (drawn in process)"  # the row's ``weights`` without --checkpoint
+CHECKPOINT_SEED = 0  # the seed of the weights --write-checkpoint draws
+
+
+def write_checkpoint(path: Path, preset: str, dtype_name: str, device: str) -> None:
+    """Write ``preset``'s seeded random weights to ``path`` as a safetensors checkpoint with the official
+    key names (the model's ``state_dict()``), every tensor in ``dtype_name``. Set-up for the timed run,
+    so it is not timed. Atomic: the file goes to a temporary name beside ``path`` and is renamed over it
+    once complete and flushed, so a killed write never leaves a truncated checkpoint to be timed."""
+    import torch
+    from safetensors.torch import save_file
+
+    from lingbot_map_ros.core.config import model_config
+    from lingbot_map_ros.core.files import temporary_name
+    from lingbot_map_ros.core.model.checkpoint import build_model
+
+    dtype = getattr(torch, dtype_name)
+    model, _ = build_model(model_config(preset), seed=CHECKPOINT_SEED, device=device, dtype=torch.float32)
+    tensors = {name: (t.to(dtype) if t.is_floating_point() else t).detach().to("cpu").contiguous()
+               for name, t in model.state_dict().items()}
+    del model
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_name(path)
+    try:
+        save_file(tensors, str(tmp), metadata={"format": "pt", "preset": preset, "seed": str(CHECKPOINT_SEED)})
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    print(f"wrote {path}: {path.stat().st_size / 1e9:.2f} GB, {len(tensors)} tensors in {dtype_name}, "
+          f"the '{preset}' preset's random weights (seed {CHECKPOINT_SEED})")
+
+
+def weights_of(checkpoint: str, random_weights: bool) -> str:
+    """What the row's ``model_load_s`` holds: weights drawn in the process, or a file read (its size and format)."""
+    if random_weights:
+        return RANDOM_WEIGHTS
+    from lingbot_map_ros.core.model.checkpoint import sniff_format
+
+    kind = sniff_format(Path(checkpoint))
+    return f"checkpoint file ({os.path.getsize(checkpoint) / 1e9:.2f} GB, " \
+           f"{'safetensors' if kind == 'safetensors' else 'torch.save'})"
 
 
 def main() -> None:
@@ -50,7 +104,24 @@ def main() -> None:
     p.add_argument("--scale-frames", type=int, default=8)
     p.add_argument("--sliding-window", type=int, default=64)
     p.add_argument("--json", default="", metavar="FILE", help="write the first_pose row (run-of-record shape)")
+    p.add_argument("--checkpoint", default="", metavar="FILE",
+                   help="load the model from this checkpoint (.safetensors/.pt/.pth with the official key names, "
+                        "--preset's shapes) as a robot does; default: random weights drawn in the timed process")
+    p.add_argument("--write-checkpoint", default="", metavar="FILE",
+                   help="set-up, untimed: write --preset's seeded random weights as a .safetensors checkpoint "
+                        "to FILE (drawn on --device) and exit")
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                   help="--write-checkpoint's tensor dtype (default float32, the official checkpoint files' "
+                        "dtype: 4.6 GB for full; bfloat16 halves it). The timed run computes in bf16 on a GPU, "
+                        "fp32 on the CPU, whatever the file holds")
     args = p.parse_args()
+    if args.write_checkpoint:
+        if args.checkpoint:
+            p.error("--write-checkpoint writes a checkpoint and exits; time the run with --checkpoint afterwards")
+        write_checkpoint(Path(args.write_checkpoint), args.preset, args.dtype or "float32", args.device)
+        return
+    if args.dtype:
+        p.error("--dtype is the dtype --write-checkpoint writes; the timed run computes in the device's dtype")
 
     def since_start() -> float:
         return _AT_MODULE_START + time.perf_counter() - _MODULE_START
@@ -59,6 +130,7 @@ def main() -> None:
 
     from lingbot_map_ros.core.config import RuntimeConfig, StreamConfig
     from lingbot_map_ros.core.kernel_cache import use_kernel_cache
+    from lingbot_map_ros.core.model.checkpoint import CheckpointError
     from lingbot_map_ros.core.model_host import ModelHost
     from lingbot_map_ros.core.session_manager import SessionManager
 
@@ -81,15 +153,19 @@ def main() -> None:
 
         graph_cls.capture_begin, graph_cls.capture_end = timed_begin, timed_end
     on_cuda = args.device.startswith("cuda")
-    settings = RuntimeConfig(device=args.device, model_preset=args.preset, dtype="bfloat16" if on_cuda else "float32")
-    base = ModelHost.load(settings, log=lambda m: None)
+    settings = RuntimeConfig(device=args.device, model_preset=args.preset, dtype="bfloat16" if on_cuda else "float32",
+                             checkpoint=args.checkpoint)
+    try:
+        base = ModelHost.load(settings, log=lambda m: print(m, file=sys.stderr))
+    except CheckpointError as exc:
+        sys.exit(f"first_pose.py: {exc}")
     if on_cuda:
         torch.cuda.synchronize()
     loaded = since_start()
     stream = StreamConfig(scale_frames=args.scale_frames, sliding_window=args.sliding_window,
                           with_depth=args.heads == "depth+camera")
     manager = SessionManager.around(base.model, base.cfg, stream, base.resolved, log=lambda m: None,
-                                    settings=settings, random_weights=base.info.random_weights)
+                                    settings=settings, random_weights=base.random_weights)
     gen = torch.Generator().manual_seed(0)
     frames = [torch.rand(3, args.height, args.width, generator=gen) for _ in range(4)]
     marks: dict[str, float] = {}
@@ -114,7 +190,7 @@ def main() -> None:
            "heads": args.heads, "path": "default", "attention": base.resolved.attention,
            "seconds": round(marks["first_pose"], 2), "first_graph_pose_s": round(marks["first_graph_pose"], 2),
            "window_full_s": round(marks["window_full"], 2), "import_s": round(imported, 2),
-           "model_load_s": round(loaded - imported, 2),
+           "model_load_s": round(loaded - imported, 2), "weights": weights_of(args.checkpoint, base.random_weights),
            "first_step_compile_capture_s": round(first_step_ms / 1e3, 2),
            # the first one-frame step split: its graph captures, and the rest (Inductor, the Triton JIT, warm-up)
            "capture_s": round(first_capture_s, 2) if on_cuda else None,
@@ -122,14 +198,16 @@ def main() -> None:
            "longest_later_frame_ms": round(longest_ms, 1), "excludes": "ROS transport and camera pacing",
            "cache_folders": folders}
     print(f"time to first pose ({args.caches} caches, {row['geometry']}, {args.heads}, {base.resolved.attention}): "
-          f"process start -> imports {row['import_s']} s -> model {row['model_load_s']} s more -> first poses "
+          f"process start -> imports {row['import_s']} s -> model ({row['weights']}) {row['model_load_s']} s more "
+          f"-> first poses "
           f"(scale frames) at {row['seconds']} s -> first one-frame pose at {row['first_graph_pose_s']} s "
           f"(its step {row['first_step_compile_capture_s']} s: compile + capture) -> window full at "
           f"{row['window_full_s']} s; longest later frame {row['longest_later_frame_ms']} ms; done at {steady:.1f} s")
     if args.json:  # with the set-up, so that a run of record made of first-pose parts alone has one
+        from lingbot_map_ros.core.files import atomic_open
         from lingbot_map_ros.tools.bench import setup_facts
 
-        with open(args.json, "w") as f:
+        with atomic_open(args.json, "w") as f:
             json.dump({"setup": setup_facts(torch.device(args.device)), "rows": [row]}, f, indent=1)
 
 

@@ -11,7 +11,9 @@
 # every step below at the three camera geometries, which takes two or three calls: name a part per call and
 # merge their files with bench/record.py):
 #   tests            the GPU tests (GPU_TESTS_K: a pytest -k expression to run a part)
-#   first:WxH        time to first pose with the kernel cache emptied (cold), then kept (warm)
+#   first:WxH        time to first pose with the kernel cache emptied (cold), then kept (warm), the model read
+#                    from a checkpoint file as a robot reads it (FIRST_CKPT, default a float32 .safetensors of the
+#                    preset's random weights in /tmp, written once by an untimed step of its own)
 #   grid:WxH         the default and the portable path, depth + camera and camera only
 #   load:WxH         the default with half of the host's cores busy
 #   long:WxH         1,000 frames of the default (memory growth)
@@ -42,10 +44,15 @@ bench() {  # bench GEOMETRY ARGS...: lingbot_map_bench at the run-of-record sett
   python3 -m lingbot_map_ros.tools.bench --model-preset "$PRESET" --device "$DEVICE" --dtype "$DTYPE" \
     --scale-frames "$SCALE" --sliding-window "$WINDOW" --height "$H" --width "$W" --camera-iterations 4 "${@:2}"
 }
-first_pose() {  # first_pose GEOMETRY ARGS...
+export FIRST_CKPT=${FIRST_CKPT:-/tmp/first_pose_ckpt/${PRESET}_float32.safetensors}
+first_pose_checkpoint() {  # the checkpoint file the first-pose runs read (written once, untimed)
+  if [ -f "$FIRST_CKPT" ]; then echo "checkpoint $FIRST_CKPT: there already"; return; fi
+  python3 bench/first_pose.py --write-checkpoint "$FIRST_CKPT" --preset "$PRESET" --device "$DEVICE" --dtype float32
+}
+first_pose() {  # first_pose GEOMETRY ARGS...: timed, the model loaded from $FIRST_CKPT
   geometry "$1"
   python3 bench/first_pose.py --device "$DEVICE" --preset "$PRESET" --scale-frames "$SCALE" --sliding-window "$WINDOW" \
-    --height "$H" --width "$W" "${@:2}"
+    --height "$H" --width "$W" --checkpoint "$FIRST_CKPT" "${@:2}"
 }
 with_flashinfer() {  # with_flashinfer COMMAND...: the command with FlashInfer importable (the official code needs it)
   if [ ! -d /tmp/site_fi ]; then
@@ -91,7 +98,7 @@ record)
     official:518x294 load:518x378 long:518x378 tests
   # RESUME=1 (a later call on the same warm machine): keep the parts, skip the steps that finished before
   PARTS=/tmp/parts_$NAME; [ -n "${RESUME:-}" ] || rm -rf "$PARTS"; mkdir -p "$PARTS"
-  export -f geometry bench first_pose with_flashinfer official gpu_tests streams
+  export -f geometry bench first_pose_checkpoint first_pose with_flashinfer official gpu_tests streams
   LOG="$OUT/$NAME.log"
   END=$(( SECONDS + ${RECORD_S:-570} ))
   step() {  # step SECONDS NAME COMMAND...: run under min(SECONDS, what is left), or skip
@@ -100,7 +107,7 @@ record)
     if [ "$left" -lt 25 ]; then echo "SKIPPED $name: ${left}s left in the call" | tee -a "$LOG"; CUT=1; return; fi
     local limit=$(( want < left ? want : left )) t0=$SECONDS
     echo "== $name (limit ${limit}s)" | tee -a "$LOG"
-    timeout "$limit" bash -c '"$@"' _ "$@" 2>&1 | grep -vE "^\s*$|Warning|warn\(" | tee -a "$LOG" | grep -E "^\||time to first|passed|failed|FAILED|rror|official_bench|frames [0-9]+:"
+    timeout "$limit" bash -c '"$@"' _ "$@" 2>&1 | grep -vE "^\s*$|Warning|warn\(" | tee -a "$LOG" | grep -E "^\||time to first|^wrote|^checkpoint|passed|failed|FAILED|rror|official_bench|frames [0-9]+:"
     echo "== $name: rc ${PIPESTATUS[0]}, $(( SECONDS - t0 ))s" | tee -a "$LOG"
   }
   for s in "$@"; do
@@ -109,6 +116,7 @@ record)
     case "$kind" in
     tests) step "${TESTS_S:-200}" tests gpu_tests ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} ;;
     first)
+      step 120 "first pose checkpoint" first_pose_checkpoint
       geometry "$g"; rm -rf "$LINGBOT_MAP_CACHE_DIR"
       step "${FIRST_S:-240}" "first pose cold $g" first_pose "$g" --caches cold --json "$PARTS/first_cold_$g.json"
       step 120 "first pose warm $g" first_pose "$g" --caches warm --json "$PARTS/first_warm_$g.json" ;;

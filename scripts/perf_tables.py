@@ -68,6 +68,7 @@ CHOICES = {"heads": ("depth+camera", "camera"), "load": ("idle", "host load"), "
 PATH_NAMES = {"default": "ours, the default path", "portable": "ours, the portable path",
               "official": "official (FlashInfer + `torch.compile`)"}
 HEADS_NAMES = {"depth+camera": "depth + camera", "camera": "camera only"}
+RANDOM_WEIGHTS = "random (drawn in process)"  # a first_pose row without "weights" (bench/first_pose.py)
 
 
 class RunFileError(ValueError):
@@ -329,13 +330,17 @@ def section_first_pose(runs: list[Run]) -> str:
                                CHOICES["caches"].index(rr[1]["caches"]), rr[0].date))
     rows = [[geometry_cell(row.get("geometry", "")), HEADS_NAMES.get(row.get("heads"), ""), row["caches"],
              num(row["seconds"], 1), num(row.get("first_graph_pose_s"), 1), num(row["model_load_s"], 1),
-             num(row["compile_s"], 1), num(row["capture_s"], 1), run_cell(run)] for run, row in found]
+             row.get("weights", RANDOM_WEIGHTS), num(row["compile_s"], 1), num(row["capture_s"], 1), run_cell(run)]
+            for run, row in found]
     return ("## Time to first pose\n\nFrom the start of the process to the first poses (the scale frames', "
             "together) and to the first frame after them (one-frame step: its kernels compiled and its CUDA "
             "graphs captured, split into the two where the run measured them); \"cold\": no compiled kernels "
-            "on the machine yet (the kernel cache empty), \"warm\": a second start.\n\n"
+            "on the machine yet (the kernel cache empty), \"warm\": a second start. \"weights\" says what the "
+            "model load holds: a checkpoint file read, cast to the compute dtype and moved to the GPU (as on a "
+            "robot; the file holds random weights of the official names and shapes), or random weights drawn "
+            "in the process.\n\n"
             + table(["input", "heads", "caches", "first pose s", "first one-frame pose s", "model load s",
-                     "compile s", "graph capture s", "run"], rows, "lllrrrrrl"))
+                     "weights", "compile s", "graph capture s", "run"], rows, "lllrrrlrrl"))
 
 
 def section_streams(runs: list[Run]) -> str:
