@@ -40,3 +40,5 @@ def test_node_overhead_has_a_row_per_measure_and_a_column_per_camera(tmp_path, r
     # the steady state: the primary created the world and drives, no hand-over (every frame processed: above)
     assert "/tf): cam0 true, cam1 false; last hand-over: none" in out, out
     assert re.search(r"worst camera median [\d.]+ ms: (meets|MISSES) the <= 0.5 ms target", out), out
+    host = re.search(r"this host: .* ([\d.]+) us right after another, ([\d.]+) us after a 20 ms pause", out)
+    assert host is not None and 0 < float(host.group(1)) and 0 < float(host.group(2)), out
