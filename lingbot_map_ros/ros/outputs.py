@@ -238,5 +238,5 @@ class ResultPublisher:
         header = frame.header
         publish_ms = (time.perf_counter() - t0) * 1e3
         counts, overhead_ms = self._ledger.processed(r, frame, session_id, publish_ms, note)
-        self._stats_pub.publish(rosmsg.cache_stats(r, header.stamp, world, session_id, counts, overhead_ms,
-                                                   manager.host.info))
+        self._stats_pub.publish(rosmsg.cache_stats_encoded(r, header.stamp, world, session_id, counts, overhead_ms,
+                                                           manager.host.info))
