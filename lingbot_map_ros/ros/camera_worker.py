@@ -23,6 +23,7 @@ from ..core.geometry import body_twist
 from ..core.rig import Rig, RigPlacement
 from ..core.settings import RUNTIME_FIELDS, STREAM_FIELDS
 from . import messages as rosmsg
+from .commands import Command, CommandInbox, CommandResult, PendingCommand
 from .frames import Frame, InputRejected, stamp_sec
 from .node_settings import SettingsSource
 from .robot_frames import Withheld
@@ -49,7 +50,7 @@ class CameraGroupWorker:
         self._on_view = on_view
         self._context_ok = context_ok
         self.cond = next(iter(channels.values())).queue.cond
-        self._commands: list = []
+        self._commands = CommandInbox(self.cond)
         self._stop = False
         self._thread: Optional[threading.Thread] = None
         self._previous_body: Optional[tuple[float, np.ndarray]] = None
@@ -70,25 +71,19 @@ class CameraGroupWorker:
         if thread is not None and thread.is_alive() and thread is not threading.current_thread():
             thread.join(timeout)
 
-    def submit(self, command: tuple, wait: float = 0.0) -> Any:
-        done = threading.Event()
-        box: dict = {}
-        with self.cond:
-            self._commands.append((command, done, box))
-            self.cond.notify_all()
-        if wait > 0 and done.wait(wait):
-            return box.get("result")
-        return None
+    def submit(self, command: Command, wait: float = 0.0) -> Optional[CommandResult]:
+        """Queue ``command`` for the next gap between ticks; with ``wait`` > 0 wait that long for its result."""
+        return self._commands.submit(command, wait)
 
     def _loop(self) -> None:
         while True:
             with self.cond:
-                while (not self._stop and not self._commands
+                while (not self._stop and not self._commands.waiting
                        and not any(c.queue.waiting for c in self.channels.values())):
                     self.cond.wait(0.5)
                 if self._stop:
                     return
-                commands, self._commands = self._commands, []
+                commands = self._commands.take()
             for command in commands:
                 self._run_command(command)
             frames = {name: f for name, c in self.channels.items() if (f := c.queue.take()) is not None}
@@ -265,33 +260,34 @@ class CameraGroupWorker:
             self._log.info(f"camera {channel.name}: new session {start.session_id}: {start.reason}")
         return started
 
-    def _run_command(self, item) -> None:
+    def _run_command(self, pending: PendingCommand) -> None:
         """A command (``ros/commands.py``) between two ticks; its ``CommandResult`` goes back to the caller."""
         from ..core.session_events import SessionCause
-        from .commands import ApplyParameters, CommandResult, LoadSession, Reset, SaveSession
+        from .commands import ApplyParameters, LoadSession, Reset, SaveSession
 
-        command, done, box = item
+        command = pending.command
+        result = CommandResult(False, "not run")
         try:
             if isinstance(command, Reset):  # every stream, one new world
                 for name in self.channels:
                     self.group.manager(name).reset(command.reason, SessionCause.RESET)
                 self._new_world()
                 self._on_view()
-                box["result"] = CommandResult(True, f"every camera's stream restarted ({', '.join(self.channels)}): "
-                                                    "a new world frame")
+                result = CommandResult(True, f"every camera's stream restarted ({', '.join(self.channels)}): "
+                                             "a new world frame")
             elif isinstance(command, SaveSession):
-                box["result"] = CommandResult(True, "captured", capture=self.capture())
+                result = CommandResult(True, "captured", capture=self.capture())
             elif isinstance(command, LoadSession):
-                box["result"] = CommandResult(True, self.load(command.source))
+                result = CommandResult(True, self.load(command.source))
             elif isinstance(command, ApplyParameters):
-                box["result"] = self._apply_parameters(command.changed)
+                result = self._apply_parameters(command.changed)
             else:
-                box["result"] = CommandResult(False, f"{type(command).__name__} is not a command of the cameras mode")
+                result = CommandResult(False, f"{type(command).__name__} is not a command of the cameras mode")
         except Exception as exc:  # noqa: BLE001 - a command's failure is its answer
             self._log.error(f"{type(command).__name__} failed: {type(exc).__name__}: {exc}")
-            box["result"] = CommandResult(False, str(exc))
+            result = CommandResult(False, str(exc))
         finally:
-            done.set()
+            pending.answer(result)
 
     def _apply_parameters(self, changed: tuple[str, ...]):
         """A change of model or stream settings (the settings table's ``applies``), for every camera at

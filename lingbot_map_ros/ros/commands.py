@@ -1,12 +1,15 @@
 """The commands other threads hand the inference thread, and what each one returns.
 
-A command runs between two frames on the inference thread (``inference.WorkQueue``), so a session
-change never races a frame inside the model. Every command answers with one ``CommandResult``: whether
-it did what it was asked and the sentence to show for it (a service's message, a log line), and for a
-save the copy of the session that the caller writes off the inference thread.
+A command runs between two frames (two ticks with several cameras) on the inference thread, so a
+session change never races a frame inside the model. Other threads hand it over through a
+``CommandInbox``, which shares the condition the inference thread sleeps on with its frame queues.
+Every command answers with one ``CommandResult``: whether it did what it was asked and the sentence to
+show for it (a service's message, a log line), and for a save the copy of the session that the caller
+writes off the inference thread.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Union
 
@@ -53,4 +56,50 @@ class CommandResult:
     capture: Optional["SessionCapture"] = None
 
 
-__all__ = ["ApplyParameters", "Command", "CommandResult", "LoadSession", "Reset", "SaveSession"]
+class PendingCommand:
+    """A command handed to the inference thread, and its caller's wait for the answer."""
+
+    def __init__(self, command: Command):
+        self.command = command
+        self._done = threading.Event()
+        self._result: Optional[CommandResult] = None
+
+    def answer(self, result: CommandResult) -> None:
+        """The inference thread's answer (exactly once, also when the command raised)."""
+        self._result = result
+        self._done.set()
+
+    def wait(self, timeout: float) -> Optional[CommandResult]:
+        """The answer, or None when it did not come within ``timeout`` s (the command still runs)."""
+        return self._result if self._done.wait(timeout) else None
+
+
+class CommandInbox:
+    """The commands waiting for the inference thread, on the condition it sleeps on (``cond``, shared with
+    its frame queues, so a command wakes it as a frame does)."""
+
+    def __init__(self, cond: threading.Condition):
+        self._cond = cond
+        self._waiting: list[PendingCommand] = []
+
+    def submit(self, command: Command, wait: float = 0.0) -> Optional[CommandResult]:
+        """Queue ``command``; with ``wait`` > 0 wait that long for its result (None: not yet)."""
+        pending = PendingCommand(command)
+        with self._cond:
+            self._waiting.append(pending)
+            self._cond.notify_all()
+        return pending.wait(wait) if wait > 0 else None
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a command waits (read with the condition held)."""
+        return bool(self._waiting)
+
+    def take(self) -> list[PendingCommand]:
+        """Every waiting command, oldest first (called with the condition held)."""
+        taken, self._waiting = self._waiting, []
+        return taken
+
+
+__all__ = ["ApplyParameters", "Command", "CommandInbox", "CommandResult", "LoadSession", "PendingCommand", "Reset",
+           "SaveSession"]

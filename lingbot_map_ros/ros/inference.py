@@ -23,7 +23,16 @@ from lingbot_map_ros.msg import FrameStatus
 from ..core.session_errors import SessionError
 from ..core.session_manager import Change, InferenceFailed, ManagerView, SessionCause, SessionStart
 from ..core.session_store import PreparedSession, SessionCapture
-from .commands import ApplyParameters, Command, CommandResult, LoadSession, Reset, SaveSession
+from .commands import (
+    ApplyParameters,
+    Command,
+    CommandInbox,
+    CommandResult,
+    LoadSession,
+    PendingCommand,
+    Reset,
+    SaveSession,
+)
 from .frames import Frame, FrameLedger, InputRejected, LatestFrame, stamp_sec
 from .input_size import InputSize
 from .node_settings import SettingsSource
@@ -74,28 +83,21 @@ class WorkQueue:
     def __init__(self, ledger: FrameLedger):
         self._cond = threading.Condition()
         self.frames = LatestFrame(ledger, REPLACED_BEFORE_INFERENCE, cond=self._cond)
-        self._commands: list = []
+        self.commands = CommandInbox(self._cond)
         self._stop = False
 
     def submit(self, command: Command, wait: float = 0.0) -> Optional[CommandResult]:
         """Queue ``command``; with ``wait`` > 0 wait that long for its result (None: not yet)."""
-        done = threading.Event()
-        box: dict = {}
-        with self._cond:
-            self._commands.append((command, done, box))
-            self._cond.notify_all()
-        if wait > 0 and done.wait(wait):
-            return box.get("result")
-        return None
+        return self.commands.submit(command, wait)
 
-    def next(self) -> Optional[tuple[list, Optional[Frame]]]:
+    def next(self) -> Optional[tuple[list[PendingCommand], Optional[Frame]]]:
         """Block until there is work: (commands, None) or ([], frame); None once stopped."""
         with self._cond:
-            while not self._stop and not self.frames.waiting and not self._commands:
+            while not self._stop and not self.frames.waiting and not self.commands.waiting:
                 self._cond.wait(0.5)
             if self._stop:
                 return None
-            commands, self._commands = self._commands, []
+            commands = self.commands.take()
             return (commands, None) if commands else ([], self.frames.take())
 
     def stop(self) -> None:
@@ -243,26 +245,27 @@ class InferenceWorker:
             self.manager.reset(f"{limit} consecutive frames with non-finite output", SessionCause.NON_FINITE)
 
     # ------------------------------------------------------------------ commands
-    def _run_command(self, item) -> None:
-        command, done, box = item
+    def _run_command(self, pending: PendingCommand) -> None:
+        command = pending.command
+        result = CommandResult(False, "not run")
         try:
             if isinstance(command, Reset):
                 self.manager.reset(command.reason, SessionCause.RESET)
-                box["result"] = CommandResult(True, f"session {self.manager.session_id} started (new world frame)")
+                result = CommandResult(True, f"session {self.manager.session_id} started (new world frame)")
             elif isinstance(command, ApplyParameters):
-                box["result"] = self._apply_parameters(list(command.changed))
+                result = self._apply_parameters(list(command.changed))
             elif isinstance(command, SaveSession):
-                box["result"] = CommandResult(True, "session copied", capture=self.capture_session())
+                result = CommandResult(True, "session copied", capture=self.capture_session())
             elif isinstance(command, LoadSession):
-                box["result"] = CommandResult(True, self.load_session(command.source))
+                result = CommandResult(True, self.load_session(command.source))
             else:
                 raise TypeError(f"not a command: {command!r}")
         except Exception as exc:
             name = type(command).__name__
             self._ledger.record_error(f"{name} failed: {type(exc).__name__}: {exc}", exc)
-            box["result"] = CommandResult(False, str(exc))
+            result = CommandResult(False, str(exc))
         finally:
-            done.set()
+            pending.answer(result)
 
     def _apply_parameters(self, changed: list[str]) -> CommandResult:
         """Hand the new settings to the session manager; it decides what they need."""
