@@ -155,17 +155,6 @@ def path_bytes_agree() -> bool:
     return True
 
 
-def tf_message(pose: PoseStamped, child_frame: str) -> TFMessage:
-    """The /tf message for ``pose``: ``pose``'s frame -> ``child_frame``."""
-    tf = TransformStamped()
-    tf.header = pose.header
-    tf.child_frame_id = child_frame
-    t = tf.transform.translation
-    t.x, t.y, t.z = pose.pose.position.x, pose.pose.position.y, pose.pose.position.z
-    tf.transform.rotation = pose.pose.orientation
-    return TFMessage(transforms=[tf])
-
-
 def transform_stamped(matrix: np.ndarray, stamp: TimeMsg, parent: str, child: str) -> TransformStamped:
     """``parent -> child`` (the pose [4, 4] of ``child`` in ``parent``) at ``stamp``, for /tf."""
     m = np.asarray(matrix, dtype=np.float64)

@@ -91,7 +91,7 @@ class FrameTree:
         # own sends per edge: stamp ns -> (translation, quaternion), the oldest forgotten first
         self._sent: dict[tuple[str, str], collections.OrderedDict] = {}
         self._foreign: dict[tuple[str, str], float] = {}  # own edge -> time.monotonic() another node's was seen
-        self._latest: Optional[tuple[str, str, np.ndarray]] = None  # the correction the timer re-sends
+        self._latest: Optional[tuple[str, str, tuple]] = None  # the correction the timer re-sends (its values)
         self.repeating = False  # the node sets it while active
         self._tolerance = tolerance
         # node None: a recording's tree (lingbot_map_offline --bag), fed through ``take`` and never published
@@ -207,13 +207,14 @@ class FrameTree:
         ``world -> base``, not a camera pose): kept for the timer, and with the timer on sent at once
         stamped ``now + transform_tolerance`` too (so the newest future-stamped sample carries it), in the
         same /tf message."""
+        values = rosmsg.transform_values(matrix)  # once: the timer re-sends these numbers
         with self._lock:
             if repeat:
-                self._latest = (parent, child, matrix)
+                self._latest = (parent, child, values)
         stamps = [stamp]
         if repeat and self._repeat_timer is not None and self.repeating:
             stamps.append(self._ahead())
-        self._publish(parent, child, stamps, matrix)
+        self._publish(parent, child, stamps, values)
 
     def forget(self) -> None:
         """A new session: the old correction places nothing in the new world; nothing is re-sent until
@@ -236,10 +237,9 @@ class FrameTree:
         sec, nanosec = divmod(ns, 10**9)
         return TimeMsg(sec=sec, nanosec=nanosec)
 
-    def _publish(self, parent: str, child: str, stamps: list, matrix: np.ndarray) -> None:
-        """``parent -> child`` = ``matrix`` at each of ``stamps``, in one /tf message (one conversion of the
-        matrix, one send, through the broadcaster's own /tf publisher)."""
-        values = rosmsg.transform_values(matrix)
+    def _publish(self, parent: str, child: str, stamps: list, values: tuple) -> None:
+        """``parent -> child`` with ``transform_values`` ``values`` at each of ``stamps``, in one /tf message
+        (one send, through the broadcaster's own /tf publisher)."""
         with self._lock:  # remembered before it goes out: its echo may come back at once
             sent = self._sent.setdefault((parent, child), collections.OrderedDict())
             for s in stamps:
