@@ -14,7 +14,8 @@
 #   first:WxH        time to first pose with the kernel cache emptied (cold), then kept (warm), the model read
 #                    from a checkpoint file as a robot reads it (FIRST_CKPT, default a float32 .safetensors of the
 #                    preset's random weights in /tmp, written once by an untimed step of its own)
-#   grid:WxH         the default and the portable path, depth + camera and camera only
+#   grid:WxH         the default and the portable path, depth + camera and camera only (GRID_VARIANTS,
+#                    GRID_HEADS: other bench variants and heads, e.g. auto,auto+wholerows for an A/B)
 #   load:WxH         the default with half of the host's cores busy
 #   long:WxH         1,000 frames of the default (memory growth)
 #   official:WxH     the official code (FlashInfer, its torch.compile recipe)
@@ -120,7 +121,8 @@ record)
       geometry "$g"; rm -rf "$LINGBOT_MAP_CACHE_DIR"
       step "${FIRST_S:-240}" "first pose cold $g" first_pose "$g" --caches cold --json "$PARTS/first_cold_$g.json"
       step 120 "first pose warm $g" first_pose "$g" --caches warm --json "$PARTS/first_warm_$g.json" ;;
-    grid) step "${GRID_S:-180}" "grid $g" bench "$g" --frames 208 --heads depth+camera,camera --variants auto,portable --json "$PARTS/grid_$g.json" ;;
+    grid) step "${GRID_S:-180}" "grid $g" bench "$g" --frames 208 --heads "${GRID_HEADS:-depth+camera,camera}" \
+            --variants "${GRID_VARIANTS:-auto,portable}" --json "$PARTS/grid_$g.json" ;;
     load)
       BUSY=$(( $(nproc) / 2 )); PIDS=()
       for _ in $(seq "$BUSY"); do timeout 200 python3 -c 'while True: pass' & PIDS+=($!); done

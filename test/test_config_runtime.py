@@ -153,6 +153,7 @@ def test_bench_variants_parse_into_overrides_the_node_never_sees():
     assert parse_variant("auto+torchstep+singles@sm110")[2] == BenchOverrides(
         capability=(11, 0), step_kernels="torch", gluon_pairs=False)
     assert parse_variant("auto+pairs+parts9")[2] == BenchOverrides(gluon_pairs=True, kv_parts=9)
+    assert parse_variant("auto+wholerows")[2] == BenchOverrides(whole_rows=True)
     assert parse_variant("sdpa:split+graph+compile+cudnnprefix") == (
         "sdpa:split", ["graph", "compile"], BenchOverrides(prefix_kernel="sdpa"))
     assert variant_runtime("auto", cpu, torch.float32) == runtime.resolve_for(cpu, torch.float32)
@@ -294,18 +295,27 @@ def test_step_kernels_resolve_with_a_reason_and_name_themselves() -> None:
 
 
 def test_bench_kernel_constants_hold_for_one_variant_and_are_restored():
-    """``+partsN`` and ``+pairs`` set the split kernel's key ranges and the Gluon layout for one variant's
-    run only: inside, the factory's choice function answers N; after, the shape-based choices are back."""
+    """``+partsN``, ``+pairs`` and ``+wholerows`` set the split kernel's key ranges, the Gluon layout and one
+    call over every query row for one variant's run only: inside, the factory's choice functions answer
+    so; after, the shape-based choices are back."""
     pytest.importorskip("triton.experimental.gluon")
-    from lingbot_map_ros.core.cache import gluon_runs, split_backend
+    from lingbot_map_ros.core.cache import gluon_runs, runs_plan, split_backend
     from lingbot_map_ros.tools.bench import kernel_constants, parse_variant
 
     choose, pairs = split_backend.auto_kv_splits, gluon_runs.PAIRS
+    def cut(parts: int) -> bool:  # the runs plan of a 518x392 frame on an H200
+        return runs_plan.plan_runs(1042, 16, 132, parts, query_tile=64, blocks_per_sm=2, pair_tile=128).ragged
+
+    assert runs_plan.RAGGED_TAIL is None and cut(12)
     with kernel_constants(parse_variant("auto+pairs+parts11")[2]):
         assert split_backend.auto_kv_splits(1042, 16, 132, 72, query_tile=64, blocks_per_sm=2) == 11
         assert gluon_runs.PAIRS is True
-    assert split_backend.auto_kv_splits is choose and gluon_runs.PAIRS is pairs
+        assert not cut(11)  # +partsN names one call over every row
+    assert split_backend.auto_kv_splits is choose and gluon_runs.PAIRS is pairs and runs_plan.RAGGED_TAIL is None
     assert choose(1042, 16, 132, 72, query_tile=64, blocks_per_sm=2) == 12  # two waves of 272 programs, cut 12 ways
+    with kernel_constants(parse_variant("auto+wholerows")[2]):
+        assert not cut(12) and split_backend.auto_kv_splits is choose
+    assert cut(12)
     with pytest.raises(RuntimeError), kernel_constants(parse_variant("auto+parts3")[2]):
         raise RuntimeError("a failing variant")
-    assert split_backend.auto_kv_splits is choose
+    assert split_backend.auto_kv_splits is choose and runs_plan.RAGGED_TAIL is None

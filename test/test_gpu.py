@@ -74,11 +74,12 @@ def make_caches(page_size, dtype, scale, window, kinds):
 
             pools = dict(num_patch_pages=scale + window + 1, special_pages=-(-SPECIALS * 40 // page_size))
             cache = PagedKVCache(**common, backend="sdpa", allocation="lowest", **pools)
+            prefix = "triton" if "triton" in kind else "gluon" if "gluon" in kind else "sdpa"
             cache.single_frame_backend = SplitPrefixBackend(
                 page_size=page_size, num_patch_pages=cache.table.num_patch_pages, num_pages=cache.table.num_pages,
                 num_heads=H, head_dim=D, dtype=dtype, device="cuda", kernel="cudnn",
                 fuse_merge=kind.endswith("fused"), kv_splits=5 if kind.endswith("kv") else 1,  # kv: 5 ranges of 1 page
-                prefix_kernel="triton" if "triton" in kind else "gluon" if "gluon" in kind else "sdpa")
+                prefix_kernel=prefix, runs_plan=cut_plan(tokens, prefix) if kind.endswith("cut") else None)
             caches[kind] = cache
         elif kind == "sdpa-static":
             static = StaticSdpaBackend(page_size=page_size, num_heads=H, head_dim=D,
@@ -95,6 +96,19 @@ def make_caches(page_size, dtype, scale, window, kinds):
                                        max_query_tokens=tokens) if graph else None
             caches[kind] = PagedKVCache(**common, backend=eager, single_frame_backend=single)
     return caches
+
+
+def cut_plan(tokens: int, prefix_kernel: str):
+    """The frame's rows cut as ``runs_plan.plan_runs`` cuts them on this GPU (1042 queries on an H200: 1024
+    rows in one wave of whole tiles, 18 in 16 key ranges), or, where it keeps one call, at row 512 with the
+    rest in 7 ranges: the cut's calls and offsets at every frame size."""
+    from lingbot_map_ros.core.cache.runs_plan import RunsCall, RunsPlan, plan_runs
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    pair_tile = 128 if prefix_kernel == "gluon" else 0
+    plan = plan_runs(tokens, H, sms, 1, query_tile=64, blocks_per_sm=2, pair_tile=pair_tile)
+    fixed = RunsPlan(tokens, (RunsCall(0, 512, 1), RunsCall(512, tokens - 512, 7)), "a test cut")
+    return plan if plan.ragged else fixed
 
 
 def run_stream(page_size, dtype, kinds, steps=12, scale=2, window=3, seed=0):
@@ -163,9 +177,13 @@ def _gluon_unusable() -> str:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_split_backend_with_our_runs_kernel_matches_float64(kernel, page_size, dtype):
     """The split backend with every visible key read by one call of our kernel over the runs (Triton
-    or Gluon; one part, five parts merged, fused or not), against float64 and at least as close as with
-    cuDNN's prefix + tail, through a filling and a full window."""
-    kinds = ["sdpa-split", f"sdpa-split-{kernel}", f"sdpa-split-{kernel}-fused", f"sdpa-split-{kernel}-kv"]
+    or Gluon; one part, five parts merged, fused or not), or by the calls of a plan that cuts the rows
+    (``cut_plan``: at 1042 queries the one the node runs on this GPU), against float64 and at least as
+    close as with cuDNN's prefix + tail, through a filling and a full window."""
+    kinds = ["sdpa-split", f"sdpa-split-{kernel}", f"sdpa-split-{kernel}-fused", f"sdpa-split-{kernel}-kv",
+             f"sdpa-split-{kernel}-cut"]
+    if page_size == 1036 and torch.cuda.get_device_properties(0).multi_processor_count == 132:
+        assert [(c.rows, c.parts) for c in cut_plan(SPECIALS + page_size, kernel).calls] == [(1024, 1), (18, 16)]
     worst, modes = run_stream(page_size, dtype, kinds, steps=16)
     limit = 1e-2 if dtype == torch.bfloat16 else 2e-3
     print(f"page {page_size} {dtype} {kernel}: {worst}")

@@ -8,6 +8,7 @@ prefix once it is full.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import pytest
@@ -176,3 +177,59 @@ def test_auto_key_ranges_follow_the_waves_of_thread_blocks() -> None:
         assert times[chosen] == min(times.values()) < times[1]
     assert auto_kv_splits(1042, 16, 0, 72) == 1  # no SM count (the CPU kernel): one range
     assert auto_kv_splits(1042, 16, 132, 13) == 1  # 13 pages: no divisor but 1 and 13 (> 12)
+
+
+def test_the_runs_plan_cuts_only_frames_whose_programs_spill_into_another_wave() -> None:
+    """``plan_runs`` against the wave model and what the H200 runs: 518x378 (1005 queries) and 518x294
+    (777) keep one call in the parts ``auto_kv_splits`` picks; 518x392 (1042) is cut into the 1024 rows
+    that 8 two-warpgroup tiles x 16 heads hold in one wave of 132 SMs (Triton's one-warpgroup kernel: 16
+    tiles of 64, two a SM) and an 18-row tail whose 16 programs a part fill one short wave as 16 parts.
+    Every plan's calls cover each row once, in order, and the cut is chosen only where the model says
+    it is faster than the one call."""
+    from lingbot_map_ros.core.cache.runs_plan import plan_runs
+    from lingbot_map_ros.core.cache.split_backend import auto_kv_splits, waves_time
+
+    def plan(queries, heads=16, sms=132, pair_tile=128, pages=72):
+        parts = auto_kv_splits(queries, heads, sms, pages, query_tile=64, blocks_per_sm=2)
+        return plan_runs(queries, heads, sms, parts, query_tile=64, blocks_per_sm=2, pair_tile=pair_tile), parts
+
+    for queries in (1005, 777):
+        p, parts = plan(queries)
+        assert [(c.start, c.rows, c.parts) for c in p.calls] == [(0, queries, parts)] and not p.ragged
+    for pair_tile in (128, 0):
+        p, parts = plan(1042, pair_tile=pair_tile)
+        assert parts == 12 and [(c.start, c.rows, c.parts) for c in p.calls] == [(0, 1024, 1), (1024, 18, 16)]
+        assert "1024 rows" in p.reason and "16 key ranges" in p.reason
+    assert not plan(1042, sms=0)[0].ragged  # no SM count (the CPU): one call
+    for queries in range(200, 3000, 37):
+        for heads, sms in ((16, 132), (16, 108), (12, 78)):
+            p, parts = plan(queries, heads, sms)
+            rows = [r for c in p.calls for r in range(c.start, c.start + c.rows)]
+            assert rows == list(range(queries)), (queries, p)
+            whole = min(waves_time(parts, -(-queries // 64) * heads, 2 * sms),
+                        waves_time(parts, -(-queries // 128) * heads, sms)
+                        if -(-queries // 128) * heads * parts <= sms else float("inf"))
+            if p.ragged:  # the whole tiles fill one wave, the tail's parts at most one more
+                head, tail = p.calls
+                assert head.parts == 1 and -(-head.rows // 128) * heads <= sms and head.rows % 128 == 0
+                assert 1.0 + waves_time(tail.parts, -(-tail.rows // 64) * heads, 2 * sms) < whole
+
+
+def test_the_factory_plans_our_kernels_calls_and_only_theirs() -> None:
+    """``factory.split_kernel_calls``: cuDNN's prefix gets key ranges by its 128-query tiles and no runs
+    plan; our kernel (Triton, Gluon) gets ranges by its 64-query tiles and a plan that cuts 518x392
+    frames on 132 SMs (and Gluon's two-warpgroup tiles make the same 1024-row cut); the CPU (no SM
+    count) one call in one range."""
+    pytest.importorskip("triton")  # scripts/setup_env.sh installs it; a robot without Triton runs cuDNN's prefix
+    from lingbot_map_ros.core.cache.factory import split_kernel_calls
+    from lingbot_map_ros.core.cache.split_backend import auto_kv_splits
+
+    assert split_kernel_calls("sdpa", 1042, 16, 132, 72) == (auto_kv_splits(1042, 16, 132, 72), None)
+    kernels = ["triton"] + (["gluon"] if importlib.util.find_spec("triton.experimental.gluon") else [])
+    for kernel in kernels:
+        splits, plan = split_kernel_calls(kernel, 1042, 16, 132, 72)
+        assert splits == 12 and [(c.start, c.rows, c.parts) for c in plan.calls] == [(0, 1024, 1), (1024, 18, 16)]
+        splits, plan = split_kernel_calls(kernel, 1005, 16, 132, 72)
+        assert splits == 1 and not plan.ragged and plan.calls[0].rows == 1005
+        splits, plan = split_kernel_calls(kernel, 1042, 16, 0, 72)
+        assert splits == 1 and not plan.ragged

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import sys
+from typing import Optional
 
 import torch
 
@@ -17,7 +18,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 import triton_interpreter  # noqa: E402,F401  (first: the interpreter, mended)
 from attention_reference import drive_one_frame_backend  # noqa: E402
 
-from lingbot_map_ros.core.cache import PagedKVCache  # noqa: E402
+from lingbot_map_ros.core.cache import PagedKVCache, triton_prefix  # noqa: E402
+from lingbot_map_ros.core.cache.runs_plan import RunsCall, RunsPlan  # noqa: E402
 from lingbot_map_ros.core.cache.split_backend import SplitPrefixBackend  # noqa: E402
 from lingbot_map_ros.core.cache.triton_prefix import contiguous_runs, runs_attention  # noqa: E402
 from lingbot_map_ros.core.config import SPECIAL_TOKENS_PER_FRAME  # noqa: E402
@@ -57,9 +59,13 @@ def kernel_errors() -> dict[str, float]:
     return errors
 
 
-def split_backend_modes(prefix_kernel: str, kv_splits: int) -> list[str]:
+RAGGED = RunsPlan(SPECIAL_TOKENS_PER_FRAME + 7, (RunsCall(0, 8, 1), RunsCall(8, 5, 3)), "a cut for the test")
+
+
+def split_backend_modes(prefix_kernel: str, kv_splits: int, runs_plan: Optional[RunsPlan] = None) -> list[str]:
     """A random stream through a PagedKVCache whose split backend reads every visible key with one
-    Triton call over the runs; ``drive_one_frame_backend`` compares every step with float64 attention."""
+    Triton call over the runs (or the calls of ``runs_plan``: 13 queries cut into 8 rows in one part and
+    5 in three); ``drive_one_frame_backend`` compares every step with float64 attention."""
     page, heads, dim, scale, window, steps = 7, 2, 16, 2, 3, 14
     cache = PagedKVCache(2, heads, dim, page, scale, window, max_frame_num=64, dtype=torch.float32, device="cpu",
                          num_patch_pages=scale + window + 1, special_pages=-(-SPECIAL_TOKENS_PER_FRAME
@@ -67,14 +73,30 @@ def split_backend_modes(prefix_kernel: str, kv_splits: int) -> list[str]:
                          allocation="lowest")
     split = SplitPrefixBackend(page_size=page, num_patch_pages=cache.table.num_patch_pages,
                                num_pages=cache.table.num_pages, num_heads=heads, head_dim=dim, dtype=torch.float32,
-                               device="cpu", kernel="cpu", kv_splits=kv_splits, prefix_kernel=prefix_kernel)
+                               device="cpu", kernel="cpu", kv_splits=kv_splits, prefix_kernel=prefix_kernel,
+                               runs_plan=runs_plan)
     seen = drive_one_frame_backend(cache, split, page_size=page, dtype=torch.float32, scale=scale, window=window,
                                    steps=steps, seed=3, keyframe_share=0.6, heads=heads, head_dim=dim)
     return [mode for _, mode in seen]
 
 
+def counted_calls() -> list:
+    """Every call of the kernel from here on, as ``[rows, parts, wrote into a given out]``."""
+    calls = []
+    plain = triton_prefix.runs_attention
+
+    def counting(q, *args, parts=1, out=None, **kwargs):
+        calls.append([q.shape[0], parts, out is not None])
+        return plain(q, *args, parts=parts, out=out, **kwargs)
+
+    triton_prefix.runs_attention = counting
+    return calls
+
+
 if __name__ == "__main__":
-    print(json.dumps({"kernel": kernel_errors(),
-                      "modes": {f"{kernel}/{splits}": split_backend_modes(kernel, splits)
-                                for kernel, splits in (("triton", 1), ("triton", 5))},
+    modes = {f"{kernel}/{splits}": split_backend_modes(kernel, splits)
+             for kernel, splits in (("triton", 1), ("triton", 5))}
+    calls = counted_calls()
+    modes["triton/ragged"] = split_backend_modes("triton", 5, RAGGED)
+    print(json.dumps({"kernel": kernel_errors(), "modes": modes, "ragged_calls": sorted({tuple(c) for c in calls}),
                       "runs": contiguous_runs([4, 0, 1, 2, 7, 8], 3, 10)}))

@@ -394,8 +394,12 @@ class StreamingSession:
         self._kv = build_global_cache(self.runtime, cfg, scfg, page_size, storage=self.page_storage)
         self._camera_kv = build_camera_cache(self.runtime, cfg, scfg)
         self._kv_hw = hw
-        splits = getattr(self._kv.single_frame_backend, "kv_splits", 1)
-        if splits > 1:
+        backend = self._kv.single_frame_backend
+        plan = getattr(backend, "runs_plan", None)
+        splits = getattr(backend, "kv_splits", 1)
+        if plan is not None and plan.ragged:
+            self.log(f"{hw[1]}x{hw[0]} frames: our attention kernel reads {plan.reason}")
+        elif splits > 1:
             self.log(f"{hw[1]}x{hw[0]} frames: the split kernel reads its prefix as {splits} key ranges "
                      "(fewer, fuller waves of thread blocks on the GPU)")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
@@ -28,6 +28,9 @@ from .camera_cache import CameraKVCache
 from .paged import PagedKVCache
 from .pages import EXTRA_PATCH_PAGES, PageTable, visible_patch_pages
 from .sdpa_backend import SdpaBackend, StaticSdpaBackend
+
+if TYPE_CHECKING:
+    from .runs_plan import RunsPlan
 
 # The StreamConfig fields the caches' allocations depend on (pools, camera cache, RoPE rows): a session
 # whose settings change one of them gets new caches. Each is a "session" field of the settings table.
@@ -93,26 +96,44 @@ def make_single_frame_backend(
             max_visible_pages=patch_pages + -(-max_specials // page_size) + 1, max_query_tokens=tokens, **common,
         )
     if rt.sdpa_kernel == "split":
-        from .split_backend import SplitPrefixBackend, auto_kv_splits
+        from .split_backend import SplitPrefixBackend
 
         kernel = "cudnn" if rt.device.type == "cuda" else "cpu"  # cpu: only reached in tests
         # the frame size decides the key ranges: one frame's query tiles x heads against the SMs
         sms = torch.cuda.get_device_properties(rt.device).multi_processor_count if kernel == "cudnn" else 0
-        tiles = {}
-        if rt.prefix_kernel != "sdpa":  # the Triton kernel's tiles (resolve_for made sure Triton imports)
-            from .triton_prefix import BLOCK_M, PROGRAMS_PER_SM
-
-            tiles = dict(query_tile=BLOCK_M, blocks_per_sm=PROGRAMS_PER_SM)
-        splits = auto_kv_splits(tokens, model.num_heads, sms, table.num_patch_pages - 1, **tiles)
+        splits, runs = split_kernel_calls(rt.prefix_kernel, tokens, model.num_heads, sms, table.num_patch_pages - 1)
         return SplitPrefixBackend(page_size=page_size, num_patch_pages=table.num_patch_pages, num_pages=table.num_pages,
                                   kernel=kernel, fuse_merge=rt.compile_blocks, kv_splits=splits,
-                                  prefix_kernel=rt.prefix_kernel, **common)
+                                  prefix_kernel=rt.prefix_kernel, runs_plan=runs, **common)
     if rt.sdpa_kernel == "cudnn":
         from .dense_backend import MaskedDenseBackend
 
         return MaskedDenseBackend(page_size=page_size, num_pages=table.num_pages, kernel="cudnn", **common)
     return StaticSdpaBackend(page_size=page_size, max_keys=patch_pages * page_size + max_specials,
                              num_query_tokens=tokens, **common)
+
+
+def split_kernel_calls(prefix_kernel: str, queries: int, num_heads: int, num_sms: int,
+                       prefix_pages: int) -> tuple[int, Optional["RunsPlan"]]:
+    """The split backend's key ranges for a frame of ``queries`` queries (``auto_kv_splits``, by the
+    prefix kernel's tiles) and, for our kernel over the runs (``prefix_kernel`` triton or gluon), its
+    calls (``runs_plan.plan_runs``: one call in those ranges, or whole query tiles in one wave and a
+    ragged tail); ``num_sms`` 0: no SM count (the CPU). Also what ``bench/attention_bench.py`` runs."""
+    from .split_backend import auto_kv_splits
+
+    if prefix_kernel == "sdpa":
+        return auto_kv_splits(queries, num_heads, num_sms, prefix_pages), None
+    from .runs_plan import plan_runs
+    from .triton_prefix import BLOCK_M, PROGRAMS_PER_SM  # resolve_for made sure Triton imports
+
+    tiles = dict(query_tile=BLOCK_M, blocks_per_sm=PROGRAMS_PER_SM)
+    splits = auto_kv_splits(queries, num_heads, num_sms, prefix_pages, **tiles)
+    pair_tile = 0  # Triton's kernel has one layout; Gluon's two-warpgroup programs take twice its rows
+    if prefix_kernel == "gluon":
+        from .gluon_runs import BLOCK_M as GLUON_BLOCK_M
+
+        pair_tile = 2 * GLUON_BLOCK_M
+    return splits, plan_runs(queries, num_heads, num_sms, splits, pair_tile=pair_tile, **tiles)
 
 
 def build_global_cache(rt: ResolvedRuntime, model: ModelConfig, stream: StreamConfig, page_size: int,

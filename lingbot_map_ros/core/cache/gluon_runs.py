@@ -352,14 +352,15 @@ _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int = 1, stages: int | None = None,
                    block_m: int = BLOCK_M, block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
-                   pairs: bool | None = None) -> tuple[Tensor, Tensor]:
+                   pairs: bool | None = None, out: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """As ``triton_prefix.runs_attention`` (bf16 or fp16 on Hopper): out ``[P, T, H, D]``, lse ``[P, H, T]``.
     ``pairs``: the warp-specialised kernel (two consumer warpgroups of ``block_m`` queries and a
     producer warp a program) or the one-warpgroup kernel; None: ``PAIRS``, and where that is None too,
-    ``use_pairs``. The tile arguments are for the probe (scripts/)."""
+    ``use_pairs``. ``out``: a ``[P, T, H, D]`` view to write instead. The tile arguments are for the probe
+    (bench/)."""
     if q.dtype not in _GL_DTYPES:
         raise ValueError(f"the Gluon kernel takes bf16 or fp16 (got {q.dtype})")
-    q, k, v, out, lse = prepare_runs_call(q, k, v, runs, parts)
+    q, k, v, out, lse = prepare_runs_call(q, k, v, runs, parts, out)
     t, h, d = q.shape
     n = k.shape[0]
     if pairs is None:

@@ -36,7 +36,9 @@ right after it, the specials), and one call of our kernel (``triton_prefix.py``,
 with the run starts and lengths in a device tensor written by ``plan``. No tail call, no merge (with
 one part), no masks to rebuild per frame, and one CUDA graph for the filling and the full window:
 faster than cuDNN's prefix + tail (docs/performance.md, attention per layer). A visible set of more runs than the
-kernel takes goes through the regions below.
+kernel takes goes through the regions below. Where one call's programs would spill into a second wave,
+``runs_plan`` cuts the frame's query rows into two calls instead (whole query tiles in one wave, written
+in place, and the ragged tail's rows in key ranges, merged).
 
 The merge is a handful of elementwise ops on ``[T, H, D]``; with ``fuse_merge`` it is one
 ``torch.compile``-d kernel (compiled in the warm-up before the graph capture).
@@ -55,9 +57,8 @@ from that count (measured at 518x378: one range is best there, and each extra ra
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -65,6 +66,10 @@ from torch import Tensor
 
 from .backend import DenseStorageBackend, check_plan, visible_token_slots
 from .staged_upload import StagedUpload
+from .waves import waves_time
+
+if TYPE_CHECKING:
+    from .runs_plan import RunsPlan
 
 KERNELS = ("cudnn", "efficient", "cpu")
 PREFIX_KERNELS = ("sdpa", "triton", "gluon")  # ``kernel``'s prefix + masked tail / our kernel over runs (Triton, Gluon)
@@ -115,14 +120,7 @@ def key_ranges(x: Tensor, splits: int) -> Tensor:
 
 
 QUERY_TILE = 128  # queries per thread block of cuDNN's fused attention on sm90 (one wave at 1005, two at 1042)
-SPLIT_OVERHEAD = 0.008  # per extra key range (H200, 518x378: 782 us a layer at 1 range, 845 at 8)
 MAX_AUTO_SPLITS = 12
-
-
-def waves_time(splits: int, blocks: int, sms: int) -> float:
-    """The time of one call read as ``splits`` key ranges, relative to one range in one full wave:
-    ``ceil(splits x blocks / sms)`` waves of blocks each ``1 / splits`` as long, plus the merge's share."""
-    return math.ceil(splits * blocks / sms) / splits * (1.0 + SPLIT_OVERHEAD * (splits - 1))
 
 
 def auto_kv_splits(num_queries: int, num_heads: int, num_sms: int, prefix_pages: int, *,
@@ -180,6 +178,7 @@ class SplitPrefixBackend(DenseStorageBackend):
         bucket_pages: int = 0,
         kv_splits: int = 1,
         prefix_kernel: str = "sdpa",
+        runs_plan: Optional[RunsPlan] = None,
     ) -> None:
         """``num_patch_pages``: the patch pool (``scale + window + 1``; the prefix is all but its last
         page); ``num_pages``: patch + special pages of a block. ``kernel``: ``cudnn`` on the GPU,
@@ -190,7 +189,9 @@ class SplitPrefixBackend(DenseStorageBackend):
         visible key in one call of the Triton kernel (``triton_prefix.py``, CUDA sm90+) over the
         contiguous runs of the visible pages (the run lengths on the device: one graph for every mode;
         ``kv_splits`` parts merged by LSE), the regions only for a visible set of more runs; ``gluon``: the
-        same call as a Gluon kernel whose softmax overlaps the tensor cores (``gluon_runs.py``, sm90)."""
+        same call as a Gluon kernel whose softmax overlaps the tensor cores (``gluon_runs.py``, sm90).
+        ``runs_plan``: how a frame of its query count is cut into calls of that kernel (``runs_plan.py``:
+        whole query tiles in one wave and a ragged tail in key ranges); None or one call: ``kv_splits``."""
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS} (got {kernel!r})")
         if prefix_kernel not in PREFIX_KERNELS:
@@ -209,6 +210,7 @@ class SplitPrefixBackend(DenseStorageBackend):
         if kv_splits < 1:
             raise ValueError(f"kv_splits must be >= 1 (got {kv_splits})")
         self.kv_splits = kv_splits
+        self.runs_plan = runs_plan
         self._merge = _fused_merge() if fuse_merge else merge_partials
         # additive biases in the compute dtype (cuDNN reads the bias in q's dtype): 0 visible, -inf not.
         # Each masked region has a buffer of its own (a bias must start on an aligned address).
@@ -344,10 +346,21 @@ class SplitPrefixBackend(DenseStorageBackend):
         h, d = self.num_heads, self.head_dim
         k = kv_pages[0].view(-1, h, d)  # [slots, H, D]: each slot's heads in one row
         v = kv_pages[1].view(-1, h, d)
-        out, lse = runs_attention(q, k, v, self._runs, parts=self.kv_splits)  # [P, T, H, D], [P, H, T]
-        if self.kv_splits == 1:
-            return out[0]  # [T, H, D]
-        return self._merge([out.transpose(1, 2)], [lse])  # [T, H, D]
+        plan = self.runs_plan
+        if plan is None or not plan.ragged or plan.num_queries != q.shape[0]:
+            out, lse = runs_attention(q, k, v, self._runs, parts=self.kv_splits)  # [P, T, H, D], [P, H, T]
+            if self.kv_splits == 1:
+                return out[0]  # [T, H, D]
+            return self._merge([out.transpose(1, 2)], [lse])  # [T, H, D]
+        result = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, H, D]
+        for call in plan.calls:  # whole tiles written in place, then the ragged tail's parts merged
+            rows = slice(call.start, call.start + call.rows)
+            if call.parts == 1:
+                runs_attention(q[rows], k, v, self._runs, out=result[rows].unsqueeze(0))  # [1, rows, H, D]
+                continue
+            out, lse = runs_attention(q[rows], k, v, self._runs, parts=call.parts)  # [P, rows, H, D], [P, H, rows]
+            result[rows] = self._merge([out.transpose(1, 2)], [lse])
+        return result
 
 
 __all__ = ["SplitPrefixBackend", "attend_with_lse", "auto_kv_splits", "merge_partials", "key_ranges", "usable_splits",

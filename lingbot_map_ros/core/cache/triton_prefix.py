@@ -30,6 +30,7 @@ it against float64.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 import triton
@@ -121,29 +122,36 @@ def tma_ready(x: Tensor) -> Tensor:
     return x
 
 
-def prepare_runs_call(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, parts: int) -> tuple[Tensor, ...]:
+def prepare_runs_call(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, parts: int,
+                      out: Optional[Tensor] = None) -> tuple[Tensor, ...]:
     """The checks and outputs of a runs kernel call (this one and ``gluon_runs.py``): q, k, v ready for
-    TMA, out ``[P, T, H, D]`` and lse ``[P, H, T]`` to fill; a clear error for anything else."""
+    TMA, out ``[P, T, H, D]`` (``out``, a view the kernel writes through its strides, or a new tensor)
+    and lse ``[P, H, T]`` to fill; a clear error for anything else."""
     t, h, d = q.shape
     if k.dtype != q.dtype or v.dtype != q.dtype or k.shape != v.shape or k.shape[1:] != q.shape[1:]:
         raise ValueError(f"q {list(q.shape)} {q.dtype}, k {list(k.shape)} {k.dtype}, v {list(v.shape)} {v.dtype}")
     if runs.dtype != torch.int32 or runs.dim() != 2 or runs.shape[1] != 2 or runs.device != q.device:
         raise ValueError(f"runs must be int32 [R, 2] on {q.device} (got {runs.dtype} {list(runs.shape)})")
-    out = torch.empty(parts, t, h, d, device=q.device, dtype=q.dtype)  # [P, T, H, D]
+    if out is None:
+        out = torch.empty(parts, t, h, d, device=q.device, dtype=q.dtype)  # [P, T, H, D]
+    elif out.shape != (parts, t, h, d) or out.dtype != q.dtype or out.stride(3) != 1:
+        raise ValueError(f"out must be [{parts}, {t}, {h}, {d}] {q.dtype} with unit stride in D "
+                         f"(got {list(out.shape)} {out.dtype})")
     lse = torch.empty(parts, h, t, device=q.device, dtype=torch.float32)  # [P, H, T]
     return tma_ready(q), tma_ready(k), tma_ready(v), out, lse
 
 
 def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int = 1, block_m: int = BLOCK_M,
-                   block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
-                   num_stages: int = NUM_STAGES) -> tuple[Tensor, Tensor]:
+                   block_n: int = BLOCK_N, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES,
+                   out: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Attention of ``q [T, H, D]`` over the keys of ``k, v [slots, H, D]`` (token-major storage: each
     key's heads in one row) named by ``runs`` (int32 ``[R, 2]`` on q's device: first slot, length).
 
     Returns out ``[P, T, H, D]`` in q's dtype and lse ``[P, H, T]`` float32 (natural log, scores
-    scaled by 1/√D), one per part; with ``parts`` 1, ``out[0]`` is the attention itself. The tile
-    arguments are for the probe (scripts/)."""
-    q, k, v, out, lse = prepare_runs_call(q, k, v, runs, parts)
+    scaled by 1/√D), one per part; with ``parts`` 1, ``out[0]`` is the attention itself. ``out``: a
+    ``[P, T, H, D]`` view to write instead (rows of a larger output: ``runs_plan``'s cut). The tile
+    arguments are for the probe (bench/)."""
+    q, k, v, out, lse = prepare_runs_call(q, k, v, runs, parts, out)
     t, h, d = q.shape
     n = k.shape[0]
     q_desc = TensorDescriptor(q, [t, h * d], [q.stride(0), 1], [block_m, d])
