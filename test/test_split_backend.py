@@ -233,3 +233,11 @@ def test_the_factory_plans_our_kernels_calls_and_only_theirs() -> None:
         assert splits == 1 and not plan.ragged and plan.calls[0].rows == 1005
         splits, plan = split_kernel_calls(kernel, 1042, 16, 0, 72)
         assert splits == 1 and not plan.ragged
+
+
+def test_the_runs_plan_keeps_one_call_where_one_wave_holds_no_tile_of_every_head() -> None:
+    """More heads than one wave's programs: no whole-tile call can hold a tile of every head, so one call."""
+    from lingbot_map_ros.core.cache.runs_plan import plan_runs
+
+    plan = plan_runs(1042, 300, 132, 1, query_tile=64, blocks_per_sm=2, pair_tile=128)
+    assert not plan.ragged and "less than a tile" in plan.reason

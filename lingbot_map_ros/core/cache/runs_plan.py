@@ -87,8 +87,10 @@ def plan_runs(num_queries: int, num_heads: int, num_sms: int, whole_parts: int, 
     head_tile, head_slots = (pair_tile, num_sms) if pair_tile > 0 else (query_tile, slots)
     head_rows = head_slots // num_heads * head_tile
     tail_rows = num_queries - head_rows
-    if head_rows <= 0 or tail_rows <= 0:
+    if tail_rows <= 0:
         return whole_call(num_queries, whole_parts, f"one call: its programs fit one wave ({whole:.2f} waves)")
+    if head_rows <= 0:
+        return whole_call(num_queries, whole_parts, "one call: one wave holds less than a tile of every head")
     tail_blocks = -(-tail_rows // query_tile) * num_heads
     tail_parts = min(range(1, MAX_TAIL_PARTS + 1), key=lambda p: (waves_time(p, tail_blocks, slots), p))
     cut = 1.0 + waves_time(tail_parts, tail_blocks, slots) + TAIL_CALL_COST
