@@ -154,10 +154,10 @@ def main() -> int:
                   "ranges (graph)", lambda: sp_s.plan(filling, last, T), lambda kv: sp_s.run(kv, q), graph=True,
                   ref_out=ref_filling, keys=sp_s.num_keys)
         if prefix_kernel != "sdpa":  # the node's calls at this frame size (factory.py): maybe whole tiles + a tail
-            cut = _node_runs_plan(T, patch_pages - 1, prefix_kernel)
+            splits, cut = _node_split_calls(T, patch_pages - 1, prefix_kernel)
             sp_c = SplitPrefixBackend(page_size=PAGE, num_patch_pages=patch_pages, num_pages=num_pages, num_heads=H,
                                       head_dim=D, dtype=dt, device=dev, kernel="cudnn", fuse_merge=True,
-                                      kv_splits=cut.calls[0].parts, prefix_kernel=prefix_kernel, runs_plan=cut)
+                                      kv_splits=splits, prefix_kernel=prefix_kernel, runs_plan=cut)
             bench(f"split ({prefix_kernel}), the node's plan: {cut.reason} (compiled merge, graph)",
                   lambda: sp_c.plan(visible_split, last, T), lambda kv: sp_c.run(kv, q), graph=True,
                   ref_out=ref_split)
@@ -244,12 +244,12 @@ def main() -> int:
     return 0
 
 
-def _node_runs_plan(queries: int, prefix_pages: int, prefix_kernel: str):
-    """The calls the node's factory plans for our kernel at this frame size on this GPU."""
+def _node_split_calls(queries: int, prefix_pages: int, prefix_kernel: str):
+    """The key ranges and the calls the node's factory plans for our kernel at this frame size on this GPU."""
     from lingbot_map_ros.core.cache.factory import split_kernel_calls
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return split_kernel_calls(prefix_kernel, queries, H, sms, prefix_pages)[1]
+    return split_kernel_calls(prefix_kernel, queries, H, sms, prefix_pages)
 
 
 def _table(results: list) -> None:

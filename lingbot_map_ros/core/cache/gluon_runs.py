@@ -37,6 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .triton_prefix import prepare_runs_call
+from .waves import fits_one_wave
 
 BLOCK_M = 64  # queries per program (one warpgroup)
 BLOCK_N = 128  # keys per block
@@ -344,7 +345,7 @@ def use_pairs(num_queries: int, heads: int, parts: int, sms: int, block_m: int =
     when its programs fit one wave. At 518 x 378 (1005 queries, 16 heads, one part) that is 128 programs
     on the H200's 132 SMs; at 518 x 392 (1042 queries) it would be 144, two waves, where the probe
     measured the one-warpgroup kernel faster (docs/performance.md, attention per layer, the 518x392 rows)."""
-    return -(-num_queries // (2 * block_m)) * heads * parts <= sms
+    return fits_one_wave(num_queries, 2 * block_m, heads, parts, sms)
 
 
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .waves import waves_time
+from .waves import fits_one_wave, waves_time
 
 # None: cut where the model says it is faster; False: never (the bench's ``+wholerows``, or a forced
 # ``+partsN``, which names the parts of one call over every row); True: wherever it can.
@@ -79,7 +79,7 @@ def plan_runs(num_queries: int, num_heads: int, num_sms: int, whole_parts: int, 
     if RAGGED_TAIL is False:
         return whole_call(num_queries, whole_parts, "one call over every row, as asked (bench: +wholerows, +partsN)")
     slots = num_sms * blocks_per_sm
-    whole_pairs = pair_tile > 0 and -(-num_queries // pair_tile) * num_heads * whole_parts <= num_sms
+    whole_pairs = pair_tile > 0 and fits_one_wave(num_queries, pair_tile, num_heads, whole_parts, num_sms)
     if whole_pairs:
         whole = waves_time(whole_parts, -(-num_queries // pair_tile) * num_heads, num_sms)
     else:

@@ -18,4 +18,10 @@ def waves_time(splits: int, blocks: int, sms: int) -> float:
     return math.ceil(splits * blocks / sms) / splits * (1.0 + SPLIT_OVERHEAD * (splits - 1))
 
 
-__all__ = ["SPLIT_OVERHEAD", "waves_time"]
+def fits_one_wave(num_queries: int, query_tile: int, heads: int, parts: int, slots: int) -> bool:
+    """Whether a call's programs (a tile of ``query_tile`` queries x a head x a key range) all run at once
+    on ``slots`` (SMs x programs per SM)."""
+    return -(-num_queries // query_tile) * heads * parts <= slots
+
+
+__all__ = ["SPLIT_OVERHEAD", "fits_one_wave", "waves_time"]
