@@ -77,6 +77,20 @@ def test_auto_resolution_on_a_cpu_machine_says_why():
         runtime.resolve_flashinfer_kernel("fa9", torch.device("cpu"))
 
 
+def test_a_device_without_index_is_the_current_cuda_device(monkeypatch):
+    """Torch compares devices as written (``cuda`` != ``cuda:0``) while CUDA tensors report the index:
+    the shared page pool once refused its own storage for that. Every resolved CUDA device carries its
+    index; the CPU stays as it is."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert runtime.concrete_device("cuda") == torch.device("cuda", 1)
+    assert runtime.concrete_device(torch.device("cuda")) == torch.device("cuda", 1)
+    assert runtime.concrete_device("cuda:0") == torch.device("cuda", 0)
+    assert runtime.concrete_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert runtime.resolve_device("cuda") == torch.device("cuda", 1)
+    assert runtime.resolve_device("auto") == torch.device("cuda", 1)
+
+
 def test_flashinfer_needs_half_precision_even_on_cuda():
     reason = runtime.flashinfer_unusable_reason(torch.device("cuda"), torch.float32)
     assert "float16 or bfloat16" in reason

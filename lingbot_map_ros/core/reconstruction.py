@@ -33,6 +33,7 @@ import torch
 
 from .files import atomic_write_bytes
 from .geometry import quaternion_xyzw_from_matrix, se3_inverse
+from .runtime import concrete_device
 
 PathLike = Union[str, os.PathLike]
 TensorLike = Union[torch.Tensor, np.ndarray]
@@ -190,9 +191,7 @@ def unproject_depth(
         raise ValueError(f"stride must be >= 1, got {stride}")
     if device is None:
         device = depth.device if isinstance(depth, torch.Tensor) else torch.device("cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = concrete_device(device)
     h_full, w_full = int(depth.shape[-2]), int(depth.shape[-1])
     k = np.asarray(intrinsics.cpu() if isinstance(intrinsics, torch.Tensor) else intrinsics, dtype=np.float64)
     m = np.asarray(c2w.cpu() if isinstance(c2w, torch.Tensor) else c2w, dtype=np.float64)

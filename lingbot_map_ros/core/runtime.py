@@ -88,13 +88,25 @@ def device_capability(device: torch.device, capability: Capability | None = None
     return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
 
 
+def concrete_device(device: torch.device | str) -> torch.device:
+    """``device`` with its index: ``cuda`` alone becomes the current CUDA device (``cuda:0``).
+
+    Why: torch compares devices as written, so ``torch.device("cuda") != torch.device("cuda:0")``, while
+    every CUDA tensor reports the indexed form. An object that checks a tensor's device against its own
+    (the shared page pool's storage, a stream's cache) must hold the indexed form."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} requested but CUDA is not available")
-    return device
+    return concrete_device(device)
 
 
 def resolve_dtype(name: str, device: torch.device, capability: Capability | None = None) -> torch.dtype:

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ..config import special_pages_capacity
+from ..runtime import concrete_device
 from .backend import AttentionBackend
 from .pages import AppendPlan, PageStats, PageTable, TableMark
 from .sdpa_backend import SdpaBackend
@@ -103,7 +104,7 @@ class PagedKVCache:
         self.tokens_per_frame = self.specials_per_frame + page_size
         self.max_frame_num = max_frame_num
         self.dtype = dtype
-        self.device = torch.device(device)
+        self.device = concrete_device(device)  # cuda -> cuda:N: the storage check below compares devices
         # [blocks, 2 (K, V), pages, page, H, D]: per block K and V are each one contiguous [pages, page, H, D]
         # tensor (see backend.py for why not [pages, 2, page, H, D]); zero-filled so stale slots are never NaN.
         shape = (num_blocks, 2, self.table.num_pages, page_size, num_heads, head_dim)
