@@ -80,13 +80,14 @@ def test_auto_resolution_on_a_cpu_machine_says_why():
 def test_a_device_without_index_is_the_current_cuda_device(monkeypatch):
     """Torch compares devices as written (``cuda`` != ``cuda:0``) while CUDA tensors report the index:
     the shared page pool once refused its own storage for that. Every resolved CUDA device carries its
-    index; the CPU stays as it is."""
+    index; a CPU device loses its index, as CPU tensors report it."""
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert runtime.concrete_device("cuda") == torch.device("cuda", 1)
     assert runtime.concrete_device(torch.device("cuda")) == torch.device("cuda", 1)
     assert runtime.concrete_device("cuda:0") == torch.device("cuda", 0)
     assert runtime.concrete_device("cpu") == torch.device("cpu")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert runtime.concrete_device("cpu:0") == torch.device("cpu")  # CPU tensors report no index
     assert runtime.resolve_device("cuda") == torch.device("cuda", 1)
     assert runtime.resolve_device("auto") == torch.device("cuda", 1)
 

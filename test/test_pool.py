@@ -66,6 +66,16 @@ def test_a_stream_writes_only_its_share_and_its_reset_touches_no_other() -> None
                      num_patch_pages=7, special_pages=14, storage=pool.share("a"))
 
 
+def test_a_share_is_accepted_whatever_way_its_device_is_written() -> None:
+    """Torch compares devices as written while tensors report one form (``cpu``; ``cuda:0`` on a GPU): a
+    cache asked for ``cpu:0`` (``cuda`` on a GPU, where this refused every share) takes its share."""
+    pool = SharedKVPool(num_shares=1, num_blocks=2, pages_per_share=20, page_size=5, num_heads=2, head_dim=4,
+                        dtype=torch.float32, device="cpu")
+    cache = PagedKVCache(2, 2, 4, 5, scale_frames=2, sliding_window=3, max_frame_num=64, dtype=torch.float32,
+                         device="cpu:0", num_patch_pages=6, special_pages=14, storage=pool.share("a"))
+    assert cache.storage.data_ptr() == pool.storage.data_ptr()
+
+
 @settings(max_examples=40, deadline=None)
 @given(steps=st.lists(st.tuples(st.integers(0, 2), st.booleans()), min_size=1, max_size=40),
        token_pages=st.booleans())

@@ -89,6 +89,23 @@ def test_one_stream_is_the_single_camera_path(loaded):
         assert (a.depth is None and b.depth is None) or np.array_equal(a.depth, b.depth)
 
 
+def test_a_device_written_with_its_index_runs_the_shared_pool(loaded):
+    """The pool checks its storage's device. A device written otherwise than tensors report it (``cpu:0``
+    here, ``cuda`` against ``cuda:0`` on a GPU, where it once failed every batched step) runs the group
+    with the same results."""
+    rt = resolve_for(torch.device("cpu", 0), torch.float32, backend="sdpa")
+    host = ModelHost.around(loaded.model, loaded.cfg, rt)
+    frames = {"a": frames_of(41, 4), "b": frames_of(42, 4)}
+    group = StreamGroup(host, STREAM, ["a", "b"], log=lambda m: None)
+    got = {"a": [], "b": []}
+    for i in range(4):
+        for name, out in group.step({name: (frames[name][i], i) for name in frames}).items():
+            got[name] += out.results
+    assert group.pools, "two streams share a pool"
+    for name in frames:
+        assert_same(got[name], lone_results(loaded, frames[name]))
+
+
 def _two_streams_with_fault(loaded, monkeypatch, fail_alone: bool):
     schedule = {"a": list(range(7)), "b": list(range(7))}
     frames = {"a": frames_of(31, 7), "b": frames_of(32, 7)}

@@ -89,14 +89,17 @@ def device_capability(device: torch.device, capability: Capability | None = None
 
 
 def concrete_device(device: torch.device | str) -> torch.device:
-    """``device`` with its index: ``cuda`` alone becomes the current CUDA device (``cuda:0``).
+    """``device`` written as a tensor on it reports it: ``cuda`` becomes the current CUDA device
+    (``cuda:0``), ``cpu:0`` becomes ``cpu``.
 
     Why: torch compares devices as written, so ``torch.device("cuda") != torch.device("cuda:0")``, while
-    every CUDA tensor reports the indexed form. An object that checks a tensor's device against its own
-    (the shared page pool's storage, a stream's cache) must hold the indexed form."""
+    every CUDA tensor reports the indexed form (and every CPU tensor the plain one). An object that checks
+    a tensor's device against its own (the shared page pool's storage) must hold the form tensors report."""
     device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():  # else: a stand-in's name
         return torch.device("cuda", torch.cuda.current_device())
+    if device.type == "cpu" and device.index is not None:
+        return torch.device("cpu")
     return device
 
 
@@ -291,6 +294,7 @@ def resolve_for(
     the reason) for a combination that cannot run. ``capability``: a stand-in compute capability (the
     resolution another GPU would get); ``prefix_kernel`` / ``step_kernels``: a kernel other than the
     capability's choice (the benchmark and the tests ask for them; no user setting does)."""
+    device = concrete_device(device)
     if capability is not None and device.type != "cuda":
         raise ValueError("a stand-in compute capability needs a CUDA device")
     reasons: list[str] = []
