@@ -10,7 +10,8 @@
 # record's steps, in the order given (W x H is the model input, e.g. 518x392 for a 640x480 camera; none named:
 # every step below at the three camera geometries, which takes two or three calls: name a part per call and
 # merge their files with bench/record.py):
-#   tests            the GPU tests (GPU_TESTS_K: a pytest -k expression to run a part)
+#   tests            the GPU tests (GPU_TESTS_K: a pytest -k expression to run a part), FlashInfer's skipped
+#   tests-fi         the GPU tests of the FlashInfer backend, with the carried wheels importable (its JIT builds)
 #   first:WxH        time to first pose with the kernel cache emptied (cold), then kept (warm), the model read
 #                    from a checkpoint file as a robot reads it (FIRST_CKPT, default a float32 .safetensors of the
 #                    preset's random weights in /tmp, written once by an untimed step of its own)
@@ -116,6 +117,7 @@ record)
     if [ -n "${RESUME:-}" ] && [ -e "$done_mark" ]; then echo "== $s: finished in an earlier call" | tee -a "$LOG"; continue; fi
     case "$kind" in
     tests) step "${TESTS_S:-200}" tests gpu_tests ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} ;;
+    tests-fi) step "${TESTS_FI_S:-200}" "tests with FlashInfer" with_flashinfer gpu_tests -k "flashinfer or FlashInfer" ;;
     first)
       step 120 "first pose checkpoint" first_pose_checkpoint
       geometry "$g"; rm -rf "$LINGBOT_MAP_CACHE_DIR"
