@@ -121,6 +121,14 @@ def kv_write_cases() -> dict[str, float]:
         expected.index_copy_(1, index, torch.stack((k, v)))
         write_rows(k, v, index, flat)
         assert torch.equal(flat, expected), dtype
+        # a stream's share of a pool (the several-stream page pool): planes a whole pool's plane apart
+        pool = torch.full((2, 3 * slots, h, d), 1e4, dtype=dtype)
+        untouched = pool.clone()
+        share = pool[:, slots:2 * slots]  # [2, slots, H, D], not contiguous
+        write_rows(k, v, index, share)
+        assert torch.equal(share, expected), dtype
+        assert torch.equal(pool[:, :slots], untouched[:, :slots]) and torch.equal(pool[:, 2 * slots:],
+                                                                                 untouched[:, 2 * slots:]), dtype
     page_size, scale, window, steps = 7, 2, 3, 12
     special_pages = -(-SPECIAL_TOKENS_PER_FRAME * (scale + steps + 1) // page_size)
     cache = PagedKVCache(2, 2, 8, page_size, scale, window, max_frame_num=64, dtype=torch.float32, device="cpu",

@@ -34,13 +34,15 @@ def write_rows(k: Tensor, v: Tensor, slots: Tensor, flat: Tensor) -> None:
     """``flat[0, slots[t]] = k[t]`` and ``flat[1, slots[t]] = v[t]`` for every token ``t``.
 
     k, v ``[T, H, D]`` with each token's heads contiguous (any token stride); slots int64 ``[T]`` on the
-    same device; flat ``[2, slots, H, D]`` contiguous, the same dtype."""
+    same device; flat ``[2, slots, H, D]`` in the same dtype with each plane's rows contiguous (a stream's share
+    of a pool shared by several streams is a view whose planes lie a whole pool's plane apart)."""
     t, h, d = k.shape
     if v.shape != k.shape or flat.shape[0] != 2 or flat.shape[2:] != k.shape[1:] or slots.shape != (t,):
         raise ValueError(f"k {list(k.shape)}, v {list(v.shape)}, slots {list(slots.shape)}, storage {list(flat.shape)}")
-    if k.dtype != flat.dtype or v.dtype != flat.dtype or not flat.is_contiguous() or slots.dtype != torch.long:
-        raise ValueError(f"k {k.dtype}, v {v.dtype}, storage {flat.dtype} (contiguous: {flat.is_contiguous()}), "
-                         f"slots {slots.dtype}: one dtype, contiguous storage, int64 slots")
+    rows_contiguous = flat.stride()[1:] == (h * d, d, 1)
+    if k.dtype != flat.dtype or v.dtype != flat.dtype or not rows_contiguous or slots.dtype != torch.long:
+        raise ValueError(f"k {k.dtype}, v {v.dtype}, storage {flat.dtype} (strides {flat.stride()}), "
+                         f"slots {slots.dtype}: one dtype, contiguous rows in each plane, int64 slots")
     for x in (k, v):
         if x.stride(2) != 1 or x.stride(1) != d:
             raise ValueError(f"each token's heads must be contiguous (strides {x.stride()})")
