@@ -23,6 +23,7 @@ from lingbot_map_ros.core.cache import CameraKVCache, PagedKVCache  # noqa: E402
 from lingbot_map_ros.core.cache.camera_decode import decode_attention  # noqa: E402
 from lingbot_map_ros.core.cache.dense_backend import MaskedDenseBackend  # noqa: E402
 from lingbot_map_ros.core.cache.kv_write import write_rows  # noqa: E402
+from lingbot_map_ros.core.cache.pool import SharedKVPool  # noqa: E402
 from lingbot_map_ros.core.config import SPECIAL_TOKENS_PER_FRAME  # noqa: E402
 from lingbot_map_ros.core.model.gemv import linear_residual, norm_linear  # noqa: E402
 from lingbot_map_ros.core.model.qk_rope import qk_norm_rope  # noqa: E402
@@ -131,12 +132,21 @@ def kv_write_cases() -> dict[str, float]:
                                                                                  untouched[:, 2 * slots:]), dtype
     page_size, scale, window, steps = 7, 2, 3, 12
     special_pages = -(-SPECIAL_TOKENS_PER_FRAME * (scale + steps + 1) // page_size)
-    cache = PagedKVCache(2, 2, 8, page_size, scale, window, max_frame_num=64, dtype=torch.float32, device="cpu",
-                         num_patch_pages=scale + window + 1, special_pages=special_pages, write_kernel="triton")
+    shape = dict(max_frame_num=64, dtype=torch.float32, device="cpu", num_patch_pages=scale + window + 1,
+                 special_pages=special_pages, write_kernel="triton")
+    # the cache on the last of three shares of a pool (planes a pool apart), as a stream of a group holds it
+    pages = PagedKVCache(2, 2, 8, page_size, scale, window, **shape).table.num_pages
+    pool = SharedKVPool(num_shares=3, num_blocks=2, pages_per_share=pages, page_size=page_size, num_heads=2,
+                        head_dim=8, dtype=torch.float32, device="cpu")
+    pool.storage.fill_(1e4)
+    others = [pool.share(name).clone() for name in ("a", "b")]
+    cache = PagedKVCache(2, 2, 8, page_size, scale, window, **shape, storage=pool.share("c"))
     masked = MaskedDenseBackend(page_size=page_size, num_pages=cache.table.num_pages, num_heads=2, head_dim=8,
                                 dtype=torch.float32, device="cpu", kernel="math")
     seen = drive_one_frame_backend(cache, masked, page_size=page_size, dtype=torch.float32, scale=scale,
                                    window=window, steps=steps, seed=3, keyframe_share=0.55, heads=2, head_dim=8)
+    assert all(torch.equal(pool.share(name), before) for name, before in zip(("a", "b"), others)), \
+        "a write into one stream's share changed another's"
     return {"kv write stream steps": float(len(seen))}
 
 
