@@ -1,0 +1,30 @@
+"""The lab stays out of the product: every script outside the package is documented, and the GPU
+machine's driver keeps a handful of modes (the steps of a run of record are arguments, not modes)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MAX_DEVICE_MODES = 5
+
+
+def documentation() -> str:
+    pages = [REPO / "README.md", REPO / "bench" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    return "\n".join(p.read_text() for p in pages if p.name != "history.md")
+
+
+def test_every_script_and_bench_is_named_in_the_docs() -> None:
+    docs = documentation()
+    scripts = [p for folder in ("scripts", "bench") for p in sorted((REPO / folder).iterdir())
+               if p.is_file() and p.name != "README.md"]
+    assert scripts, "no scripts found: the layout moved"
+    undocumented = [str(p.relative_to(REPO)) for p in scripts if p.name not in docs]
+    assert not undocumented, f"scripts no README or docs page names: {undocumented}"
+
+
+def test_device_run_has_at_most_five_modes() -> None:
+    text = (REPO / "scripts" / "device_run.sh").read_text()
+    body = text.split('case "$MODE" in', 1)[1].split("\nesac", 1)[0]
+    modes = [m for m in re.findall(r"^([a-z][a-z0-9-]*)\)", body, flags=re.M)]
+    assert modes and len(modes) <= MAX_DEVICE_MODES, modes
