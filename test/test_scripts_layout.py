@@ -3,15 +3,15 @@ machine's driver keeps a handful of modes (the steps of a run of record are argu
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from test_docs_prose import REPO, documents
+
 MAX_DEVICE_MODES = 5
 
 
 def documentation() -> str:
-    pages = [REPO / "README.md", REPO / "bench" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-    return "\n".join(p.read_text() for p in pages if p.name != "history.md")
+    """The manual's pages (the README and docs/ but history, as the prose scan reads them) and bench's README."""
+    return "\n".join(p.read_text() for p in [*documents(), REPO / "bench" / "README.md"])
 
 
 def test_every_script_and_bench_is_named_in_the_docs() -> None:
@@ -26,5 +26,5 @@ def test_every_script_and_bench_is_named_in_the_docs() -> None:
 def test_device_run_has_at_most_five_modes() -> None:
     text = (REPO / "scripts" / "device_run.sh").read_text()
     body = text.split('case "$MODE" in', 1)[1].split("\nesac", 1)[0]
-    modes = [m for m in re.findall(r"^([a-z][a-z0-9-]*)\)", body, flags=re.M)]
+    modes = re.findall(r"^([a-z][a-z0-9-]*)\)", body, flags=re.M)
     assert modes and len(modes) <= MAX_DEVICE_MODES, modes
