@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import subprocess
@@ -67,11 +68,17 @@ def _peak(device: torch.device) -> float:
     return torch.cuda.max_memory_allocated(device) / GB if device.type == "cuda" else float("nan")
 
 
-def _reset_peak(device: torch.device) -> None:
+def _reset_peak(device: torch.device) -> float:
+    """Start a mode's peak from the weights alone: the previous mode's sessions, pools and graphs sit in
+    reference cycles (a session and its callbacks), so they are collected here rather than whenever the
+    collector's third generation next runs; without it a mode's peak held the previous mode's pools."""
+    gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+        return torch.cuda.memory_allocated(device) / GB
+    return float("nan")
 
 
 def _steady_start(stream: StreamConfig) -> int:
@@ -94,7 +101,7 @@ def _timed_ticks(tick: Callable[[int], dict[str, list]], frames: int, steady: in
 
 def run_batched(base: ModelHost, stream: StreamConfig, n: int, frames: int, pools) -> tuple[StreamsRow, dict]:
     device = base.resolved.device
-    _reset_peak(device)
+    held = _reset_peak(device)
     group = StreamGroup(base, stream, [f"cam{i}" for i in range(n)], log=lambda m: None, batch=True)
 
     def tick(i: int) -> dict[str, list]:
@@ -107,7 +114,7 @@ def run_batched(base: ModelHost, stream: StreamConfig, n: int, frames: int, pool
     times, poses = _timed_ticks(tick, frames, _steady_start(stream))
     fp = group_footprint(base, stream, n, group.managers["cam0"].session.image_hw)
     row = _row("batched" if n > 1 else "batched (one stream: the single-camera path)", n, times, _peak(device),
-               f"footprint {fp.total / GB:.2f} GB predicted; {batched_paths(group)}")
+               f"footprint {fp.total / GB:.2f} GB predicted, {held:.2f} GB held at start; {batched_paths(group)}")
     row.predicted_gb = fp.total / GB
     row.path = group.path_counts.most_common(1)[0][0] if group.path_counts else "alone"
     print(f"batched path: {group.decision.path} ({group.decision.reason})")
@@ -127,14 +134,15 @@ def batched_paths(group: StreamGroup) -> str:
 
 def run_sequential(base: ModelHost, stream: StreamConfig, n: int, frames: int, pools) -> tuple[StreamsRow, dict]:
     device = base.resolved.device
-    _reset_peak(device)
+    held = _reset_peak(device)
     managers = [SessionManager(base, stream, log=lambda m: None) for _ in range(n)]
 
     def tick(i: int) -> dict[str, list]:
         return {f"cam{s}": m.push(pools[s][i % len(pools[s])], float(i)) for s, m in enumerate(managers)}
 
     times, poses = _timed_ticks(tick, frames, _steady_start(stream))
-    row = _row("one after another", n, times, _peak(device), f"{np.median(times) / n:.2f} ms a push")
+    row = _row("one after another", n, times, _peak(device),
+               f"{np.median(times) / n:.2f} ms a push, {held:.2f} GB held at start")
     return row, poses
 
 
