@@ -31,6 +31,7 @@ blocks, and the step graphs that read them replay after the encoder in stream or
 """
 from __future__ import annotations
 
+import gc
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -54,14 +55,27 @@ def warm_up(device: torch.device, run: Callable[[], Any]) -> None:
 def capture_into(pool: Any, run: Callable[[], Any]) -> tuple[torch.cuda.CUDAGraph, Any]:
     """``run()`` captured into the graph memory pool ``pool``: the graph and its outputs. An aborted
     capture resets its graph and raises; what else must go with it (graphs sharing the pool) is the
-    caller's to drop."""
+    caller's to drop.
+
+    The garbage collector stays off while the capture is open. A dead session in a reference cycle
+    holds graphs, attention wrappers and device tensors; collected in the middle of a capture, their
+    release is an operation the capturing stream forbids and invalidates the capture
+    (``cudaErrorStreamCaptureInvalidated``: seen on an H200 when a third one-stream session captured
+    after two dead ones). So they are collected before the capture opens, where their memory also
+    returns to the pool the capture draws from."""
     graph = torch.cuda.CUDAGraph()
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
     try:
         with torch.cuda.graph(graph, pool=pool):
             output = run()
     except BaseException:
         graph.reset()
         raise
+    finally:
+        if collecting:
+            gc.enable()
     return graph, output
 
 
