@@ -243,9 +243,11 @@ def section_latency(runs: list[Run]) -> str:
 
 def section_memory(runs: list[Run]) -> str:
     found = rows_of(runs, "memory")
-    if not found:
+    streams = [(run, {**row, "measured_gb": row["peak_gb"]}) for run, row in rows_of(runs, "streams")
+               if row.get("predicted_gb") is not None and row.get("peak_gb") is not None]
+    if not found and not streams:
         return ""
-    by_geometry = [(run, row) for run, row in found if "budget_gb" not in row]
+    by_geometry = [(run, row) for run, row in found if "budget_gb" not in row] + streams
     by_card = [(run, row) for run, row in found if "budget_gb" in row]
     out = "## Memory\n\n"
     if by_geometry:

@@ -43,6 +43,7 @@ class BenchRow:
     finite: bool = True  # every pose finite
     attention: str = ""  # the resolved one-frame path, e.g. sdpa:split+graph+compiled
     predicted_gb: float = float("nan")  # the footprint's prediction (footprint.py) for this runtime and size
+    window_switches: int = 0  # long-run policy: fresh windows started over the run (long_run rows)
 
 
 VARIANT_HELP = (
@@ -217,6 +218,7 @@ def run_one(base: ModelHost, runtime_cfg: RuntimeConfig, stream_cfg: StreamConfi
     if profile:
         print(profile_table(manager, pool, variant), flush=True)
     pose_check = bool(np.isfinite(np.stack(poses)).all()) if poses else False
+    window_switches = manager.policy.window_switches
     del manager
     import gc
 
@@ -246,6 +248,7 @@ def run_one(base: ModelHost, runtime_cfg: RuntimeConfig, stream_cfg: StreamConfi
         finite=pose_check,
         attention=runtime.attention,
         predicted_gb=predicted,
+        window_switches=window_switches,
     ), np.stack(poses)
 
 
@@ -376,7 +379,7 @@ def result_rows(rows: list[BenchRow], args: argparse.Namespace) -> list[dict]:
         if r.frames >= 1000:
             out.append({"table": "long_run", **common, "frames": r.frames, "median_ms": num(r.steady_median_ms),
                         "p90_ms": num(r.steady_p90_ms), "growth_mb": num(r.growth_gb * 1e3, 1),
-                        "peak_gb": num(r.peak_mem_gb)})
+                        "peak_gb": num(r.peak_mem_gb), "window_switches": r.window_switches})
             continue
         out.append({"table": "latency", **common, "window": args.sliding_window,
                     "scale_frames": args.scale_frames, "camera_iterations": args.camera_iterations, "streams": 1,
