@@ -333,14 +333,20 @@ def test_two_streams_at_different_rates_enter_phase_two_at_different_frames(runt
         _assert_near_alone(got[name], _alone(host, frames[name][:len(at)]))
 
 
-def test_the_default_keeps_each_streams_own_graph_under_cuda_graphs():
-    """Without ``batch=True`` a group on CUDA graphs runs every frame through its stream's own graph,
-    and says why."""
+def test_the_default_runs_the_captured_batched_step_under_cuda_graphs():
+    """Without ``batch`` a group on CUDA graphs replays the captured batched step, says why, and gives
+    what ``batch=True`` gives, bit for bit (the same graphs over the same frames)."""
     from lingbot_map_ros.core.stream_group import StreamGroup
 
     host = _host(backend="sdpa", sdpa_kernel="split")
-    group = StreamGroup(host, STREAM, ["a", "b"], log=lambda m: None)
-    assert group.decision.path == "alone" and "batch=True" in group.decision.reason
     frames = {"a": _frames(1, 6), "b": _frames(2, 6)}
-    got, _, _ = run_group(group, {"a": list(range(6)), "b": list(range(6))}, frames, 6)
-    assert group.path_counts["alone"] == 4 and len(got["a"]) == 6
+    schedule = {"a": list(range(6)), "b": list(range(6))}
+    default = StreamGroup(host, STREAM, ["a", "b"], log=lambda m: None)
+    assert default.decision.path == "graphed" and "loop over the streams" in default.decision.reason
+    got, _, _ = run_group(default, schedule, frames, 6)
+    assert default.path_counts["graphed"] == 4 and len(got["a"]) == 6, default.path_counts
+    asked = StreamGroup(host, STREAM, ["a", "b"], log=lambda m: None, batch=True)
+    want, _, _ = run_group(asked, schedule, frames, 6)
+    for name in schedule:
+        for a, b in zip(got[name], want[name]):
+            assert np.array_equal(a.pose_enc, b.pose_enc) and np.array_equal(a.depth, b.depth)

@@ -70,9 +70,15 @@ class BatchDecision:
 
 def decide_batching(*, batch: Optional[bool], cuda_graphs: bool, batched_attention: str) -> BatchDecision:
     """The one owner of a group's batching decision. ``batch``: the caller's wish (True: batched,
-    captured where it can be; False: alone; None: the default - batched without CUDA graphs, each
-    stream's own captured step with them); ``cuda_graphs``: the runtime captures (or a test injects a
-    capturer); ``batched_attention``: the resolved form (``loop``, ``flashinfer``, ``pool-sdpa``)."""
+    captured where it can be; False: alone; None: the default - batched, captured under CUDA graphs,
+    and each stream's own captured step where the batched form cannot be captured); ``cuda_graphs``:
+    the runtime captures (or a test injects a capturer); ``batched_attention``: the resolved form
+    (``loop``, ``flashinfer``, ``pool-sdpa``).
+
+    Why the captured batched step is the default under CUDA graphs: on the H200 it took less time
+    than the same streams' own captured steps in turn in every configuration measured (two and four
+    streams, windows 16 and 64: docs/performance.md, "Several streams"), with each stream's results
+    within the official spread of its lone run (``test_gpu_streams``)."""
     if batch is False:
         return BatchDecision("alone", "batching off (batch=False): every frame runs alone through its stream's manager")
     if not cuda_graphs:
@@ -83,9 +89,6 @@ def decide_batching(*, batch: Optional[bool], cuda_graphs: bool, batched_attenti
                                           "captured: one eager model call, as asked (batch=True)")
         return BatchDecision("alone", "pool-sdpa's request changes shape with the visible keys, so it cannot be "
                                       "captured: each stream replays its own captured step")
-    if batch is None:
-        return BatchDecision("alone", "CUDA graphs: each stream replays its own captured step (the default until "
-                                      "the captured batched step is measured on a GPU; batch=True selects it)")
     form = ("one FlashInfer plan over the pool per tick" if batched_attention == "flashinfer"
             else "a loop over the streams' own kernels inside the graph")
     return BatchDecision("graphed", f"CUDA graphs: one captured step per batch size 2..N, captured on first use; "

@@ -11,8 +11,8 @@ be batched with the others anyway, since a batch is one frame size.
 ``step({name: (frame, stamp), ...})`` runs the frames it is given:
 
 * **batched**: the phase-2 frames of two or more streams (same frame size and head settings) go
-  through ONE model call - eager (``_forward``), or under CUDA graphs with ``batch=True`` the
-  captured step of that batch size (``_forward_graphed``; ``core/batched_graph.py`` also owns the
+  through ONE model call - eager (``_forward``), or under CUDA graphs the captured step of that
+  batch size (``_forward_graphed``; ``core/batched_graph.py`` also owns the
   choice between them and its reason: ``decision``, ``batch_path``). The image encoder, the frame
   blocks, every linear layer and the depth head see ``[B, ...]``; global attention is per stream
   (each frame's queries against its own stream's visible pages, ``cache/batched.py``), the camera
@@ -122,9 +122,9 @@ class StreamGroup:
         pool through SDPA: the FlashInfer form's reference, any device), ``auto`` (FlashInfer when the
         runtime's backend is FlashInfer on CUDA, else the loop). ``batch``: run the phase-2 frames of
         several streams as one call (True: captured per batch size under CUDA graphs,
-        ``core/batched_graph.py``) or each alone (False); None: batched without CUDA graphs, each
-        stream's own captured step with them (``batched_graph.decide_batching`` decides, with its
-        reason in ``decision``). ``capturer``: how batched steps are captured (default: CUDA graphs
+        ``core/batched_graph.py``) or each alone (False); None: batched, and each stream's own captured
+        step where the batched form cannot be captured (``batched_graph.decide_batching`` decides, with
+        its reason in ``decision``). ``capturer``: how batched steps are captured (default: CUDA graphs
         when the runtime has them; the CPU tests hand in a stand-in, which also selects the path)."""
         names = list(names)
         if not names or len(set(names)) != len(names):
