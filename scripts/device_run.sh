@@ -5,6 +5,7 @@
 #   bash scripts/device_run.sh record [NAME STEP...]    # a run of record: $OUT/NAME.json (docs/perf/runs shape)
 #   bash scripts/device_run.sh official WxH...          # the official code alone, per geometry
 #   bash scripts/device_run.sh profile WxH [VARIANT]    # the default's GPU kernel time by category
+#                                                       # (CAMERAS=N [PROFILE_WINDOW=16]: one stream beside N batched)
 #   bash scripts/device_run.sh attention [ARGS...]      # attention per layer (bench/attention_bench.py)
 #
 # record's steps, in the order given (W x H is the model input, e.g. 518x392 for a 640x480 camera; none named:
@@ -87,8 +88,13 @@ official)
   for g in "$@"; do official "$g" 2>&1 | grep -E "^\||official_bench|rror" | tee -a "$OUT/official.txt"; done
   ;;
 profile)
-  bench "$1" --frames 100 --heads depth+camera,camera --variants "${2:-auto}" --profile 2>&1 \
-    | grep -E "^\||rror|GPU kernel" | tee "$OUT/profile.txt"
+  if [ -n "${CAMERAS:-}" ]; then
+    streams "$1" "$CAMERAS" "${PROFILE_WINDOW:-16}" --frames 100 --profile 2>&1 \
+      | grep -E "^\||rror|GPU kernel|batched step" | tee "$OUT/profile_cameras.txt"
+  else
+    bench "$1" --frames 100 --heads depth+camera,camera --variants "${2:-auto}" --profile 2>&1 \
+      | grep -E "^\||rror|GPU kernel" | tee "$OUT/profile.txt"
+  fi
   ;;
 attention)
   with_flashinfer python3 bench/attention_bench.py "$@" 2>&1 | grep -E "^\||keys" | tee "$OUT/attention.txt"

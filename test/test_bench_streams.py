@@ -59,3 +59,61 @@ def test_cameras_with_processes(capsys):
     assert bench_main(["--cameras", "2", "--processes", *ARGS]) == 0
     out = capsys.readouterr().out
     assert re.search(r"\| 2 processes \| 2 \| [0-9.]+ \|", out), out
+
+
+def test_profile_is_refused_without_a_gpu(capsys):
+    with pytest.raises(SystemExit):
+        bench_main(["--cameras", "2", "--profile", *ARGS])
+    assert "--profile measures GPU kernel time: it needs --device cuda" in capsys.readouterr().err
+
+
+class _Event:
+    def __init__(self, key: str, us: float) -> None:
+        self.key, self.device_time_total = key, us
+
+
+def test_kernel_time_by_category_and_the_comparison_table():
+    from lingbot_map_ros.tools.bench import kernel_ms_by_category
+    from lingbot_map_ros.tools.bench_streams import profile_comparison
+
+    events = [_Event("sm90_xmma_gemm_bf16", 4000.0), _Event("_attn_fwd_runs", 3000.0),
+              _Event("aten::linear", 9000.0),  # host side: its kernels are counted under their own names
+              _Event("triton_poi_fused_add_mul_0", 500.0), _Event("cudnn::conv2d_fprop", 1000.0)]
+    one = kernel_ms_by_category(events, steps=2)
+    assert one == {"gemm": 2.0, "attention": 1.5, "elementwise/other": 0.25, "conv (depth head)": 0.5}
+    many = {"gemm": 3.0, "attention": 3.0, "elementwise/other": 0.5, "copy/index/cat": 0.1}
+    table = profile_comparison(one, many, 2)
+    assert "| gemm | 2.00 | 3.00 | 1.50x |" in table and "| attention | 1.50 | 3.00 | 2.00x |" in table
+    assert "| copy/index/cat | 0 | 0.10 | - |" in table and "| conv (depth head) | 0.50 | 0.00 | 0.00x |" in table
+    assert "| total | 4.25 | 6.60 | 1.55x |" in table
+    assert table.index("| gemm |") < table.index("| elementwise/other |")  # the batched step's largest first
+
+
+def test_profile_group_fills_the_windows_then_profiles_eager_ticks():
+    """On the CPU the profile has no kernels to count; what it must do all the same: fill every
+    stream's window, then run the profiled ticks with every stream's graphs switched off."""
+    import torch
+
+    from lingbot_map_ros.core.config import StreamConfig
+    from lingbot_map_ros.core.model_host import ModelHost
+    from lingbot_map_ros.core.runtime import RuntimeConfig
+    from lingbot_map_ros.tools import bench_streams
+
+    base = ModelHost.load(RuntimeConfig(model_preset="tiny", device="cpu", dtype="float32"), log=lambda m: None)
+    stream = StreamConfig(scale_frames=2, sliding_window=2, camera_iterations=1, with_depth=False)
+    pools = bench_streams._frames(28, 42, 2, torch.device("cpu"))
+    seen = []
+    real_step = bench_streams.StreamGroup.step
+
+    def step(group, frames):
+        seen.append([group.manager(name).session.use_cuda_graphs for name in frames])
+        return real_step(group, frames)
+
+    bench_streams.StreamGroup.step = step
+    try:
+        totals = bench_streams.profile_group(base, stream, 2, pools, ticks=3)
+    finally:
+        bench_streams.StreamGroup.step = real_step
+    assert totals == {}  # the CPU runs no kernels the profiler times on a device
+    start = bench_streams._steady_start(stream) + 2
+    assert len(seen) == start + 3 and seen[-3:] == [[False, False]] * 3

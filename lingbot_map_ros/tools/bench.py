@@ -261,6 +261,21 @@ KERNEL_CATEGORIES = (
 )
 
 
+def kernel_ms_by_category(events, steps: int) -> dict[str, float]:
+    """GPU kernel ms per step by ``KERNEL_CATEGORIES`` from a profiler's ``key_averages()`` over ``steps``
+    steps (host-side events and copies the host issued are not kernel time)."""
+    totals: dict[str, float] = {}
+    for event in events:
+        us = getattr(event, "device_time_total", 0.0) or getattr(event, "cuda_time_total", 0.0)
+        host_side = event.key.startswith(("aten::", "cuda", "Memcpy", "Memset")) and "kernel" not in event.key.lower()
+        if us <= 0 or host_side:
+            continue
+        name = event.key.lower()
+        category = next((c for c, keys in KERNEL_CATEGORIES if any(k in name for k in keys)), "elementwise/other")
+        totals[category] = totals.get(category, 0.0) + us / 1e3 / steps
+    return totals
+
+
 def profile_table(manager: SessionManager, pool, variant: str, frames: int = 10) -> str:
     """GPU kernel time per frame by category, measured eagerly on steady-state frames.
 
@@ -278,15 +293,7 @@ def profile_table(manager: SessionManager, pool, variant: str, frames: int = 10)
             manager.push(pool[i % len(pool)], float(i))
         torch.cuda.synchronize()
     session.use_cuda_graphs = graphs
-    totals: dict[str, float] = {}
-    for event in prof.key_averages():
-        us = getattr(event, "device_time_total", 0.0) or getattr(event, "cuda_time_total", 0.0)
-        host_side = event.key.startswith(("aten::", "cuda", "Memcpy", "Memset")) and "kernel" not in event.key.lower()
-        if us <= 0 or host_side:
-            continue
-        name = event.key.lower()
-        category = next((c for c, keys in KERNEL_CATEGORIES if any(k in name for k in keys)), "elementwise/other")
-        totals[category] = totals.get(category, 0.0) + us / 1e3 / frames
+    totals = kernel_ms_by_category(prof.key_averages(), frames)
     rows = [f"GPU kernel time per frame ({variant}, eager, {frames} steady frames):", "",
             "| category | ms/frame |", "|---|---|"]
     for category, ms in sorted(totals.items(), key=lambda kv: -kv[1]):

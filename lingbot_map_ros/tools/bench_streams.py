@@ -121,6 +121,59 @@ def run_batched(base: ModelHost, stream: StreamConfig, n: int, frames: int, pool
     return row, poses
 
 
+def profile_group(base: ModelHost, stream: StreamConfig, n: int, pools, ticks: int = 10) -> dict[str, float]:
+    """GPU kernel ms per tick by category for ``n`` streams in the steady state: a fresh group fills its
+    windows, then runs ``ticks`` ticks eagerly under the profiler (graph replays hide their kernels; the
+    eager batched call runs the same kernels, with the compiled block bodies, only the gaps between them
+    differ). ``n = 1`` is the single-camera step (a batch of one is the stream's own step)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..core.model.fusion import fused_blocks
+    from .bench import kernel_ms_by_category
+
+    _reset_peak(base.resolved.device)
+    group = StreamGroup(base, stream, [f"cam{i}" for i in range(n)], log=lambda m: None, batch=True)
+
+    def tick(i: int) -> None:
+        outcomes = group.step({f"cam{s}": (pools[s][i % len(pools[s])], float(i)) for s in range(n)})
+        for name, o in outcomes.items():
+            if o.error is not None:
+                raise RuntimeError(f"{name}: {o.error}")
+
+    start = _steady_start(stream) + 2
+    for i in range(start):
+        tick(i)
+    sessions = [group.manager(name).session for name in group.names]
+    graphs = [s.use_cuda_graphs for s in sessions]
+    activities = [ProfilerActivity.CUDA] if base.resolved.device.type == "cuda" else [ProfilerActivity.CPU]
+    try:
+        for s in sessions:
+            s.use_cuda_graphs = False
+        with profile(activities=activities) as prof, fused_blocks(sessions[0]._fusion):
+            for i in range(start, start + ticks):
+                tick(i)
+            if base.resolved.device.type == "cuda":
+                torch.cuda.synchronize()
+    finally:
+        for s, g in zip(sessions, graphs):
+            s.use_cuda_graphs = g
+    return kernel_ms_by_category(prof.key_averages(), ticks)
+
+
+def profile_comparison(one: dict[str, float], many: dict[str, float], n: int) -> str:
+    """Kernel time per category: one stream's step beside the batched step of ``n``, and their ratio
+    (n.00x: the category does not gain from the batch; 1.00x: it is free)."""
+    rows = [f"GPU kernel time per tick by category, eager (one stream beside {n} streams batched):", "",
+            f"| category | one stream ms | {n} streams ms | ratio |", "|---|---|---|---|"]
+    for category in sorted(set(one) | set(many), key=lambda c: -many.get(c, 0.0)):
+        a, b = one.get(category, 0.0), many.get(category, 0.0)
+        rows.append(f"| {category} | {a:.2f} | {b:.2f} | {b / a:.2f}x |" if a else f"| {category} | 0 | {b:.2f} | - |")
+    total_one, total_many = sum(one.values()), sum(many.values())
+    rows.append(f"| total | {total_one:.2f} | {total_many:.2f} | "
+                f"{total_many / total_one if total_one else float('nan'):.2f}x |")
+    return "\n".join(rows)
+
+
 def batched_paths(group: StreamGroup) -> str:
     """Which path the batched ticks took, how often, and the captures per batch size."""
     if not group.path_counts:
@@ -220,6 +273,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--frames", type=int, default=160, help="frames per stream, phase 1 included")
     p.add_argument("--heads", default="depth+camera", choices=("depth+camera", "camera"))
     p.add_argument("--processes", action="store_true", help="also run the N streams as N processes")
+    p.add_argument("--profile", action="store_true",
+                   help="also print GPU kernel time by category, one stream beside the N batched (eager ticks)")
     p.add_argument("--json", default="", help="also write the rows as a run-of-record part (table 'streams')")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -230,6 +285,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         device = resolve_device(args.device)
     except ValueError as exc:
         p.error(str(exc))
+    if args.profile and device.type != "cuda":
+        p.error("--profile measures GPU kernel time: it needs --device cuda (refused before the run)")
     runtime_cfg = runtime_from_args(args)
     stream = dataclasses.replace(stream_from_args(args), with_depth=args.heads == "depth+camera")
     base = ModelHost.load(runtime_cfg, log=lambda m: None)
@@ -248,6 +305,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     batched, batched_poses = run_batched(base, stream, n, args.frames, pools)
     sequential, sequential_poses = run_sequential(base, stream, n, args.frames, pools)
     rows += [batched, sequential]
+    if args.profile:
+        print(profile_comparison(profile_group(base, stream, 1, pools), profile_group(base, stream, n, pools), n),
+              flush=True)
     if args.processes:
         del base
         if device.type == "cuda":
