@@ -162,10 +162,23 @@ def test_host_load_and_long_run_rows(tmp_path):
     loaded = dict(LATENCY, load="host load", median_ms=12.96, p90_ms=14.0, peak_gb=None)
     long_run = {"table": "long_run", "geometry": "518x378", "heads": "camera", "frames": 1000, "median_ms": 11.5,
                 "p90_ms": 12.5, "growth_mb": 0.0, "peak_gb": 8.5}
-    write_run(tmp_path, [LATENCY, loaded, long_run])
+    switched = dict(long_run, geometry="518x392", window_switches=3)
+    write_run(tmp_path, [LATENCY, loaded, long_run, switched])
     part = sections(perf.render_performance(perf.load_runs(tmp_path)))["Long run and host load"]
     assert "| 12.34 (13.45) | 12.96 (14.00) | +5.0 % |" in part
     assert "| 518×378 | camera only | 1,000 |  | 11.50 | 12.50 | 8.50 | +0 |" in part
+    assert "| 518×392 | camera only | 1,000 | 3 | 11.50 | 12.50 | 8.50 | +0 |" in part
+
+
+def test_a_streams_row_with_a_footprint_is_also_a_memory_row(tmp_path):
+    """Several streams' peak beside the group's footprint, in the one memory table."""
+    row = {"table": "streams", "geometry": "518x378", "window": 64, "heads": "depth+camera", "streams": 2,
+           "ms_per_step": 47.03, "one_stream_ms": 24.85, "fps_total": 42.5, "sequential_fps": 40.2,
+           "processes_fps": 39.2, "peak_gb": 20.96, "predicted_gb": 21.42}
+    write_run(tmp_path, [row, dict(row, streams=4, peak_gb=None)])
+    found = sections(perf.render_performance(perf.load_runs(tmp_path)))
+    assert "| 518×378 | 64 | depth + camera | 2 | 21.42 | 20.96 | +2.2 % |" in found["Memory"]
+    assert "| 4 |" not in found["Memory"]  # no peak measured: no memory row
 
 
 @pytest.mark.parametrize("row, section, shown", [

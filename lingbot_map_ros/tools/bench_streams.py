@@ -99,10 +99,9 @@ def _timed_ticks(tick: Callable[[int], dict[str, list]], frames: int, steady: in
     return np.array(times), poses
 
 
-def run_batched(base: ModelHost, stream: StreamConfig, n: int, frames: int, pools) -> tuple[StreamsRow, dict]:
-    device = base.resolved.device
-    held = _reset_peak(device)
-    group = StreamGroup(base, stream, [f"cam{i}" for i in range(n)], log=lambda m: None, batch=True)
+def _group_tick(group: StreamGroup, pools, n: int) -> Callable[[int], dict[str, list]]:
+    """Tick ``i`` of a group: every stream's next frame in one ``step``; its results by stream (a failed
+    frame stops the benchmark: its figures would not be of the step it names)."""
 
     def tick(i: int) -> dict[str, list]:
         outcomes = group.step({f"cam{s}": (pools[s][i % len(pools[s])], float(i)) for s in range(n)})
@@ -111,7 +110,14 @@ def run_batched(base: ModelHost, stream: StreamConfig, n: int, frames: int, pool
                 raise RuntimeError(f"{name}: {o.error}")
         return {name: list(o.results) for name, o in outcomes.items()}
 
-    times, poses = _timed_ticks(tick, frames, _steady_start(stream))
+    return tick
+
+
+def run_batched(base: ModelHost, stream: StreamConfig, n: int, frames: int, pools) -> tuple[StreamsRow, dict]:
+    device = base.resolved.device
+    held = _reset_peak(device)
+    group = StreamGroup(base, stream, [f"cam{i}" for i in range(n)], log=lambda m: None, batch=True)
+    times, poses = _timed_ticks(_group_tick(group, pools, n), frames, _steady_start(stream))
     fp = group_footprint(base, stream, n, group.managers["cam0"].session.image_hw)
     row = _row("batched" if n > 1 else "batched (one stream: the single-camera path)", n, times, _peak(device),
                f"footprint {fp.total / GB:.2f} GB predicted, {held:.2f} GB held at start; {batched_paths(group)}")
@@ -133,18 +139,13 @@ def profile_group(base: ModelHost, stream: StreamConfig, n: int, pools, ticks: i
 
     _reset_peak(base.resolved.device)
     group = StreamGroup(base, stream, [f"cam{i}" for i in range(n)], log=lambda m: None, batch=True)
-
-    def tick(i: int) -> None:
-        outcomes = group.step({f"cam{s}": (pools[s][i % len(pools[s])], float(i)) for s in range(n)})
-        for name, o in outcomes.items():
-            if o.error is not None:
-                raise RuntimeError(f"{name}: {o.error}")
-
+    tick = _group_tick(group, pools, n)
     start = _steady_start(stream) + 2
     for i in range(start):
         tick(i)
     sessions = [group.manager(name).session for name in group.names]
     graphs = [s.use_cuda_graphs for s in sessions]
+    # the CLI refuses --profile without a GPU; the CPU activity lets the tests drive this function
     activities = [ProfilerActivity.CUDA] if base.resolved.device.type == "cuda" else [ProfilerActivity.CPU]
     try:
         for s in sessions:
