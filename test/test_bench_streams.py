@@ -89,7 +89,7 @@ def test_kernel_time_by_category_and_the_comparison_table():
     assert table.index("| gemm |") < table.index("| elementwise/other |")  # the batched step's largest first
 
 
-def test_profile_group_fills_the_windows_then_profiles_eager_ticks():
+def test_profile_group_fills_the_windows_then_profiles_eager_ticks(monkeypatch):
     """On the CPU the profile has no kernels to count; what it must do all the same: fill every
     stream's window, then run the profiled ticks with every stream's graphs switched off."""
     import torch
@@ -109,11 +109,8 @@ def test_profile_group_fills_the_windows_then_profiles_eager_ticks():
         seen.append([group.manager(name).session.use_cuda_graphs for name in frames])
         return real_step(group, frames)
 
-    bench_streams.StreamGroup.step = step
-    try:
-        totals = bench_streams.profile_group(base, stream, 2, pools, ticks=3)
-    finally:
-        bench_streams.StreamGroup.step = real_step
+    monkeypatch.setattr(bench_streams.StreamGroup, "step", step)
+    totals = bench_streams.profile_group(base, stream, 2, pools, ticks=3)
     assert totals == {}  # the CPU runs no kernels the profiler times on a device
     start = bench_streams._steady_start(stream) + 2
     assert len(seen) == start + 3 and seen[-3:] == [[False, False]] * 3
