@@ -1,13 +1,18 @@
 """The camera head's trunk GEMVs (one fp32 token, width 2048): cuBLAS (F.linear) against ``core/model/gemv.py``
 per tile choice (GPU only). Prints µs per call and TB/s of weight traffic per shape and tile.
 
+``--tokens 2,4``: the several camera tokens of a batched step (one per stream) in one call, beside cuBLAS
+over the same tokens and beside one single-token call per token.
+
 Timed as the frame step runs them: ``CALLS`` calls back to back inside one CUDA graph (no host launch in
 the figure), each reading its own copy of the weights (so L2, 50 MB, never holds the next one), the
 graph replayed and timed with CUDA events; µs per call is the median replay over ``CALLS``.
 
-    python3 bench/gemv_bench.py
+    python3 bench/gemv_bench.py [--tokens 1,2,4] [--default-tiles]
 """
 from __future__ import annotations
+
+import argparse
 
 import torch
 import torch.nn.functional as F
@@ -43,27 +48,41 @@ def graphed_us(calls: list) -> float:
 
 
 def main() -> None:
-    print("| linear | tile (rows, chunk, warps; 0: default) | µs | TB/s |\n|---|---|---|---|")
-    for name, n, k, kind in SHAPES:
-        x = torch.randn(1, 1, k, device="cuda")
-        weights = [torch.randn(n, k, device="cuda") / k**0.5 for _ in range(CALLS)]
-        b = torch.randn(n, device="cuda")
-        ln = (torch.randn(k, device="cuda"), torch.randn(k, device="cuda"))
-        gamma, res = torch.randn(n, device="cuda"), torch.randn(1, 1, n, device="cuda")
-        gb = n * k * 4 / 1e9
-        us = graphed_us([lambda w=w: F.linear(x, w, b) for w in weights])
-        print(f"| {name} | cuBLAS F.linear (no LN, no epilogue) | {us:.1f} | {gb / us * 1e3:.2f} |")
-        for bn, bk, warps in TILES:
-            tiles = dict(block_n=bn, block_k=bk, num_warps=warps)
-            if kind == "residual":
-                calls = [lambda w=w, t=tiles: linear_residual(x, w, b, gamma, res, **t) for w in weights]
-            else:
-                calls = [lambda w=w, t=tiles: norm_linear(x, ln, 1e-5, w, b, gelu=kind == "gelu", **t) for w in weights]
-            try:
-                us = graphed_us(calls)
-                print(f"| {name} | {bn}, {bk}, {warps} | {us:.1f} | {gb / us * 1e3:.2f} |")
-            except Exception as exc:  # a tile that does not compile is reported, not fatal
-                print(f"| {name} | {bn}, {bk}, {warps} | failed: {type(exc).__name__} | |")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", default="1", help="token counts, comma-separated (a batched step's streams)")
+    parser.add_argument("--default-tiles", action="store_true", help="only the shipped tile (gemv._tile)")
+    args = parser.parse_args()
+    tiles = [(0, 0, 4)] if args.default_tiles else TILES
+    print("| linear | tokens | tile (rows, chunk, warps; 0: default) | µs | TB/s |\n|---|---|---|---|---|")
+    for m in (int(t) for t in args.tokens.split(",")):
+        for name, n, k, kind in SHAPES:
+            x = torch.randn(1, m, k, device="cuda")  # [1, M, K]: one token per stream
+            weights = [torch.randn(n, k, device="cuda") / k**0.5 for _ in range(CALLS)]
+            b = torch.randn(n, device="cuda")
+            ln = (torch.randn(k, device="cuda"), torch.randn(k, device="cuda"))
+            gamma, res = torch.randn(n, device="cuda"), torch.randn(1, m, n, device="cuda")
+            gb = n * k * 4 / 1e9
+
+            def row(label: str, us: float) -> None:
+                print(f"| {name} | {m} | {label} | {us:.1f} | {gb / us * 1e3:.2f} |")
+
+            row("cuBLAS F.linear (no LN, no epilogue)", graphed_us([lambda w=w: F.linear(x, w, b) for w in weights]))
+            for bn, bk, warps in tiles:
+                t = dict(block_n=bn, block_k=bk, num_warps=warps)
+                if kind == "residual":
+                    def one(w, xs=x, r=res, t=t):
+                        return linear_residual(xs, w, b, gamma, r, **t)
+                else:
+                    def one(w, xs=x, r=res, t=t):
+                        return norm_linear(xs, ln, 1e-5, w, b, gelu=kind == "gelu", **t)
+                try:
+                    row(f"{bn}, {bk}, {warps}", graphed_us([lambda w=w: one(w) for w in weights]))
+                    if m > 1 and (bn, bk) == (0, 0):  # what one call per token would take
+                        singles = [(x[:, i:i + 1].contiguous(), res[:, i:i + 1].contiguous()) for i in range(m)]
+                        row(f"{m} one-token calls", graphed_us(
+                            [lambda w=w: [one(w, xs, r) for xs, r in singles] for w in weights]))
+                except Exception as exc:  # a tile that does not compile is reported, not fatal
+                    print(f"| {name} | {m} | {bn}, {bk}, {warps} | failed: {type(exc).__name__} | |")
 
 
 if __name__ == "__main__":

@@ -203,6 +203,21 @@ def gemv_cases() -> dict[str, float]:
                                                         torch.nn.functional.gelu(lin))
         ref = res.double() + gamma.double() * (x.double() @ w.double().T + b.double())
         errors[f"linear_residual {n}x{k}"] = relative(linear_residual(x, w, b, gamma, res), ref)
+    for m, (n, k) in ((2, (37, 300)), (3, (2053, 260)), (4, (300, 600))):  # tokens of a batched step: 3 pads to 4
+        x = torch.randn(1, m, k, generator=gen) * torch.arange(1, m + 1).view(1, m, 1) + 0.5  # [1, M, K]
+        w = torch.randn(n, k, generator=gen) / k**0.5  # [N, K]
+        b = torch.randn(n, generator=gen)
+        ln = (torch.randn(k, generator=gen), torch.randn(k, generator=gen))
+        gamma, res = torch.randn(n, generator=gen), torch.randn(1, m, n, generator=gen)
+        y = torch.nn.functional.layer_norm(x.double(), (k,), ln[0].double(), ln[1].double(), 1e-5)  # per token
+        lin = y @ w.double().T + b.double()  # [1, M, N]
+        errors[f"{m} tokens norm_linear gelu {n}x{k}"] = relative(norm_linear(x, ln, 1e-5, w, b, gelu=True),
+                                                                  torch.nn.functional.gelu(lin))
+        ref = res.double() + gamma.double() * (x.double() @ w.double().T + b.double())
+        errors[f"{m} tokens linear_residual {n}x{k}"] = relative(linear_residual(x, w, b, gamma, res), ref)
+        alone = torch.cat([norm_linear(x[:, i:i + 1], ln, 1e-5, w, b) for i in range(m)], dim=1)
+        errors[f"{m} tokens norm_linear vs one at a time {n}x{k}"] = relative(norm_linear(x, ln, 1e-5, w, b),
+                                                                              alone.double())
     return errors
 
 

@@ -123,7 +123,7 @@ class BlockFusion:
     def __init__(self, *, triton_kernels: bool = False, depth_head: bool = False) -> None:
         """``triton_kernels`` (CUDA with Triton only): our kernels where they apply, the aggregator blocks'
         q/k-norm + RoPE + cast (``qk_rope.py``, after a compiled LN₁ → qkv) instead of Inductor's two
-        kernels, and the camera head's one-token fp32 blocks as four fused GEMVs (``gemv.py``).
+        kernels, and the camera head's fp32 blocks (one token per stream) as four fused GEMVs (``gemv.py``).
         ``depth_head``: the DPT head's arithmetic compiled too (``depth_chunk``); else it runs eager."""
         from ..kernel_cache import use_kernel_cache
 
@@ -132,6 +132,11 @@ class BlockFusion:
         allow_recompiles(64)
         options = {"emulate_precision_casts": True}
         self.triton_kernels = triton_kernels
+        self._gemv_tokens = 0  # the most camera tokens (streams) the fused GEMVs take; 0: no Triton
+        if triton_kernels:
+            from .gemv import MAX_TOKENS
+
+            self._gemv_tokens = MAX_TOKENS
         self._pre = torch.compile(_pre, fullgraph=True, dynamic=False, options=options)
         self._pre_qkv = torch.compile(_pre_qkv, fullgraph=True, dynamic=False, options=options)
         self._post = torch.compile(_post, fullgraph=True, dynamic=False, options=options)
@@ -162,10 +167,11 @@ class BlockFusion:
     def block(self, blk: nn.Module, x: Tensor, attend: AttendCall) -> Tensor:
         attn = blk.attn
         qk = not isinstance(attn.q_norm, torch.nn.Identity)
-        if (self.triton_kernels and x.is_cuda and x.dtype == torch.float32 and x.shape[0] * x.shape[1] == 1
+        if (self.triton_kernels and x.is_cuda and x.dtype == torch.float32
+                and x.shape[0] * x.shape[1] <= self._gemv_tokens
                 and not qk and attend.rope is None):
             self.calls += 1
-            return _one_token_block(blk, x, attend)
+            return _few_token_block(blk, x, attend)
         cos = sin = rotate = None
         if attend.rope is not None:
             # the dtype the eager path rotates in: q/k-norm output (fp32 under autocast), else qkv's
@@ -197,18 +203,19 @@ class BlockFusion:
         )
 
 
-def _one_token_block(blk: nn.Module, x: Tensor, attend: AttendCall) -> Tensor:
-    """A camera-trunk block for one fp32 token ``x [1, 1, C]`` in four fused GEMVs around the attention."""
+def _few_token_block(blk: nn.Module, x: Tensor, attend: AttendCall) -> Tensor:
+    """A camera-trunk block for 1..``MAX_TOKENS`` fp32 tokens ``x [1, S, C]`` (one per stream of the step) in
+    four fused GEMVs around the attention: the weights are read once for all the streams."""
     from .gemv import linear_residual, norm_linear
 
     attn, mlp = blk.attn, blk.mlp
     N, T, C = x.shape
     qkv = norm_linear(x, (blk.norm1.weight, blk.norm1.bias), blk.norm1.eps, attn.qkv.weight, attn.qkv.bias)
-    q, k, v = qkv.view(N, T, 3, attn.num_heads, C // attn.num_heads).unbind(2)  # each [1, 1, H, D]
-    out = attend.core(q, k, v).reshape(N, T, C)  # [1, 1, C]
+    q, k, v = qkv.view(N, T, 3, attn.num_heads, C // attn.num_heads).unbind(2)  # each [1, S, H, D]
+    out = attend.core(q, k, v).reshape(N, T, C).contiguous()  # [1, S, C]
     x = linear_residual(out, attn.proj.weight, attn.proj.bias, blk.ls1.gamma, x)
     h = norm_linear(x, (blk.norm2.weight, blk.norm2.bias), blk.norm2.eps, mlp.fc1.weight, mlp.fc1.bias, gelu=True)
-    return linear_residual(h, mlp.fc2.weight, mlp.fc2.bias, blk.ls2.gamma, x)  # [1, 1, C]
+    return linear_residual(h, mlp.fc2.weight, mlp.fc2.bias, blk.ls2.gamma, x)  # [1, S, C]
 
 
 _ROPE_STYLES = {apply_rope_2d: "halves", apply_rope_3d: "pairs"}  # the rotations qk_rope.py implements
