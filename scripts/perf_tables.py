@@ -180,6 +180,13 @@ def run_cell(run: Run) -> str:
     return f"{run.date} `{run.commit}`"
 
 
+def gpu_cell(run: Run) -> str:
+    """The GPU's short name (``NVIDIA H100 80GB HBM3`` -> ``H100``): where a table holds runs of several
+    GPUs, a ratio is read within one GPU's rows."""
+    words = [w for w in run.setup["gpu"].split() if w.upper() != "NVIDIA"]
+    return words[0] if words else run.setup["gpu"]
+
+
 def path_cell(row: dict, attention: bool = True) -> str:
     """Whose code, and the one-frame attention path it resolved to where the run recorded it."""
     name = PATH_NAMES.get(row["path"], f"ours, `{row['path']}`")
@@ -353,12 +360,13 @@ def section_streams(runs: list[Run]) -> str:
                                rr[1]["streams"], rr[0].date))
     rows = [[geometry_cell(row["geometry"]), row["window"], HEADS_NAMES[row["heads"]], row["streams"],
              num(row["ms_per_step"]), num(row["one_stream_ms"]), num(row["fps_total"], 1),
-             num(row["sequential_fps"], 1), num(row["processes_fps"], 1), run_cell(run)] for run, row in found]
+             num(row["sequential_fps"], 1), num(row["processes_fps"], 1), gpu_cell(run), run_cell(run)]
+            for run, row in found]
     return ("## Several streams\n\nSeveral cameras through one model: \"ms a step\" for all streams' frames "
             "together; FPS summed over the streams, beside the same streams one after another in one process "
-            "and in a process each.\n\n"
+            "and in a process each. Each row's figures come from one run on the GPU named.\n\n"
             + table(["input", "window", "heads", "streams", "ms a step", "one stream ms", "FPS total",
-                     "sequential FPS", "processes FPS", "run"], rows, "lrlrrrrrrl"))
+                     "sequential FPS", "processes FPS", "GPU", "run"], rows, "lrlrrrrrrll"))
 
 
 SECTIONS: tuple[Callable[[list[Run]], str], ...] = (
@@ -483,9 +491,9 @@ def render_readme_streams(runs: list[Run]) -> str:
         ratio = row["ms_per_step"] / row["one_stream_ms"] if row["one_stream_ms"] else None
         rows.append([row["streams"], geometry_cell(row["geometry"]), row["window"], HEADS_NAMES[row["heads"]],
                      num(row["ms_per_step"]), "" if ratio is None else f"{ratio:.2f}×", num(row["fps_total"], 1),
-                     num(row["sequential_fps"], 1), num(row["processes_fps"], 1), run_cell(run)])
+                     num(row["sequential_fps"], 1), num(row["processes_fps"], 1), gpu_cell(run), run_cell(run)])
     return table(["cameras", "input", "window", "heads", "ms a step", "× one camera", "FPS total",
-                  "one after another FPS", "a process each FPS", "run"], rows, "rlrlrrrrrl")
+                  "one after another FPS", "a process each FPS", "GPU", "run"], rows, "rlrlrrrrrll")
 
 
 def readme_renderers(runs: list[Run]) -> dict[str, Callable[[], str]]:

@@ -270,4 +270,11 @@ def test_the_readme_cost_per_camera_count_is_the_streams_rows(tmp_path):
            "processes_fps": 45.5}
     write_run(tmp_path, [LATENCY, row])
     text = perf.render_readme_streams(perf.load_runs(tmp_path))
-    assert "| 2 | 518×378 | 16 | depth + camera | 30.00 | 1.50× | 66.7 | 50.0 | 45.5 |" in text, text
+    assert "| 2 | 518×378 | 16 | depth + camera | 30.00 | 1.50× | 66.7 | 50.0 | 45.5 | Test |" in text, text
+    # a run on another GPU is named as such: its ratios are read beside its own rows, not the first run's
+    write_run(tmp_path, [dict(row, ms_per_step=33.0)], name="2030-01-03-other-gpu")
+    other = json.loads((tmp_path / "2030-01-03-other-gpu.json").read_text())
+    other["setup"] = dict(other["setup"], gpu="NVIDIA H100 80GB HBM3")
+    (tmp_path / "2030-01-03-other-gpu.json").write_text(json.dumps(other))
+    text = perf.render_readme_streams(perf.load_runs(tmp_path))
+    assert "| 2 | 518×378 | 16 | depth + camera | 33.00 | 1.65× | 66.7 | 50.0 | 45.5 | H100 |" in text, text
