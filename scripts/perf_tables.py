@@ -237,15 +237,16 @@ def section_latency(runs: list[Run]) -> str:
                                path_order(rr[1]["path"]), rr[0].date, rr[0].file))
     rows = [[geometry_cell(row["geometry"]), HEADS_NAMES[row["heads"]], path_cell(row), settings_cell(row),
              num(row["median_ms"]), num(row["p90_ms"]), fps_cell(row), num(row["peak_gb"]),
-             _official_ratio(run, row), run_cell(run)] for run, row in found]
-    header = ["input", "heads", "code", "settings", "median ms", "p90 ms", "FPS", "peak GB", "× official", "run"]
-    align = "llllrrrrrl"
+             _official_ratio(run, row), gpu_cell(run), run_cell(run)] for run, row in found]
+    header = ["input", "heads", "code", "settings", "median ms", "p90 ms", "FPS", "peak GB", "× official", "GPU",
+              "run"]
+    align = "llllrrrrrll"
     if not any(row[3] for row in rows):  # every row at the reference settings: no column for them
         rows, header, align = [r[:3] + r[4:] for r in rows], header[:3] + header[4:], align[:3] + align[4:]
     return ("## Latency\n\nOne camera, a frame pushed as soon as the previous one is done, idle host. "
             "Steady state: the frames after the window is full. \"settings\": where a row's stream differs "
             "from the set-up of record. \"× official\": the official code's median over ours, measured in the "
-            "same run.\n\n" + table(header, rows, align))
+            "same run. Compare times within one GPU's rows.\n\n" + table(header, rows, align))
 
 
 def section_memory(runs: list[Run]) -> str:

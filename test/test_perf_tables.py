@@ -102,8 +102,8 @@ def test_a_row_appears_in_its_section(tmp_path):
     write_run(tmp_path, [LATENCY])
     text = perf.render_performance(perf.load_runs(tmp_path))
     found = sections(text)
-    assert "| 518×378 | depth + camera | ours, the default path | 12.34 | 13.45 | 81.0 | 9.87 |  | " \
-           "2030-01-02 `abc1234` |" in found["Latency"]
+    assert "| 518×378 | depth + camera | ours, the default path | 12.34 | 13.45 | 81.0 | 9.87 |  | Test | " \
+           "2030-01-02 `abc1234` |" in found["Latency"]  # the GPU's short name: times compare within one GPU
     assert "Test GPU" in found["Set-up of record"]
     # no rows, no section
     assert not {"Memory", "Attention per layer", "Long run and host load", "Time to first pose",
@@ -152,8 +152,8 @@ def test_the_official_ratio_comes_from_the_same_run_only(tmp_path):
     write_run(tmp_path, [dict(LATENCY, median_ms=10.0)], name="2030-01-03-later", commit="def5678")
     runs = perf.load_runs(tmp_path)
     latency = sections(perf.render_performance(runs))["Latency"]
-    assert re.search(r"\| 12\.34 \|.*\| 2\.00× \| 2030-01-02 `abc1234` \|", latency)
-    assert re.search(r"\| 10\.00 \|.*\|  \| 2030-01-03 `def5678` \|", latency)  # no official in that run
+    assert re.search(r"\| 12\.34 \|.*\| 2\.00× \| Test \| 2030-01-02 `abc1234` \|", latency)
+    assert re.search(r"\| 10\.00 \|.*\|  \| Test \| 2030-01-03 `def5678` \|", latency)  # no official in that run
     readme = perf.render_readme(runs)  # the pair of the newest run that has both
     assert "12.34" in readme and "24.68" in readme and "10.00" not in readme
 
