@@ -394,7 +394,7 @@ def _pose(m: ArrayLike) -> np.ndarray:
         else np.asarray(m, dtype=np.float64).reshape(4, 4)
 
 
-def _rigid_inverse(m: np.ndarray) -> np.ndarray:
+def rigid_inverse(m: np.ndarray) -> np.ndarray:
     """``[R^T | -R^T t]`` of one rigid [4, 4] (``se3_inverse`` without its batch machinery)."""
     out = np.zeros((4, 4))
     rt = m[:3, :3].T
@@ -418,19 +418,19 @@ def body_pose(camera_pose: ArrayLike, base_to_camera: ArrayLike) -> np.ndarray:
     Both translations must be in one unit (metres once a metric scale is applied; the extrinsic's
     metres are taken as model units otherwise, which keeps ``T_w_base T_base_cam = T_w_cam`` exact).
     """
-    return _pose(camera_pose) @ _rigid_inverse(_pose(base_to_camera))
+    return _pose(camera_pose) @ rigid_inverse(_pose(base_to_camera))
 
 
 def relative_pose(reference: ArrayLike, pose: ArrayLike) -> np.ndarray:
     """``reference^-1 pose``: ``pose`` seen from the frame whose pose is ``reference`` (the node's world
     with ``base_frame`` is the session's first body pose)."""
-    return _rigid_inverse(_pose(reference)) @ _pose(pose)
+    return rigid_inverse(_pose(reference)) @ _pose(pose)
 
 
 def odom_correction(body_in_world: ArrayLike, base_in_odom: ArrayLike) -> np.ndarray:
     """``T_world_odom = T_world_base T_odom_base^-1`` (REP 105's map -> odom): with the robot's own
     ``odom -> base`` at the same stamp, ``T_world_odom T_odom_base`` is exactly the body estimate."""
-    return _pose(body_in_world) @ _rigid_inverse(_pose(base_in_odom))
+    return _pose(body_in_world) @ rigid_inverse(_pose(base_in_odom))
 
 
 def rotation_vector(rot: ArrayLike) -> np.ndarray:
@@ -479,6 +479,6 @@ def pose_difference(a: ArrayLike, b: ArrayLike) -> tuple[float, float]:
 
 
 __all__ += [
-    "body_pose", "body_twist", "odom_correction", "pose_difference", "relative_pose", "rotation_vector",
-    "scale_pose", "transform_matrix",
+    "body_pose", "body_twist", "odom_correction", "pose_difference", "relative_pose", "rigid_inverse",
+    "rotation_vector", "scale_pose", "transform_matrix",
 ]

@@ -36,7 +36,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .geometry import quaternion_to_matrix, quaternion_xyzw_from_matrix, se3_inverse
+from .geometry import odom_correction, quaternion_to_matrix, quaternion_xyzw_from_matrix, rigid_inverse, se3_inverse
 
 HISTORY = 64  # world poses kept per stream for hand-overs and anchoring (a few seconds of frames)
 
@@ -58,6 +58,9 @@ class RigPlacement:
     published_body: Optional[np.ndarray]  # [4, 4] what ~/pose carries (offset applied); None unless drives
     handed_over: str  # "" or the hand-over this frame made ("rear drives: front stalled")
     unit: float = 1.0  # the stream's translation (and depth) unit in the world's
+    # [4, 4] T_world_odom of ``published_body`` (``odom_correction``) when it drives with odometry: the /tf
+    # edge world -> odom, computed once here for the held pose and the edge alike
+    correction: Optional[np.ndarray] = None
 
 
 @dataclass(frozen=True)
@@ -164,7 +167,7 @@ class Rig:
         s = self._streams[name]
         body = np.asarray(body, np.float64)
         camera = np.asarray(camera, np.float64)
-        extrinsic = se3_inverse(body) @ camera  # T_base_cam
+        extrinsic = rigid_inverse(body) @ camera  # T_base_cam
         s.seen = now
         if s.anchor is None and s.first is None:
             if not self.has_world:  # the first stream creates the world, in its own unit
@@ -184,18 +187,19 @@ class Rig:
         if s.anchor is None:
             _, held_first, body_first = s.first  # type: ignore[misc]
             s.anchor = held_first @ se3_inverse(scaled(body_first, s.unit))
-        world_body = s.anchor @ scaled(body, s.unit)  # [4, 4]
+        # [4, 4]; a unit of 1 (the world's creator, a metric source) scales nothing: no copy to scale
+        world_body = s.anchor @ (body if s.unit == 1.0 else scaled(body, s.unit))
         s.history.append((stamp, world_body))
         note = self._drive(name, now)
         drives = self.driver == name
-        published = None
+        published = correction = None
         if drives:
             published = self._offset @ world_body
             self._published.append((stamp, published))
             if base_in_odom is not None:
-                self._correction = published @ se3_inverse(base_in_odom)
+                correction = self._correction = odom_correction(published, base_in_odom)
         return RigPlacement(camera=world_body @ extrinsic, body=world_body, drives=drives, published_body=published,
-                            handed_over=note, unit=float(s.unit))
+                            handed_over=note, unit=float(s.unit), correction=correction)
 
     def _estimate_unit(self, s: _Stream, stamp: float, body: np.ndarray, base_in_odom) -> str:
         """The held body's travel over this stream's own, over the same stamps ("" once locked)."""

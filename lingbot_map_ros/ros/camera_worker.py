@@ -219,7 +219,7 @@ class CameraGroupWorker:
             tf = None
             if values.publish_tf:
                 tf = self._outputs.robot.tf_edge(world, base, odom, channel.camera_frame(header), body,
-                                                 placed.base_in_odom)
+                                                 placed.base_in_odom, out.correction)
             self._outputs.publish_body(body, header, base, self._twist(header, body), tf)
         depth = r.depth
         factor = float(placed.depth_factor) * out.unit  # metres when metric; the world's unit
@@ -227,7 +227,9 @@ class CameraGroupWorker:
             depth = (depth * np.float32(factor)).astype(np.float32)
         if values.publish_depth and depth is not None:
             channel.depth_pub.publish(rosmsg.depth_image(depth, header.stamp, channel.camera_frame(header)))
-        if channel.recon is not None:  # its points in the one world; the map fuses every camera's
+        # its points in the one world; the map fuses every camera's (a frame without depth has none: the
+        # reconstruction outputs publish nothing for it, and its copy of the result is not made)
+        if channel.recon is not None and depth is not None:
             channel.recon.publish(dataclasses.replace(r, c2w=out.camera, depth=depth, session_id=self.world),
                                   frame.model_image, header, channel.camera_frame(header), world)
 

@@ -38,7 +38,7 @@ from typing import Optional, Union
 
 import numpy as np
 
-from ..core.geometry import body_pose, body_twist, odom_correction, pose_difference, relative_pose
+from ..core.geometry import body_pose, body_twist, odom_correction, pose_difference, rigid_inverse
 from ..core.scale import ScaleEstimator, ScaleStatus, depth_ratio, model_depth_grid
 from .node_settings import SettingsSource
 from .transforms import FrameTree, NoTransform
@@ -95,6 +95,23 @@ class RobotReport:
     other_publishers: dict = field(default_factory=dict)  # "world -> child" -> who else publishes it
 
 
+class _Inverse:
+    """``rigid_inverse`` of the last matrix asked for, kept while the same array object is asked for again:
+    the session's world and a static mount's extrinsic (``FrameTree`` hands out one read-only array per
+    cached lookup) change rarely, and their inverse would otherwise be computed again at every frame. The
+    matrices given are never changed in place (each new value is a new array)."""
+
+    def __init__(self) -> None:
+        self._matrix: Optional[np.ndarray] = None
+        self._inverse: Optional[np.ndarray] = None
+
+    def of(self, matrix: np.ndarray) -> np.ndarray:
+        if matrix is not self._matrix:
+            self._inverse = rigid_inverse(np.asarray(matrix, np.float64).reshape(4, 4))
+            self._matrix = matrix
+        return self._inverse
+
+
 class RobotFrames:
     """The frames and the scale of the current session, applied to each result (inference thread);
     ``report`` for the executor thread. ``depth`` is the ``DepthPairing`` (scale_source depth)."""
@@ -116,6 +133,8 @@ class RobotFrames:
         self._world: Optional[np.ndarray] = None  # T_model_world: the first body pose, metric (base_frame)
         self._previous: Optional[tuple[float, np.ndarray]] = None  # (stamp s, pose) for the twist
         self._extrinsic: Optional[np.ndarray] = None
+        self._world_inverse = _Inverse()  # T_world_model, of _world
+        self._extrinsic_inverse = _Inverse()  # T_cam_base, of the frame's T_base_cam
         self._edge = ""
         self._conflicts: dict[str, tuple[str, str]] = {}
         self._logged_conflicts: set[tuple[str, str]] = set()
@@ -179,8 +198,8 @@ class RobotFrames:
                 if self._world is None:  # the session's first body pose, in the unit of the first lock
                     first_camera, first_extrinsic = self._first
                     self._world = body_pose(metric.pose(first_camera), first_extrinsic)
-                camera = relative_pose(self._world, camera)
-                pose, child = body_pose(camera, extrinsic), base
+                camera = self._world_inverse.of(self._world) @ camera  # = relative_pose(self._world, camera)
+                pose, child = camera @ self._extrinsic_inverse.of(extrinsic), base  # = body_pose(camera, extrinsic)
         tf = self._tf_edge(world, base, odom, camera_frame, pose, base_in_odom) if v.publish_tf else None
         return Placement(camera=camera, pose=pose, child=child, depth_factor=metric.factor,
                          twist=self._twist(header, pose), tf=tf, base_in_odom=base_in_odom)
@@ -195,15 +214,19 @@ class RobotFrames:
         return extrinsic, base_in_odom
 
     def tf_edge(self, world: str, base: str, odom: str, camera_frame: str, pose: np.ndarray,
-                base_in_odom: Optional[np.ndarray]) -> Optional[tuple[str, str, np.ndarray]]:
-        """The /tf edge of the body pose ``pose`` (several cameras: the rig's body pose, placed here)."""
-        return self._tf_edge(world, base, odom, camera_frame, pose, base_in_odom)
+                base_in_odom: Optional[np.ndarray],
+                correction: Optional[np.ndarray] = None) -> Optional[tuple[str, str, np.ndarray]]:
+        """The /tf edge of the body pose ``pose`` (several cameras: the rig's body pose, placed here;
+        ``correction``: its ``odom_correction`` when the rig has it already)."""
+        return self._tf_edge(world, base, odom, camera_frame, pose, base_in_odom, correction)
 
     def _tf_edge(self, world: str, base: str, odom: str, camera_frame: str, pose: np.ndarray,
-                 base_in_odom: Optional[np.ndarray]) -> Optional[tuple[str, str, np.ndarray]]:
+                 base_in_odom: Optional[np.ndarray],
+                 correction: Optional[np.ndarray] = None) -> Optional[tuple[str, str, np.ndarray]]:
         """The node's one /tf edge for this frame, unless its child has another parent."""
         if base and odom:
-            child, matrix = odom, odom_correction(pose, base_in_odom)
+            child = odom
+            matrix = correction if correction is not None else odom_correction(pose, base_in_odom)
             fix = (f"another node already publishes {{parent}} -> {odom}: run one localizer (or set world_frame "
                    f"to that parent if it is the same map)")
         elif base:
