@@ -249,8 +249,12 @@ class CameraSystem:
             level, message = DiagnosticStatus.OK, f"{state}"
             if state == "stalled":
                 level = DiagnosticStatus.WARN
+                # the hand-over happens at the next placed frame of a tracking camera: until then the
+                # stalled camera is still the one whose last pose the body holds
+                handing = ("the next frame of a tracking camera takes the body pose over" if driver in (None, name)
+                           else f"{driver} drives the body pose")
                 message = (f"{name} stalled: no processed frame for {report.age_s:.1f} s (camera_timeout "
-                           f"{self._settings.current.camera_timeout} s); {driver or 'no camera'} drives the body pose")
+                           f"{self._settings.current.camera_timeout} s); {handing}")
             elif state == "waiting":
                 message = f"{name}: no frame yet on {channel.intake.topic}"
             elif state == "unit_estimating":
