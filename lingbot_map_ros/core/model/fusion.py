@@ -132,11 +132,11 @@ class BlockFusion:
         allow_recompiles(64)
         options = {"emulate_precision_casts": True}
         self.triton_kernels = triton_kernels
-        self._gemv_tokens = 0  # the most camera tokens (streams) the fused GEMVs take; 0: no Triton
+        self._gemv_max_tokens = 0  # the most camera tokens (streams) the fused GEMVs take; 0: no Triton
         if triton_kernels:
             from .gemv import MAX_TOKENS
 
-            self._gemv_tokens = MAX_TOKENS
+            self._gemv_max_tokens = MAX_TOKENS
         self._pre = torch.compile(_pre, fullgraph=True, dynamic=False, options=options)
         self._pre_qkv = torch.compile(_pre_qkv, fullgraph=True, dynamic=False, options=options)
         self._post = torch.compile(_post, fullgraph=True, dynamic=False, options=options)
@@ -168,7 +168,7 @@ class BlockFusion:
         attn = blk.attn
         qk = not isinstance(attn.q_norm, torch.nn.Identity)
         if (self.triton_kernels and x.is_cuda and x.dtype == torch.float32
-                and x.shape[0] * x.shape[1] <= self._gemv_tokens
+                and x.shape[0] * x.shape[1] <= self._gemv_max_tokens
                 and not qk and attend.rope is None):
             self.calls += 1
             return _few_token_block(blk, x, attend)

@@ -112,16 +112,11 @@ def _gemv_tokens(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr, gamma_ptr, re
 MAX_TOKENS = 4  # tokens (streams of a batched step) one call takes; more go through the compiled block
 
 
-def tokens_of(x: Tensor, k: int) -> int:
-    """How many ``K``-wide tokens ``x`` holds (its leading dimensions flattened)."""
-    return x.numel() // k if k else 0
-
-
 def _check(x: Tensor, weight: Tensor, bias: Tensor) -> tuple[int, int, int]:
     n, k = weight.shape
     if x.dtype != torch.float32 or weight.dtype != torch.float32 or bias.dtype != torch.float32:
         raise ValueError(f"the camera GEMVs run in fp32 (got {x.dtype}, {weight.dtype}, {bias.dtype})")
-    m = tokens_of(x, k)
+    m = x.numel() // k  # tokens: the leading dimensions flattened
     if (x.shape[-1] != k or not 1 <= m <= MAX_TOKENS or not x.is_contiguous() or not weight.is_contiguous()
             or bias.shape != (n,)):
         raise ValueError(f"1..{MAX_TOKENS} tokens x [..., {k}] (got {list(x.shape)}), weight [{n}, {k}] contiguous, "
@@ -183,4 +178,4 @@ def linear_residual(a: Tensor, weight: Tensor, bias: Tensor, gamma: Tensor, resi
     return out
 
 
-__all__ = ["MAX_TOKENS", "linear_residual", "norm_linear", "tokens_of"]
+__all__ = ["MAX_TOKENS", "linear_residual", "norm_linear"]
