@@ -54,6 +54,7 @@ def main() -> None:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from lingbot_map_ros.core.cache import gluon_runs as g
+    from lingbot_map_ros.core.cache.triton_prefix import MAX_RUNS
 
     t, h, d, n = 1005, 16, 64, 4096
     q = torch.empty(t, h * d, dtype=torch.bfloat16)  # [T, H*D], never read: shapes for the descriptors
@@ -64,14 +65,19 @@ def main() -> None:
                               gl.NVMMASharedLayout.get_default_for([g.BLOCK_N, d], gl.bfloat16))
     out = torch.empty(1, t, h, d, dtype=torch.bfloat16)  # [P, T, H, D]
     lse = torch.empty(1, h, t)  # [P, H, T]
-    runs = torch.zeros(2, 2, dtype=torch.int32)
+    runs = torch.zeros(MAX_RUNS, 2, dtype=torch.int32)  # the table the split backend passes
     args = (q_desc, k_desc, k_desc, out, lse, runs, t, 0.18, out.stride(0), out.stride(1), out.stride(2))
-    shape = dict(HEAD_DIM=d, BM=g.BLOCK_M, BN=g.BLOCK_N, NUM_RUNS=2, grid=(1,))
+    shape = dict(HEAD_DIM=d, BM=g.BLOCK_M, BN=g.BLOCK_N, NUM_RUNS=runs.shape[0], grid=(1,))
     report = {}
     single = g._runs_attention.warmup(*args, **shape, STAGES=g.STAGES, WARPS=g.NUM_WARPS, num_warps=g.NUM_WARPS)
-    pairs = g._pair_attention.warmup(*args, **shape, STAGES=g.PAIR_STAGES, CONSUMER_REGS=g.CONSUMER_REGS,
-                                     PRODUCER_REGS=g.PRODUCER_REGS, num_warps=4, maxnreg=168)
-    for name, kernel in (("single", single), ("pairs", pairs)):
+    launch = dict(STAGES=g.PAIR_STAGES, CONSUMER_REGS=g.CONSUMER_REGS, PRODUCER_REGS=g.PRODUCER_REGS, num_warps=4,
+                  maxnreg=168)
+    tail_out = torch.empty(16, 18, h, d, dtype=torch.bfloat16)  # [2G, tail, H, D]
+    tail_lse = torch.empty(16, h, 18)  # [2G, H, tail]
+    tail_args = (tail_out, tail_lse, 18, tail_out.stride(0), tail_out.stride(1), tail_out.stride(2))
+    pairs = g._pair_attention.warmup(*args, out, lse, 0, 0, 0, 0, **shape, TAIL=False, **launch)
+    fused = g._pair_attention.warmup(*args, *tail_args, **shape, TAIL=True, **launch)
+    for name, kernel in (("single", single), ("pairs", pairs), ("pairs_tail", fused)):
         ptx = kernel.asm["ptx"]
         report[name] = {
             **_ptxas_report(ptx),

@@ -99,16 +99,22 @@ def make_caches(page_size, dtype, scale, window, kinds):
 
 
 def cut_plan(tokens: int, prefix_kernel: str):
-    """The frame's rows cut as ``runs_plan.plan_runs`` cuts them on this GPU (1042 queries on an H200: 1024
-    rows in one wave of whole tiles, 18 in 16 key ranges), or, where it keeps one call, at row 512 with the
-    rest in 7 ranges: the cut's calls and offsets at every frame size."""
+    """The frame's rows cut as ``runs_plan.plan_runs`` cuts them on this GPU (1042 queries on an H100 or
+    H200: 1024 rows in one wave of whole tiles, 18 in 16 key ranges, carried by Gluon's whole tiles), or,
+    where it keeps one call, Gluon's whole tiles carrying the rest where that is at most 64 rows, else at
+    row 512 with the rest in 7 ranges: the cut's calls and offsets at every frame size."""
     from lingbot_map_ros.core.cache.runs_plan import RunsCall, RunsPlan, plan_runs
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     pair_tile = 128 if prefix_kernel == "gluon" else 0
-    plan = plan_runs(tokens, H, sms, 1, query_tile=64, blocks_per_sm=2, pair_tile=pair_tile)
-    fixed = RunsPlan(tokens, (RunsCall(0, 512, 1), RunsCall(512, tokens - 512, 7)), "a test cut")
-    return plan if plan.ragged else fixed
+    plan = plan_runs(tokens, H, sms, 1, query_tile=64, blocks_per_sm=2, pair_tile=pair_tile, fuse_tail=pair_tile > 0)
+    if plan.ragged:
+        return plan
+    whole = tokens // 128 * 128
+    if pair_tile and 0 < tokens - whole <= 64:  # Gluon: whole tiles carrying the rest (777 = 6 x 128 + 9)
+        calls = (RunsCall(0, whole, 1), RunsCall(whole, tokens - whole, 2 * whole // 128))
+        return RunsPlan(tokens, calls, "a test cut, its tail carried", fused_tail=True)
+    return RunsPlan(tokens, (RunsCall(0, 512, 1), RunsCall(512, tokens - 512, 7)), "a test cut")
 
 
 def run_stream(page_size, dtype, kinds, steps=12, scale=2, window=3, seed=0):
@@ -183,7 +189,9 @@ def test_split_backend_with_our_runs_kernel_matches_float64(kernel, page_size, d
     kinds = ["sdpa-split", f"sdpa-split-{kernel}", f"sdpa-split-{kernel}-fused", f"sdpa-split-{kernel}-kv",
              f"sdpa-split-{kernel}-cut"]
     if page_size == 1036 and torch.cuda.get_device_properties(0).multi_processor_count == 132:
-        assert [(c.rows, c.parts) for c in cut_plan(SPECIALS + page_size, kernel).calls] == [(1024, 1), (18, 16)]
+        plan = cut_plan(SPECIALS + page_size, kernel)
+        assert [(c.rows, c.parts) for c in plan.calls] == [(1024, 1), (18, 16)]
+        assert plan.fused_tail == (kernel == "gluon")
     worst, modes = run_stream(page_size, dtype, kinds, steps=16)
     limit = 1e-2 if dtype == torch.bfloat16 else 2e-3
     print(f"page {page_size} {dtype} {kernel}: {worst}")
@@ -255,6 +263,62 @@ def test_flashinfer_fa3_token_pages_match_float64(page_size):
     worst, _ = run_stream(page_size, torch.bfloat16, ["fi-fa3", "fi-fa3-graph"])
     print(f"page {page_size} bf16 fa3: {worst}")
     assert all(err < 1e-2 for err in worst.values()), worst
+
+
+@pytest.mark.skipif(bool(_gluon_unusable()), reason=_gluon_unusable() or "runs")
+@pytest.mark.parametrize("tiles,tail", [(2, 18), (8, 18), (3, 64), (1, 1)])
+@pytest.mark.parametrize("runs", [[(10, 1500), (1700, 300), (2500, 33)], [(5, 300)]])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gluon_fused_tail_matches_float64_on_poisoned_storage(dtype, runs, tiles, tail):
+    """``runs_attention_fused_tail``: ``tiles`` whole tiles of 128 queries x 2 heads written in place,
+    and ``tail`` rows after them (18 as at 518x392, a full warpgroup's 64, one row) carried by the same
+    programs as ``2 x tiles`` key ranges of their own, over the poisoned storage of
+    ``test_gluon_runs_kernel_matches_float64_on_poisoned_storage``: four runs (16 key blocks, a masked
+    end, a run shorter than a block) or one run of 3 blocks, fewer than the tail's ranges (the empty
+    ones give lse -inf and zeros). Against float64 on the same rounded inputs: the whole tiles' rows,
+    each tail range over its key blocks, and the tail merged (``merge_partials``, as the split backend
+    does); the rows of the output past the whole tiles are left to the caller."""
+    from lingbot_map_ros.core.cache import gluon_runs
+    from lingbot_map_ros.core.cache.split_backend import merge_partials
+
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    head_rows, h, d, slots = 128 * tiles, 2, 64, 4000
+    t = head_rows + tail
+    q = torch.randn(t, h, d, device="cuda", generator=gen).to(dtype)  # [T, H, D]
+    k, v = (torch.full((slots, h, d), 3e4, device="cuda", dtype=dtype) for _ in range(2))  # poisoned
+    for start, length in runs:
+        k[start:start + length] = torch.randn(length, h, d, device="cuda", generator=gen).to(dtype)
+        v[start:start + length] = torch.randn(length, h, d, device="cuda", generator=gen).to(dtype)
+    table = torch.tensor(runs + [(0, 0)] * (4 - len(runs)), dtype=torch.int32, device="cuda")  # [4, 2]
+    blocks = [torch.arange(s + b, s + min(b + 128, n), device="cuda") for s, n in runs for b in range(0, n, 128)]
+    order = torch.cat(blocks)
+
+    def reference(rows: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = torch.einsum("thd,nhd->htn", rows.double(), k[keys].double()) / d ** 0.5  # [H, T, n]
+        return torch.einsum("htn,nhd->thd", scores.softmax(-1), v[keys].double()), scores.logsumexp(-1)
+
+    result = torch.full((t, h, d), float("nan"), device="cuda", dtype=dtype)  # [T, H, D]
+    out, lse = gluon_runs.runs_attention_fused_tail(q, k, v, table, head_rows, result.unsqueeze(0))
+    assert out.shape == (2 * tiles, tail, h, d) and lse.shape == (2 * tiles, h, tail)
+    limit = 1e-2 if dtype == torch.bfloat16 else 2e-3
+    ref_head, _ = reference(q[:head_rows], order)
+    err = ((result[:head_rows].double() - ref_head).norm() / ref_head.norm()).item()
+    assert err < limit, err
+    assert torch.isnan(result[head_rows:]).all()  # the tail's rows are the caller's to write
+    parts = 2 * tiles
+    for p in range(parts):
+        mine = blocks[p * len(blocks) // parts:(p + 1) * len(blocks) // parts]
+        if not mine:
+            assert torch.isneginf(lse[p]).all() and (out[p] == 0).all(), p
+            continue
+        ref, ref_lse = reference(q[head_rows:], torch.cat(mine))
+        assert ((out[p].double() - ref).norm() / ref.norm()).item() < limit, p
+        assert (lse[p].double() - ref_lse).abs().max().item() < 1e-4, p
+    merged = merge_partials([out.transpose(1, 2)], [lse])  # [tail, H, D]
+    ref_tail, _ = reference(q[head_rows:], order)
+    err = ((merged.double() - ref_tail).norm() / ref_tail.norm()).item()
+    print(f"{dtype} tiles {tiles} tail {tail} runs {len(runs)}: {err:.2e}")
+    assert err < limit, err
 
 
 def _tiny_session_poses(**session_kwargs) -> tuple[torch.Tensor, object]:

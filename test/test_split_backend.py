@@ -201,6 +201,7 @@ def test_the_runs_plan_cuts_only_frames_whose_programs_spill_into_another_wave()
         assert parts == 12 and [(c.start, c.rows, c.parts) for c in p.calls] == [(0, 1024, 1), (1024, 18, 16)]
         assert "1024 rows" in p.reason and "16 key ranges" in p.reason
     assert not plan(1042, sms=0)[0].ragged  # no SM count (the CPU): one call
+    assert not plan(1042)[0].fused_tail  # a kernel that cannot carry the tail keeps the tail call
     for queries in range(200, 3000, 37):
         for heads, sms in ((16, 132), (16, 108), (12, 78)):
             p, parts = plan(queries, heads, sms)
@@ -213,6 +214,42 @@ def test_the_runs_plan_cuts_only_frames_whose_programs_spill_into_another_wave()
                 head, tail = p.calls
                 assert head.parts == 1 and -(-head.rows // 128) * heads <= sms and head.rows % 128 == 0
                 assert 1.0 + waves_time(tail.parts, -(-tail.rows // 64) * heads, 2 * sms) < whole
+
+
+def test_the_gluon_kernels_whole_tiles_carry_a_tail_of_at_most_half_a_tile() -> None:
+    """``fuse_tail``: at 518x392 on 132 SMs the 18-row tail rides in the 8 whole tiles' programs of each
+    head as their 16 warpgroups' key ranges (modelled 1 + 1/16 + the merge, against 1.18 waves for one
+    call); a tail of more than one warpgroup's 64 rows, or a kernel without two-warpgroup tiles, keeps a
+    call of its own; every fused plan covers each row once, its tail parts are twice the tiles a head,
+    and it is chosen only where the model says it is faster than one call."""
+    from lingbot_map_ros.core.cache.runs_plan import FUSED_MERGE_COST, plan_runs
+    from lingbot_map_ros.core.cache.split_backend import auto_kv_splits, waves_time
+
+    def plan(queries, heads=16, sms=132, pair_tile=128):
+        parts = auto_kv_splits(queries, heads, sms, 72, query_tile=64, blocks_per_sm=2)
+        return plan_runs(queries, heads, sms, parts, query_tile=64, blocks_per_sm=2, pair_tile=pair_tile,
+                         fuse_tail=True), parts
+
+    p, _ = plan(1042)
+    assert p.fused_tail and [(c.start, c.rows, c.parts) for c in p.calls] == [(0, 1024, 1), (1024, 18, 16)]
+    assert "carry the last 18 rows as 16 key ranges" in p.reason
+    assert not plan(1042, pair_tile=0)[0].fused_tail  # Triton's kernel: the tail call
+    p, _ = plan(1024 + 65)  # one row more than a warpgroup's tile: its own call
+    assert p.ragged and not p.fused_tail
+    assert plan(1024 + 64)[0].fused_tail
+    for queries in range(200, 3000, 37):
+        for heads, sms in ((16, 132), (16, 108), (12, 78)):
+            p, parts = plan(queries, heads, sms)
+            rows = [r for c in p.calls for r in range(c.start, c.start + c.rows)]
+            assert rows == list(range(queries)), (queries, p)
+            if p.fused_tail:
+                head, tail = p.calls
+                tiles = head.rows // 128
+                assert head.rows % 128 == 0 and tiles * heads <= sms and tail.rows <= 64 and tail.parts == 2 * tiles
+                whole = min(waves_time(parts, -(-queries // 64) * heads, 2 * sms),
+                            waves_time(parts, -(-queries // 128) * heads, sms)
+                            if -(-queries // 128) * heads * parts <= sms else float("inf"))
+                assert 1.0 + 1.0 / tail.parts + FUSED_MERGE_COST < whole
 
 
 def test_the_factory_plans_our_kernels_calls_and_only_theirs() -> None:
@@ -229,6 +266,7 @@ def test_the_factory_plans_our_kernels_calls_and_only_theirs() -> None:
     for kernel in kernels:
         splits, plan = split_kernel_calls(kernel, 1042, 16, 132, 72)
         assert splits == 12 and [(c.start, c.rows, c.parts) for c in plan.calls] == [(0, 1024, 1), (1024, 18, 16)]
+        assert plan.fused_tail == (kernel == "gluon")  # Gluon's whole tiles carry the tail
         splits, plan = split_kernel_calls(kernel, 1005, 16, 132, 72)
         assert splits == 1 and not plan.ragged and plan.calls[0].rows == 1005
         splits, plan = split_kernel_calls(kernel, 1042, 16, 0, 72)

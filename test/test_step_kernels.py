@@ -61,7 +61,8 @@ def test_the_gluon_runs_kernels_compile_for_hopper_without_spills() -> None:
     """Both Gluon kernels compile for sm_90a here, without a GPU (Triton's ptxas): the one-warpgroup
     kernel in at most 255 registers (two programs per SM: 2 x 128 threads) and the warp-specialised one
     with its register split (the consumers at CONSUMER_REGS, the producer at PRODUCER_REGS), neither
-    spilling, both with wgmma and TMA loads, and the pair kernel's stages within one SM's shared memory.
+    spilling, both with wgmma and TMA loads, and the pair kernel's stages within one SM's shared memory;
+    the warp-specialised kernel carrying a ragged tail (``TAIL``) within the same split and memory.
     CI has no GPU: this is where a kernel edit that no longer builds, or spills, shows first."""
     pytest.importorskip("triton.experimental.gluon")
     import subprocess
@@ -77,8 +78,13 @@ def test_the_gluon_runs_kernels_compile_for_hopper_without_spills() -> None:
     import json
 
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    single, pairs = report["single"], report["pairs"]
+    single, pairs, fused = report["single"], report["pairs"], report["pairs_tail"]
     assert single["spill_bytes"] == 0 and pairs["spill_bytes"] == 0, report
+    # the fused tail's second state: a few scalars spilled between runs (SASS: no local load or store
+    # inside a key-block loop), never the accumulators (hundreds of bytes)
+    assert fused["spill_bytes"] <= 64 and fused["wgmma"] > pairs["wgmma"], report
+    assert {gluon_runs.CONSUMER_REGS, gluon_runs.PRODUCER_REGS} <= set(fused["setmaxnreg"]), report
+    assert pairs["shared_bytes"] < fused["shared_bytes"] <= 227 * 1024, report  # + the tail's query tile
     assert single["registers"] <= 255 and not single["setmaxnreg"], report
     assert {gluon_runs.CONSUMER_REGS, gluon_runs.PRODUCER_REGS} <= set(pairs["setmaxnreg"]), report
     assert single["wgmma"] > 0 and pairs["wgmma"] > 0 and single["tma_loads"] > 0 and pairs["tma_loads"] > 0, report

@@ -118,7 +118,8 @@ def split_kernel_calls(prefix_kernel: str, queries: int, num_heads: int, num_sms
     """The split backend's key ranges for a frame of ``queries`` queries (``auto_kv_splits``, by the
     prefix kernel's tiles) and, for our kernel over the runs (``prefix_kernel`` triton or gluon), its
     calls (``runs_plan.plan_runs``: one call in those ranges, or whole query tiles in one wave and a
-    ragged tail); ``num_sms`` 0: no SM count (the CPU). Also what ``bench/attention_bench.py`` runs."""
+    ragged tail, which Gluon's two-warpgroup programs carry); ``num_sms`` 0: no SM count (the CPU). Also
+    what ``bench/attention_bench.py`` runs."""
     from .split_backend import auto_kv_splits
 
     if prefix_kernel == "sdpa":
@@ -133,7 +134,8 @@ def split_kernel_calls(prefix_kernel: str, queries: int, num_heads: int, num_sms
         from .gluon_runs import BLOCK_M as GLUON_BLOCK_M
 
         pair_tile = 2 * GLUON_BLOCK_M
-    return splits, plan_runs(queries, num_heads, num_sms, splits, pair_tile=pair_tile, **tiles)
+    return splits, plan_runs(queries, num_heads, num_sms, splits, pair_tile=pair_tile, fuse_tail=pair_tile > 0,
+                             **tiles)
 
 
 def build_global_cache(rt: ResolvedRuntime, model: ModelConfig, stream: StreamConfig, page_size: int,

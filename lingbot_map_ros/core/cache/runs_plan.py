@@ -18,6 +18,13 @@ The plan cuts the rows instead, where that is modelled faster:
   ranges as fill one more, short wave (16 heads x 16 parts = 256 one-warpgroup programs on 264
   slots), merged by log-sum-exp.
 
+Where the kernel can carry them (the Gluon kernel's two-warpgroup programs, up to one warpgroup's
+tile of rows), the tail's rows ride in the whole tiles' programs instead of a call of their own
+(``fused_tail``): each of a head's ``G`` programs gives each of its warpgroups a ``1 / 2G`` share of the
+key blocks it already holds against them, so the tail costs ``1 / 2G`` more tensor-core work and no
+second read of the layer's keys (as a call of its own it is memory-bound: 18 rows cost ~17 % of the
+1024 rows' time on an H100), and its ``2G`` parts merge like the tail call's.
+
 Exact either way: a query's attention does not depend on which call reads it, and the tail's parts
 merge as the split backend's always do. The model (``waves_time``, in units of one wave of
 programs that each read every key) compares the whole-frame call with its chosen parts against the
@@ -34,6 +41,10 @@ from .waves import fits_one_wave, waves_time
 # None: cut where the model says it is faster; False: never (the bench's ``+wholerows``, or a forced
 # ``+partsN``, which names the parts of one call over every row); True: wherever it can.
 RAGGED_TAIL: Optional[bool] = None
+# None: the tail rides in the whole tiles' programs where the kernel can carry it; False: a call of its
+# own (the bench's ``+tailcall``).
+FUSED_TAIL: Optional[bool] = None
+FUSED_MERGE_COST = 0.01  # the fused tail's merge of its parts, in waves (~5 us)
 TAIL_CALL_COST = 0.03  # the tail's launch, merge and copy, in waves (~20 us of a ~0.65 ms layer on an H200)
 MAX_TAIL_PARTS = 32
 
@@ -56,6 +67,7 @@ class RunsPlan:
     num_queries: int
     calls: tuple[RunsCall, ...]
     reason: str
+    fused_tail: bool = False  # the second call's rows ride in the first call's programs (one launch)
 
     @property
     def ragged(self) -> bool:
@@ -68,12 +80,13 @@ def whole_call(num_queries: int, parts: int, reason: str) -> RunsPlan:
 
 
 def plan_runs(num_queries: int, num_heads: int, num_sms: int, whole_parts: int, *, query_tile: int,
-              blocks_per_sm: int, pair_tile: int = 0) -> RunsPlan:
+              blocks_per_sm: int, pair_tile: int = 0, fuse_tail: bool = False) -> RunsPlan:
     """The calls for ``num_queries`` queries x ``num_heads`` heads on ``num_sms`` SMs.
 
     ``whole_parts``: the parts of one call over every row (``auto_kv_splits``'s choice); ``query_tile``
     and ``blocks_per_sm``: the one-warpgroup kernel's tile and programs per SM; ``pair_tile``: the
-    warp-specialised kernel's tile, one program per SM (0: the kernel has no such layout, Triton's)."""
+    warp-specialised kernel's tile, one program per SM (0: the kernel has no such layout, Triton's);
+    ``fuse_tail``: those programs can carry up to half a tile of tail rows (Gluon's)."""
     if num_sms <= 0:
         return whole_call(num_queries, whole_parts, "no SM count (CPU): one call")
     if RAGGED_TAIL is False:
@@ -91,6 +104,17 @@ def plan_runs(num_queries: int, num_heads: int, num_sms: int, whole_parts: int, 
         return whole_call(num_queries, whole_parts, f"one call: its programs fit one wave ({whole:.2f} waves)")
     if head_rows <= 0:
         return whole_call(num_queries, whole_parts, "one call: one wave holds less than a tile of every head")
+    if fuse_tail and pair_tile > 0 and FUSED_TAIL is not False and tail_rows <= pair_tile // 2:
+        tiles = head_slots // num_heads  # whole tiles a head: 2 x tiles shares of its keys for the tail
+        fused = 1.0 + 1.0 / (2 * tiles) + FUSED_MERGE_COST
+        if RAGGED_TAIL is None and fused >= whole:
+            return whole_call(num_queries, whole_parts, f"one call in {whole_parts} part(s): {whole:.2f} waves "
+                                                        f"against {fused:.2f} for whole tiles carrying the tail")
+        calls = (RunsCall(0, head_rows, 1), RunsCall(head_rows, tail_rows, 2 * tiles))
+        return RunsPlan(num_queries, calls, f"{head_rows} rows in one wave of whole tiles, whose programs carry the "
+                                            f"last {tail_rows} rows as {2 * tiles} key ranges: {fused:.2f} waves "
+                                            f"against {whole:.2f} for one call in {whole_parts} part(s)",
+                        fused_tail=True)
     tail_blocks = -(-tail_rows // query_tile) * num_heads
     tail_parts = min(range(1, MAX_TAIL_PARTS + 1), key=lambda p: (waves_time(p, tail_blocks, slots), p))
     cut = 1.0 + waves_time(tail_parts, tail_blocks, slots) + TAIL_CALL_COST
@@ -103,4 +127,4 @@ def plan_runs(num_queries: int, num_heads: int, num_sms: int, whole_parts: int, 
                                         f"in {whole_parts} part(s)")
 
 
-__all__ = ["RunsCall", "RunsPlan", "plan_runs", "whole_call", "RAGGED_TAIL"]
+__all__ = ["RunsCall", "RunsPlan", "plan_runs", "whole_call", "FUSED_TAIL", "RAGGED_TAIL"]

@@ -38,7 +38,8 @@ one part), no masks to rebuild per frame, and one CUDA graph for the filling and
 faster than cuDNN's prefix + tail (docs/performance.md, attention per layer). A visible set of more runs than the
 kernel takes goes through the regions below. Where one call's programs would spill into a second wave,
 ``runs_plan`` cuts the frame's query rows into two calls instead (whole query tiles in one wave, written
-in place, and the ragged tail's rows in key ranges, merged).
+in place, and the ragged tail's rows in key ranges, merged), or one call of the Gluon kernel whose
+whole-tile programs carry the tail's rows (``fused_tail``).
 
 The merge is a handful of elementwise ops on ``[T, H, D]``; with ``fuse_merge`` it is one
 ``torch.compile``-d kernel (compiled in the warm-up before the graph capture).
@@ -353,6 +354,13 @@ class SplitPrefixBackend(DenseStorageBackend):
                 return out[0]  # [T, H, D]
             return self._merge([out.transpose(1, 2)], [lse])  # [T, H, D]
         result = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, H, D]
+        if plan.fused_tail and self.prefix_kernel == "gluon":  # one launch: whole tiles in place, the tail's parts
+            from .gluon_runs import runs_attention_fused_tail
+
+            head, tail = plan.calls
+            out, lse = runs_attention_fused_tail(q, k, v, self._runs, head.rows, result.unsqueeze(0))
+            result[tail.start:] = self._merge([out.transpose(1, 2)], [lse])  # [P, H, tail, D] -> [tail, H, D]
+            return result
         for call in plan.calls:  # whole tiles written in place, then the ragged tail's parts merged
             rows = slice(call.start, call.start + call.rows)
             if call.parts == 1:
