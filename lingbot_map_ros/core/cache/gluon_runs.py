@@ -475,6 +475,8 @@ def runs_attention_fused_tail(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, hea
     if head_rows <= 0 or head_rows % (2 * block_m) or not 0 < tail <= block_m:
         raise ValueError(f"a fused tail needs whole tiles of {2 * block_m} rows and 1..{block_m} rows after them "
                          f"(got {head_rows} of {t})")
+    if d != block_n // 2:  # the tail's half-block scores share the accumulator's wgmma layout (N = D)
+        raise ValueError(f"a fused tail reads key blocks in halves of the head dim (got D {d}, blocks of {block_n})")
     q, k, v, out, lse = prepare_runs_call(q, k, v, runs, 1, out)
     tiles = head_rows // (2 * block_m)
     tail_out = torch.empty(2 * tiles, tail, h, d, device=q.device, dtype=q.dtype)  # [2G, tail, H, D]
