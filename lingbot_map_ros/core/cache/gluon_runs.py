@@ -456,6 +456,12 @@ def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int 
     return out, lse
 
 
+def carries_tail(head_dim: int, block_n: int = BLOCK_N) -> bool:
+    """Whether ``runs_attention_fused_tail`` takes this head dim: the tail's half-block scores share the
+    accumulator's wgmma layout (N = D), so D must be half a key block (64 at 128 keys: the model's)."""
+    return head_dim == block_n // 2
+
+
 def runs_attention_fused_tail(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, head_rows: int, out: Tensor,
                               *, block_m: int = BLOCK_M, block_n: int = BLOCK_N) -> tuple[Tensor, Tensor]:
     """The warp-specialised kernel over rows ``[0, head_rows)`` (whole tiles of ``2 * block_m``, written
@@ -475,7 +481,7 @@ def runs_attention_fused_tail(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, hea
     if head_rows <= 0 or head_rows % (2 * block_m) or not 0 < tail <= block_m:
         raise ValueError(f"a fused tail needs whole tiles of {2 * block_m} rows and 1..{block_m} rows after them "
                          f"(got {head_rows} of {t})")
-    if d != block_n // 2:  # the tail's half-block scores share the accumulator's wgmma layout (N = D)
+    if not carries_tail(d, block_n):
         raise ValueError(f"a fused tail reads key blocks in halves of the head dim (got D {d}, blocks of {block_n})")
     q, k, v, out, lse = prepare_runs_call(q, k, v, runs, 1, out)
     tiles = head_rows // (2 * block_m)
@@ -512,4 +518,4 @@ def _pair_launch() -> dict:
                 maxnreg=(65536 // (32 * warps)) // 8 * 8)
 
 
-__all__ = ["runs_attention", "runs_attention_fused_tail", "use_pairs", "BLOCK_M"]
+__all__ = ["carries_tail", "runs_attention", "runs_attention_fused_tail", "use_pairs", "BLOCK_M"]

@@ -340,7 +340,7 @@ class SplitPrefixBackend(DenseStorageBackend):
     def _run_runs(self, kv_pages: tuple[Tensor, Tensor], q: Tensor) -> Tensor:
         """Every visible key in one call of our kernel over the planned runs (``kv_splits`` parts merged)."""
         if self.prefix_kernel == "gluon":
-            from .gluon_runs import runs_attention
+            from .gluon_runs import carries_tail, runs_attention, runs_attention_fused_tail
         else:
             from .triton_prefix import runs_attention
 
@@ -354,10 +354,8 @@ class SplitPrefixBackend(DenseStorageBackend):
                 return out[0]  # [T, H, D]
             return self._merge([out.transpose(1, 2)], [lse])  # [T, H, D]
         result = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, H, D]
-        if plan.fused_tail and self.prefix_kernel == "gluon":  # one launch: whole tiles in place, the tail's parts
-            from .gluon_runs import runs_attention_fused_tail
-
-            head, tail = plan.calls
+        if plan.fused_tail and self.prefix_kernel == "gluon" and carries_tail(self.head_dim):
+            head, tail = plan.calls  # one launch: the whole tiles in place, the tail's parts beside them
             out, lse = runs_attention_fused_tail(q, k, v, self._runs, head.rows, result.unsqueeze(0))
             result[tail.start:] = self._merge([out.transpose(1, 2)], [lse])  # [P, H, tail, D] -> [tail, H, D]
             return result
