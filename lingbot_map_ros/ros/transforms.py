@@ -2,7 +2,9 @@
 
 * In: a ``tf2_ros.Buffer`` fed by a ``TransformListener`` (``/tf`` and ``/tf_static``); ``lookup``
   asks it for a transform at an image stamp, waiting up to ``tf_timeout``, and says which link is
-  missing when it does not come (``NoTransform``).
+  missing when it does not come (``NoTransform``). A moving transform straight from the target (the
+  robot's ``odom -> base_link``) is answered from the tree's copy of its samples (``tf_samples``), the
+  way tf2 answers it, without tf2_py building a message per lookup.
 * Out: a ``tf2_ros.TransformBroadcaster``'s /tf publisher (``send``; the message as bytes from a
   checked template, ``messages.tf_encoded``). The node's correction (its one edge) is kept and, with
   ``transform_publish_period`` > 0, re-sent by a timer stamped ``now + transform_tolerance``
@@ -38,6 +40,7 @@ from tf2_ros import Buffer, TransformBroadcaster, TransformException, TransformL
 
 from ..core.geometry import transform_matrix
 from . import messages as rosmsg
+from .tf_samples import EdgeSamples
 
 AUTHORITY = "lingbot_map"
 BUFFER_SECONDS = 10.0  # tf2's default cache: lookups at stamps up to this old succeed
@@ -88,6 +91,9 @@ class FrameTree:
         # lookups whose whole chain is static (a camera mount): (target, source) -> (matrix, chain children);
         # dropped as soon as any transform for one of those children arrives
         self._static_lookups: dict[tuple[str, str], tuple[np.ndarray, frozenset]] = {}
+        # the moving transforms the Buffer holds, per child (a child ever sent static: one that answers nothing)
+        self._samples: dict[str, EdgeSamples] = {}
+        self._cache_ns = Duration(seconds=buffer_seconds).nanoseconds
         # own sends per edge: stamp ns -> (translation, quaternion), the oldest forgotten first
         self._sent: dict[tuple[str, str], collections.OrderedDict] = {}
         self._foreign: dict[tuple[str, str], float] = {}  # own edge -> time.monotonic() another node's was seen
@@ -106,7 +112,7 @@ class FrameTree:
         now = time.monotonic()
         for t in transforms:
             parent, child = t.header.frame_id.lstrip("/"), t.child_frame_id.lstrip("/")
-            with self._lock:
+            with self._lock:  # the Buffer and the copy of its samples change together (``lookup`` reads both)
                 if (parent, child) in self._own:
                     if not self._is_echo((parent, child), t):
                         self._foreign[(parent, child)] = now
@@ -114,16 +120,33 @@ class FrameTree:
                 self._parents[child] = (parent, now, static)
                 if self._static_lookups:
                     self._static_lookups = {k: v for k, v in self._static_lookups.items() if child not in v[1]}
-            try:
-                if static:
-                    self.buffer.set_transform_static(t, AUTHORITY)
+                try:
+                    if static:
+                        self.buffer.set_transform_static(t, AUTHORITY)
+                    else:
+                        self.buffer.set_transform(t, AUTHORITY)
+                except TransformException as exc:  # a malformed transform (NaN, empty frame id): tf2 refuses it
+                    refused = exc
                 else:
-                    self.buffer.set_transform(t, AUTHORITY)
-            except TransformException as exc:  # a malformed transform (NaN, empty frame id): tf2 refuses it
-                if self._node is None:
-                    continue
-                self._node.get_logger().warning(f"TF transform {parent} -> {child} refused by tf2: {exc}",
+                    refused = None
+                self._copy(t, parent, child, static or refused is not None)
+            if refused is not None and self._node is not None:
+                self._node.get_logger().warning(f"TF transform {parent} -> {child} refused by tf2: {refused}",
                                                 throttle_duration_sec=10.0)
+
+    def _copy(self, t, parent: str, child: str, unknown: bool) -> None:
+        """The sample as the Buffer's moving cache of ``child`` holds it (called with the lock held). ``unknown``:
+        a static transform (tf2 keeps it in another kind of cache) or one tf2 raised on: the copy of that child
+        answers nothing from then on."""
+        edge = self._samples.get(child)
+        if edge is None:
+            edge = self._samples[child] = EdgeSamples(self._cache_ns)
+        if unknown:
+            edge.lost = True
+            return
+        tr, q = t.transform.translation, t.transform.rotation
+        edge.insert(t.header.stamp.sec * 10**9 + t.header.stamp.nanosec, parent, child,
+                    (tr.x, tr.y, tr.z, q.x, q.y, q.z, q.w))
 
     def _is_echo(self, edge: tuple[str, str], t) -> bool:
         """Whether ``t`` is one of the node's own sends of ``edge`` (called with the lock held)."""
@@ -165,8 +188,13 @@ class FrameTree:
         transforms only (a camera mount) is looked up once and reused until one of its links changes."""
         with self._lock:
             cached = self._static_lookups.get((target, source))
+            # tf2's own answer from the copy of the samples: source's parent is target, target has none
+            edge = self._samples.get(source) if cached is None and target not in self._parents else None
+            values = edge.lookup(stamp.sec * 10**9 + stamp.nanosec, target) if edge is not None else None
         if cached is not None:
             return cached[0]
+        if values is not None:
+            return transform_matrix(values[:3], values[3:])
         try:
             try:  # one call into tf2 when the transform is there (the usual case); tf2 reads the stamp message
                 t = self.buffer.lookup_transform_core(target, source, stamp)
