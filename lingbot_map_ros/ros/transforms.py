@@ -103,6 +103,7 @@ class FrameTree:
         # node None: a recording's tree (lingbot_map_offline --bag), fed through ``take`` and never published
         self._listener = _TreeListener(self, node) if node is not None else None
         self._broadcaster = TransformBroadcaster(node) if node is not None else None
+        self._clock = node.get_clock() if node is not None else None  # the node's clock (ROS time) for ``_ahead``
         self._repeat_timer = (node.create_timer(repeat_period, self._repeat)
                               if node is not None and repeat_period > 0 else None)
 
@@ -260,8 +261,12 @@ class FrameTree:
 
     def _ahead(self):
         """``now + transform_tolerance`` as a stamp: what a repeated correction carries."""
-        # (now + Duration(seconds=tolerance)).to_msg() in integers: three rclpy objects fewer
-        ns = self._node.get_clock().now().nanoseconds + int(max(0.0, float(self._tolerance())) * 1e9)
+        # (now + Duration(seconds=tolerance)).to_msg() in integers, the clock read from its handle as Clock.now
+        # reads it: no rclpy Time objects
+        handle = self._clock.handle
+        with handle:
+            now = handle.get_now().nanoseconds
+        ns = now + int(max(0.0, float(self._tolerance())) * 1e9)
         sec, nanosec = divmod(ns, 10**9)
         return TimeMsg(sec=sec, nanosec=nanosec)
 
