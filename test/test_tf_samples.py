@@ -258,3 +258,24 @@ def test_the_cache_time_boundaries_to_the_nanosecond():
                 assert theirs is not None and _bits(ours) == _bits(theirs), (stamp, ns, ours, theirs)
                 answered += 1
     assert answered > 100
+
+
+def test_a_cleared_buffer_empties_the_copy():
+    """tf2_ros clears its Buffer on a jump back in time: nothing from before is answered, by tf2 or the copy,
+    and the copy answers again from the samples that come after."""
+    tree, reference = _tree_and_buffer()
+    values = [(0.1 * k, 0.0, 0.0, 0.0, 0.0, math.sin(0.05 * k), math.cos(0.05 * k)) for k in range(6)]
+    for k in range(3):
+        _both(tree, reference, [_tf("odom", "base_link", T0 + k * SEC, values[k])])
+    assert tree._samples["base_link"].lookup(T0 + SEC // 2, "odom") is not None
+    tree.buffer.clear()
+    reference.clear()
+    assert _tf2_answer(reference, "odom", "base_link", T0 + SEC // 2) is None
+    assert tree._samples["base_link"].lookup(T0 + SEC // 2, "odom") is None
+    with pytest.raises(Exception):
+        tree.lookup("odom", "base_link", _stamp(T0 + SEC // 2), 0.0)
+    for k in range(3, 6):
+        _both(tree, reference, [_tf("odom", "base_link", T0 + k * SEC, values[k])])
+    ns = T0 + 4 * SEC + 123
+    ours = tree._samples["base_link"].lookup(ns, "odom")
+    assert ours is not None and _bits(ours) == _bits(_tf2_answer(reference, "odom", "base_link", ns))

@@ -56,6 +56,18 @@ class NoTransform(Exception):
         super().__init__(f"no transform {self.link}: {reason}")
 
 
+class _Buffer(Buffer):
+    """A Buffer whose ``clear`` (tf2_ros clears it on a jump back in time) runs through ``on_clear``, which
+    empties the tree's copy of its samples in the same step."""
+
+    def __init__(self, cache_time: Duration, on_clear: Callable[[Callable[[], None]], None]):
+        super().__init__(cache_time=cache_time)
+        self._on_clear = on_clear
+
+    def clear(self) -> None:
+        self._on_clear(super().clear)
+
+
 class _TreeListener(TransformListener):
     """A TransformListener whose messages go through ``FrameTree.take`` (own edges left out, parents
     recorded) before they reach the Buffer."""
@@ -83,7 +95,7 @@ class FrameTree:
     def __init__(self, node, buffer_seconds: float = BUFFER_SECONDS, repeat_period: float = 0.0,
                  tolerance: Callable[[], float] = lambda: 0.0):
         self._node = node
-        self.buffer = Buffer(cache_time=Duration(seconds=buffer_seconds))
+        self.buffer = _Buffer(Duration(seconds=buffer_seconds), self._cleared)
         self._buffer_seconds = buffer_seconds
         self._lock = threading.Lock()
         self._own: set[tuple[str, str]] = set()  # (parent, child) edges this node publishes
@@ -134,6 +146,14 @@ class FrameTree:
             if refused is not None and self._node is not None:
                 self._node.get_logger().warning(f"TF transform {parent} -> {child} refused by tf2: {refused}",
                                                 throttle_duration_sec=10.0)
+
+    def _cleared(self, clear: Callable[[], None]) -> None:
+        """The Buffer empties every cache it holds: the copies start empty with it (a copy that answers nothing
+        stays so: a static cache is not emptied like a moving one)."""
+        with self._lock:
+            clear()
+            self._samples = {child: edge if edge.lost else EdgeSamples(self._cache_ns)
+                             for child, edge in self._samples.items()}
 
     def _copy(self, t, parent: str, child: str, unknown: bool) -> None:
         """The sample as the Buffer's moving cache of ``child`` holds it (called with the lock held). ``unknown``:
