@@ -169,7 +169,8 @@ def test_bench_variants_parse_into_overrides_the_node_never_sees():
         capability=(11, 0), step_kernels="torch", gluon_pairs=False)
     assert parse_variant("auto+pairs+parts9")[2] == BenchOverrides(gluon_pairs=True, kv_parts=9)
     assert parse_variant("auto+wholerows")[2] == BenchOverrides(whole_rows=True)
-    assert parse_variant("auto+tailcall")[2] == BenchOverrides(tail_call=True)
+    assert parse_variant("auto+tailcall")[2] == BenchOverrides(fused_tail=False)
+    assert parse_variant("auto+fusedtail")[2] == BenchOverrides(fused_tail=True)
     assert parse_variant("sdpa:split+graph+compile+cudnnprefix") == (
         "sdpa:split", ["graph", "compile"], BenchOverrides(prefix_kernel="sdpa"))
     assert variant_runtime("auto", cpu, torch.float32) == runtime.resolve_for(cpu, torch.float32)
@@ -311,9 +312,9 @@ def test_step_kernels_resolve_with_a_reason_and_name_themselves() -> None:
 
 
 def test_bench_kernel_constants_hold_for_one_variant_and_are_restored():
-    """``+partsN``, ``+pairs``, ``+wholerows`` and ``+tailcall`` set the split kernel's key ranges, the Gluon
-    layout, one call over every query row and the tail as a call of its own for one variant's run only:
-    inside, the factory's choice functions answer so; after, the shape-based choices are back."""
+    """``+partsN``, ``+pairs``, ``+wholerows`` and ``+fusedtail`` / ``+tailcall`` set the split kernel's key
+    ranges, the Gluon layout, one call over every query row and the tail carried or not for one variant's
+    run only: inside, the factory's choice functions answer so; after, the shape-based choices are back."""
     pytest.importorskip("triton.experimental.gluon")
     from lingbot_map_ros.core.cache import gluon_runs, runs_plan, split_backend
     from lingbot_map_ros.tools.bench import kernel_constants, parse_variant
@@ -337,10 +338,12 @@ def test_bench_kernel_constants_hold_for_one_variant_and_are_restored():
         return runs_plan.plan_runs(1042, 16, 132, 12, query_tile=64, blocks_per_sm=2, pair_tile=128,
                                    fuse_tail=True).fused_tail
 
-    assert runs_plan.FUSED_TAIL is None and fused()
+    assert runs_plan.FUSED_TAIL is False and not fused()
+    with kernel_constants(parse_variant("auto+fusedtail")[2]):
+        assert fused()
     with kernel_constants(parse_variant("auto+tailcall")[2]):
         assert not fused() and cut(12)  # the cut stays, its tail a call of its own
-    assert runs_plan.FUSED_TAIL is None and fused()
+    assert runs_plan.FUSED_TAIL is False and not fused()
     with pytest.raises(RuntimeError), kernel_constants(parse_variant("auto+parts3")[2]):
         raise RuntimeError("a failing variant")
     assert split_backend.auto_kv_splits is choose and runs_plan.RAGGED_TAIL is None

@@ -8,6 +8,7 @@ output is compared with float64 softmax attention over the visible set built fro
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import random
 
@@ -100,16 +101,19 @@ def make_caches(page_size, dtype, scale, window, kinds):
 
 def cut_plan(tokens: int, prefix_kernel: str):
     """The frame's rows cut as ``runs_plan.plan_runs`` cuts them on this GPU (1042 queries on an H100 or
-    H200: 1024 rows in one wave of whole tiles, 18 in 16 key ranges, carried by Gluon's whole tiles), or,
+    H200: 1024 rows in one wave of whole tiles, 18 in 16 key ranges, carried by Gluon's whole tiles as
+    with ``runs_plan.FUSED_TAIL`` on), or,
     where it keeps one call, Gluon's whole tiles carrying the rest where that is at most 64 rows, else at
     row 512 with the rest in 7 ranges: the cut's calls and offsets at every frame size."""
     from lingbot_map_ros.core.cache.runs_plan import RunsCall, RunsPlan, plan_runs
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     pair_tile = 128 if prefix_kernel == "gluon" else 0
-    plan = plan_runs(tokens, H, sms, 1, query_tile=64, blocks_per_sm=2, pair_tile=pair_tile, fuse_tail=pair_tile > 0)
-    if plan.ragged:
-        return plan
+    plan = plan_runs(tokens, H, sms, 1, query_tile=64, blocks_per_sm=2, pair_tile=pair_tile)
+    if plan.ragged:  # Gluon: the same cut with the tail carried by the whole tiles (runs_plan.FUSED_TAIL on)
+        head, tail = plan.calls
+        carried = pair_tile and tail.rows <= 64 and tail.parts == 2 * head.rows // 128
+        return dataclasses.replace(plan, fused_tail=True) if carried else plan
     whole = tokens // 128 * 128
     if pair_tile and 0 < tokens - whole <= 64:  # Gluon: whole tiles carrying the rest (777 = 6 x 128 + 9)
         calls = (RunsCall(0, whole, 1), RunsCall(whole, tokens - whole, 2 * whole // 128))

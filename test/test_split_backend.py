@@ -216,12 +216,13 @@ def test_the_runs_plan_cuts_only_frames_whose_programs_spill_into_another_wave()
                 assert 1.0 + waves_time(tail.parts, -(-tail.rows // 64) * heads, 2 * sms) < whole
 
 
-def test_the_gluon_kernels_whole_tiles_carry_a_tail_of_at_most_half_a_tile() -> None:
-    """``fuse_tail``: at 518x392 on 132 SMs the 18-row tail rides in the 8 whole tiles' programs of each
-    head as their 16 warpgroups' key ranges (modelled 1 + 1/16 + the merge, against 1.18 waves for one
-    call); a tail of more than one warpgroup's 64 rows, or a kernel without two-warpgroup tiles, keeps a
+def test_the_gluon_kernels_whole_tiles_carry_a_tail_of_at_most_half_a_tile(monkeypatch) -> None:
+    """``fuse_tail`` with ``FUSED_TAIL`` on (off, the same plans keep the tail call): at 518x392 on 132
+    SMs the 18-row tail rides in the 8 whole tiles' programs of each head as their 16 warpgroups' key
+    ranges (modelled 1 + 1/16 + the merge, against 1.18 waves for one call); a tail of more than one warpgroup's 64 rows, or a kernel without two-warpgroup tiles, keeps a
     call of its own; every fused plan covers each row once, its tail parts are twice the tiles a head,
     and it is chosen only where the model says it is faster than one call."""
+    from lingbot_map_ros.core.cache import runs_plan
     from lingbot_map_ros.core.cache.runs_plan import FUSED_MERGE_COST, plan_runs
     from lingbot_map_ros.core.cache.split_backend import auto_kv_splits, waves_time
 
@@ -230,6 +231,8 @@ def test_the_gluon_kernels_whole_tiles_carry_a_tail_of_at_most_half_a_tile() -> 
         return plan_runs(queries, heads, sms, parts, query_tile=64, blocks_per_sm=2, pair_tile=pair_tile,
                          fuse_tail=True), parts
 
+    assert not plan(1042)[0].fused_tail
+    monkeypatch.setattr(runs_plan, "FUSED_TAIL", True)
     p, _ = plan(1042)
     assert p.fused_tail and [(c.start, c.rows, c.parts) for c in p.calls] == [(0, 1024, 1), (1024, 18, 16)]
     assert "carry the last 18 rows as 16 key ranges" in p.reason
@@ -266,7 +269,7 @@ def test_the_factory_plans_our_kernels_calls_and_only_theirs() -> None:
     for kernel in kernels:
         splits, plan = split_kernel_calls(kernel, 1042, 16, 132, 72)
         assert splits == 12 and [(c.start, c.rows, c.parts) for c in plan.calls] == [(0, 1024, 1), (1024, 18, 16)]
-        assert plan.fused_tail == (kernel == "gluon")  # Gluon's whole tiles carry the tail
+        assert not plan.fused_tail  # off by default (runs_plan.FUSED_TAIL)
         splits, plan = split_kernel_calls(kernel, 1005, 16, 132, 72)
         assert splits == 1 and not plan.ragged and plan.calls[0].rows == 1005
         splits, plan = split_kernel_calls(kernel, 1042, 16, 0, 72)

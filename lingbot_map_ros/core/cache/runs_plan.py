@@ -41,9 +41,10 @@ from .waves import fits_one_wave, waves_time
 # None: cut where the model says it is faster; False: never (the bench's ``+wholerows``, or a forced
 # ``+partsN``, which names the parts of one call over every row); True: wherever it can.
 RAGGED_TAIL: Optional[bool] = None
-# None: the tail rides in the whole tiles' programs where the kernel can carry it; False: a call of its
-# own (the bench's ``+tailcall``).
-FUSED_TAIL: Optional[bool] = None
+# True: the tail rides in the whole tiles' programs where the kernel can carry it (the bench's
+# ``+fusedtail``); False: a call of its own. Off by default until the carried tail has passed its float64
+# tests and its timing on a GPU (``test_gpu.py``, the bench's ``auto`` against ``auto+fusedtail``).
+FUSED_TAIL = False
 FUSED_MERGE_COST = 0.01  # the fused tail's merge of its parts, in waves (~5 us)
 TAIL_CALL_COST = 0.03  # the tail's launch, merge and copy, in waves (~20 us of a ~0.65 ms layer on an H200)
 MAX_TAIL_PARTS = 32
@@ -86,7 +87,8 @@ def plan_runs(num_queries: int, num_heads: int, num_sms: int, whole_parts: int, 
     ``whole_parts``: the parts of one call over every row (``auto_kv_splits``'s choice); ``query_tile``
     and ``blocks_per_sm``: the one-warpgroup kernel's tile and programs per SM; ``pair_tile``: the
     warp-specialised kernel's tile, one program per SM (0: the kernel has no such layout, Triton's);
-    ``fuse_tail``: those programs can carry up to half a tile of tail rows (Gluon's)."""
+    ``fuse_tail``: those programs can carry up to half a tile of tail rows (Gluon's), used where
+    ``FUSED_TAIL`` is on."""
     if num_sms <= 0:
         return whole_call(num_queries, whole_parts, "no SM count (CPU): one call")
     if RAGGED_TAIL is False:
@@ -104,7 +106,7 @@ def plan_runs(num_queries: int, num_heads: int, num_sms: int, whole_parts: int, 
         return whole_call(num_queries, whole_parts, f"one call: its programs fit one wave ({whole:.2f} waves)")
     if head_rows <= 0:
         return whole_call(num_queries, whole_parts, "one call: one wave holds less than a tile of every head")
-    if fuse_tail and pair_tile > 0 and FUSED_TAIL is not False and tail_rows <= pair_tile // 2:
+    if fuse_tail and FUSED_TAIL and pair_tile > 0 and tail_rows <= pair_tile // 2:
         tiles = head_slots // num_heads  # whole tiles a head: 2 x tiles shares of its keys for the tail
         fused = 1.0 + 1.0 / (2 * tiles) + FUSED_MERGE_COST
         if RAGGED_TAIL is None and fused >= whole:
