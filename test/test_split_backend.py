@@ -217,11 +217,11 @@ def test_the_runs_plan_cuts_only_frames_whose_programs_spill_into_another_wave()
 
 
 def test_the_gluon_kernels_whole_tiles_carry_a_tail_of_at_most_half_a_tile(monkeypatch) -> None:
-    """``fuse_tail`` with ``FUSED_TAIL`` on (off, the same plans keep the tail call): at 518x392 on 132
-    SMs the 18-row tail rides in the 8 whole tiles' programs of each head as their 16 warpgroups' key
-    ranges (modelled 1 + 1/16 + the merge, against 1.18 waves for one call); a tail of more than one warpgroup's 64 rows, or a kernel without two-warpgroup tiles, keeps a
-    call of its own; every fused plan covers each row once, its tail parts are twice the tiles a head,
-    and it is chosen only where the model says it is faster than one call."""
+    """``fuse_tail`` with ``FUSED_TAIL`` on (off, the same plans keep the tail call): at 518x392 on 132 SMs the 18-row
+    tail rides in the 8 whole tiles' programs of each head as their 16 warpgroups' key ranges (modelled 1 + 1/16 +
+    the merge, against 1.18 waves for one call); a tail of more than one warpgroup's 64 rows, or a kernel without
+    two-warpgroup tiles, keeps a call of its own; every fused plan covers each row once, its tail parts are twice
+    the tiles a head, and it is chosen only where the model says it is faster than one call."""
     from lingbot_map_ros.core.cache import runs_plan
     from lingbot_map_ros.core.cache.runs_plan import FUSED_MERGE_COST, plan_runs
     from lingbot_map_ros.core.cache.split_backend import auto_kv_splits, waves_time
