@@ -107,16 +107,18 @@ def _acos(x: float) -> float:
 def _slerp(a: Quaternion, b: Quaternion, t: float) -> Quaternion:
     """``Quaternion::slerp`` (with ``angleShortestPath``)."""
     s = math.sqrt(_dot(a, a) * _dot(b, b))
-    if _dot(a, b) < 0:
+    ab = _dot(a, b)
+    flip = ab < 0
+    if flip:
         theta = _acos(_dot(a, (-b[0], -b[1], -b[2], -b[3])) / s) * 2.0 / 2.0
     else:
-        theta = _acos(_dot(a, b) / s) * 2.0 / 2.0
+        theta = _acos(ab / s) * 2.0 / 2.0
     if theta == 0.0:
         return a
     d = 1.0 / math.sin(theta)
     s0 = math.sin((1.0 - t) * theta)
     s1 = math.sin(t * theta)
-    if _dot(a, b) < 0:
+    if flip:
         return ((a[0] * s0 + -b[0] * s1) * d, (a[1] * s0 + -b[1] * s1) * d,
                 (a[2] * s0 + -b[2] * s1) * d, (a[3] * s0 + -b[3] * s1) * d)
     return ((a[0] * s0 + b[0] * s1) * d, (a[1] * s0 + b[1] * s1) * d,

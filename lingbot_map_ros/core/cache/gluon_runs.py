@@ -259,6 +259,19 @@ def _tail_block(qt_smem, k_tile, v_tile, valid, m_t, l_t, acc_t, scale_log2, BM:
 
 
 @gluon.jit
+def _tail_if_mine(qt_smem, k_smem, v_smem, block, valid, tail_lo, tail_hi, m_t, l_t, acc_t, scale_log2,
+                  BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, O_LAYOUT: gl.constexpr,
+                  P_LAYOUT: gl.constexpr):
+    """``_tail_block`` on the stage of block ``block`` (counted over the program) when it is one of this
+    warpgroup's share ``tail_lo .. tail_hi-1`` of the tail's key blocks."""
+    if (block >= tail_lo) & (block < tail_hi):
+        stage = block % STAGES
+        m_t, l_t, acc_t = _tail_block(qt_smem, k_smem.index(stage), v_smem.index(stage), valid, m_t, l_t, acc_t,
+                                      scale_log2, BM, BN, O_LAYOUT, P_LAYOUT)
+    return m_t, l_t, acc_t
+
+
+@gluon.jit
 def _pair_consume_run(q_smem, qt_smem, k_smem, v_smem, ready, empty, counter, count, m_i, l_i, acc, m_t, l_t, acc_t,
                       tail_lo, tail_hi, scale_log2, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
                       TAIL: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr):
@@ -271,10 +284,8 @@ def _pair_consume_run(q_smem, qt_smem, k_smem, v_smem, ready, empty, counter, co
         p_op, m_i, l_i, acc = _first_block(q_smem, k_smem, ready, counter, count, zeros, m_i, l_i, acc, scale_log2,
                                            BN, STAGES, S_LAYOUT, O_LAYOUT, P_LAYOUT)
         if TAIL:
-            if (counter >= tail_lo) & (counter < tail_hi):
-                stage = counter % STAGES
-                m_t, l_t, acc_t = _tail_block(qt_smem, k_smem.index(stage), v_smem.index(stage), count, m_t, l_t,
-                                              acc_t, scale_log2, BM, BN, O_LAYOUT, P_LAYOUT)
+            m_t, l_t, acc_t = _tail_if_mine(qt_smem, k_smem, v_smem, counter, count, tail_lo, tail_hi, m_t, l_t,
+                                            acc_t, scale_log2, BM, BN, STAGES, O_LAYOUT, P_LAYOUT)
         for i in range(1, blocks):
             prev = (counter + i - 1) % STAGES
             p, alpha, m_i, l_i, acc, p_op = _next_block(q_smem, k_smem, v_smem, ready, counter + i, prev,
@@ -284,10 +295,9 @@ def _pair_consume_run(q_smem, qt_smem, k_smem, v_smem, ready, empty, counter, co
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
             p_op = gl.convert_layout(p.to(k_smem.dtype), P_LAYOUT)
             if TAIL:
-                if (counter + i >= tail_lo) & (counter + i < tail_hi):
-                    stage = (counter + i) % STAGES
-                    m_t, l_t, acc_t = _tail_block(qt_smem, k_smem.index(stage), v_smem.index(stage), count - i * BN,
-                                                  m_t, l_t, acc_t, scale_log2, BM, BN, O_LAYOUT, P_LAYOUT)
+                m_t, l_t, acc_t = _tail_if_mine(qt_smem, k_smem, v_smem, counter + i, count - i * BN, tail_lo,
+                                                tail_hi, m_t, l_t, acc_t, scale_log2, BM, BN, STAGES, O_LAYOUT,
+                                                P_LAYOUT)
         last = (counter + blocks - 1) % STAGES
         acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p_op])
