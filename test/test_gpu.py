@@ -80,7 +80,8 @@ def make_caches(page_size, dtype, scale, window, kinds):
                 page_size=page_size, num_patch_pages=cache.table.num_patch_pages, num_pages=cache.table.num_pages,
                 num_heads=H, head_dim=D, dtype=dtype, device="cuda", kernel="cudnn",
                 fuse_merge=kind.endswith("fused"), kv_splits=5 if kind.endswith("kv") else 1,  # kv: 5 ranges of 1 page
-                prefix_kernel=prefix, runs_plan=cut_plan(tokens, prefix) if kind.endswith("cut") else None)
+                prefix_kernel=prefix, runs_plan=cut_plan(tokens, prefix) if kind.endswith("cut")
+                else beside_plan(tokens) if kind.endswith("beside") else None)
             caches[kind] = cache
         elif kind == "sdpa-static":
             static = StaticSdpaBackend(page_size=page_size, num_heads=H, head_dim=D,
@@ -119,6 +120,18 @@ def cut_plan(tokens: int, prefix_kernel: str):
         calls = (RunsCall(0, whole, 1), RunsCall(whole, tokens - whole, 2 * whole // 128))
         return RunsPlan(tokens, calls, "a test cut, its tail carried", fused_tail=True)
     return RunsPlan(tokens, (RunsCall(0, 512, 1), RunsCall(512, tokens - 512, 7)), "a test cut")
+
+
+def beside_plan(tokens: int):
+    """The frame's rows cut as ``runs_plan.plan_runs`` cuts them on this GPU with the tail's call on a side
+    stream beside the whole tiles (``runs_plan.TAIL_BESIDE`` on), or, where it keeps one call, at row 512
+    with the rest in 7 ranges beside them."""
+    from lingbot_map_ros.core.cache.runs_plan import RunsCall, RunsPlan, plan_runs
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    plan = plan_runs(tokens, H, sms, 1, query_tile=64, blocks_per_sm=2)
+    calls = plan.calls if plan.ragged else (RunsCall(0, 512, 1), RunsCall(512, tokens - 512, 7))
+    return RunsPlan(tokens, calls, "a test cut, its tail beside", tail_beside=True)
 
 
 def run_stream(page_size, dtype, kinds, steps=12, scale=2, window=3, seed=0):
@@ -188,10 +201,11 @@ def _gluon_unusable() -> str:
 def test_split_backend_with_our_runs_kernel_matches_float64(kernel, page_size, dtype):
     """The split backend with every visible key read by one call of our kernel over the runs (Triton
     or Gluon; one part, five parts merged, fused or not), or by the calls of a plan that cuts the rows
-    (``cut_plan``: at 1042 queries the one the node runs on this GPU), against float64 and at least as
+    (``cut_plan``: at 1042 queries the one the node runs on this GPU; ``beside_plan``: its tail on a side
+    stream), against float64 and at least as
     close as with cuDNN's prefix + tail, through a filling and a full window."""
     kinds = ["sdpa-split", f"sdpa-split-{kernel}", f"sdpa-split-{kernel}-fused", f"sdpa-split-{kernel}-kv",
-             f"sdpa-split-{kernel}-cut"]
+             f"sdpa-split-{kernel}-cut", f"sdpa-split-{kernel}-beside"]
     if page_size == 1036 and torch.cuda.get_device_properties(0).multi_processor_count == 132:
         plan = cut_plan(SPECIALS + page_size, kernel)
         assert [(c.rows, c.parts) for c in plan.calls] == [(1024, 1), (18, 16)]

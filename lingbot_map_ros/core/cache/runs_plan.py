@@ -45,6 +45,10 @@ RAGGED_TAIL: Optional[bool] = None
 # ``+fusedtail``); False: a call of its own. Off by default until the carried tail has passed its float64
 # tests and its timing on a GPU (``test_gpu.py``, the bench's ``auto`` against ``auto+fusedtail``).
 FUSED_TAIL = False
+# True: the tail's call runs on a side stream beside the whole tiles' call (the bench's ``+sidetail``), so
+# that its memory-bound programs take the SMs the whole tiles leave idle (4 of 132 at 16 heads) and the
+# rest of them as those finish; False: after it, on the frame's stream.
+TAIL_BESIDE = False
 FUSED_MERGE_COST = 0.01  # the fused tail's merge of its parts, in waves (~5 us)
 TAIL_CALL_COST = 0.03  # the tail's launch, merge and copy, in waves (~20 us of a ~0.65 ms layer on an H200)
 MAX_TAIL_PARTS = 32
@@ -69,6 +73,7 @@ class RunsPlan:
     calls: tuple[RunsCall, ...]
     reason: str
     fused_tail: bool = False  # the second call's rows ride in the first call's programs (one launch)
+    tail_beside: bool = False  # the second call runs on a side stream, beside the first
 
     @property
     def ragged(self) -> bool:
@@ -124,9 +129,10 @@ def plan_runs(num_queries: int, num_heads: int, num_sms: int, whole_parts: int, 
         return whole_call(num_queries, whole_parts, f"one call in {whole_parts} part(s): {whole:.2f} waves against "
                                                     f"{cut:.2f} for whole tiles + a tail")
     calls = (RunsCall(0, head_rows, 1), RunsCall(head_rows, tail_rows, tail_parts))
+    beside = ", beside them on a side stream" if TAIL_BESIDE else ""
     return RunsPlan(num_queries, calls, f"{head_rows} rows in one wave of whole tiles, the last {tail_rows} as "
-                                        f"{tail_parts} key ranges: {cut:.2f} waves against {whole:.2f} for one call "
-                                        f"in {whole_parts} part(s)")
+                                        f"{tail_parts} key ranges{beside}: {cut:.2f} waves against {whole:.2f} for "
+                                        f"one call in {whole_parts} part(s)", tail_beside=TAIL_BESIDE)
 
 
-__all__ = ["RunsCall", "RunsPlan", "plan_runs", "whole_call", "FUSED_TAIL", "RAGGED_TAIL"]
+__all__ = ["RunsCall", "RunsPlan", "plan_runs", "whole_call", "FUSED_TAIL", "RAGGED_TAIL", "TAIL_BESIDE"]
