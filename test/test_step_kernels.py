@@ -80,10 +80,9 @@ def test_the_gluon_runs_kernels_compile_for_hopper_without_spills() -> None:
     report = json.loads(done.stdout.strip().splitlines()[-1])
     single, pairs, fused = report["single"], report["pairs"], report["pairs_tail"]
     assert single["spill_bytes"] == 0 and pairs["spill_bytes"] == 0, report
-    # the fused tail's second state: a few scalars spilled between runs and one around the tail's masked
-    # (ragged) block (SASS: no local load or store in a full block's path), never the accumulators
-    # (hundreds of bytes)
-    assert fused["spill_bytes"] <= 96 and fused["wgmma"] > pairs["wgmma"], report
+    # the fused tail's second state: a few scalars spilled between runs (SASS: no local load or store
+    # inside a key-block loop), never the accumulators (hundreds of bytes)
+    assert fused["spill_bytes"] <= 64 and fused["wgmma"] > pairs["wgmma"], report
     assert {gluon_runs.CONSUMER_REGS, gluon_runs.PRODUCER_REGS} <= set(fused["setmaxnreg"]), report
     assert pairs["shared_bytes"] < fused["shared_bytes"] <= 227 * 1024, report  # + the tail's query tile
     assert single["registers"] <= 255 and not single["setmaxnreg"], report

@@ -259,34 +259,33 @@ def _tail_block(qt_smem, k_tile, v_tile, valid, m_t, l_t, acc_t, scale_log2, BM:
 
 
 @gluon.jit
-def _tail_if_mine(qt_smem, k_smem, v_smem, block, valid, tail_next, tail_period, m_t, l_t, acc_t, scale_log2,
+def _tail_if_mine(qt_smem, k_smem, v_smem, block, valid, tail_lo, tail_hi, m_t, l_t, acc_t, scale_log2,
                   BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, O_LAYOUT: gl.constexpr,
                   P_LAYOUT: gl.constexpr):
-    """``_tail_block`` on the stage of block ``block`` (counted over the program) when it is this
-    warpgroup's next block of the tail (``tail_next``; its blocks are every ``tail_period``-th)."""
-    if block == tail_next:
+    """``_tail_block`` on the stage of block ``block`` (counted over the program) when it is one of this
+    warpgroup's share ``tail_lo .. tail_hi-1`` of the tail's key blocks."""
+    if (block >= tail_lo) & (block < tail_hi):
         stage = block % STAGES
         m_t, l_t, acc_t = _tail_block(qt_smem, k_smem.index(stage), v_smem.index(stage), valid, m_t, l_t, acc_t,
                                       scale_log2, BM, BN, O_LAYOUT, P_LAYOUT)
-        tail_next += tail_period
-    return m_t, l_t, acc_t, tail_next
+    return m_t, l_t, acc_t
 
 
 @gluon.jit
 def _pair_consume_run(q_smem, qt_smem, k_smem, v_smem, ready, empty, counter, count, m_i, l_i, acc, m_t, l_t, acc_t,
-                      tail_next, tail_period, scale_log2, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                      tail_lo, tail_hi, scale_log2, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
                       TAIL: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr):
     """``_attend_run`` without the loads: wait for each block's stage, release it after its P V. With
-    ``TAIL``, the blocks numbered ``tail_next``, then every ``tail_period``-th over the program, also meet the
-    tail's queries while their stage is held (after the block's own softmax, before the stage is released)."""
+    ``TAIL``, the blocks numbered ``tail_lo .. tail_hi-1`` over the program also meet the tail's queries
+    while their stage is held (after the block's own softmax, before the stage is released)."""
     blocks = gl.cdiv(count, BN)
     if blocks > 0:
         zeros = gl.zeros([BM, BN], gl.float32, S_LAYOUT)
         p_op, m_i, l_i, acc = _first_block(q_smem, k_smem, ready, counter, count, zeros, m_i, l_i, acc, scale_log2,
                                            BN, STAGES, S_LAYOUT, O_LAYOUT, P_LAYOUT)
         if TAIL:
-            m_t, l_t, acc_t, tail_next = _tail_if_mine(qt_smem, k_smem, v_smem, counter, count, tail_next, tail_period,
-                                                       m_t, l_t, acc_t, scale_log2, BM, BN, STAGES, O_LAYOUT, P_LAYOUT)
+            m_t, l_t, acc_t = _tail_if_mine(qt_smem, k_smem, v_smem, counter, count, tail_lo, tail_hi, m_t, l_t,
+                                            acc_t, scale_log2, BM, BN, STAGES, O_LAYOUT, P_LAYOUT)
         for i in range(1, blocks):
             prev = (counter + i - 1) % STAGES
             p, alpha, m_i, l_i, acc, p_op = _next_block(q_smem, k_smem, v_smem, ready, counter + i, prev,
@@ -296,14 +295,25 @@ def _pair_consume_run(q_smem, qt_smem, k_smem, v_smem, ready, empty, counter, co
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
             p_op = gl.convert_layout(p.to(k_smem.dtype), P_LAYOUT)
             if TAIL:
-                m_t, l_t, acc_t, tail_next = _tail_if_mine(qt_smem, k_smem, v_smem, counter + i, count - i * BN,
-                                                           tail_next, tail_period, m_t, l_t, acc_t, scale_log2, BM,
-                                                           BN, STAGES, O_LAYOUT, P_LAYOUT)
+                m_t, l_t, acc_t = _tail_if_mine(qt_smem, k_smem, v_smem, counter + i, count - i * BN, tail_lo,
+                                                tail_hi, m_t, l_t, acc_t, scale_log2, BM, BN, STAGES, O_LAYOUT,
+                                                P_LAYOUT)
         last = (counter + blocks - 1) % STAGES
         acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p_op])
         mbarrier.arrive(empty.index(last), count=1)
-    return m_i, l_i, acc, m_t, l_t, acc_t, tail_next, counter + blocks
+    return m_i, l_i, acc, m_t, l_t, acc_t, counter + blocks
+
+
+@gluon.jit
+def _total_blocks(runs_ptr, lo, hi, BN: gl.constexpr, NUM_RUNS: gl.constexpr):
+    """The key blocks a program of part ``[lo, hi)`` walks, over all its runs (each run's last block ragged)."""
+    offset = 0
+    total = 0
+    for r in gl.static_range(NUM_RUNS):
+        _, count, offset = _run_piece(runs_ptr, r, lo, hi, offset)
+        total += gl.cdiv(count, BN)
+    return total
 
 
 @gluon.jit
@@ -332,20 +342,21 @@ def _pair_consumer(q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr
     l_t = gl.zeros([BM], gl.float32, gl.SliceLayout(1, O_LAYOUT))
     acc_t = gl.zeros([BM, HEAD_DIM], gl.float32, O_LAYOUT)  # [BM, D]: the tail's, when TAIL
     lo, hi = _part_bounds(runs_ptr, part, gl.num_programs(2), NUM_RUNS)
-    # the tail's part 2*block + WG takes every 2G-th key block of the program's walk: warpgroup 0 of
-    # program ``block`` from block ``block``, warpgroup 1 from ``block + G``. Spread over the walk (not a
-    # contiguous share), one warpgroup's extra work at a time falls within the stages' slack and the two
-    # warpgroups' extras alternate, instead of one warpgroup holding back both for a stretch.
     tail_part = 2 * block + WG
-    tail_period = 2 * gl.num_programs(0)
-    tail_next = block + WG * gl.num_programs(0)  # this warpgroup's first block of the tail
+    tail_parts = 2 * gl.num_programs(0)
+    tail_lo = 0
+    tail_hi = 0
+    if TAIL:
+        total = _total_blocks(runs_ptr, lo, hi, BN, NUM_RUNS)
+        tail_lo = tail_part * total // tail_parts
+        tail_hi = (tail_part + 1) * total // tail_parts
     offset = 0
     counter = 0
     for r in gl.static_range(NUM_RUNS):
         _, count, offset = _run_piece(runs_ptr, r, lo, hi, offset)
-        m_i, l_i, acc, m_t, l_t, acc_t, tail_next, counter = _pair_consume_run(
-            q_tile, qt_tile, k_smem, v_smem, ready, empty, counter, count, m_i, l_i, acc, m_t, l_t, acc_t,
-            tail_next, tail_period, scale_log2, BM, BN, STAGES, TAIL, S_LAYOUT, O_LAYOUT, P_LAYOUT)
+        m_i, l_i, acc, m_t, l_t, acc_t, counter = _pair_consume_run(
+            q_tile, qt_tile, k_smem, v_smem, ready, empty, counter, count, m_i, l_i, acc, m_t, l_t, acc_t, tail_lo,
+            tail_hi, scale_log2, BM, BN, STAGES, TAIL, S_LAYOUT, O_LAYOUT, P_LAYOUT)
     _store_part(acc, m_i, l_i, o_ptr, lse_ptr, block * 2 * BM + WG * BM, head, part, num_queries, scale_log2,
                 stride_op, stride_ot, stride_oh, HEAD_DIM, BM, S_LAYOUT, O_LAYOUT)
     if TAIL:
