@@ -179,13 +179,15 @@ def test_auto_key_ranges_follow_the_waves_of_thread_blocks() -> None:
     assert auto_kv_splits(1042, 16, 132, 13) == 1  # 13 pages: no divisor but 1 and 13 (> 12)
 
 
-def test_the_runs_plan_cuts_only_frames_whose_programs_spill_into_another_wave() -> None:
+def test_the_runs_plan_cuts_only_frames_whose_programs_spill_into_another_wave(monkeypatch) -> None:
     """``plan_runs`` against the wave model and what the H200 runs: 518x378 (1005 queries) and 518x294
     (777) keep one call in the parts ``auto_kv_splits`` picks; 518x392 (1042) is cut into the 1024 rows
     that 8 two-warpgroup tiles x 16 heads hold in one wave of 132 SMs (Triton's one-warpgroup kernel: 16
-    tiles of 64, two a SM) and an 18-row tail whose 16 programs a part fill one short wave as 16 parts.
-    Every plan's calls cover each row once, in order, and the cut is chosen only where the model says
-    it is faster than the one call."""
+    tiles of 64, two a SM) and an 18-row tail whose 16 programs a part fill one short wave as 16 parts,
+    on a side stream beside the whole tiles (``TAIL_BESIDE``; off, the same calls). Every plan's calls
+    cover each row once, in order, and the cut is chosen only where the model says it is faster than the
+    one call."""
+    from lingbot_map_ros.core.cache import runs_plan
     from lingbot_map_ros.core.cache.runs_plan import plan_runs
     from lingbot_map_ros.core.cache.split_backend import auto_kv_splits, waves_time
 
@@ -202,6 +204,12 @@ def test_the_runs_plan_cuts_only_frames_whose_programs_spill_into_another_wave()
         assert "1024 rows" in p.reason and "16 key ranges" in p.reason
     assert not plan(1042, sms=0)[0].ragged  # no SM count (the CPU): one call
     assert not plan(1042)[0].fused_tail  # a kernel that cannot carry the tail keeps the tail call
+    assert plan(1042)[0].tail_beside and "beside them on a side stream" in plan(1042)[0].reason
+    assert not plan(1005)[0].tail_beside  # one call: nothing beside it
+    monkeypatch.setattr(runs_plan, "TAIL_BESIDE", False)  # the bench's +tailafter: the same calls, in series
+    after = plan(1042)[0]
+    assert not after.tail_beside and "side stream" not in after.reason and after.calls == plan(1042)[0].calls
+    monkeypatch.undo()
     for queries in range(200, 3000, 37):
         for heads, sms in ((16, 132), (16, 108), (12, 78)):
             p, parts = plan(queries, heads, sms)
@@ -269,7 +277,7 @@ def test_the_factory_plans_our_kernels_calls_and_only_theirs() -> None:
     for kernel in kernels:
         splits, plan = split_kernel_calls(kernel, 1042, 16, 132, 72)
         assert splits == 12 and [(c.start, c.rows, c.parts) for c in plan.calls] == [(0, 1024, 1), (1024, 18, 16)]
-        assert not plan.fused_tail  # off by default (runs_plan.FUSED_TAIL)
+        assert not plan.fused_tail and plan.tail_beside  # runs_plan.FUSED_TAIL off, TAIL_BESIDE on
         splits, plan = split_kernel_calls(kernel, 1005, 16, 132, 72)
         assert splits == 1 and not plan.ragged and plan.calls[0].rows == 1005
         splits, plan = split_kernel_calls(kernel, 1042, 16, 0, 72)

@@ -16,14 +16,16 @@ The plan cuts the rows instead, where that is modelled faster:
   straight into the frame's output;
 * **the ragged tail**: the rows left over (18 at 1042), one more call with its keys cut into as many
   ranges as fill one more, short wave (16 heads x 16 parts = 256 one-warpgroup programs on 264
-  slots), merged by log-sum-exp.
+  slots), merged by log-sum-exp, on a side stream beside the whole tiles (``tail_beside``): its programs
+  are memory-bound and take the SMs the whole tiles leave idle, then each SM they give back.
 
-Where the kernel can carry them (the Gluon kernel's two-warpgroup programs, up to one warpgroup's
-tile of rows), the tail's rows ride in the whole tiles' programs instead of a call of their own
-(``fused_tail``): each of a head's ``G`` programs gives each of its warpgroups a ``1 / 2G`` share of the
-key blocks it already holds against them, so the tail costs ``1 / 2G`` more tensor-core work and no
-second read of the layer's keys (as a call of its own it is memory-bound: 18 rows cost ~17 % of the
-1024 rows' time on an H100), and its ``2G`` parts merge like the tail call's.
+An opt-in alternative (``fused_tail``, off): where the kernel can carry them (the Gluon kernel's
+two-warpgroup programs, up to one warpgroup's tile of rows), the tail's rows ride in the whole tiles'
+programs instead of a call of their own: each of a head's ``G`` programs gives each of its warpgroups a
+``1 / 2G`` share of the key blocks it already holds against them, and its ``2G`` parts merge like the
+tail call's. It spares the call's second read of the layer's keys (memory-bound: 18 rows cost ~17 % of
+the 1024 rows' time on an H100), but measured slower than the call: a warpgroup folding the tail
+(synchronously, in halves of a block) holds the stages its partner waits for.
 
 Exact either way: a query's attention does not depend on which call reads it, and the tail's parts
 merge as the split backend's always do. The model (``waves_time``, in units of one wave of
@@ -42,13 +44,15 @@ from .waves import fits_one_wave, waves_time
 # ``+partsN``, which names the parts of one call over every row); True: wherever it can.
 RAGGED_TAIL: Optional[bool] = None
 # True: the tail rides in the whole tiles' programs where the kernel can carry it (the bench's
-# ``+fusedtail``); False: a call of its own. Off by default until the carried tail has passed its float64
-# tests and its timing on a GPU (``test_gpu.py``, the bench's ``auto`` against ``auto+fusedtail``).
+# ``+fusedtail``); False: a call of its own. Off: exact, but slower than the call of its own on an H100
+# (docs/perf/runs/2026-12-06-h100-tail-carried.json): the fold (synchronous, in halves of a block) holds
+# the warpgroups' shared stages longer than the call's second read of the keys costs.
 FUSED_TAIL = False
-# True: the tail's call runs on a side stream beside the whole tiles' call (the bench's ``+sidetail``), so
-# that its memory-bound programs take the SMs the whole tiles leave idle (4 of 132 at 16 heads) and the
-# rest of them as those finish; False: after it, on the frame's stream.
-TAIL_BESIDE = False
+# True: the tail's call runs on a side stream beside the whole tiles' call (the bench's ``+sidetail``;
+# ``+tailafter``: after it, on the frame's stream), so that its memory-bound programs take the SMs the whole
+# tiles leave idle (4 of 132 at 16 heads) and the rest of them as those finish (measured faster on an
+# H200: docs/perf/runs/2026-12-06-h200-tail-beside.json).
+TAIL_BESIDE = True
 FUSED_MERGE_COST = 0.01  # the fused tail's merge of its parts, in waves (~5 us)
 TAIL_CALL_COST = 0.03  # the tail's launch, merge and copy, in waves (~20 us of a ~0.65 ms layer on an H200)
 MAX_TAIL_PARTS = 32
