@@ -202,8 +202,8 @@ def test_split_backend_with_our_runs_kernel_matches_float64(kernel, page_size, d
     """The split backend with every visible key read by one call of our kernel over the runs (Triton
     or Gluon; one part, five parts merged, fused or not), or by the calls of a plan that cuts the rows
     (``cut_plan``: at 1042 queries the one the node runs on this GPU; ``beside_plan``: its tail on a side
-    stream), against float64 and at least as
-    close as with cuDNN's prefix + tail, through a filling and a full window."""
+    stream), against float64 and at least as close as with cuDNN's prefix + tail, through a filling and a
+    full window."""
     kinds = ["sdpa-split", f"sdpa-split-{kernel}", f"sdpa-split-{kernel}-fused", f"sdpa-split-{kernel}-kv",
              f"sdpa-split-{kernel}-cut", f"sdpa-split-{kernel}-beside"]
     if page_size == 1036 and torch.cuda.get_device_properties(0).multi_processor_count == 132:

@@ -360,7 +360,7 @@ class SplitPrefixBackend(DenseStorageBackend):
             result[tail.start:] = self._merge([out.transpose(1, 2)], [lse])  # [P, H, tail, D] -> [tail, H, D]
             return result
         if plan.tail_beside and q.is_cuda:
-            return self._run_tail_beside(q, k, v, runs_attention, result)
+            return self._run_tail_beside(plan, q, k, v, runs_attention, result)
         for call in plan.calls:  # whole tiles written in place, then the ragged tail's parts merged
             rows = slice(call.start, call.start + call.rows)
             if call.parts == 1:
@@ -370,7 +370,8 @@ class SplitPrefixBackend(DenseStorageBackend):
             result[rows] = self._merge([out.transpose(1, 2)], [lse])
         return result
 
-    def _run_tail_beside(self, q: Tensor, k: Tensor, v: Tensor, runs_attention: Callable, result: Tensor) -> Tensor:
+    def _run_tail_beside(self, plan: RunsPlan, q: Tensor, k: Tensor, v: Tensor, runs_attention: Callable,
+                         result: Tensor) -> Tensor:
         """The whole tiles on the frame's stream and the tail's parts on a side stream forked before them.
         Why: the whole tiles are one wave that leaves some SMs idle (128 programs on 132 at 1042 queries x
         16 heads) and the tail's programs are memory-bound, so they can run there and on each SM the
@@ -378,7 +379,7 @@ class SplitPrefixBackend(DenseStorageBackend):
         that their programs take the SMs first. Exact as the serial calls: the same calls, rows apart."""
         from ..cuda_graph import side_stream
 
-        head, tail = self.runs_plan.calls
+        head, tail = plan.calls
         main = torch.cuda.current_stream(q.device)
         side = side_stream(q.device, "tail")
         side.wait_stream(main)  # forked before the whole tiles' launch: the tail does not wait for them
