@@ -123,15 +123,9 @@ def cut_plan(tokens: int, prefix_kernel: str):
 
 
 def beside_plan(tokens: int):
-    """The frame's rows cut as ``runs_plan.plan_runs`` cuts them on this GPU with the tail's call on a side
-    stream beside the whole tiles (``runs_plan.TAIL_BESIDE`` on), or, where it keeps one call, at row 512
-    with the rest in 7 ranges beside them."""
-    from lingbot_map_ros.core.cache.runs_plan import RunsCall, RunsPlan, plan_runs
-
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    plan = plan_runs(tokens, H, sms, 1, query_tile=64, blocks_per_sm=2)
-    calls = plan.calls if plan.ragged else (RunsCall(0, 512, 1), RunsCall(512, tokens - 512, 7))
-    return RunsPlan(tokens, calls, "a test cut, its tail beside", tail_beside=True)
+    """``cut_plan``'s rows of the tail call (never carried: the one-warpgroup kernel's plan, the same cut at
+    1042 queries) with that call on a side stream beside the whole tiles (``runs_plan.TAIL_BESIDE``)."""
+    return dataclasses.replace(cut_plan(tokens, "triton"), tail_beside=True)
 
 
 def run_stream(page_size, dtype, kinds, steps=12, scale=2, window=3, seed=0):
