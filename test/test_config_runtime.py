@@ -171,6 +171,8 @@ def test_bench_variants_parse_into_overrides_the_node_never_sees():
     assert parse_variant("auto+wholerows")[2] == BenchOverrides(whole_rows=True)
     assert parse_variant("auto+tailcall")[2] == BenchOverrides(fused_tail=False)
     assert parse_variant("auto+fusedtail")[2] == BenchOverrides(fused_tail=True)
+    assert parse_variant("auto+tailafter")[2] == BenchOverrides(tail_beside=False)
+    assert parse_variant("auto+sidetail")[2] == BenchOverrides(tail_beside=True)
     assert parse_variant("sdpa:split+graph+compile+cudnnprefix") == (
         "sdpa:split", ["graph", "compile"], BenchOverrides(prefix_kernel="sdpa"))
     assert variant_runtime("auto", cpu, torch.float32) == runtime.resolve_for(cpu, torch.float32)
@@ -344,6 +346,14 @@ def test_bench_kernel_constants_hold_for_one_variant_and_are_restored():
     with kernel_constants(parse_variant("auto+tailcall")[2]):
         assert not fused() and cut(12)  # the cut stays, its tail a call of its own
     assert runs_plan.FUSED_TAIL is False and not fused()
+
+    def beside() -> bool:  # the same frame's tail call on a side stream beside the whole tiles
+        return runs_plan.plan_runs(1042, 16, 132, 12, query_tile=64, blocks_per_sm=2).tail_beside
+
+    assert runs_plan.TAIL_BESIDE is True and beside()
+    with kernel_constants(parse_variant("auto+tailafter")[2]):
+        assert not beside() and cut(12)  # the same cut, its tail after the whole tiles
+    assert runs_plan.TAIL_BESIDE is True and beside()
     with pytest.raises(RuntimeError), kernel_constants(parse_variant("auto+parts3")[2]):
         raise RuntimeError("a failing variant")
     assert split_backend.auto_kv_splits is choose and runs_plan.RAGGED_TAIL is None
