@@ -18,7 +18,8 @@ max starts at a finite -1e30 so that a part without keys gives l = 0 (no NaN) an
 A second, warp-specialised kernel (below ``_store_part``) runs the same per-warpgroup loop in two
 consumer warpgroups that share each K/V block, fed by a producer warp: half the L2 traffic, where its
 programs fit one wave (``use_pairs``). Its programs can also carry a ragged tail of rows after their
-whole tiles against the K/V blocks they hold anyway (``runs_attention_fused_tail``, ``runs_plan``).
+whole tiles against the K/V blocks they hold anyway (``runs_attention_fused_tail``): an opt-in
+alternative, off because it measured slower than the tail's own call (``runs_plan.FUSED_TAIL``).
 """
 from __future__ import annotations
 
