@@ -169,9 +169,7 @@ def test_bench_variants_parse_into_overrides_the_node_never_sees():
         capability=(11, 0), step_kernels="torch", gluon_pairs=False)
     assert parse_variant("auto+pairs+parts9")[2] == BenchOverrides(gluon_pairs=True, kv_parts=9)
     assert parse_variant("auto+wholerows")[2] == BenchOverrides(whole_rows=True)
-    assert parse_variant("auto+tailcall")[2] == BenchOverrides(fused_tail=False, tail_programs=0)
-    assert parse_variant("auto+tailprograms")[2] == BenchOverrides(tail_programs=1)
-    assert parse_variant("auto+tailprograms2")[2] == BenchOverrides(tail_programs=2)
+    assert parse_variant("auto+tailcall")[2] == BenchOverrides(fused_tail=False)
     assert parse_variant("auto+fusedtail")[2] == BenchOverrides(fused_tail=True)
     assert parse_variant("auto+tailafter")[2] == BenchOverrides(tail_beside=False)
     assert parse_variant("auto+sidetail")[2] == BenchOverrides(tail_beside=True)
@@ -179,7 +177,7 @@ def test_bench_variants_parse_into_overrides_the_node_never_sees():
         "sdpa:split", ["graph", "compile"], BenchOverrides(prefix_kernel="sdpa"))
     assert variant_runtime("auto", cpu, torch.float32) == runtime.resolve_for(cpu, torch.float32)
     for gone in ("auto+serialheads", "auto+onegraph", "auto+eagerdepth", "auto+nchwdepth", "auto+kv5",
-                 "sdpa+graph+autotune", "auto+compile", "auto+parts0", "auto+tailprogramsx"):
+                 "sdpa+graph+autotune", "auto+compile", "auto+parts0"):
         with pytest.raises(ValueError, match="unknown variant flags"):
             variant_runtime(gone, cpu, torch.float32)
     with pytest.raises(ValueError, match="bad capability"):

@@ -81,8 +81,7 @@ def make_caches(page_size, dtype, scale, window, kinds):
                 num_heads=H, head_dim=D, dtype=dtype, device="cuda", kernel="cudnn",
                 fuse_merge=kind.endswith("fused"), kv_splits=5 if kind.endswith("kv") else 1,  # kv: 5 ranges of 1 page
                 prefix_kernel=prefix, runs_plan=cut_plan(tokens, prefix) if kind.endswith("cut")
-                else beside_plan(tokens) if kind.endswith("beside")
-                else programs_plan(tokens) if kind.endswith("programs") else None)
+                else beside_plan(tokens) if kind.endswith("beside") else None)
             caches[kind] = cache
         elif kind == "sdpa-static":
             static = StaticSdpaBackend(page_size=page_size, num_heads=H, head_dim=D,
@@ -197,12 +196,10 @@ def test_split_backend_with_our_runs_kernel_matches_float64(kernel, page_size, d
     """The split backend with every visible key read by one call of our kernel over the runs (Triton
     or Gluon; one part, five parts merged, fused or not), or by the calls of a plan that cuts the rows
     (``cut_plan``: at 1042 queries the one the node runs on this GPU; ``beside_plan``: its tail on a side
-    stream; ``programs_plan``: Gluon's tail read by programs of its own in the whole tiles' launch),
-    against float64 and at least as close as with cuDNN's prefix + tail, through a filling and a full
-    window."""
+    stream), against float64 and at least as close as with cuDNN's prefix + tail, through a filling and a
+    full window."""
     kinds = ["sdpa-split", f"sdpa-split-{kernel}", f"sdpa-split-{kernel}-fused", f"sdpa-split-{kernel}-kv",
              f"sdpa-split-{kernel}-cut", f"sdpa-split-{kernel}-beside"]
-    kinds += ["sdpa-split-gluon-programs"] if kernel == "gluon" else []
     if page_size == 1036 and torch.cuda.get_device_properties(0).multi_processor_count == 132:
         plan = cut_plan(SPECIALS + page_size, kernel)
         assert [(c.rows, c.parts) for c in plan.calls] == [(1024, 1), (18, 16)]
@@ -280,25 +277,14 @@ def test_flashinfer_fa3_token_pages_match_float64(page_size):
     assert all(err < 1e-2 for err in worst.values()), worst
 
 
-def programs_plan(tokens: int):
-    """``cut_plan``'s Gluon cut where its whole tiles can carry the tail, with the tail read instead by
-    programs of its own in their launch (``runs_plan.TAIL_PROGRAMS``), two key ranges a tile (the
-    carried cut's ``2G``); elsewhere ``cut_plan``'s."""
-    plan = cut_plan(tokens, "gluon")
-    return dataclasses.replace(plan, fused_tail=False, tail_programs=True) if plan.fused_tail else plan
-
-
 @pytest.mark.skipif(bool(_gluon_unusable()), reason=_gluon_unusable() or "runs")
-@pytest.mark.parametrize("mode", ["carried", "programs1", "programs2"])
 @pytest.mark.parametrize("tiles,tail", [(2, 18), (8, 18), (3, 64), (1, 1)])
 @pytest.mark.parametrize("runs", [[(10, 1500), (1700, 300), (2500, 33)], [(5, 300)]])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gluon_fused_tail_matches_float64_on_poisoned_storage(dtype, runs, tiles, tail, mode):
+def test_gluon_fused_tail_matches_float64_on_poisoned_storage(dtype, runs, tiles, tail):
     """``runs_attention_fused_tail``: ``tiles`` whole tiles of 128 queries x 2 heads written in place,
     and ``tail`` rows after them (18 as at 518x392, a full warpgroup's 64, one row) carried by the same
-    programs as ``2 x tiles`` key ranges of their own (``mode`` carried: each warpgroup's share of the
-    key blocks), or read in the same launch by ``N x tiles`` programs of their own (``runs_attention_tail_
-    programs``, mode programsN: each a share of the keys laid end to end), over the poisoned storage of
+    programs as ``2 x tiles`` key ranges of their own, over the poisoned storage of
     ``test_gluon_runs_kernel_matches_float64_on_poisoned_storage``: four runs (16 key blocks, a masked
     end, a run shorter than a block) or one run of 3 blocks, fewer than the tail's ranges (the empty
     ones give lse -inf and zeros). Against float64 on the same rounded inputs: the whole tiles' rows,
@@ -324,33 +310,26 @@ def test_gluon_fused_tail_matches_float64_on_poisoned_storage(dtype, runs, tiles
         return torch.einsum("htn,nhd->thd", scores.softmax(-1), v[keys].double()), scores.logsumexp(-1)
 
     result = torch.full((t, h, d), float("nan"), device="cuda", dtype=dtype)  # [T, H, D]
-    if mode == "carried":
-        parts = 2 * tiles
-        out, lse = gluon_runs.runs_attention_fused_tail(q, k, v, table, head_rows, result.unsqueeze(0))
-        shares = [torch.cat(blocks[p * len(blocks) // parts:(p + 1) * len(blocks) // parts] or [order[:0]])
-                  for p in range(parts)]
-    else:
-        parts = int(mode.removeprefix("programs")) * tiles
-        out, lse = gluon_runs.runs_attention_tail_programs(q, k, v, table, head_rows, result.unsqueeze(0),
-                                                           ranges_per_tile=parts // tiles)
-        shares = [order[p * len(order) // parts:(p + 1) * len(order) // parts] for p in range(parts)]
-    assert out.shape == (parts, tail, h, d) and lse.shape == (parts, h, tail)
+    out, lse = gluon_runs.runs_attention_fused_tail(q, k, v, table, head_rows, result.unsqueeze(0))
+    assert out.shape == (2 * tiles, tail, h, d) and lse.shape == (2 * tiles, h, tail)
     limit = 1e-2 if dtype == torch.bfloat16 else 2e-3
     ref_head, _ = reference(q[:head_rows], order)
     err = ((result[:head_rows].double() - ref_head).norm() / ref_head.norm()).item()
     assert err < limit, err
     assert torch.isnan(result[head_rows:]).all()  # the tail's rows are the caller's to write
-    for p, mine in enumerate(shares):
-        if not len(mine):
+    parts = 2 * tiles
+    for p in range(parts):
+        mine = blocks[p * len(blocks) // parts:(p + 1) * len(blocks) // parts]
+        if not mine:
             assert torch.isneginf(lse[p]).all() and (out[p] == 0).all(), p
             continue
-        ref, ref_lse = reference(q[head_rows:], mine)
+        ref, ref_lse = reference(q[head_rows:], torch.cat(mine))
         assert ((out[p].double() - ref).norm() / ref.norm()).item() < limit, p
         assert (lse[p].double() - ref_lse).abs().max().item() < 1e-4, p
     merged = merge_partials([out.transpose(1, 2)], [lse])  # [tail, H, D]
     ref_tail, _ = reference(q[head_rows:], order)
     err = ((merged.double() - ref_tail).norm() / ref_tail.norm()).item()
-    print(f"{dtype} {mode} tiles {tiles} tail {tail} runs {len(runs)}: {err:.2e}")
+    print(f"{dtype} tiles {tiles} tail {tail} runs {len(runs)}: {err:.2e}")
     assert err < limit, err
 
 

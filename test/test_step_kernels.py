@@ -62,8 +62,7 @@ def test_the_gluon_runs_kernels_compile_for_hopper_without_spills() -> None:
     kernel in at most 255 registers (two programs per SM: 2 x 128 threads) and the warp-specialised one
     with its register split (the consumers at CONSUMER_REGS, the producer at PRODUCER_REGS), neither
     spilling, both with wgmma and TMA loads, and the pair kernel's stages within one SM's shared memory;
-    the warp-specialised kernel carrying a ragged tail (``TAIL`` 1) within the same split and memory, and
-    with the tail's own programs in its launch (``TAIL`` 2) in the pair kernel's memory, without spills.
+    the warp-specialised kernel carrying a ragged tail (``TAIL``) within the same split and memory.
     CI has no GPU: this is where a kernel edit that no longer builds, or spills, shows first."""
     pytest.importorskip("triton.experimental.gluon")
     import subprocess
@@ -90,6 +89,3 @@ def test_the_gluon_runs_kernels_compile_for_hopper_without_spills() -> None:
     assert {gluon_runs.CONSUMER_REGS, gluon_runs.PRODUCER_REGS} <= set(pairs["setmaxnreg"]), report
     assert single["wgmma"] > 0 and pairs["wgmma"] > 0 and single["tma_loads"] > 0 and pairs["tma_loads"] > 0, report
     assert pairs["shared_bytes"] <= 227 * 1024, report
-    programs = report["pairs_tail_programs"]
-    assert programs["spill_bytes"] == 0 and programs["shared_bytes"] == pairs["shared_bytes"], report
-    assert {gluon_runs.CONSUMER_REGS, gluon_runs.PRODUCER_REGS} <= set(programs["setmaxnreg"]), report

@@ -60,9 +60,7 @@ VARIANT_HELP = (
     "of programs on the SMs; N names one call over every query row); +wholerows = our runs kernel in one call "
     "over every query row (auto: whole query tiles in one wave and the ragged tail in key ranges where "
     "runs_plan.plan_runs models that faster); +fusedtail / +tailcall = that tail carried by the Gluon "
-    "kernel's whole-tile programs / as a call of its own (auto: runs_plan.FUSED_TAIL, TAIL_PROGRAMS); "
-    "+tailprogramsN = that tail read by N x G programs of their own a head in the whole tiles' launch (N 1 if left "
-    "out); +sidetail / +tailafter = "
+    "kernel's whole-tile programs / as a call of its own (auto: runs_plan.FUSED_TAIL); +sidetail / +tailafter = "
     "that call on a side stream beside the whole tiles / after them (auto: runs_plan.TAIL_BESIDE); "
     "@smXY = resolved for compute capability X.Y (a stand-in for this GPU's). "
     "e.g. auto,portable,sdpa:split+graph+compile,flashinfer:fa3+graph"
@@ -87,7 +85,6 @@ class BenchOverrides:
     whole_rows: bool = False  # ``+wholerows``: our runs kernel in one call over every row, else ``runs_plan``'s cut
     fused_tail: Optional[bool] = None  # ``+fusedtail`` / ``+tailcall``: the cut's tail carried by whole tiles or not
     tail_beside: Optional[bool] = None  # ``+sidetail`` / ``+tailafter``: the tail's call beside the whole tiles
-    tail_programs: Optional[int] = None  # ``+tailprogramsN``: the tail's own programs in the whole tiles' launch
 
 
 def parse_variant(variant: str) -> tuple[str, list[str], BenchOverrides]:
@@ -107,15 +104,13 @@ def parse_variant(variant: str) -> tuple[str, list[str], BenchOverrides]:
     parts = [f for f in flags if f.startswith("parts") and f[5:].isdigit() and int(f[5:]) >= 1]
     tail = [f == "fusedtail" for f in flags if f in ("fusedtail", "tailcall")]
     beside = [f == "sidetail" for f in flags if f in ("sidetail", "tailafter")]
-    programs = [f for f in flags if f.startswith("tailprograms") and (f[12:] == "" or f[12:].isdigit())]
-    tail_programs = int(programs[-1][12:] or 1) if programs else (0 if "tailcall" in flags else None)
     overrides = BenchOverrides(capability=capability, prefix_kernel=prefix[-1] if prefix else "auto",
                                step_kernels="torch" if "torchstep" in flags else "auto",
                                gluon_pairs=pairs[-1] if pairs else None, kv_parts=int(parts[-1][5:]) if parts else 0,
                                whole_rows="wholerows" in flags, fused_tail=tail[-1] if tail else None,
-                               tail_beside=beside[-1] if beside else None, tail_programs=tail_programs)
+                               tail_beside=beside[-1] if beside else None)
     switches = ("torchstep", "pairs", "singles", "wholerows", "fusedtail", "tailcall", "sidetail", "tailafter")
-    rest = [f for f in flags if f not in PREFIX_FLAGS and f not in switches and f not in parts + programs]
+    rest = [f for f in flags if f not in PREFIX_FLAGS and f not in switches and f not in parts]
     unknown = set(rest) - {"graph", "eager", "compile", "bf16"}
     if unknown or (head == "auto" and rest):
         raise ValueError(f"unknown variant flags {sorted(unknown or rest)} in {variant!r}; {VARIANT_HELP}")
@@ -135,13 +130,12 @@ def kernel_constants(overrides: BenchOverrides):
     ``+wholerows`` (``runs_plan.RAGGED_TAIL``); ``+fusedtail`` / ``+tailcall``: the cut's tail carried by
     the whole tiles' programs or as a call of its own (``runs_plan.FUSED_TAIL``); ``+sidetail`` /
     ``+tailafter``: that call on a side stream beside the whole tiles or after them
-    (``runs_plan.TAIL_BESIDE``); ``+tailprogramsN``: the tail read by programs of its own in the whole tiles'
-    launch (``runs_plan.TAIL_PROGRAMS``). Kernel constants, not runtime decisions (the bench measures the
+    (``runs_plan.TAIL_BESIDE``). Kernel constants, not runtime decisions (the bench measures the
     alternatives of one build), set for this variant's run and restored after it."""
     from ..core.cache import gluon_runs, runs_plan, split_backend
 
     saved = (gluon_runs.PAIRS, split_backend.auto_kv_splits, runs_plan.RAGGED_TAIL, runs_plan.FUSED_TAIL,
-             runs_plan.TAIL_BESIDE, runs_plan.TAIL_PROGRAMS)
+             runs_plan.TAIL_BESIDE)
     if overrides.gluon_pairs is not None:
         gluon_runs.PAIRS = overrides.gluon_pairs
     if overrides.kv_parts:
@@ -152,13 +146,11 @@ def kernel_constants(overrides: BenchOverrides):
         runs_plan.FUSED_TAIL = overrides.fused_tail
     if overrides.tail_beside is not None:
         runs_plan.TAIL_BESIDE = overrides.tail_beside
-    if overrides.tail_programs is not None:
-        runs_plan.TAIL_PROGRAMS = overrides.tail_programs
     try:
         yield
     finally:
         (gluon_runs.PAIRS, split_backend.auto_kv_splits, runs_plan.RAGGED_TAIL, runs_plan.FUSED_TAIL,
-         runs_plan.TAIL_BESIDE, runs_plan.TAIL_PROGRAMS) = saved
+         runs_plan.TAIL_BESIDE) = saved
 
 
 def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):

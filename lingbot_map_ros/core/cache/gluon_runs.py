@@ -275,16 +275,16 @@ def _tail_if_mine(qt_smem, k_smem, v_smem, block, valid, tail_lo, tail_hi, m_t, 
 @gluon.jit
 def _pair_consume_run(q_smem, qt_smem, k_smem, v_smem, ready, empty, counter, count, m_i, l_i, acc, m_t, l_t, acc_t,
                       tail_lo, tail_hi, scale_log2, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                      CARRY: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr):
+                      TAIL: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr):
     """``_attend_run`` without the loads: wait for each block's stage, release it after its P V. With
-    ``CARRY``, the blocks numbered ``tail_lo .. tail_hi-1`` over the program also meet the tail's queries
+    ``TAIL``, the blocks numbered ``tail_lo .. tail_hi-1`` over the program also meet the tail's queries
     while their stage is held (after the block's own softmax, before the stage is released)."""
     blocks = gl.cdiv(count, BN)
     if blocks > 0:
         zeros = gl.zeros([BM, BN], gl.float32, S_LAYOUT)
         p_op, m_i, l_i, acc = _first_block(q_smem, k_smem, ready, counter, count, zeros, m_i, l_i, acc, scale_log2,
                                            BN, STAGES, S_LAYOUT, O_LAYOUT, P_LAYOUT)
-        if CARRY:
+        if TAIL:
             m_t, l_t, acc_t = _tail_if_mine(qt_smem, k_smem, v_smem, counter, count, tail_lo, tail_hi, m_t, l_t,
                                             acc_t, scale_log2, BM, BN, STAGES, O_LAYOUT, P_LAYOUT)
         for i in range(1, blocks):
@@ -295,7 +295,7 @@ def _pair_consume_run(q_smem, qt_smem, k_smem, v_smem, ready, empty, counter, co
             mbarrier.arrive(empty.index(prev), count=1)  # this warpgroup is done with block i-1's stage
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
             p_op = gl.convert_layout(p.to(k_smem.dtype), P_LAYOUT)
-            if CARRY:
+            if TAIL:
                 m_t, l_t, acc_t = _tail_if_mine(qt_smem, k_smem, v_smem, counter + i, count - i * BN, tail_lo,
                                                 tail_hi, m_t, l_t, acc_t, scale_log2, BM, BN, STAGES, O_LAYOUT,
                                                 P_LAYOUT)
@@ -318,74 +318,13 @@ def _total_blocks(runs_ptr, lo, hi, BN: gl.constexpr, NUM_RUNS: gl.constexpr):
 
 
 @gluon.jit
-def _program_keys(runs_ptr, NUM_RUNS: gl.constexpr, TAIL: gl.constexpr):
-    """This program's keys ``[lo, hi)``, the part it writes and whether it reads for the tail's rows.
-    Programs ``(block, head, 0)`` hold whole tiles; with ``TAIL`` 2 a program ``(block, head, z > 0)`` is
-    one of the tail's: range ``(z - 1) * G + block`` of ``(Z - 1) * G`` of the head's keys (``G`` tiles,
-    ``Z`` the grid's third size). The tail's programs come last in the grid's order, so the whole tiles
-    take the SMs first and the tail's take the idle ones, then each one a whole tile gives back."""
-    part = gl.program_id(2)
-    parts = gl.num_programs(2)
-    is_tail = part * 0
-    if TAIL == 2:  # whole tiles: one part of every key; the tail's programs: their share
-        is_tail = gl.minimum(part, 1)
-        part = is_tail * ((part - 1) * gl.num_programs(0) + gl.program_id(0))
-        parts = 1 + is_tail * ((parts - 1) * gl.num_programs(0) - 1)
-    lo, hi = _part_bounds(runs_ptr, part, parts, NUM_RUNS)
-    return lo, hi, part, is_tail
-
-
-@gluon.jit
-def _pair_walk(q_tile, qt_tile, k_smem, v_smem, ready, empty, runs_ptr, lo, hi, tail_lo, tail_hi, scale_log2,
-               HEAD_DIM: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NUM_RUNS: gl.constexpr,
-               STAGES: gl.constexpr, CARRY: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr,
-               P_LAYOUT: gl.constexpr):
-    """One warpgroup's queries ``q_tile`` over the keys ``[lo, hi)`` of the runs, block after block as the
-    producer loads them (with ``CARRY``, the tail's ``qt_tile`` too against blocks ``tail_lo .. tail_hi-1``):
-    the running state of both."""
-    m_i = gl.full([BM], -1.0e30, gl.float32, gl.SliceLayout(1, S_LAYOUT))
-    l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, S_LAYOUT))
-    acc = gl.zeros([BM, HEAD_DIM], gl.float32, O_LAYOUT)  # [BM, D]
-    m_t = gl.full([BM], -1.0e30, gl.float32, gl.SliceLayout(1, O_LAYOUT))  # the tail's, in halves of a block
-    l_t = gl.zeros([BM], gl.float32, gl.SliceLayout(1, O_LAYOUT))
-    acc_t = gl.zeros([BM, HEAD_DIM], gl.float32, O_LAYOUT)  # [BM, D]: the tail's, when CARRY
-    offset = 0
-    counter = 0
-    for r in gl.static_range(NUM_RUNS):
-        _, count, offset = _run_piece(runs_ptr, r, lo, hi, offset)
-        m_i, l_i, acc, m_t, l_t, acc_t, counter = _pair_consume_run(
-            q_tile, qt_tile, k_smem, v_smem, ready, empty, counter, count, m_i, l_i, acc, m_t, l_t, acc_t, tail_lo,
-            tail_hi, scale_log2, BM, BN, STAGES, CARRY, S_LAYOUT, O_LAYOUT, P_LAYOUT)
-    return m_i, l_i, acc, m_t, l_t, acc_t
-
-
-@gluon.jit
-def _pair_pass(ready, empty, runs_ptr, lo, hi, BN: gl.constexpr, NUM_RUNS: gl.constexpr, STAGES: gl.constexpr):
-    """The idle warpgroup of a tail program: each block of ``[lo, hi)`` released as soon as it has landed,
-    so that its stage waits only for the working warpgroup. (Not before it lands: the stage's next load
-    waits on that phase.)"""
-    offset = 0
-    counter = 0
-    for r in gl.static_range(NUM_RUNS):
-        _, count, offset = _run_piece(runs_ptr, r, lo, hi, offset)
-        blocks = gl.cdiv(count, BN)
-        for i in range(blocks):
-            stage = (counter + i) % STAGES
-            mbarrier.wait(ready.index(stage), ((counter + i) // STAGES) & 1)
-            mbarrier.arrive(empty.index(stage), count=1)
-        counter += blocks
-
-
-@gluon.jit
 def _pair_consumer(q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr, runs_ptr, num_queries,
                    scale_log2, stride_op, stride_ot, stride_oh, tail_o_ptr, tail_lse_ptr, tail_rows, tail_stride_op,
                    tail_stride_ot, tail_stride_oh, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BM: gl.constexpr,
                    BN: gl.constexpr, NUM_RUNS: gl.constexpr, STAGES: gl.constexpr, TAIL: gl.constexpr):
-    """Warpgroup ``WG`` (0 or 1): queries ``WG*BM ..`` of the program's ``2*BM``, over every block.
-    ``TAIL`` 1 (carried): also the rows after the grid's whole tiles (at most ``BM``, in ``q_smem[2]``)
-    against this warpgroup's share of the blocks, part ``2*block + WG`` of ``2 * programs`` of the tail.
-    ``TAIL`` 2 (the tail's own programs, ``_program_keys``): in those, warpgroup 0 reads the tail's rows
-    (in ``q_smem[0]``) over the program's range and warpgroup 1 only releases the stages."""
+    """Warpgroup ``WG`` (0 or 1): queries ``WG*BM ..`` of the program's ``2*BM``, over every block. With
+    ``TAIL``: also the rows after the grid's whole tiles (at most ``BM``, in ``q_smem[2]``) against this
+    warpgroup's share of the blocks, part ``2*block + WG`` of ``2 * programs`` of the tail."""
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BN, 16])
     O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -393,64 +332,55 @@ def _pair_consumer(q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr
     P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
     block = gl.program_id(0)
     head = gl.program_id(1)
+    part = gl.program_id(2)
     q_tile = q_smem.index(WG)  # [BM, D]
-    qt_tile = q_smem.index(2 if TAIL == 1 else WG)  # [BM, D]: the carried tail's queries
+    qt_tile = q_smem.index(2 if TAIL else WG)  # [BM, D]: the tail's queries
     mbarrier.wait(q_ready, 0)
-    lo, hi, part, is_tail = _program_keys(runs_ptr, NUM_RUNS, TAIL)
+    m_i = gl.full([BM], -1.0e30, gl.float32, gl.SliceLayout(1, S_LAYOUT))
+    l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, S_LAYOUT))
+    acc = gl.zeros([BM, HEAD_DIM], gl.float32, O_LAYOUT)  # [BM, D]
+    m_t = gl.full([BM], -1.0e30, gl.float32, gl.SliceLayout(1, O_LAYOUT))  # the tail's, in halves of a block
+    l_t = gl.zeros([BM], gl.float32, gl.SliceLayout(1, O_LAYOUT))
+    acc_t = gl.zeros([BM, HEAD_DIM], gl.float32, O_LAYOUT)  # [BM, D]: the tail's, when TAIL
+    lo, hi = _part_bounds(runs_ptr, part, gl.num_programs(2), NUM_RUNS)
     tail_part = 2 * block + WG
+    tail_parts = 2 * gl.num_programs(0)
     tail_lo = 0
     tail_hi = 0
-    if TAIL == 1:
-        tail_parts = 2 * gl.num_programs(0)
+    if TAIL:
         total = _total_blocks(runs_ptr, lo, hi, BN, NUM_RUNS)
         tail_lo = tail_part * total // tail_parts
         tail_hi = (tail_part + 1) * total // tail_parts
-    if TAIL == 2 and WG == 1:
-        if is_tail > 0:
-            _pair_pass(ready, empty, runs_ptr, lo, hi, BN, NUM_RUNS, STAGES)
-        else:
-            m_i, l_i, acc, m_t, l_t, acc_t = _pair_walk(q_tile, qt_tile, k_smem, v_smem, ready, empty, runs_ptr, lo,
-                                                        hi, tail_lo, tail_hi, scale_log2, HEAD_DIM, BM, BN, NUM_RUNS,
-                                                        STAGES, False, S_LAYOUT, O_LAYOUT, P_LAYOUT)
-            _store_part(acc, m_i, l_i, o_ptr, lse_ptr, block * 2 * BM + WG * BM, head, part, num_queries,
-                        scale_log2, stride_op, stride_ot, stride_oh, HEAD_DIM, BM, S_LAYOUT, O_LAYOUT)
-    else:
-        m_i, l_i, acc, m_t, l_t, acc_t = _pair_walk(q_tile, qt_tile, k_smem, v_smem, ready, empty, runs_ptr, lo, hi,
-                                                    tail_lo, tail_hi, scale_log2, HEAD_DIM, BM, BN, NUM_RUNS, STAGES,
-                                                    TAIL == 1, S_LAYOUT, O_LAYOUT, P_LAYOUT)
-        if TAIL == 2:
-            if is_tail > 0:  # warpgroup 0 of a tail program: the tail's rows over range ``part``
-                _store_part(acc, m_i, l_i, tail_o_ptr, tail_lse_ptr, 0, head, part, tail_rows, scale_log2,
-                            tail_stride_op, tail_stride_ot, tail_stride_oh, HEAD_DIM, BM, S_LAYOUT, O_LAYOUT)
-            else:
-                _store_part(acc, m_i, l_i, o_ptr, lse_ptr, block * 2 * BM + WG * BM, head, part, num_queries,
-                            scale_log2, stride_op, stride_ot, stride_oh, HEAD_DIM, BM, S_LAYOUT, O_LAYOUT)
-        else:
-            _store_part(acc, m_i, l_i, o_ptr, lse_ptr, block * 2 * BM + WG * BM, head, part, num_queries, scale_log2,
-                        stride_op, stride_ot, stride_oh, HEAD_DIM, BM, S_LAYOUT, O_LAYOUT)
-        if TAIL == 1:
-            _store_part(acc_t, m_t, l_t, tail_o_ptr, tail_lse_ptr, 0, head, tail_part, tail_rows, scale_log2,
-                        tail_stride_op, tail_stride_ot, tail_stride_oh, HEAD_DIM, BM, O_LAYOUT, O_LAYOUT)
+    offset = 0
+    counter = 0
+    for r in gl.static_range(NUM_RUNS):
+        _, count, offset = _run_piece(runs_ptr, r, lo, hi, offset)
+        m_i, l_i, acc, m_t, l_t, acc_t, counter = _pair_consume_run(
+            q_tile, qt_tile, k_smem, v_smem, ready, empty, counter, count, m_i, l_i, acc, m_t, l_t, acc_t, tail_lo,
+            tail_hi, scale_log2, BM, BN, STAGES, TAIL, S_LAYOUT, O_LAYOUT, P_LAYOUT)
+    _store_part(acc, m_i, l_i, o_ptr, lse_ptr, block * 2 * BM + WG * BM, head, part, num_queries, scale_log2,
+                stride_op, stride_ot, stride_oh, HEAD_DIM, BM, S_LAYOUT, O_LAYOUT)
+    if TAIL:
+        _store_part(acc_t, m_t, l_t, tail_o_ptr, tail_lse_ptr, 0, head, tail_part, tail_rows, scale_log2,
+                    tail_stride_op, tail_stride_ot, tail_stride_oh, HEAD_DIM, BM, O_LAYOUT, O_LAYOUT)
 
 
 @gluon.jit
 def _pair_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, ready, empty, runs_ptr,
                    HEAD_DIM: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NUM_RUNS: gl.constexpr,
                    STAGES: gl.constexpr, TAIL: gl.constexpr):
-    """One warp: the program's queries (``TAIL`` 1: and the rows after the grid's whole tiles; in a tail
-    program of ``TAIL`` 2: those rows alone, in both tiles), then each block of its keys into the next
-    free stage."""
+    """One warp: the program's queries (and with ``TAIL`` the rows after the grid's whole tiles), then
+    each block of its part into the next free stage."""
     block = gl.program_id(0)
     head = gl.program_id(1)
+    part = gl.program_id(2)
     col = head * HEAD_DIM
-    lo, hi, part, is_tail = _program_keys(runs_ptr, NUM_RUNS, TAIL)
-    tail_row = gl.num_programs(0) * 2 * BM  # the first row after the whole tiles
-    row = block * 2 * BM + is_tail * (tail_row - block * 2 * BM)  # rows past the queries: zeros
-    mbarrier.expect(q_ready, (3 if TAIL == 1 else 2) * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [row, col], q_ready, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [row + (1 - is_tail) * BM, col], q_ready, q_smem.index(1))
-    if TAIL == 1:
-        tma.async_copy_global_to_shared(q_desc, [tail_row, col], q_ready, q_smem.index(2))
+    mbarrier.expect(q_ready, (3 if TAIL else 2) * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [block * 2 * BM, col], q_ready, q_smem.index(0))
+    tma.async_copy_global_to_shared(q_desc, [block * 2 * BM + BM, col], q_ready, q_smem.index(1))
+    if TAIL:  # rows past the queries: zeros
+        tma.async_copy_global_to_shared(q_desc, [gl.num_programs(0) * 2 * BM, col], q_ready, q_smem.index(2))
+    lo, hi = _part_bounds(runs_ptr, part, gl.num_programs(2), NUM_RUNS)
     offset = 0
     counter = 0
     for r in gl.static_range(NUM_RUNS):
@@ -469,11 +399,10 @@ def _pair_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, runs_ptr, num_querie
                     tail_stride_ot, tail_stride_oh, HEAD_DIM: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                     NUM_RUNS: gl.constexpr, STAGES: gl.constexpr, TAIL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                     PRODUCER_REGS: gl.constexpr):
-    """Program (block of ``2*BM`` queries, head, part): the same contract as ``_runs_attention``. ``TAIL``
-    (0: none) reads the rows after the grid's whole tiles too, as parts of their own (``tail_o_ptr``
-    ``[P, tail_rows, H, D]``, ``tail_lse_ptr`` ``[P, H, tail_rows]``): 1, carried by the whole tiles' programs
-    (one part of keys; ``P = 2G``); 2, in programs of their own after them in the grid (``P = (Z - 1) G``)."""
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [3 if TAIL == 1 else 2, BM, HEAD_DIM], q_desc.layout)
+    """Program (block of ``2*BM`` queries, head, part): the same contract as ``_runs_attention``; with
+    ``TAIL`` (one part) the rows after the grid's whole tiles too, as ``2 * programs`` parts of their own
+    (``tail_o_ptr`` ``[2G, tail_rows, H, D]``, ``tail_lse_ptr`` ``[2G, H, tail_rows]``)."""
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [3 if TAIL else 2, BM, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BN, HEAD_DIM], v_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -531,7 +460,7 @@ def runs_attention(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, *, parts: int 
     if pairs:
         grid = (-(-t // (2 * block_m)), h, parts)
         _pair_attention[grid](*args, out, lse, 0, 0, 0, 0, HEAD_DIM=d, BM=block_m, BN=block_n,
-                              NUM_RUNS=runs.shape[0], STAGES=stages, TAIL=0, **_pair_launch())
+                              NUM_RUNS=runs.shape[0], STAGES=stages, TAIL=False, **_pair_launch())
         return out, lse
     grid = (-(-t // block_m), h, parts)
     _runs_attention[grid](*args, HEAD_DIM=d, BM=block_m, BN=block_n, NUM_RUNS=runs.shape[0], STAGES=stages,
@@ -557,51 +486,25 @@ def runs_attention_fused_tail(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, hea
     Why: the tail as a call of its own reads the layer's whole K/V from memory again for a handful of
     rows (18 of 1042 at 518x392: ~17 % of the whole tiles' time for ~2 % of the work); here it costs
     only its tensor-core work, about ``1 / 2G`` more for each warpgroup."""
-    if not carries_tail(q.shape[-1], block_n):
-        raise ValueError(f"a fused tail reads key blocks in halves of the head dim (got D {q.shape[-1]}, blocks of "
-                         f"{block_n})")
-    return _pair_with_tail(q, k, v, runs, head_rows, out, 1, 2, block_m, block_n)
-
-
-def runs_attention_tail_programs(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, head_rows: int, out: Tensor,
-                                 *, ranges_per_tile: int = 1, block_m: int = BLOCK_M,
-                                 block_n: int = BLOCK_N) -> tuple[Tensor, Tensor]:
-    """As ``runs_attention_fused_tail`` (the same arguments and returns), with the tail's rows read by
-    programs of their own in the same launch, after the whole tiles' in the grid's order: each of
-    ``ranges_per_tile x G`` programs a head reads that share of the head's keys for the tail's rows (its
-    first warpgroup; the second only passes the stages on). Returns ``[ranges_per_tile x G, tail, H, D]``
-    and ``[ranges_per_tile x G, H, tail]``.
-
-    Why: the whole tiles are one wave that leaves SMs idle (128 programs on 132 at 1042 queries x 16
-    heads); the tail's memory-bound programs fill those from the start and then each SM a whole tile
-    gives back, in that order, which a second call (even on a side stream) does not promise."""
-    return _pair_with_tail(q, k, v, runs, head_rows, out, 2, ranges_per_tile, block_m, block_n)
-
-
-def _pair_with_tail(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, head_rows: int, out: Tensor, mode: int,
-                    ranges_per_tile: int, block_m: int, block_n: int) -> tuple[Tensor, Tensor]:
-    """One launch of the warp-specialised kernel with the tail's rows read as ``mode`` says (``TAIL``)."""
     if q.dtype not in _GL_DTYPES:
         raise ValueError(f"the Gluon kernel takes bf16 or fp16 (got {q.dtype})")
     t, h, d = q.shape
     tail = t - head_rows
     if head_rows <= 0 or head_rows % (2 * block_m) or not 0 < tail <= block_m:
-        raise ValueError(f"a tail in the whole tiles' launch needs whole tiles of {2 * block_m} rows and "
-                         f"1..{block_m} rows after them (got {head_rows} of {t})")
-    if ranges_per_tile < 1:
-        raise ValueError(f"the tail needs at least one key range a tile (got {ranges_per_tile})")
+        raise ValueError(f"a fused tail needs whole tiles of {2 * block_m} rows and 1..{block_m} rows after them "
+                         f"(got {head_rows} of {t})")
+    if not carries_tail(d, block_n):
+        raise ValueError(f"a fused tail reads key blocks in halves of the head dim (got D {d}, blocks of {block_n})")
     q, k, v, out, lse = prepare_runs_call(q, k, v, runs, 1, out)
     tiles = head_rows // (2 * block_m)
-    ranges = ranges_per_tile * tiles
-    tail_out = torch.empty(ranges, tail, h, d, device=q.device, dtype=q.dtype)  # [P, tail, H, D]
-    tail_lse = torch.empty(ranges, h, tail, device=q.device, dtype=torch.float32)  # [P, H, tail]
+    tail_out = torch.empty(2 * tiles, tail, h, d, device=q.device, dtype=q.dtype)  # [2G, tail, H, D]
+    tail_lse = torch.empty(2 * tiles, h, tail, device=q.device, dtype=torch.float32)  # [2G, H, tail]
     q_desc, k_desc, v_desc = _descriptors(q, k, v, block_m, block_n)
-    grid = (tiles, h, 1 if mode == 1 else 1 + ranges_per_tile)
-    _pair_attention[grid](
+    _pair_attention[(tiles, h, 1)](
         q_desc, k_desc, v_desc, out, lse, runs.contiguous(), head_rows, LOG2_E / math.sqrt(d), out.stride(0),
         out.stride(1), out.stride(2), tail_out, tail_lse, tail, tail_out.stride(0), tail_out.stride(1),
         tail_out.stride(2), HEAD_DIM=d, BM=block_m, BN=block_n, NUM_RUNS=runs.shape[0], STAGES=PAIR_STAGES,
-        TAIL=mode, **_pair_launch())
+        TAIL=True, **_pair_launch())
     return tail_out, tail_lse
 
 
@@ -627,5 +530,4 @@ def _pair_launch() -> dict:
                 maxnreg=(65536 // (32 * warps)) // 8 * 8)
 
 
-__all__ = ["carries_tail", "runs_attention", "runs_attention_fused_tail", "runs_attention_tail_programs", "use_pairs",
-           "BLOCK_M"]
+__all__ = ["carries_tail", "runs_attention", "runs_attention_fused_tail", "use_pairs", "BLOCK_M"]

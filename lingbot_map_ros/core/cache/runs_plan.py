@@ -53,11 +53,6 @@ FUSED_TAIL = False
 # tiles leave idle (4 of 132 at 16 heads) and the rest of them as those finish (measured faster on an
 # H200: docs/perf/runs/2026-12-06-h200-tail-beside.json).
 TAIL_BESIDE = True
-# N > 0: where the kernel can carry them (Gluon's warp-specialised launch, up to one warpgroup's tile of rows),
-# the tail's rows are read by N x G programs of their own a head in the whole tiles' launch, after those in the
-# grid's order, each over a 1 / (N x G) share of the head's keys (the bench's ``+tailprogramsN``); 0: a call of
-# its own.
-TAIL_PROGRAMS = 0
 FUSED_MERGE_COST = 0.01  # the fused tail's merge of its parts, in waves (~5 us)
 TAIL_CALL_COST = 0.03  # the tail's launch, merge and copy, in waves (~20 us of a ~0.65 ms layer on an H200)
 MAX_TAIL_PARTS = 32
@@ -83,7 +78,6 @@ class RunsPlan:
     reason: str
     fused_tail: bool = False  # the second call's rows ride in the first call's programs (one launch)
     tail_beside: bool = False  # the second call runs on a side stream, beside the first
-    tail_programs: bool = False  # the second call's rows are read by programs of their own in the first's launch
 
     @property
     def ragged(self) -> bool:
@@ -138,13 +132,6 @@ def plan_runs(num_queries: int, num_heads: int, num_sms: int, whole_parts: int, 
     if RAGGED_TAIL is None and cut >= whole:
         return whole_call(num_queries, whole_parts, f"one call in {whole_parts} part(s): {whole:.2f} waves against "
                                                     f"{cut:.2f} for whole tiles + a tail")
-    if fuse_tail and TAIL_PROGRAMS > 0 and pair_tile > 0 and tail_rows <= pair_tile // 2:
-        ranges = TAIL_PROGRAMS * (head_slots // num_heads)
-        calls = (RunsCall(0, head_rows, 1), RunsCall(head_rows, tail_rows, ranges))
-        return RunsPlan(num_queries, calls, f"{head_rows} rows in one wave of whole tiles, the last {tail_rows} as "
-                                            f"{ranges} key ranges by programs of their own after them in the same "
-                                            f"launch: {cut:.2f} waves or less against {whole:.2f} for one call in "
-                                            f"{whole_parts} part(s)", tail_programs=True)
     calls = (RunsCall(0, head_rows, 1), RunsCall(head_rows, tail_rows, tail_parts))
     beside = ", beside them on a side stream" if TAIL_BESIDE else ""
     return RunsPlan(num_queries, calls, f"{head_rows} rows in one wave of whole tiles, the last {tail_rows} as "
@@ -152,5 +139,4 @@ def plan_runs(num_queries: int, num_heads: int, num_sms: int, whole_parts: int, 
                                         f"one call in {whole_parts} part(s)", tail_beside=TAIL_BESIDE)
 
 
-__all__ = ["RunsCall", "RunsPlan", "plan_runs", "whole_call", "FUSED_TAIL", "RAGGED_TAIL", "TAIL_BESIDE",
-           "TAIL_PROGRAMS"]
+__all__ = ["RunsCall", "RunsPlan", "plan_runs", "whole_call", "FUSED_TAIL", "RAGGED_TAIL", "TAIL_BESIDE"]

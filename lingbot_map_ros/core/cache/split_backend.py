@@ -340,13 +340,7 @@ class SplitPrefixBackend(DenseStorageBackend):
     def _run_runs(self, kv_pages: tuple[Tensor, Tensor], q: Tensor) -> Tensor:
         """Every visible key in one call of our kernel over the planned runs (``kv_splits`` parts merged)."""
         if self.prefix_kernel == "gluon":
-            from .gluon_runs import (
-                BLOCK_M,
-                carries_tail,
-                runs_attention,
-                runs_attention_fused_tail,
-                runs_attention_tail_programs,
-            )
+            from .gluon_runs import carries_tail, runs_attention, runs_attention_fused_tail
         else:
             from .triton_prefix import runs_attention
 
@@ -363,13 +357,6 @@ class SplitPrefixBackend(DenseStorageBackend):
         if plan.fused_tail and self.prefix_kernel == "gluon" and carries_tail(self.head_dim):
             head, tail = plan.calls  # one launch: the whole tiles in place, the tail's parts beside them
             out, lse = runs_attention_fused_tail(q, k, v, self._runs, head.rows, result.unsqueeze(0))
-            result[tail.start:] = self._merge([out.transpose(1, 2)], [lse])  # [P, H, tail, D] -> [tail, H, D]
-            return result
-        if plan.tail_programs and self.prefix_kernel == "gluon":
-            head, tail = plan.calls  # one launch: the whole tiles in place, then the tail's own programs
-            tiles = head.rows // (2 * BLOCK_M)  # the whole tiles' programs a head
-            out, lse = runs_attention_tail_programs(q, k, v, self._runs, head.rows, result.unsqueeze(0),
-                                                    ranges_per_tile=tail.parts // tiles)
             result[tail.start:] = self._merge([out.transpose(1, 2)], [lse])  # [P, H, tail, D] -> [tail, H, D]
             return result
         if plan.tail_beside and q.is_cuda:
