@@ -340,8 +340,8 @@ def section_first_pose(runs: list[Run]) -> str:
                                CHOICES["caches"].index(rr[1]["caches"]), rr[0].date))
     rows = [[geometry_cell(row.get("geometry", "")), HEADS_NAMES.get(row.get("heads"), ""), row["caches"],
              num(row["seconds"], 1), num(row.get("first_graph_pose_s"), 1), num(row["model_load_s"], 1),
-             row.get("weights", RANDOM_WEIGHTS), num(row["compile_s"], 1), num(row["capture_s"], 1), run_cell(run)]
-            for run, row in found]
+             row.get("weights", RANDOM_WEIGHTS), num(row["compile_s"], 1), num(row["capture_s"], 1), gpu_cell(run),
+             run_cell(run)] for run, row in found]
     return ("## Time to first pose\n\nFrom the start of the process to the first poses (the scale frames', "
             "together) and to the first frame after them (one-frame step: its kernels compiled and its CUDA "
             "graphs captured, split into the two where the run measured them); \"cold\": no compiled kernels "
@@ -350,7 +350,7 @@ def section_first_pose(runs: list[Run]) -> str:
             "robot; the file holds random weights of the official names and shapes), or random weights drawn "
             "in the process.\n\n"
             + table(["input", "heads", "caches", "first pose s", "first one-frame pose s", "model load s",
-                     "weights", "compile s", "graph capture s", "run"], rows, "lllrrrlrrl"))
+                     "weights", "compile s", "graph capture s", "GPU", "run"], rows, "lllrrrlrrll"))
 
 
 def section_streams(runs: list[Run]) -> str:
@@ -473,8 +473,8 @@ def render_readme(runs: list[Run]) -> str:
             newest[(row["path"], row["heads"])] = (run, row)  # runs are oldest first: the last one wins
     ordered = sorted(newest.values(), key=lambda rr: (path_order(rr[1]["path"]), heads_order(rr[1]["heads"])))
     rows = [[path_cell(row, attention=False), HEADS_NAMES[row["heads"]], num(row["median_ms"]), num(row["p90_ms"]),
-             fps_cell(row), num(row["peak_gb"]), run_cell(run)] for run, row in ordered]
-    return table(["code", "heads", "median ms", "p90 ms", "FPS", "peak GB", "run"], rows, "llrrrrl")
+             fps_cell(row), num(row["peak_gb"]), gpu_cell(run), run_cell(run)] for run, row in ordered]
+    return table(["code", "heads", "median ms", "p90 ms", "FPS", "peak GB", "GPU", "run"], rows, "llrrrrll")
 
 
 def render_readme_streams(runs: list[Run]) -> str:
