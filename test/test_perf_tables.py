@@ -108,7 +108,8 @@ def test_a_row_appears_in_its_section(tmp_path):
     # no rows, no section
     assert not {"Memory", "Attention per layer", "Long run and host load", "Time to first pose",
                 "Several streams"} & set(found)
-    assert "12.34" in perf.render_readme(perf.load_runs(tmp_path))
+    readme = perf.render_readme(perf.load_runs(tmp_path))
+    assert "| 12.34 | 13.45 | 81.0 | 9.87 | Test | 2030-01-02 `abc1234` |" in readme  # it names the GPU too
 
 
 def test_the_recorded_fps_and_attention_path_are_shown(tmp_path):
@@ -190,10 +191,11 @@ def test_a_streams_row_with_a_footprint_is_also_a_memory_row(tmp_path):
     ({"table": "attention", "kernel": "k", "window_state": "filling", "geometry": "518x378", "us_per_layer": 353,
       "tflops": 480, "keys": 41208}, "Attention per layer", "| 518×378 | filling | 41,208 | k | 353 | 480 |"),
     ({"table": "first_pose", "caches": "cold", "seconds": 41.5, "model_load_s": 6.25, "compile_s": 30.0,
-      "capture_s": 1.25}, "Time to first pose", "| cold | 41.5 |  | 6.2 | random (drawn in process) | 30.0 | 1.2 |"),
+      "capture_s": 1.25}, "Time to first pose",
+     "| cold | 41.5 |  | 6.2 | random (drawn in process) | 30.0 | 1.2 | Test |"),
     ({"table": "first_pose", "caches": "warm", "seconds": 9.5, "model_load_s": 2.25, "compile_s": 4.0,
       "capture_s": 0.25, "weights": "checkpoint file (4.63 GB, safetensors)"}, "Time to first pose",
-     "| warm | 9.5 |  | 2.2 | checkpoint file (4.63 GB, safetensors) | 4.0 | 0.2 |"),
+     "| warm | 9.5 |  | 2.2 | checkpoint file (4.63 GB, safetensors) | 4.0 | 0.2 | Test |"),
     ({"table": "streams", "geometry": "518x378", "window": 64, "heads": "camera", "streams": 4, "ms_per_step": 61.5,
       "one_stream_ms": 23.9, "fps_total": 65.0, "sequential_fps": 41.8, "processes_fps": None},
      "Several streams", "| 518×378 | 64 | camera only | 4 | 61.50 | 23.90 | 65.0 | 41.8 |  |"),
