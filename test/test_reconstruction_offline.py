@@ -59,12 +59,14 @@ def test_offline_depth_ply_and_colmap(tmp_path):
     got = np.stack([vert["x"], vert["y"], vert["z"]], 1).astype(np.float64)
     # 1e-4 voxels: a reference point shares one only with another closer than the voxel's diagonal (the
     # tiny random model sometimes gives two frames nearly the same pose and depth); the map fuses such
-    # points into their weighted mean, and keeps every other point alone, where it was
+    # points into their weighted mean, and keeps every other point alone, where it was. The checks below
+    # hold for any share of points alone; the guard only keeps the exact one-to-one part meaningful
+    # (about one random scene in ten has 85-97 % of its points alone, the rest all of them)
     diagonal = np.sqrt(3) * 1e-4
     pair = np.linalg.norm(ref_xyz[:, None, :] - ref_xyz[None, :, :], axis=-1)  # [R, R]
     np.fill_diagonal(pair, np.inf)
     alone = pair.min(axis=1) > diagonal  # [R]
-    assert alone.mean() > 0.9, "the scene is too crowded for this test's 1e-4 voxels"
+    assert alone.mean() > 0.5, "the scene is too crowded for this test's 1e-4 voxels"
     dist = np.linalg.norm(ref_xyz[:, None, :] - got[None, :, :], axis=-1)  # [R, G]
     nearest = dist.argmin(axis=1)
     reach = dist[np.arange(len(ref_xyz)), nearest]  # [R]
