@@ -26,6 +26,9 @@ programs instead of a call of their own: each of a head's ``G`` programs gives e
 tail call's. It spares the call's second read of the layer's keys (memory-bound: 18 rows cost ~17 % of
 the 1024 rows' time on an H100), but measured slower than the call: a warpgroup folding the tail
 (synchronously, in halves of a block) holds the stages its partner waits for.
+A third arrangement, the tail read by programs of its own in the whole tiles' launch (both warpgroups of a
+tail program over alternate key blocks, three or five K/V stages), was built and measured slower than
+either (docs/perf/runs/2026-12-06-h100-tail-programs.json), and is not kept.
 
 Exact either way: a query's attention does not depend on which call reads it, and the tail's parts
 merge as the split backend's always do. The model (``waves_time``, in units of one wave of

@@ -14,7 +14,6 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .fusion import active_fusion
 from .interfaces import GlobalAttention
@@ -113,18 +112,10 @@ class Block(nn.Module):
         return x + self.ls2(self.mlp(self.norm2(x)))
 
 
-# The SDPA kernels a frame's own attention (DINO and frame blocks) may use on CUDA; None: PyTorch's choice
-# (cuDNN on Hopper). A kernel constant for the benchmark's A/B (``+frameflash`` ...), not a user setting.
-FRAME_SDPA_KERNELS: tuple[SDPBackend, ...] | None = None
-
-
 def sdpa_tokens(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Plain softmax attention on token-major ``[N, T, H, D]`` tensors (scale 1/√D, no mask)."""
-    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [N, H, T, D] views
-    if FRAME_SDPA_KERNELS is not None and q.is_cuda:
-        with sdpa_kernel(FRAME_SDPA_KERNELS):
-            return F.scaled_dot_product_attention(qh, kh, vh).transpose(1, 2)  # [N, T, H, D]
-    return F.scaled_dot_product_attention(qh, kh, vh).transpose(1, 2)  # [N, T, H, D]
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # [N, H, T, D]
+    return out.transpose(1, 2)  # [N, T, H, D]
 
 
 class SplitAttend:
