@@ -113,16 +113,7 @@ class Block(nn.Module):
 
 
 def sdpa_tokens(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """Plain softmax attention on token-major ``[N, T, H, D]`` tensors (scale 1/√D, no mask); in a frame step
-    whose fusion cuts (``frame_cut.py``), cuDNN's whole query tiles and the tail's rows beside them."""
-    fusion = active_fusion()
-    if fusion is not None and fusion.frame_cut:
-        from .frame_cut import cut_attention, cut_rows
-
-        rows = cut_rows(q)
-        out = cut_attention(q, k, v, rows) if rows else None
-        if out is not None:
-            return out  # [N, T, H, D]
+    """Plain softmax attention on token-major ``[N, T, H, D]`` tensors (scale 1/√D, no mask)."""
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # [N, H, T, D]
     return out.transpose(1, 2)  # [N, T, H, D]
 
