@@ -17,31 +17,13 @@ import json
 
 import torch
 import torch.nn.functional as F
+from graph_timing import graphed_us  # bench/ is the script folder: python3 bench/frame_attention_bench.py
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION}
 CALLS = 16  # calls per graph
 HEADS, HEAD_DIM = 16, 64
-
-
-def graphed_us(fn) -> float:
-    """Median µs per call of ``fn`` captured ``CALLS`` times back to back into one CUDA graph."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    times = []
-    for _ in range(50):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / CALLS)
-    return sorted(times)[len(times) // 2]
 
 
 def main() -> None:
@@ -69,7 +51,7 @@ def main() -> None:
                     continue
                 reference = out if reference is None else reference
                 diff = (out.float() - reference.float()).abs().max().item()
-                us = graphed_us(call)
+                us = graphed_us([call] * CALLS)
                 rows.append({"table": "frame_attention", "tokens": t, "frames": n, "backend": name,
                              "us": round(us, 2), "max_diff_from_cudnn": diff})
                 print(f"| {t} | {n} | {name} | {us:.1f} | {diff:.2e} |", flush=True)

@@ -24,32 +24,13 @@ import json
 
 import torch
 import torch.nn.functional as F
+from graph_timing import graphed_us  # bench/ is the script folder: python3 bench/gemm_bench.py
 
 # (name, out, in): the ViT-L blocks' linears (DINO encoder and aggregator alike, width 1024, MLP 4096)
 SHAPES = [("qkv", 3072, 1024), ("proj", 1024, 1024), ("fc1", 4096, 1024), ("fc2", 1024, 4096)]
 CALLS = 8  # calls per graph, each over its own weights
 TILE_ROWS = 128
 BLOCKS = 72  # 24 DINO + 24 frame + 24 global blocks run these four linears once per frame
-
-
-def graphed_us(calls: list) -> float:
-    """Median µs per call of ``calls`` (closures) captured back to back into one CUDA graph."""
-    for fn in calls:  # compile / warm up outside the capture
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
-    times = []
-    for _ in range(50):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(calls))
-    return sorted(times)[len(times) // 2]
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ import argparse
 
 import torch
 import torch.nn.functional as F
+from graph_timing import graphed_us  # bench/ is the script folder: python3 bench/gemv_bench.py
 
 from lingbot_map_ros.core.model.gemv import linear_residual, norm_linear
 
@@ -25,26 +26,6 @@ SHAPES = [("qkv (LN before)", 6144, 2048, "norm"), ("proj (+ residual)", 2048, 2
 TILES = [(0, 256, 4), (4, 256, 4), (8, 256, 4), (16, 256, 4), (32, 128, 4), (8, 512, 4), (16, 512, 8), (8, 1024, 8),
          (4, 1024, 4), (2, 2048, 4), (4, 512, 4), (4, 256, 2), (8, 256, 8), (2, 1024, 4)]
 CALLS = 8  # calls per graph, each over its own weight copy
-
-
-def graphed_us(calls: list) -> float:
-    """Median µs per call of ``calls`` (closures) captured back to back into one CUDA graph."""
-    for fn in calls:  # compile / warm up outside the capture
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
-    times = []
-    for _ in range(25):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(calls))
-    return sorted(times)[len(times) // 2]
 
 
 def main() -> None:
