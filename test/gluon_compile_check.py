@@ -76,8 +76,9 @@ def main() -> None:
     tail_lse = torch.empty(16, h, 18)  # [2G, H, tail]
     tail_args = (tail_out, tail_lse, 18, tail_out.stride(0), tail_out.stride(1), tail_out.stride(2))
     pairs = g._pair_attention.warmup(*args, out, lse, 0, 0, 0, 0, **shape, TAIL=False, **launch)
-    fused = g._pair_attention.warmup(*args, *tail_args, **shape, TAIL=True, **launch)
-    for name, kernel in (("single", single), ("pairs", pairs), ("pairs_tail", fused)):
+    fused = g._pair_attention.warmup(*args, *tail_args, **shape, TAIL=1, **launch)
+    tail_wg = g._pair_attention.warmup(*args, *tail_args, **shape, TAIL=2, STAGES=g.PAIR_STAGES, **g._pair_launch(True))
+    for name, kernel in (("single", single), ("pairs", pairs), ("pairs_tail", fused), ("pairs_tail_wg", tail_wg)):
         ptx = kernel.asm["ptx"]
         report[name] = {
             **_ptxas_report(ptx),

@@ -281,10 +281,12 @@ def test_flashinfer_fa3_token_pages_match_float64(page_size):
 @pytest.mark.parametrize("tiles,tail", [(2, 18), (8, 18), (3, 64), (1, 1)])
 @pytest.mark.parametrize("runs", [[(10, 1500), (1700, 300), (2500, 33)], [(5, 300)]])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gluon_fused_tail_matches_float64_on_poisoned_storage(dtype, runs, tiles, tail):
+@pytest.mark.parametrize("warpgroup", [True, False], ids=["tail-warpgroup", "folded"])
+def test_gluon_fused_tail_matches_float64_on_poisoned_storage(dtype, runs, tiles, tail, warpgroup, monkeypatch):
     """``runs_attention_fused_tail``: ``tiles`` whole tiles of 128 queries x 2 heads written in place,
     and ``tail`` rows after them (18 as at 518x392, a full warpgroup's 64, one row) carried by the same
-    programs as ``2 x tiles`` key ranges of their own, over the poisoned storage of
+    programs (``warpgroup``: by a third warpgroup of each, as ``tiles`` key ranges; else folded by the two, as
+    ``2 x tiles``) of their own, over the poisoned storage of
     ``test_gluon_runs_kernel_matches_float64_on_poisoned_storage``: four runs (16 key blocks, a masked
     end, a run shorter than a block) or one run of 3 blocks, fewer than the tail's ranges (the empty
     ones give lse -inf and zeros). Against float64 on the same rounded inputs: the whole tiles' rows,
@@ -293,6 +295,7 @@ def test_gluon_fused_tail_matches_float64_on_poisoned_storage(dtype, runs, tiles
     from lingbot_map_ros.core.cache import gluon_runs
     from lingbot_map_ros.core.cache.split_backend import merge_partials
 
+    monkeypatch.setattr(gluon_runs, "TAIL_WARPGROUP", warpgroup)
     gen = torch.Generator(device="cuda").manual_seed(11)
     head_rows, h, d, slots = 128 * tiles, 2, 64, 4000
     t = head_rows + tail
@@ -311,13 +314,13 @@ def test_gluon_fused_tail_matches_float64_on_poisoned_storage(dtype, runs, tiles
 
     result = torch.full((t, h, d), float("nan"), device="cuda", dtype=dtype)  # [T, H, D]
     out, lse = gluon_runs.runs_attention_fused_tail(q, k, v, table, head_rows, result.unsqueeze(0))
-    assert out.shape == (2 * tiles, tail, h, d) and lse.shape == (2 * tiles, h, tail)
+    parts = tiles if warpgroup else 2 * tiles
+    assert out.shape == (parts, tail, h, d) and lse.shape == (parts, h, tail)
     limit = 1e-2 if dtype == torch.bfloat16 else 2e-3
     ref_head, _ = reference(q[:head_rows], order)
     err = ((result[:head_rows].double() - ref_head).norm() / ref_head.norm()).item()
     assert err < limit, err
     assert torch.isnan(result[head_rows:]).all()  # the tail's rows are the caller's to write
-    parts = 2 * tiles
     for p in range(parts):
         mine = blocks[p * len(blocks) // parts:(p + 1) * len(blocks) // parts]
         if not mine:
@@ -329,7 +332,8 @@ def test_gluon_fused_tail_matches_float64_on_poisoned_storage(dtype, runs, tiles
     merged = merge_partials([out.transpose(1, 2)], [lse])  # [tail, H, D]
     ref_tail, _ = reference(q[head_rows:], order)
     err = ((merged.double() - ref_tail).norm() / ref_tail.norm()).item()
-    print(f"{dtype} tiles {tiles} tail {tail} runs {len(runs)}: {err:.2e}")
+    mode = "tail warpgroup" if warpgroup else "folded"
+    print(f"{dtype} {mode} tiles {tiles} tail {tail} runs {len(runs)}: {err:.2e}")
     assert err < limit, err
 
 

@@ -78,7 +78,7 @@ def test_the_gluon_runs_kernels_compile_for_hopper_without_spills() -> None:
     import json
 
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    single, pairs, fused = report["single"], report["pairs"], report["pairs_tail"]
+    single, pairs, fused, tail_wg = report["single"], report["pairs"], report["pairs_tail"], report["pairs_tail_wg"]
     assert single["spill_bytes"] == 0 and pairs["spill_bytes"] == 0, report
     # the fused tail's second state: a few scalars spilled between runs (SASS: no local load or store
     # inside a key-block loop), never the accumulators (hundreds of bytes)
@@ -89,3 +89,8 @@ def test_the_gluon_runs_kernels_compile_for_hopper_without_spills() -> None:
     assert {gluon_runs.CONSUMER_REGS, gluon_runs.PRODUCER_REGS} <= set(pairs["setmaxnreg"]), report
     assert single["wgmma"] > 0 and pairs["wgmma"] > 0 and single["tma_loads"] > 0 and pairs["tma_loads"] > 0, report
     assert pairs["shared_bytes"] <= 227 * 1024, report
+    # the tail's own warpgroup: four warpgroups within the register file, nothing spilled, its wgmma beside the pair's
+    assert tail_wg["spill_bytes"] == 0 and tail_wg["wgmma"] > pairs["wgmma"], report
+    assert {gluon_runs.TAIL_WG_CONSUMER_REGS, gluon_runs.TAIL_WG_REGS, gluon_runs.PRODUCER_REGS} <= set(
+        tail_wg["setmaxnreg"]), report
+    assert 2 * gluon_runs.TAIL_WG_CONSUMER_REGS + gluon_runs.TAIL_WG_REGS + gluon_runs.PRODUCER_REGS <= 512, report

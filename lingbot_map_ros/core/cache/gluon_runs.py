@@ -234,6 +234,12 @@ PAIR_STAGES = 3  # 16 KB of queries + 3 x 32 KB of K/V: one program per SM
 CONSUMER_REGS = 240  # registers per thread of each consumer warpgroup (setmaxnreg)
 PRODUCER_REGS = 24  # the producer warp's (padded) warpgroup
 PAIRS: bool | None = None  # None: pairs where their programs fit one wave (``use_pairs``); the bench forces either
+# A carried tail (``runs_attention_fused_tail``) by a third consumer warpgroup of its own (True) or folded into the
+# two (False); the bench's ``+tailwg`` / ``+tailfold``. With four warpgroups the register file splits as
+# 184 + 184 for the two consumers, TAIL_WG_REGS for the tail's and 24 for the producer (128 a thread on average).
+TAIL_WARPGROUP = True
+TAIL_WG_CONSUMER_REGS = 184
+TAIL_WG_REGS = 120
 
 
 @gluon.jit
@@ -284,7 +290,7 @@ def _pair_consume_run(q_smem, qt_smem, k_smem, v_smem, ready, empty, counter, co
         zeros = gl.zeros([BM, BN], gl.float32, S_LAYOUT)
         p_op, m_i, l_i, acc = _first_block(q_smem, k_smem, ready, counter, count, zeros, m_i, l_i, acc, scale_log2,
                                            BN, STAGES, S_LAYOUT, O_LAYOUT, P_LAYOUT)
-        if TAIL:
+        if TAIL == 1:
             m_t, l_t, acc_t = _tail_if_mine(qt_smem, k_smem, v_smem, counter, count, tail_lo, tail_hi, m_t, l_t,
                                             acc_t, scale_log2, BM, BN, STAGES, O_LAYOUT, P_LAYOUT)
         for i in range(1, blocks):
@@ -295,7 +301,7 @@ def _pair_consume_run(q_smem, qt_smem, k_smem, v_smem, ready, empty, counter, co
             mbarrier.arrive(empty.index(prev), count=1)  # this warpgroup is done with block i-1's stage
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
             p_op = gl.convert_layout(p.to(k_smem.dtype), P_LAYOUT)
-            if TAIL:
+            if TAIL == 1:
                 m_t, l_t, acc_t = _tail_if_mine(qt_smem, k_smem, v_smem, counter + i, count - i * BN, tail_lo,
                                                 tail_hi, m_t, l_t, acc_t, scale_log2, BM, BN, STAGES, O_LAYOUT,
                                                 P_LAYOUT)
@@ -334,7 +340,7 @@ def _pair_consumer(q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr
     head = gl.program_id(1)
     part = gl.program_id(2)
     q_tile = q_smem.index(WG)  # [BM, D]
-    qt_tile = q_smem.index(2 if TAIL else WG)  # [BM, D]: the tail's queries
+    qt_tile = q_smem.index(2 if TAIL == 1 else WG)  # [BM, D]: the tail's queries (folded here in mode 1)
     mbarrier.wait(q_ready, 0)
     m_i = gl.full([BM], -1.0e30, gl.float32, gl.SliceLayout(1, S_LAYOUT))
     l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, S_LAYOUT))
@@ -347,7 +353,7 @@ def _pair_consumer(q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr
     tail_parts = 2 * gl.num_programs(0)
     tail_lo = 0
     tail_hi = 0
-    if TAIL:
+    if TAIL == 1:
         total = _total_blocks(runs_ptr, lo, hi, BN, NUM_RUNS)
         tail_lo = tail_part * total // tail_parts
         tail_hi = (tail_part + 1) * total // tail_parts
@@ -360,9 +366,49 @@ def _pair_consumer(q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr
             tail_hi, scale_log2, BM, BN, STAGES, TAIL, S_LAYOUT, O_LAYOUT, P_LAYOUT)
     _store_part(acc, m_i, l_i, o_ptr, lse_ptr, block * 2 * BM + WG * BM, head, part, num_queries, scale_log2,
                 stride_op, stride_ot, stride_oh, HEAD_DIM, BM, S_LAYOUT, O_LAYOUT)
-    if TAIL:
+    if TAIL == 1:
         _store_part(acc_t, m_t, l_t, tail_o_ptr, tail_lse_ptr, 0, head, tail_part, tail_rows, scale_log2,
                     tail_stride_op, tail_stride_ot, tail_stride_oh, HEAD_DIM, BM, O_LAYOUT, O_LAYOUT)
+
+
+@gluon.jit
+def _tail_consumer(q_smem, k_smem, v_smem, q_ready, ready, empty, runs_ptr, tail_o_ptr, tail_lse_ptr, tail_rows,
+                   scale_log2, tail_stride_op, tail_stride_ot, tail_stride_oh, HEAD_DIM: gl.constexpr,
+                   BM: gl.constexpr, BN: gl.constexpr, NUM_RUNS: gl.constexpr, STAGES: gl.constexpr):
+    """Mode 2's third consumer warpgroup: the rows after the grid's whole tiles (``q_smem[2]``) against this
+    program's ``1 / G`` share of the key blocks its partners stream anyway (part ``block`` of ``G`` programs
+    a head). It waits for every block and releases every stage; only its share meets the tail's queries,
+    synchronously and in halves of a block (``_tail_block``), beside the partners' pipelines instead of
+    inside them (mode 1's fold held the stages they wait for)."""
+    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+    block = gl.program_id(0)
+    head = gl.program_id(1)
+    qt_tile = q_smem.index(2)  # [BM, D]
+    mbarrier.wait(q_ready, 0)
+    m_t = gl.full([BM], -1.0e30, gl.float32, gl.SliceLayout(1, O_LAYOUT))
+    l_t = gl.zeros([BM], gl.float32, gl.SliceLayout(1, O_LAYOUT))
+    acc_t = gl.zeros([BM, HEAD_DIM], gl.float32, O_LAYOUT)  # [BM, D]
+    lo, hi = _part_bounds(runs_ptr, 0, 1, NUM_RUNS)
+    total = _total_blocks(runs_ptr, lo, hi, BN, NUM_RUNS)
+    tail_lo = block * total // gl.num_programs(0)
+    tail_hi = (block + 1) * total // gl.num_programs(0)
+    offset = 0
+    counter = 0
+    for r in gl.static_range(NUM_RUNS):
+        _, count, offset = _run_piece(runs_ptr, r, lo, hi, offset)
+        blocks = gl.cdiv(count, BN)
+        for i in range(blocks):
+            stage = (counter + i) % STAGES
+            mbarrier.wait(ready.index(stage), ((counter + i) // STAGES) & 1)
+            if (counter + i >= tail_lo) & (counter + i < tail_hi):
+                m_t, l_t, acc_t = _tail_block(qt_tile, k_smem.index(stage), v_smem.index(stage), count - i * BN,
+                                              m_t, l_t, acc_t, scale_log2, BM, BN, O_LAYOUT, P_LAYOUT)
+            mbarrier.arrive(empty.index(stage), count=1)
+        counter += blocks
+    _store_part(acc_t, m_t, l_t, tail_o_ptr, tail_lse_ptr, 0, head, block, tail_rows, scale_log2, tail_stride_op,
+                tail_stride_ot, tail_stride_oh, HEAD_DIM, BM, O_LAYOUT, O_LAYOUT)
 
 
 @gluon.jit
@@ -398,10 +444,11 @@ def _pair_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, runs_ptr, num_querie
                     stride_op, stride_ot, stride_oh, tail_o_ptr, tail_lse_ptr, tail_rows, tail_stride_op,
                     tail_stride_ot, tail_stride_oh, HEAD_DIM: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                     NUM_RUNS: gl.constexpr, STAGES: gl.constexpr, TAIL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                    PRODUCER_REGS: gl.constexpr):
+                    PRODUCER_REGS: gl.constexpr, TAIL_REGS: gl.constexpr = 0):
     """Program (block of ``2*BM`` queries, head, part): the same contract as ``_runs_attention``; with
-    ``TAIL`` (one part) the rows after the grid's whole tiles too, as ``2 * programs`` parts of their own
-    (``tail_o_ptr`` ``[2G, tail_rows, H, D]``, ``tail_lse_ptr`` ``[2G, H, tail_rows]``)."""
+    ``TAIL`` (one part) the rows after the grid's whole tiles too: 1, folded by the two warpgroups as
+    ``2 * programs`` parts of their own (``tail_o_ptr`` ``[2G, tail_rows, H, D]``, ``tail_lse_ptr``
+    ``[2G, H, tail_rows]``); 2, by a third warpgroup of ``TAIL_REGS`` registers, ``programs`` parts."""
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [3 if TAIL else 2, BM, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BN, HEAD_DIM], v_desc.layout)
@@ -410,21 +457,38 @@ def _pair_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, runs_ptr, num_querie
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # both consumer warpgroups
+        mbarrier.init(empty.index(i), count=3 if TAIL == 2 else 2)  # every consumer warpgroup
     mbarrier.init(q_ready, count=1)
     fence_async_shared()
-    gl.warp_specialize([
-        (_pair_consumer, (q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr, runs_ptr, num_queries,
-                          scale_log2, stride_op, stride_ot, stride_oh, tail_o_ptr, tail_lse_ptr, tail_rows,
-                          tail_stride_op, tail_stride_ot, tail_stride_oh, 0, HEAD_DIM, BM, BN, NUM_RUNS, STAGES,
-                          TAIL)),
-        (_pair_consumer, (q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr, runs_ptr, num_queries,
-                          scale_log2, stride_op, stride_ot, stride_oh, tail_o_ptr, tail_lse_ptr, tail_rows,
-                          tail_stride_op, tail_stride_ot, tail_stride_oh, 1, HEAD_DIM, BM, BN, NUM_RUNS, STAGES,
-                          TAIL)),
-        (_pair_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, ready, empty, runs_ptr,
-                          HEAD_DIM, BM, BN, NUM_RUNS, STAGES, TAIL)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    if TAIL == 2:
+        gl.warp_specialize([
+            (_pair_consumer, (q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr, runs_ptr, num_queries,
+                              scale_log2, stride_op, stride_ot, stride_oh, tail_o_ptr, tail_lse_ptr, tail_rows,
+                              tail_stride_op, tail_stride_ot, tail_stride_oh, 0, HEAD_DIM, BM, BN, NUM_RUNS, STAGES,
+                              TAIL)),
+            (_pair_consumer, (q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr, runs_ptr, num_queries,
+                              scale_log2, stride_op, stride_ot, stride_oh, tail_o_ptr, tail_lse_ptr, tail_rows,
+                              tail_stride_op, tail_stride_ot, tail_stride_oh, 1, HEAD_DIM, BM, BN, NUM_RUNS, STAGES,
+                              TAIL)),
+            (_pair_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, ready, empty, runs_ptr,
+                              HEAD_DIM, BM, BN, NUM_RUNS, STAGES, TAIL)),
+            (_tail_consumer, (q_smem, k_smem, v_smem, q_ready, ready, empty, runs_ptr, tail_o_ptr, tail_lse_ptr,
+                              tail_rows, scale_log2, tail_stride_op, tail_stride_ot, tail_stride_oh, HEAD_DIM, BM, BN,
+                              NUM_RUNS, STAGES)),
+        ], [4, 1, 4], [CONSUMER_REGS, PRODUCER_REGS, TAIL_REGS])
+    else:
+        gl.warp_specialize([
+            (_pair_consumer, (q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr, runs_ptr, num_queries,
+                              scale_log2, stride_op, stride_ot, stride_oh, tail_o_ptr, tail_lse_ptr, tail_rows,
+                              tail_stride_op, tail_stride_ot, tail_stride_oh, 0, HEAD_DIM, BM, BN, NUM_RUNS, STAGES,
+                              TAIL)),
+            (_pair_consumer, (q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr, runs_ptr, num_queries,
+                              scale_log2, stride_op, stride_ot, stride_oh, tail_o_ptr, tail_lse_ptr, tail_rows,
+                              tail_stride_op, tail_stride_ot, tail_stride_oh, 1, HEAD_DIM, BM, BN, NUM_RUNS, STAGES,
+                              TAIL)),
+            (_pair_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, ready, empty, runs_ptr,
+                              HEAD_DIM, BM, BN, NUM_RUNS, STAGES, TAIL)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def use_pairs(num_queries: int, heads: int, parts: int, sms: int, block_m: int = BLOCK_M) -> bool:
@@ -480,8 +544,9 @@ def runs_attention_fused_tail(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, hea
     into ``out`` ``[1, T, H, D]``, a view of the frame's output) with the ragged tail's rows
     ``[head_rows, T)`` (at most ``block_m``) riding in the same programs: each of a head's ``G`` tile
     programs gives each of its two warpgroups a ``1 / 2G`` share of the key blocks it already holds
-    against the tail's queries. Returns the tail's parts ``[2G, T - head_rows, H, D]`` and their
-    log-sum-exp ``[2G, H, T - head_rows]``, for the caller's exact merge.
+    against the tail's queries (``TAIL_WARPGROUP``: a third warpgroup of each program against a ``1 / G``
+    share). Returns the tail's parts ``[P, T - head_rows, H, D]`` (P = G or 2G) and their log-sum-exp
+    ``[P, H, T - head_rows]``, for the caller's exact merge.
 
     Why: the tail as a call of its own reads the layer's whole K/V from memory again for a handful of
     rows (18 of 1042 at 518x392: ~17 % of the whole tiles' time for ~2 % of the work); here it costs
@@ -497,14 +562,15 @@ def runs_attention_fused_tail(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, hea
         raise ValueError(f"a fused tail reads key blocks in halves of the head dim (got D {d}, blocks of {block_n})")
     q, k, v, out, lse = prepare_runs_call(q, k, v, runs, 1, out)
     tiles = head_rows // (2 * block_m)
-    tail_out = torch.empty(2 * tiles, tail, h, d, device=q.device, dtype=q.dtype)  # [2G, tail, H, D]
-    tail_lse = torch.empty(2 * tiles, h, tail, device=q.device, dtype=torch.float32)  # [2G, H, tail]
+    parts = tiles if TAIL_WARPGROUP else 2 * tiles  # a program's tail warpgroup, or each of its two
+    tail_out = torch.empty(parts, tail, h, d, device=q.device, dtype=q.dtype)  # [P, tail, H, D]
+    tail_lse = torch.empty(parts, h, tail, device=q.device, dtype=torch.float32)  # [P, H, tail]
     q_desc, k_desc, v_desc = _descriptors(q, k, v, block_m, block_n)
     _pair_attention[(tiles, h, 1)](
         q_desc, k_desc, v_desc, out, lse, runs.contiguous(), head_rows, LOG2_E / math.sqrt(d), out.stride(0),
         out.stride(1), out.stride(2), tail_out, tail_lse, tail, tail_out.stride(0), tail_out.stride(1),
         tail_out.stride(2), HEAD_DIM=d, BM=block_m, BN=block_n, NUM_RUNS=runs.shape[0], STAGES=PAIR_STAGES,
-        TAIL=True, **_pair_launch())
+        TAIL=2 if TAIL_WARPGROUP else 1, **_pair_launch(TAIL_WARPGROUP))
     return tail_out, tail_lse
 
 
@@ -521,10 +587,13 @@ def _descriptors(q: Tensor, k: Tensor, v: Tensor, block_m: int,
             TensorDescriptor(v, [n, h * d], [v.stride(0), 1], [block_n, d], kv_layout))
 
 
-def _pair_launch() -> dict:
+def _pair_launch(tail_warpgroup: bool = False) -> dict:
     """The warp-specialised kernel's launch options: 4 warps in the default partition, and the register
     file split as ``setmaxnreg`` shares it out over the default partition, the second consumer and the
-    producer's (padded) warpgroup."""
+    producer's (padded) warpgroup (and the tail's warpgroup, with ``tail_warpgroup``)."""
+    if tail_warpgroup:
+        return dict(CONSUMER_REGS=TAIL_WG_CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, TAIL_REGS=TAIL_WG_REGS,
+                    num_warps=4, maxnreg=65536 // (32 * 16))
     warps = 4 + 4 + 4
     return dict(CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
                 maxnreg=(65536 // (32 * warps)) // 8 * 8)
