@@ -321,8 +321,8 @@ def test_gluon_fused_tail_matches_float64_on_poisoned_storage(dtype, runs, tiles
     err = ((result[:head_rows].double() - ref_head).norm() / ref_head.norm()).item()
     assert err < limit, err
     assert torch.isnan(result[head_rows:]).all()  # the tail's rows are the caller's to write
-    for p in range(parts):
-        mine = blocks[p * len(blocks) // parts:(p + 1) * len(blocks) // parts]
+    for p in range(parts):  # the tail warpgroup's share: every parts-th block; the fold's: a range of them
+        mine = blocks[p::parts] if warpgroup else blocks[p * len(blocks) // parts:(p + 1) * len(blocks) // parts]
         if not mine:
             assert torch.isneginf(lse[p]).all() and (out[p] == 0).all(), p
             continue

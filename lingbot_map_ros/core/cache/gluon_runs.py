@@ -240,6 +240,7 @@ PAIRS: bool | None = None  # None: pairs where their programs fit one wave (``us
 TAIL_WARPGROUP = True
 TAIL_WG_CONSUMER_REGS = 184
 TAIL_WG_REGS = 120
+TAIL_WG_STAGES = 3  # that launch's K/V stages (the bench's ``+tailstagesS``): 4 give the tail's warpgroup more slack
 
 
 @gluon.jit
@@ -377,9 +378,11 @@ def _tail_consumer(q_smem, k_smem, v_smem, q_ready, ready, empty, runs_ptr, tail
                    BM: gl.constexpr, BN: gl.constexpr, NUM_RUNS: gl.constexpr, STAGES: gl.constexpr):
     """Mode 2's third consumer warpgroup: the rows after the grid's whole tiles (``q_smem[2]``) against this
     program's ``1 / G`` share of the key blocks its partners stream anyway (part ``block`` of ``G`` programs
-    a head). It waits for every block and releases every stage; only its share meets the tail's queries,
-    synchronously and in halves of a block (``_tail_block``), beside the partners' pipelines instead of
-    inside them (mode 1's fold held the stages they wait for)."""
+    a head: every ``G``-th block, from the ``block``-th). It waits for every block and releases every
+    stage; only its share meets the tail's queries, synchronously and in halves of a block
+    (``_tail_block``), beside the partners' pipelines instead of inside them. Every ``G``-th block, not a
+    range of them: a block of its share takes it longer than the pair takes one, and the ``G - 1`` blocks
+    between two of its own let it catch up without holding a stage the producer must refill."""
     O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
     P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
@@ -391,9 +394,7 @@ def _tail_consumer(q_smem, k_smem, v_smem, q_ready, ready, empty, runs_ptr, tail
     l_t = gl.zeros([BM], gl.float32, gl.SliceLayout(1, O_LAYOUT))
     acc_t = gl.zeros([BM, HEAD_DIM], gl.float32, O_LAYOUT)  # [BM, D]
     lo, hi = _part_bounds(runs_ptr, 0, 1, NUM_RUNS)
-    total = _total_blocks(runs_ptr, lo, hi, BN, NUM_RUNS)
-    tail_lo = block * total // gl.num_programs(0)
-    tail_hi = (block + 1) * total // gl.num_programs(0)
+    programs = gl.num_programs(0)
     offset = 0
     counter = 0
     for r in gl.static_range(NUM_RUNS):
@@ -402,7 +403,7 @@ def _tail_consumer(q_smem, k_smem, v_smem, q_ready, ready, empty, runs_ptr, tail
         for i in range(blocks):
             stage = (counter + i) % STAGES
             mbarrier.wait(ready.index(stage), ((counter + i) // STAGES) & 1)
-            if (counter + i >= tail_lo) & (counter + i < tail_hi):
+            if (counter + i) % programs == block:
                 m_t, l_t, acc_t = _tail_block(qt_tile, k_smem.index(stage), v_smem.index(stage), count - i * BN,
                                               m_t, l_t, acc_t, scale_log2, BM, BN, O_LAYOUT, P_LAYOUT)
             mbarrier.arrive(empty.index(stage), count=1)
@@ -569,8 +570,9 @@ def runs_attention_fused_tail(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, hea
     _pair_attention[(tiles, h, 1)](
         q_desc, k_desc, v_desc, out, lse, runs.contiguous(), head_rows, LOG2_E / math.sqrt(d), out.stride(0),
         out.stride(1), out.stride(2), tail_out, tail_lse, tail, tail_out.stride(0), tail_out.stride(1),
-        tail_out.stride(2), HEAD_DIM=d, BM=block_m, BN=block_n, NUM_RUNS=runs.shape[0], STAGES=PAIR_STAGES,
-        TAIL=2 if TAIL_WARPGROUP else 1, **_pair_launch(TAIL_WARPGROUP))
+        tail_out.stride(2), HEAD_DIM=d, BM=block_m, BN=block_n, NUM_RUNS=runs.shape[0],
+        STAGES=TAIL_WG_STAGES if TAIL_WARPGROUP else PAIR_STAGES, TAIL=2 if TAIL_WARPGROUP else 1,
+        **_pair_launch(TAIL_WARPGROUP))
     return tail_out, tail_lse
 
 
