@@ -72,13 +72,13 @@ def main() -> None:
     single = g._runs_attention.warmup(*args, **shape, STAGES=g.STAGES, WARPS=g.NUM_WARPS, num_warps=g.NUM_WARPS)
     launch = dict(STAGES=g.PAIR_STAGES, CONSUMER_REGS=g.CONSUMER_REGS, PRODUCER_REGS=g.PRODUCER_REGS, num_warps=4,
                   maxnreg=168)
-    tail_out = torch.empty(16, 18, h, d, dtype=torch.bfloat16)  # [2G, tail, H, D]
-    tail_lse = torch.empty(16, h, 18)  # [2G, H, tail]
+    tail_out = torch.empty(8, 18, h, d, dtype=torch.bfloat16)  # [G, tail, H, D]
+    tail_lse = torch.empty(8, h, 18)  # [G, H, tail]
     tail_args = (tail_out, tail_lse, 18, tail_out.stride(0), tail_out.stride(1), tail_out.stride(2))
     pairs = g._pair_attention.warmup(*args, out, lse, 0, 0, 0, 0, **shape, TAIL=False, **launch)
-    fused = g._pair_attention.warmup(*args, *tail_args, **shape, TAIL=1, **launch)
-    tail_wg = g._pair_attention.warmup(*args, *tail_args, **shape, TAIL=2, STAGES=g.PAIR_STAGES, **g._pair_launch(True))
-    for name, kernel in (("single", single), ("pairs", pairs), ("pairs_tail", fused), ("pairs_tail_wg", tail_wg)):
+    fused = g._pair_attention.warmup(*args, *tail_args, **shape, TAIL=True, STAGES=g.PAIR_STAGES,
+                                     **g._pair_launch(tail_warpgroup=True))
+    for name, kernel in (("single", single), ("pairs", pairs), ("pairs_tail", fused)):
         ptx = kernel.asm["ptx"]
         report[name] = {
             **_ptxas_report(ptx),

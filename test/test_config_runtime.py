@@ -340,12 +340,12 @@ def test_bench_kernel_constants_hold_for_one_variant_and_are_restored():
         return runs_plan.plan_runs(1042, 16, 132, 12, query_tile=64, blocks_per_sm=2, pair_tile=128,
                                    fuse_tail=True).fused_tail
 
-    assert runs_plan.FUSED_TAIL is False and not fused()
-    with kernel_constants(parse_variant("auto+fusedtail")[2]):
-        assert fused()
+    assert runs_plan.FUSED_TAIL is True and fused()
     with kernel_constants(parse_variant("auto+tailcall")[2]):
         assert not fused() and cut(12)  # the cut stays, its tail a call of its own
-    assert runs_plan.FUSED_TAIL is False and not fused()
+    with kernel_constants(parse_variant("auto+fusedtail")[2]):
+        assert fused()
+    assert runs_plan.FUSED_TAIL is True and fused()
 
     def beside() -> bool:  # the same frame's tail call on a side stream beside the whole tiles
         return runs_plan.plan_runs(1042, 16, 132, 12, query_tile=64, blocks_per_sm=2).tail_beside

@@ -102,22 +102,20 @@ def make_caches(page_size, dtype, scale, window, kinds):
 
 def cut_plan(tokens: int, prefix_kernel: str):
     """The frame's rows cut as ``runs_plan.plan_runs`` cuts them on this GPU (1042 queries on an H100 or
-    H200: 1024 rows in one wave of whole tiles, 18 in 16 key ranges, carried by Gluon's whole tiles as
-    with ``runs_plan.FUSED_TAIL`` on), or,
-    where it keeps one call, Gluon's whole tiles carrying the rest where that is at most 64 rows, else at
-    row 512 with the rest in 7 ranges: the cut's calls and offsets at every frame size."""
+    H200: 1024 rows in one wave of whole tiles, 18 carried by Gluon's whole tiles' third warpgroups, or in
+    16 key ranges of a call of their own with Triton's kernel), or, where it keeps one call, Gluon's whole
+    tiles carrying the rest where that is at most 64 rows, else at row 512 with the rest in 7 ranges: the
+    cut's calls and offsets at every frame size."""
     from lingbot_map_ros.core.cache.runs_plan import RunsCall, RunsPlan, plan_runs
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     pair_tile = 128 if prefix_kernel == "gluon" else 0
-    plan = plan_runs(tokens, H, sms, 1, query_tile=64, blocks_per_sm=2, pair_tile=pair_tile)
-    if plan.ragged:  # Gluon: the same cut with the tail carried by the whole tiles (runs_plan.FUSED_TAIL on)
-        head, tail = plan.calls
-        carried = pair_tile and tail.rows <= 64 and tail.parts == 2 * head.rows // 128
-        return dataclasses.replace(plan, fused_tail=True) if carried else plan
+    plan = plan_runs(tokens, H, sms, 1, query_tile=64, blocks_per_sm=2, pair_tile=pair_tile, fuse_tail=pair_tile > 0)
+    if plan.ragged:
+        return plan
     whole = tokens // 128 * 128
     if pair_tile and 0 < tokens - whole <= 64:  # Gluon: whole tiles carrying the rest (777 = 6 x 128 + 9)
-        calls = (RunsCall(0, whole, 1), RunsCall(whole, tokens - whole, 2 * whole // 128))
+        calls = (RunsCall(0, whole, 1), RunsCall(whole, tokens - whole, whole // 128))
         return RunsPlan(tokens, calls, "a test cut, its tail carried", fused_tail=True)
     return RunsPlan(tokens, (RunsCall(0, 512, 1), RunsCall(512, tokens - 512, 7)), "a test cut")
 
@@ -202,8 +200,9 @@ def test_split_backend_with_our_runs_kernel_matches_float64(kernel, page_size, d
              f"sdpa-split-{kernel}-cut", f"sdpa-split-{kernel}-beside"]
     if page_size == 1036 and torch.cuda.get_device_properties(0).multi_processor_count == 132:
         plan = cut_plan(SPECIALS + page_size, kernel)
-        assert [(c.rows, c.parts) for c in plan.calls] == [(1024, 1), (18, 16)]
-        assert plan.fused_tail == (kernel == "gluon")
+        carried = kernel == "gluon"
+        assert [(c.rows, c.parts) for c in plan.calls] == [(1024, 1), (18, 8 if carried else 16)]
+        assert plan.fused_tail == carried
     worst, modes = run_stream(page_size, dtype, kinds, steps=16)
     limit = 1e-2 if dtype == torch.bfloat16 else 2e-3
     print(f"page {page_size} {dtype} {kernel}: {worst}")
@@ -281,13 +280,11 @@ def test_flashinfer_fa3_token_pages_match_float64(page_size):
 @pytest.mark.parametrize("tiles,tail", [(2, 18), (8, 18), (3, 64), (1, 1)])
 @pytest.mark.parametrize("runs", [[(10, 1500), (1700, 300), (2500, 33)], [(5, 300)]])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("warpgroup", [True, False], ids=["tail-warpgroup", "folded"])
-def test_gluon_fused_tail_matches_float64_on_poisoned_storage(dtype, runs, tiles, tail, warpgroup, monkeypatch):
+def test_gluon_fused_tail_matches_float64_on_poisoned_storage(dtype, runs, tiles, tail):
     """``runs_attention_fused_tail``: ``tiles`` whole tiles of 128 queries x 2 heads written in place,
     and ``tail`` rows after them (18 as at 518x392, a full warpgroup's 64, one row) carried by the same
-    programs (``warpgroup``: by a third warpgroup of each, as ``tiles`` key ranges; else folded by the two, as
-    ``2 x tiles``) of their own, over the poisoned storage of
-    ``test_gluon_runs_kernel_matches_float64_on_poisoned_storage``: four runs (16 key blocks, a masked
+    programs' third warpgroups as ``tiles`` key shares (every ``tiles``-th block), over the poisoned storage
+    of ``test_gluon_runs_kernel_matches_float64_on_poisoned_storage``: four runs (16 key blocks, a masked
     end, a run shorter than a block) or one run of 3 blocks, fewer than the tail's ranges (the empty
     ones give lse -inf and zeros). Against float64 on the same rounded inputs: the whole tiles' rows,
     each tail range over its key blocks, and the tail merged (``merge_partials``, as the split backend
@@ -295,7 +292,6 @@ def test_gluon_fused_tail_matches_float64_on_poisoned_storage(dtype, runs, tiles
     from lingbot_map_ros.core.cache import gluon_runs
     from lingbot_map_ros.core.cache.split_backend import merge_partials
 
-    monkeypatch.setattr(gluon_runs, "TAIL_WARPGROUP", warpgroup)
     gen = torch.Generator(device="cuda").manual_seed(11)
     head_rows, h, d, slots = 128 * tiles, 2, 64, 4000
     t = head_rows + tail
@@ -314,15 +310,15 @@ def test_gluon_fused_tail_matches_float64_on_poisoned_storage(dtype, runs, tiles
 
     result = torch.full((t, h, d), float("nan"), device="cuda", dtype=dtype)  # [T, H, D]
     out, lse = gluon_runs.runs_attention_fused_tail(q, k, v, table, head_rows, result.unsqueeze(0))
-    parts = tiles if warpgroup else 2 * tiles
+    parts = tiles
     assert out.shape == (parts, tail, h, d) and lse.shape == (parts, h, tail)
     limit = 1e-2 if dtype == torch.bfloat16 else 2e-3
     ref_head, _ = reference(q[:head_rows], order)
     err = ((result[:head_rows].double() - ref_head).norm() / ref_head.norm()).item()
     assert err < limit, err
     assert torch.isnan(result[head_rows:]).all()  # the tail's rows are the caller's to write
-    for p in range(parts):  # the tail warpgroup's share: every parts-th block; the fold's: a range of them
-        mine = blocks[p::parts] if warpgroup else blocks[p * len(blocks) // parts:(p + 1) * len(blocks) // parts]
+    for p in range(parts):  # program p's tail warpgroup: every parts-th block, from the p-th
+        mine = blocks[p::parts]
         if not mine:
             assert torch.isneginf(lse[p]).all() and (out[p] == 0).all(), p
             continue
@@ -332,8 +328,7 @@ def test_gluon_fused_tail_matches_float64_on_poisoned_storage(dtype, runs, tiles
     merged = merge_partials([out.transpose(1, 2)], [lse])  # [tail, H, D]
     ref_tail, _ = reference(q[head_rows:], order)
     err = ((merged.double() - ref_tail).norm() / ref_tail.norm()).item()
-    mode = "tail warpgroup" if warpgroup else "folded"
-    print(f"{dtype} {mode} tiles {tiles} tail {tail} runs {len(runs)}: {err:.2e}")
+    print(f"{dtype} tail warpgroup, tiles {tiles} tail {tail} runs {len(runs)}: {err:.2e}")
     assert err < limit, err
 
 

@@ -203,7 +203,7 @@ def test_the_runs_plan_cuts_only_frames_whose_programs_spill_into_another_wave(m
         assert parts == 12 and [(c.start, c.rows, c.parts) for c in p.calls] == [(0, 1024, 1), (1024, 18, 16)]
         assert "1024 rows" in p.reason and "16 key ranges" in p.reason
     assert not plan(1042, sms=0)[0].ragged  # no SM count (the CPU): one call
-    assert not plan(1042)[0].fused_tail  # a kernel that cannot carry the tail keeps the tail call
+    assert not plan(1042)[0].fused_tail  # no fuse_tail (Triton's kernel): the tail call
     assert plan(1042)[0].tail_beside and "beside them on a side stream" in plan(1042)[0].reason
     assert not plan(1005)[0].tail_beside  # one call: nothing beside it
     monkeypatch.setattr(runs_plan, "TAIL_BESIDE", False)  # the bench's +tailafter: the same calls, in series
@@ -225,11 +225,12 @@ def test_the_runs_plan_cuts_only_frames_whose_programs_spill_into_another_wave(m
 
 
 def test_the_gluon_kernels_whole_tiles_carry_a_tail_of_at_most_half_a_tile(monkeypatch) -> None:
-    """``fuse_tail`` with ``FUSED_TAIL`` on (off, the same plans keep the tail call): at 518x392 on 132 SMs the 18-row
-    tail rides in the 8 whole tiles' programs of each head as their 16 warpgroups' key ranges (modelled 1 + 1/16 +
-    the merge, against 1.18 waves for one call); a tail of more than one warpgroup's 64 rows, or a kernel without
-    two-warpgroup tiles, keeps a call of its own; every fused plan covers each row once, its tail parts are twice
-    the tiles a head, and it is chosen only where the model says it is faster than one call."""
+    """``fuse_tail`` with ``FUSED_TAIL`` on (the default; off, the bench's ``+tailcall``, the same cut keeps the tail
+    call): at 518x392 on 132 SMs the 18-row tail rides in the 8 whole tiles' programs of each head as their third
+    warpgroups' 8 key shares (modelled 1 + 1/16 + the merge, against 1.18 waves for one call); a tail of more than
+    one warpgroup's 64 rows, or a kernel without two-warpgroup tiles, keeps a call of its own; every fused plan
+    covers each row once, its tail parts are the tiles a head, and it is chosen only where the model says it is
+    faster than one call."""
     from lingbot_map_ros.core.cache import runs_plan
     from lingbot_map_ros.core.cache.runs_plan import FUSED_MERGE_COST, plan_runs
     from lingbot_map_ros.core.cache.split_backend import auto_kv_splits, waves_time
@@ -239,11 +240,14 @@ def test_the_gluon_kernels_whole_tiles_carry_a_tail_of_at_most_half_a_tile(monke
         return plan_runs(queries, heads, sms, parts, query_tile=64, blocks_per_sm=2, pair_tile=pair_tile,
                          fuse_tail=True), parts
 
-    assert not plan(1042)[0].fused_tail
-    monkeypatch.setattr(runs_plan, "FUSED_TAIL", True)
+    assert runs_plan.FUSED_TAIL is True
     p, _ = plan(1042)
-    assert p.fused_tail and [(c.start, c.rows, c.parts) for c in p.calls] == [(0, 1024, 1), (1024, 18, 16)]
-    assert "carry the last 18 rows as 16 key ranges" in p.reason
+    assert p.fused_tail and [(c.start, c.rows, c.parts) for c in p.calls] == [(0, 1024, 1), (1024, 18, 8)]
+    assert "carry the last 18 rows as 8 key shares" in p.reason
+    monkeypatch.setattr(runs_plan, "FUSED_TAIL", False)  # the bench's +tailcall: the same cut, a call of its own
+    call = plan(1042)[0]
+    assert not call.fused_tail and [(c.start, c.rows, c.parts) for c in call.calls] == [(0, 1024, 1), (1024, 18, 16)]
+    monkeypatch.setattr(runs_plan, "FUSED_TAIL", True)
     assert not plan(1042, pair_tile=0)[0].fused_tail  # Triton's kernel: the tail call
     p, _ = plan(1024 + 65)  # one row more than a warpgroup's tile: its own call
     assert p.ragged and not p.fused_tail
@@ -256,18 +260,18 @@ def test_the_gluon_kernels_whole_tiles_carry_a_tail_of_at_most_half_a_tile(monke
             if p.fused_tail:
                 head, tail = p.calls
                 tiles = head.rows // 128
-                assert head.rows % 128 == 0 and tiles * heads <= sms and tail.rows <= 64 and tail.parts == 2 * tiles
+                assert head.rows % 128 == 0 and tiles * heads <= sms and tail.rows <= 64 and tail.parts == tiles
                 whole = min(waves_time(parts, -(-queries // 64) * heads, 2 * sms),
                             waves_time(parts, -(-queries // 128) * heads, sms)
                             if -(-queries // 128) * heads * parts <= sms else float("inf"))
-                assert 1.0 + 1.0 / tail.parts + FUSED_MERGE_COST < whole
+                assert 1.0 + 1.0 / (2 * tail.parts) + FUSED_MERGE_COST < whole
 
 
 def test_the_factory_plans_our_kernels_calls_and_only_theirs() -> None:
     """``factory.split_kernel_calls``: cuDNN's prefix gets key ranges by its 128-query tiles and no runs
     plan; our kernel (Triton, Gluon) gets ranges by its 64-query tiles and a plan that cuts 518x392
-    frames on 132 SMs (and Gluon's two-warpgroup tiles make the same 1024-row cut); the CPU (no SM
-    count) one call in one range."""
+    frames on 132 SMs (Gluon's two-warpgroup tiles make the same 1024-row cut and carry the tail; Triton's
+    tail is a call beside them); the CPU (no SM count) one call in one range."""
     pytest.importorskip("triton")  # scripts/setup_env.sh installs it; a robot without Triton runs cuDNN's prefix
     from lingbot_map_ros.core.cache.factory import split_kernel_calls
     from lingbot_map_ros.core.cache.split_backend import auto_kv_splits
@@ -276,8 +280,11 @@ def test_the_factory_plans_our_kernels_calls_and_only_theirs() -> None:
     kernels = ["triton"] + (["gluon"] if importlib.util.find_spec("triton.experimental.gluon") else [])
     for kernel in kernels:
         splits, plan = split_kernel_calls(kernel, 1042, 16, 132, 72)
-        assert splits == 12 and [(c.start, c.rows, c.parts) for c in plan.calls] == [(0, 1024, 1), (1024, 18, 16)]
-        assert not plan.fused_tail and plan.tail_beside  # runs_plan.FUSED_TAIL off, TAIL_BESIDE on
+        carried = kernel == "gluon"  # runs_plan.FUSED_TAIL on: Gluon's third warpgroups; Triton: a call beside
+        tail_parts = 8 if carried else 16
+        calls = [(c.start, c.rows, c.parts) for c in plan.calls]
+        assert splits == 12 and calls == [(0, 1024, 1), (1024, 18, tail_parts)]
+        assert plan.fused_tail == carried and plan.tail_beside != carried
         splits, plan = split_kernel_calls(kernel, 1005, 16, 132, 72)
         assert splits == 1 and not plan.ragged and plan.calls[0].rows == 1005
         splits, plan = split_kernel_calls(kernel, 1042, 16, 0, 72)

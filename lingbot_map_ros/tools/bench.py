@@ -49,7 +49,7 @@ class BenchRow:
 VARIANT_HELP = (
     "comma list of auto | portable | BACKEND[:KERNEL][+graph|+eager][+compile][+bf16], each optionally with "
     "[+cudnnprefix|+tritonprefix|+gluonprefix][+torchstep][+pairs|+singles][+partsN][+wholerows]"
-    "[+fusedtail|+tailcall][+tailstagesS][+sidetail|+tailafter][@smXY]: "
+    "[+fusedtail|+tailcall][+sidetail|+tailafter][@smXY]: "
     "auto = the node's default parameters on this device; portable = auto@sm89 (what a GPU without Hopper's "
     "instructions resolves to: Ampere, Ada, Orin); BACKEND sdpa|flashinfer, KERNEL split|cudnn|flash (sdpa) or "
     "fa2|fa3 (flashinfer); +compile = torch.compile-fused blocks in the graph step; +bf16 = no autocast "
@@ -60,8 +60,7 @@ VARIANT_HELP = (
     "of programs on the SMs; N names one call over every query row); +wholerows = our runs kernel in one call "
     "over every query row (auto: whole query tiles in one wave and the ragged tail in key ranges where "
     "runs_plan.plan_runs models that faster); +fusedtail / +tailcall = that tail carried by the Gluon "
-    "kernel's whole-tile programs / as a call of its own (auto: runs_plan.FUSED_TAIL); +tailstagesS = the carried "
-    "tail's launch with S K/V stages (auto: gluon_runs.TAIL_WG_STAGES); +sidetail / +tailafter = "
+    "kernel's whole-tile programs / as a call of its own (auto: runs_plan.FUSED_TAIL); +sidetail / +tailafter = "
     "that call on a side stream beside the whole tiles / after them (auto: runs_plan.TAIL_BESIDE); "
     "@smXY = resolved for compute capability X.Y (a stand-in for this GPU's). "
     "e.g. auto,portable,sdpa:split+graph+compile,flashinfer:fa3+graph"
@@ -86,7 +85,6 @@ class BenchOverrides:
     whole_rows: bool = False  # ``+wholerows``: our runs kernel in one call over every row, else ``runs_plan``'s cut
     fused_tail: Optional[bool] = None  # ``+fusedtail`` / ``+tailcall``: the cut's tail carried by whole tiles or not
     tail_beside: Optional[bool] = None  # ``+sidetail`` / ``+tailafter``: the tail's call beside the whole tiles
-    tail_stages: int = 0  # ``+tailstagesS``: the carried tail's launch with S K/V stages (0: its own choice)
 
 
 def parse_variant(variant: str) -> tuple[str, list[str], BenchOverrides]:
@@ -106,15 +104,12 @@ def parse_variant(variant: str) -> tuple[str, list[str], BenchOverrides]:
     parts = [f for f in flags if f.startswith("parts") and f[5:].isdigit() and int(f[5:]) >= 1]
     tail = [f == "fusedtail" for f in flags if f in ("fusedtail", "tailcall")]
     beside = [f == "sidetail" for f in flags if f in ("sidetail", "tailafter")]
-    stages = [f for f in flags if f.startswith("tailstages") and f[10:].isdigit() and int(f[10:]) >= 2]
     overrides = BenchOverrides(capability=capability, prefix_kernel=prefix[-1] if prefix else "auto",
                                step_kernels="torch" if "torchstep" in flags else "auto",
                                gluon_pairs=pairs[-1] if pairs else None, kv_parts=int(parts[-1][5:]) if parts else 0,
                                whole_rows="wholerows" in flags, fused_tail=tail[-1] if tail else None,
-                               tail_beside=beside[-1] if beside else None,
-                               tail_stages=int(stages[-1][10:]) if stages else 0)
-    switches = ("torchstep", "pairs", "singles", "wholerows", "fusedtail", "tailcall", "sidetail", "tailafter",
-                *stages)
+                               tail_beside=beside[-1] if beside else None)
+    switches = ("torchstep", "pairs", "singles", "wholerows", "fusedtail", "tailcall", "sidetail", "tailafter")
     rest = [f for f in flags if f not in PREFIX_FLAGS and f not in switches and f not in parts]
     unknown = set(rest) - {"graph", "eager", "compile", "bf16"}
     if unknown or (head == "auto" and rest):
@@ -140,9 +135,7 @@ def kernel_constants(overrides: BenchOverrides):
     from ..core.cache import gluon_runs, runs_plan, split_backend
 
     saved = (gluon_runs.PAIRS, split_backend.auto_kv_splits, runs_plan.RAGGED_TAIL, runs_plan.FUSED_TAIL,
-             runs_plan.TAIL_BESIDE, gluon_runs.TAIL_WG_STAGES)
-    if overrides.tail_stages:
-        gluon_runs.TAIL_WG_STAGES = overrides.tail_stages
+             runs_plan.TAIL_BESIDE)
     if overrides.gluon_pairs is not None:
         gluon_runs.PAIRS = overrides.gluon_pairs
     if overrides.kv_parts:
@@ -157,7 +150,7 @@ def kernel_constants(overrides: BenchOverrides):
         yield
     finally:
         (gluon_runs.PAIRS, split_backend.auto_kv_splits, runs_plan.RAGGED_TAIL, runs_plan.FUSED_TAIL,
-         runs_plan.TAIL_BESIDE, gluon_runs.TAIL_WG_STAGES) = saved
+         runs_plan.TAIL_BESIDE) = saved
 
 
 def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):

@@ -18,8 +18,8 @@ max starts at a finite -1e30 so that a part without keys gives l = 0 (no NaN) an
 A second, warp-specialised kernel (below ``_store_part``) runs the same per-warpgroup loop in two
 consumer warpgroups that share each K/V block, fed by a producer warp: half the L2 traffic, where its
 programs fit one wave (``use_pairs``). Its programs can also carry a ragged tail of rows after their
-whole tiles against the K/V blocks they hold anyway (``runs_attention_fused_tail``): an opt-in
-alternative, off because it measured slower than the tail's own call (``runs_plan.FUSED_TAIL``).
+whole tiles (518x392's 18) by a third warpgroup against the K/V blocks they hold anyway
+(``runs_attention_fused_tail``, where ``runs_plan`` cuts a frame and ``FUSED_TAIL`` is on).
 """
 from __future__ import annotations
 
@@ -234,22 +234,18 @@ PAIR_STAGES = 3  # 16 KB of queries + 3 x 32 KB of K/V: one program per SM
 CONSUMER_REGS = 240  # registers per thread of each consumer warpgroup (setmaxnreg)
 PRODUCER_REGS = 24  # the producer warp's (padded) warpgroup
 PAIRS: bool | None = None  # None: pairs where their programs fit one wave (``use_pairs``); the bench forces either
-# A carried tail (``runs_attention_fused_tail``) by a third consumer warpgroup of its own (True) or folded into the
-# two (False); the bench's ``+tailwg`` / ``+tailfold``. With four warpgroups the register file splits as
-# 184 + 184 for the two consumers, TAIL_WG_REGS for the tail's and 24 for the producer (128 a thread on average).
-TAIL_WARPGROUP = True
+# With the tail's warpgroup (``runs_attention_fused_tail``) four warpgroups share the register file (128 a thread
+# on average): 184 + 184 for the pair, TAIL_WG_REGS for the tail's (a block's scores in halves), 24 for the producer.
 TAIL_WG_CONSUMER_REGS = 184
 TAIL_WG_REGS = 120
-TAIL_WG_STAGES = 3  # that launch's K/V stages (the bench's ``+tailstagesS``): 4 give the tail's warpgroup more slack
 
 
 @gluon.jit
 def _tail_block(qt_smem, k_tile, v_tile, valid, m_t, l_t, acc_t, scale_log2, BM: gl.constexpr, BN: gl.constexpr,
                 O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr):
     """The ragged tail's queries ``qt_smem`` against one K/V block the program already holds, folded into
-    the tail's own running state; synchronous (every wgmma of the main pipeline has retired here). In
-    halves of the block's keys: scores of ``BM x BN/2`` keep the consumer within its registers beside the
-    main pipeline's accumulator and P operand (a whole block's scores spill)."""
+    the tail's own running state; synchronous. In halves of the block's keys: scores of ``BM x BN/2`` keep
+    the tail's warpgroup within its share of the register file."""
     HALF: gl.constexpr = BN // 2
     for half in gl.static_range(2):
         if valid > half * HALF:  # a half past the run's end adds nothing
@@ -267,33 +263,15 @@ def _tail_block(qt_smem, k_tile, v_tile, valid, m_t, l_t, acc_t, scale_log2, BM:
 
 
 @gluon.jit
-def _tail_if_mine(qt_smem, k_smem, v_smem, block, valid, tail_lo, tail_hi, m_t, l_t, acc_t, scale_log2,
-                  BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, O_LAYOUT: gl.constexpr,
-                  P_LAYOUT: gl.constexpr):
-    """``_tail_block`` on the stage of block ``block`` (counted over the program) when it is one of this
-    warpgroup's share ``tail_lo .. tail_hi-1`` of the tail's key blocks."""
-    if (block >= tail_lo) & (block < tail_hi):
-        stage = block % STAGES
-        m_t, l_t, acc_t = _tail_block(qt_smem, k_smem.index(stage), v_smem.index(stage), valid, m_t, l_t, acc_t,
-                                      scale_log2, BM, BN, O_LAYOUT, P_LAYOUT)
-    return m_t, l_t, acc_t
-
-
-@gluon.jit
-def _pair_consume_run(q_smem, qt_smem, k_smem, v_smem, ready, empty, counter, count, m_i, l_i, acc, m_t, l_t, acc_t,
-                      tail_lo, tail_hi, scale_log2, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                      TAIL: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr):
-    """``_attend_run`` without the loads: wait for each block's stage, release it after its P V. With
-    ``TAIL``, the blocks numbered ``tail_lo .. tail_hi-1`` over the program also meet the tail's queries
-    while their stage is held (after the block's own softmax, before the stage is released)."""
+def _pair_consume_run(q_smem, k_smem, v_smem, ready, empty, counter, count, m_i, l_i, acc, scale_log2,
+                      BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, S_LAYOUT: gl.constexpr,
+                      O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr):
+    """``_attend_run`` without the loads: wait for each block's stage, release it after its P V."""
     blocks = gl.cdiv(count, BN)
     if blocks > 0:
         zeros = gl.zeros([BM, BN], gl.float32, S_LAYOUT)
         p_op, m_i, l_i, acc = _first_block(q_smem, k_smem, ready, counter, count, zeros, m_i, l_i, acc, scale_log2,
                                            BN, STAGES, S_LAYOUT, O_LAYOUT, P_LAYOUT)
-        if TAIL == 1:
-            m_t, l_t, acc_t = _tail_if_mine(qt_smem, k_smem, v_smem, counter, count, tail_lo, tail_hi, m_t, l_t,
-                                            acc_t, scale_log2, BM, BN, STAGES, O_LAYOUT, P_LAYOUT)
         for i in range(1, blocks):
             prev = (counter + i - 1) % STAGES
             p, alpha, m_i, l_i, acc, p_op = _next_block(q_smem, k_smem, v_smem, ready, counter + i, prev,
@@ -302,36 +280,18 @@ def _pair_consume_run(q_smem, qt_smem, k_smem, v_smem, ready, empty, counter, co
             mbarrier.arrive(empty.index(prev), count=1)  # this warpgroup is done with block i-1's stage
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
             p_op = gl.convert_layout(p.to(k_smem.dtype), P_LAYOUT)
-            if TAIL == 1:
-                m_t, l_t, acc_t = _tail_if_mine(qt_smem, k_smem, v_smem, counter + i, count - i * BN, tail_lo,
-                                                tail_hi, m_t, l_t, acc_t, scale_log2, BM, BN, STAGES, O_LAYOUT,
-                                                P_LAYOUT)
         last = (counter + blocks - 1) % STAGES
         acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p_op])
         mbarrier.arrive(empty.index(last), count=1)
-    return m_i, l_i, acc, m_t, l_t, acc_t, counter + blocks
-
-
-@gluon.jit
-def _total_blocks(runs_ptr, lo, hi, BN: gl.constexpr, NUM_RUNS: gl.constexpr):
-    """The key blocks a program of part ``[lo, hi)`` walks, over all its runs (each run's last block ragged)."""
-    offset = 0
-    total = 0
-    for r in gl.static_range(NUM_RUNS):
-        _, count, offset = _run_piece(runs_ptr, r, lo, hi, offset)
-        total += gl.cdiv(count, BN)
-    return total
+    return m_i, l_i, acc, counter + blocks
 
 
 @gluon.jit
 def _pair_consumer(q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr, runs_ptr, num_queries,
-                   scale_log2, stride_op, stride_ot, stride_oh, tail_o_ptr, tail_lse_ptr, tail_rows, tail_stride_op,
-                   tail_stride_ot, tail_stride_oh, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BM: gl.constexpr,
-                   BN: gl.constexpr, NUM_RUNS: gl.constexpr, STAGES: gl.constexpr, TAIL: gl.constexpr):
-    """Warpgroup ``WG`` (0 or 1): queries ``WG*BM ..`` of the program's ``2*BM``, over every block. With
-    ``TAIL``: also the rows after the grid's whole tiles (at most ``BM``, in ``q_smem[2]``) against this
-    warpgroup's share of the blocks, part ``2*block + WG`` of ``2 * programs`` of the tail."""
+                   scale_log2, stride_op, stride_ot, stride_oh, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
+                   BM: gl.constexpr, BN: gl.constexpr, NUM_RUNS: gl.constexpr, STAGES: gl.constexpr):
+    """Warpgroup ``WG`` (0 or 1): queries ``WG*BM ..`` of the program's ``2*BM``, over every block."""
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BN, 16])
     O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -341,48 +301,34 @@ def _pair_consumer(q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr
     head = gl.program_id(1)
     part = gl.program_id(2)
     q_tile = q_smem.index(WG)  # [BM, D]
-    qt_tile = q_smem.index(2 if TAIL == 1 else WG)  # [BM, D]: the tail's queries (folded here in mode 1)
     mbarrier.wait(q_ready, 0)
     m_i = gl.full([BM], -1.0e30, gl.float32, gl.SliceLayout(1, S_LAYOUT))
     l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, S_LAYOUT))
     acc = gl.zeros([BM, HEAD_DIM], gl.float32, O_LAYOUT)  # [BM, D]
-    m_t = gl.full([BM], -1.0e30, gl.float32, gl.SliceLayout(1, O_LAYOUT))  # the tail's, in halves of a block
-    l_t = gl.zeros([BM], gl.float32, gl.SliceLayout(1, O_LAYOUT))
-    acc_t = gl.zeros([BM, HEAD_DIM], gl.float32, O_LAYOUT)  # [BM, D]: the tail's, when TAIL
     lo, hi = _part_bounds(runs_ptr, part, gl.num_programs(2), NUM_RUNS)
-    tail_part = 2 * block + WG
-    tail_parts = 2 * gl.num_programs(0)
-    tail_lo = 0
-    tail_hi = 0
-    if TAIL == 1:
-        total = _total_blocks(runs_ptr, lo, hi, BN, NUM_RUNS)
-        tail_lo = tail_part * total // tail_parts
-        tail_hi = (tail_part + 1) * total // tail_parts
     offset = 0
     counter = 0
     for r in gl.static_range(NUM_RUNS):
         _, count, offset = _run_piece(runs_ptr, r, lo, hi, offset)
-        m_i, l_i, acc, m_t, l_t, acc_t, counter = _pair_consume_run(
-            q_tile, qt_tile, k_smem, v_smem, ready, empty, counter, count, m_i, l_i, acc, m_t, l_t, acc_t, tail_lo,
-            tail_hi, scale_log2, BM, BN, STAGES, TAIL, S_LAYOUT, O_LAYOUT, P_LAYOUT)
+        m_i, l_i, acc, counter = _pair_consume_run(q_tile, k_smem, v_smem, ready, empty, counter, count, m_i, l_i,
+                                                   acc, scale_log2, BM, BN, STAGES, S_LAYOUT, O_LAYOUT, P_LAYOUT)
     _store_part(acc, m_i, l_i, o_ptr, lse_ptr, block * 2 * BM + WG * BM, head, part, num_queries, scale_log2,
                 stride_op, stride_ot, stride_oh, HEAD_DIM, BM, S_LAYOUT, O_LAYOUT)
-    if TAIL == 1:
-        _store_part(acc_t, m_t, l_t, tail_o_ptr, tail_lse_ptr, 0, head, tail_part, tail_rows, scale_log2,
-                    tail_stride_op, tail_stride_ot, tail_stride_oh, HEAD_DIM, BM, O_LAYOUT, O_LAYOUT)
 
 
 @gluon.jit
 def _tail_consumer(q_smem, k_smem, v_smem, q_ready, ready, empty, runs_ptr, tail_o_ptr, tail_lse_ptr, tail_rows,
                    scale_log2, tail_stride_op, tail_stride_ot, tail_stride_oh, HEAD_DIM: gl.constexpr,
                    BM: gl.constexpr, BN: gl.constexpr, NUM_RUNS: gl.constexpr, STAGES: gl.constexpr):
-    """Mode 2's third consumer warpgroup: the rows after the grid's whole tiles (``q_smem[2]``) against this
-    program's ``1 / G`` share of the key blocks its partners stream anyway (part ``block`` of ``G`` programs
-    a head: every ``G``-th block, from the ``block``-th). It waits for every block and releases every
-    stage; only its share meets the tail's queries, synchronously and in halves of a block
-    (``_tail_block``), beside the partners' pipelines instead of inside them. Every ``G``-th block, not a
-    range of them: a block of its share takes it longer than the pair takes one, and the ``G - 1`` blocks
-    between two of its own let it catch up without holding a stage the producer must refill."""
+    """The third consumer warpgroup of a program that carries a tail: the rows after the grid's whole tiles
+    (``q_smem[2]``) against this program's ``1 / G`` share of the key blocks its partners stream anyway
+    (part ``block`` of ``G`` programs a head: every ``G``-th block, from the ``block``-th). It waits for
+    every block and releases every stage; only its share meets the tail's queries, synchronously and in
+    halves of a block (``_tail_block``), beside the pair's pipelines (folded into them, it held the
+    stages they wait for). Every ``G``-th block, not a range of them: a block of its share takes it
+    longer than the pair takes one, and the ``G - 1`` blocks between two of its own let it catch up
+    without holding a stage the producer must refill (a range of them measured no faster than the
+    tail's own call)."""
     O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
     P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
@@ -447,9 +393,9 @@ def _pair_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, runs_ptr, num_querie
                     NUM_RUNS: gl.constexpr, STAGES: gl.constexpr, TAIL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                     PRODUCER_REGS: gl.constexpr, TAIL_REGS: gl.constexpr = 0):
     """Program (block of ``2*BM`` queries, head, part): the same contract as ``_runs_attention``; with
-    ``TAIL`` (one part) the rows after the grid's whole tiles too: 1, folded by the two warpgroups as
-    ``2 * programs`` parts of their own (``tail_o_ptr`` ``[2G, tail_rows, H, D]``, ``tail_lse_ptr``
-    ``[2G, H, tail_rows]``); 2, by a third warpgroup of ``TAIL_REGS`` registers, ``programs`` parts."""
+    ``TAIL`` (one part) the rows after the grid's whole tiles too, by a third warpgroup of ``TAIL_REGS``
+    registers, as ``programs`` parts of their own (``tail_o_ptr`` ``[G, tail_rows, H, D]``,
+    ``tail_lse_ptr`` ``[G, H, tail_rows]``)."""
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [3 if TAIL else 2, BM, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BN, HEAD_DIM], v_desc.layout)
@@ -458,19 +404,15 @@ def _pair_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, runs_ptr, num_querie
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=3 if TAIL == 2 else 2)  # every consumer warpgroup
+        mbarrier.init(empty.index(i), count=3 if TAIL else 2)  # every consumer warpgroup
     mbarrier.init(q_ready, count=1)
     fence_async_shared()
-    if TAIL == 2:
+    if TAIL:
         gl.warp_specialize([
             (_pair_consumer, (q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr, runs_ptr, num_queries,
-                              scale_log2, stride_op, stride_ot, stride_oh, tail_o_ptr, tail_lse_ptr, tail_rows,
-                              tail_stride_op, tail_stride_ot, tail_stride_oh, 0, HEAD_DIM, BM, BN, NUM_RUNS, STAGES,
-                              TAIL)),
+                              scale_log2, stride_op, stride_ot, stride_oh, 0, HEAD_DIM, BM, BN, NUM_RUNS, STAGES)),
             (_pair_consumer, (q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr, runs_ptr, num_queries,
-                              scale_log2, stride_op, stride_ot, stride_oh, tail_o_ptr, tail_lse_ptr, tail_rows,
-                              tail_stride_op, tail_stride_ot, tail_stride_oh, 1, HEAD_DIM, BM, BN, NUM_RUNS, STAGES,
-                              TAIL)),
+                              scale_log2, stride_op, stride_ot, stride_oh, 1, HEAD_DIM, BM, BN, NUM_RUNS, STAGES)),
             (_pair_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, ready, empty, runs_ptr,
                               HEAD_DIM, BM, BN, NUM_RUNS, STAGES, TAIL)),
             (_tail_consumer, (q_smem, k_smem, v_smem, q_ready, ready, empty, runs_ptr, tail_o_ptr, tail_lse_ptr,
@@ -480,13 +422,9 @@ def _pair_attention(q_desc, k_desc, v_desc, o_ptr, lse_ptr, runs_ptr, num_querie
     else:
         gl.warp_specialize([
             (_pair_consumer, (q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr, runs_ptr, num_queries,
-                              scale_log2, stride_op, stride_ot, stride_oh, tail_o_ptr, tail_lse_ptr, tail_rows,
-                              tail_stride_op, tail_stride_ot, tail_stride_oh, 0, HEAD_DIM, BM, BN, NUM_RUNS, STAGES,
-                              TAIL)),
+                              scale_log2, stride_op, stride_ot, stride_oh, 0, HEAD_DIM, BM, BN, NUM_RUNS, STAGES)),
             (_pair_consumer, (q_smem, k_smem, v_smem, q_ready, ready, empty, o_ptr, lse_ptr, runs_ptr, num_queries,
-                              scale_log2, stride_op, stride_ot, stride_oh, tail_o_ptr, tail_lse_ptr, tail_rows,
-                              tail_stride_op, tail_stride_ot, tail_stride_oh, 1, HEAD_DIM, BM, BN, NUM_RUNS, STAGES,
-                              TAIL)),
+                              scale_log2, stride_op, stride_ot, stride_oh, 1, HEAD_DIM, BM, BN, NUM_RUNS, STAGES)),
             (_pair_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, ready, empty, runs_ptr,
                               HEAD_DIM, BM, BN, NUM_RUNS, STAGES, TAIL)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -544,14 +482,13 @@ def runs_attention_fused_tail(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, hea
     """The warp-specialised kernel over rows ``[0, head_rows)`` (whole tiles of ``2 * block_m``, written
     into ``out`` ``[1, T, H, D]``, a view of the frame's output) with the ragged tail's rows
     ``[head_rows, T)`` (at most ``block_m``) riding in the same programs: each of a head's ``G`` tile
-    programs gives each of its two warpgroups a ``1 / 2G`` share of the key blocks it already holds
-    against the tail's queries (``TAIL_WARPGROUP``: a third warpgroup of each program against a ``1 / G``
-    share). Returns the tail's parts ``[P, T - head_rows, H, D]`` (P = G or 2G) and their log-sum-exp
-    ``[P, H, T - head_rows]``, for the caller's exact merge.
+    programs has a third warpgroup that meets the tail's queries against every ``G``-th key block the pair
+    streams anyway. Returns the tail's parts ``[G, T - head_rows, H, D]`` and their log-sum-exp
+    ``[G, H, T - head_rows]``, for the caller's exact merge.
 
     Why: the tail as a call of its own reads the layer's whole K/V from memory again for a handful of
     rows (18 of 1042 at 518x392: ~17 % of the whole tiles' time for ~2 % of the work); here it costs
-    only its tensor-core work, about ``1 / 2G`` more for each warpgroup."""
+    only its tensor-core work beside the pair's, a ``1 / G`` share of the blocks at 64 rows."""
     if q.dtype not in _GL_DTYPES:
         raise ValueError(f"the Gluon kernel takes bf16 or fp16 (got {q.dtype})")
     t, h, d = q.shape
@@ -563,16 +500,14 @@ def runs_attention_fused_tail(q: Tensor, k: Tensor, v: Tensor, runs: Tensor, hea
         raise ValueError(f"a fused tail reads key blocks in halves of the head dim (got D {d}, blocks of {block_n})")
     q, k, v, out, lse = prepare_runs_call(q, k, v, runs, 1, out)
     tiles = head_rows // (2 * block_m)
-    parts = tiles if TAIL_WARPGROUP else 2 * tiles  # a program's tail warpgroup, or each of its two
-    tail_out = torch.empty(parts, tail, h, d, device=q.device, dtype=q.dtype)  # [P, tail, H, D]
-    tail_lse = torch.empty(parts, h, tail, device=q.device, dtype=torch.float32)  # [P, H, tail]
+    tail_out = torch.empty(tiles, tail, h, d, device=q.device, dtype=q.dtype)  # [G, tail, H, D]
+    tail_lse = torch.empty(tiles, h, tail, device=q.device, dtype=torch.float32)  # [G, H, tail]
     q_desc, k_desc, v_desc = _descriptors(q, k, v, block_m, block_n)
     _pair_attention[(tiles, h, 1)](
         q_desc, k_desc, v_desc, out, lse, runs.contiguous(), head_rows, LOG2_E / math.sqrt(d), out.stride(0),
         out.stride(1), out.stride(2), tail_out, tail_lse, tail, tail_out.stride(0), tail_out.stride(1),
-        tail_out.stride(2), HEAD_DIM=d, BM=block_m, BN=block_n, NUM_RUNS=runs.shape[0],
-        STAGES=TAIL_WG_STAGES if TAIL_WARPGROUP else PAIR_STAGES, TAIL=2 if TAIL_WARPGROUP else 1,
-        **_pair_launch(TAIL_WARPGROUP))
+        tail_out.stride(2), HEAD_DIM=d, BM=block_m, BN=block_n, NUM_RUNS=runs.shape[0], STAGES=PAIR_STAGES,
+        TAIL=True, **_pair_launch(tail_warpgroup=True))
     return tail_out, tail_lse
 
 

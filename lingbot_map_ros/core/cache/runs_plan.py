@@ -14,26 +14,28 @@ The plan cuts the rows instead, where that is modelled faster:
 * **whole tiles**: the most whole query tiles that one wave holds (``SMs // heads`` tiles of the
   kernel's widest layout: 8 x 128 = 1024 rows at 16 heads on 132 SMs), one call, one part, written
   straight into the frame's output;
-* **the ragged tail**: the rows left over (18 at 1042), one more call with its keys cut into as many
-  ranges as fill one more, short wave (16 heads x 16 parts = 256 one-warpgroup programs on 264
-  slots), merged by log-sum-exp, on a side stream beside the whole tiles (``tail_beside``): its programs
-  are memory-bound and take the SMs the whole tiles leave idle, then each SM they give back.
+* **the ragged tail**: the rows left over (18 at 1042). Where the kernel can carry them (``fused_tail``:
+  the Gluon kernel's two-warpgroup programs, up to one warpgroup's tile of rows) they ride in the whole
+  tiles' programs: a third warpgroup of each of a head's ``G`` programs meets them against every
+  ``G``-th key block the program streams anyway, and the ``G`` parts merge by log-sum-exp. That spares
+  a second read of the layer's keys (memory-bound: 18 rows cost ~17 % of the 1024 rows' time on an
+  H100) for ~6 % more tensor-core work beside the pair's
+  (docs/perf/runs/2026-12-06-h100-tail-warpgroup.json). Elsewhere (Triton's kernel), one more call
+  with its keys cut into as many ranges as fill one more, short wave (16 heads x 16 parts = 256
+  one-warpgroup programs on 264 slots), merged the same way, on a side stream beside the whole tiles
+  (``tail_beside``): its programs are memory-bound and take the SMs the whole tiles leave idle, then
+  each SM they give back.
 
-An opt-in alternative (``fused_tail``, off): where the kernel can carry them (the Gluon kernel's
-two-warpgroup programs, up to one warpgroup's tile of rows), the tail's rows ride in the whole tiles'
-programs instead of a call of their own: each of a head's ``G`` programs gives each of its warpgroups a
-``1 / 2G`` share of the key blocks it already holds against them, and its ``2G`` parts merge like the
-tail call's. It spares the call's second read of the layer's keys (memory-bound: 18 rows cost ~17 % of
-the 1024 rows' time on an H100), but measured slower than the call: a warpgroup folding the tail
-(synchronously, in halves of a block) holds the stages its partner waits for.
-A third arrangement, the tail read by programs of its own in the whole tiles' launch (both warpgroups of a
-tail program over alternate key blocks, three or five K/V stages), was built and measured slower than
-either (docs/perf/runs/2026-12-06-h100-tail-programs.json), and is not kept.
+Measured and not kept: the tail folded into the pair's own warpgroups (synchronously, in halves of a
+block: it held the stages its partner waits for), a range of the blocks for the third warpgroup instead
+of every ``G``-th (no faster than the call), and the tail read by programs of its own in the whole
+tiles' launch (docs/perf/runs/2026-12-06-h100-tail-programs.json).
 
 Exact either way: a query's attention does not depend on which call reads it, and the tail's parts
 merge as the split backend's always do. The model (``waves_time``, in units of one wave of
 programs that each read every key) compares the whole-frame call with its chosen parts against the
-cut: at 1042 queries 1.18 waves against 1.07 + the tail call's fixed cost. Frame sizes whose
+cut: at 1042 queries 1.18 waves against 1.07 + the tail call's fixed cost, or 1 + 1/16 + a merge for the
+carried tail. Frame sizes whose
 programs fit one wave (518x378, 518x294) keep the one call they had.
 """
 from __future__ import annotations
@@ -46,17 +48,16 @@ from .waves import fits_one_wave, waves_time
 # None: cut where the model says it is faster; False: never (the bench's ``+wholerows``, or a forced
 # ``+partsN``, which names the parts of one call over every row); True: wherever it can.
 RAGGED_TAIL: Optional[bool] = None
-# True: the tail rides in the whole tiles' programs where the kernel can carry it (the bench's
-# ``+fusedtail``); False: a call of its own. Off: exact, but slower than the call of its own on an H100
-# (docs/perf/runs/2026-12-06-h100-tail-carried.json): the fold (synchronous, in halves of a block) holds
-# the warpgroups' shared stages longer than the call's second read of the keys costs.
-FUSED_TAIL = False
+# True: the tail rides in the whole tiles' programs where the kernel can carry it, by a third warpgroup
+# (faster than the call of its own on an H100: docs/perf/runs/2026-12-06-h100-tail-warpgroup.json);
+# False: a call of its own (the bench's ``+tailcall``).
+FUSED_TAIL = True
 # True: the tail's call runs on a side stream beside the whole tiles' call (the bench's ``+sidetail``;
 # ``+tailafter``: after it, on the frame's stream), so that its memory-bound programs take the SMs the whole
 # tiles leave idle (4 of 132 at 16 heads) and the rest of them as those finish (measured faster on an
 # H200: docs/perf/runs/2026-12-06-h200-tail-beside.json).
 TAIL_BESIDE = True
-FUSED_MERGE_COST = 0.01  # the fused tail's merge of its parts, in waves (~5 us)
+FUSED_MERGE_COST = 0.01  # the carried tail's merge of its parts, in waves (~5 us)
 TAIL_CALL_COST = 0.03  # the tail's launch, merge and copy, in waves (~20 us of a ~0.65 ms layer on an H200)
 MAX_TAIL_PARTS = 32
 
@@ -99,8 +100,8 @@ def plan_runs(num_queries: int, num_heads: int, num_sms: int, whole_parts: int, 
     ``whole_parts``: the parts of one call over every row (``auto_kv_splits``'s choice); ``query_tile``
     and ``blocks_per_sm``: the one-warpgroup kernel's tile and programs per SM; ``pair_tile``: the
     warp-specialised kernel's tile, one program per SM (0: the kernel has no such layout, Triton's);
-    ``fuse_tail``: those programs can carry up to half a tile of tail rows (Gluon's), used where
-    ``FUSED_TAIL`` is on."""
+    ``fuse_tail``: those programs can carry up to half a tile of tail rows by a third warpgroup (Gluon's),
+    used where ``FUSED_TAIL`` is on."""
     if num_sms <= 0:
         return whole_call(num_queries, whole_parts, "no SM count (CPU): one call")
     if RAGGED_TAIL is False:
@@ -119,14 +120,14 @@ def plan_runs(num_queries: int, num_heads: int, num_sms: int, whole_parts: int, 
     if head_rows <= 0:
         return whole_call(num_queries, whole_parts, "one call: one wave holds less than a tile of every head")
     if fuse_tail and FUSED_TAIL and pair_tile > 0 and tail_rows <= pair_tile // 2:
-        tiles = head_slots // num_heads  # whole tiles a head: 2 x tiles shares of its keys for the tail
-        fused = 1.0 + 1.0 / (2 * tiles) + FUSED_MERGE_COST
+        tiles = head_slots // num_heads  # whole tiles a head: each program's third warpgroup, a 1/tiles share
+        fused = 1.0 + 1.0 / (2 * tiles) + FUSED_MERGE_COST  # + a tile's half (64 rows) on 1/tiles of the blocks
         if RAGGED_TAIL is None and fused >= whole:
             return whole_call(num_queries, whole_parts, f"one call in {whole_parts} part(s): {whole:.2f} waves "
                                                         f"against {fused:.2f} for whole tiles carrying the tail")
-        calls = (RunsCall(0, head_rows, 1), RunsCall(head_rows, tail_rows, 2 * tiles))
+        calls = (RunsCall(0, head_rows, 1), RunsCall(head_rows, tail_rows, tiles))
         return RunsPlan(num_queries, calls, f"{head_rows} rows in one wave of whole tiles, whose programs carry the "
-                                            f"last {tail_rows} rows as {2 * tiles} key ranges: {fused:.2f} waves "
+                                            f"last {tail_rows} rows as {tiles} key shares: {fused:.2f} waves "
                                             f"against {whole:.2f} for one call in {whole_parts} part(s)",
                         fused_tail=True)
     tail_blocks = -(-tail_rows // query_tile) * num_heads

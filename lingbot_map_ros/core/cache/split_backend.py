@@ -38,8 +38,9 @@ one part), no masks to rebuild per frame, and one CUDA graph for the filling and
 faster than cuDNN's prefix + tail (docs/performance.md, attention per layer). A visible set of more runs than the
 kernel takes goes through the regions below. Where one call's programs would spill into a second wave,
 ``runs_plan`` cuts the frame's query rows into two calls instead (whole query tiles in one wave, written
-in place, and the ragged tail's rows in key ranges, merged, on a side stream beside the whole tiles), or
-one call of the Gluon kernel whose whole-tile programs carry the tail's rows (``fused_tail``).
+in place, and the ragged tail's rows in key ranges, merged, on a side stream beside the whole tiles), or,
+with the Gluon kernel, one call whose whole-tile programs carry the tail's rows by a third warpgroup
+(``fused_tail``), merged the same way.
 
 The merge is a handful of elementwise ops on ``[T, H, D]``; with ``fuse_merge`` it is one
 ``torch.compile``-d kernel (compiled in the warm-up before the graph capture).
