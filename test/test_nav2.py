@@ -178,7 +178,10 @@ def test_two_nodes_publishing_map_to_odom_both_say_error_naming_the_other(tmp_pa
             assert listener.wait_for(lambda rx: all(listener.final_status(s) is not None for s in stamps), 60), \
                 "no final status"
         assert wait.wait_for(both_error, 20), _last_tf(wait.rx)
-        for ns in names:
+        for ns in names:  # the log line reaches the test by the node's stdout, which may trail its /diagnostics
+            deadline = time.monotonic() + 10
+            while "another node publishes" not in nodes[ns].output() and time.monotonic() < deadline:
+                time.sleep(0.1)
             lines = [line for line in nodes[ns].output().splitlines() if "another node publishes" in line]
             assert len(lines) == 1, lines  # logged once
     finally:
