@@ -173,6 +173,7 @@ def test_bench_variants_parse_into_overrides_the_node_never_sees():
     assert parse_variant("auto+fusedtail")[2] == BenchOverrides(fused_tail=True)
     assert parse_variant("auto+tailafter")[2] == BenchOverrides(tail_beside=False)
     assert parse_variant("auto+sidetail")[2] == BenchOverrides(tail_beside=True)
+    assert parse_variant("auto+framecudnn")[2] == BenchOverrides(frame_cudnn=True)
     assert parse_variant("sdpa:split+graph+compile+cudnnprefix") == (
         "sdpa:split", ["graph", "compile"], BenchOverrides(prefix_kernel="sdpa"))
     assert variant_runtime("auto", cpu, torch.float32) == runtime.resolve_for(cpu, torch.float32)
@@ -314,9 +315,10 @@ def test_step_kernels_resolve_with_a_reason_and_name_themselves() -> None:
 
 
 def test_bench_kernel_constants_hold_for_one_variant_and_are_restored():
-    """``+partsN``, ``+pairs``, ``+wholerows`` and ``+fusedtail`` / ``+tailcall`` set the split kernel's key
-    ranges, the Gluon layout, one call over every query row and the tail carried or not for one variant's
-    run only: inside, the factory's choice functions answer so; after, the shape-based choices are back."""
+    """``+partsN``, ``+pairs``, ``+wholerows``, ``+fusedtail`` / ``+tailcall`` and ``+framecudnn`` set the split
+    kernel's key ranges, the Gluon layout, one call over every query row, the tail carried or not and a
+    frame's own attention by cuDNN for one variant's run only: inside, the factory's choice functions answer
+    so; after, the shape-based choices are back."""
     pytest.importorskip("triton.experimental.gluon")
     from lingbot_map_ros.core.cache import gluon_runs, runs_plan, split_backend
     from lingbot_map_ros.tools.bench import kernel_constants, parse_variant
@@ -354,6 +356,12 @@ def test_bench_kernel_constants_hold_for_one_variant_and_are_restored():
     with kernel_constants(parse_variant("auto+tailafter")[2]):
         assert not beside() and cut(12)  # the same cut, its tail after the whole tiles
     assert runs_plan.TAIL_BESIDE is True and beside()
-    with pytest.raises(RuntimeError), kernel_constants(parse_variant("auto+parts3")[2]):
+    from lingbot_map_ros.core.model import frame_tiles
+
+    assert frame_tiles.ENABLED is True
+    with kernel_constants(parse_variant("auto+framecudnn")[2]):
+        assert frame_tiles.ENABLED is False  # a frame's own attention in cuDNN's one call
+    assert frame_tiles.ENABLED is True
+    with pytest.raises(RuntimeError), kernel_constants(parse_variant("auto+parts3+framecudnn")[2]):
         raise RuntimeError("a failing variant")
-    assert split_backend.auto_kv_splits is choose and runs_plan.RAGGED_TAIL is None
+    assert split_backend.auto_kv_splits is choose and runs_plan.RAGGED_TAIL is None and frame_tiles.ENABLED is True

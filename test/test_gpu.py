@@ -792,3 +792,56 @@ def test_staged_readback_returns_owned_copies_after_the_step():
     assert (again[1] == 7.0).all() and np.array_equal(got[1], kept), "a later fetch changed an earlier result"
     bf16 = readback.fetch((first_pose.bfloat16(), None, None))[0]
     np.testing.assert_array_equal(bf16, first_pose.bfloat16().float().cpu().numpy())
+
+
+@pytest.mark.parametrize("tokens", [1042, 1041])
+@pytest.mark.parametrize("frames", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_frame_tiles_match_float64_in_a_cuda_graph(tokens, frames, dtype):
+    """A frame's own attention by our kernel as at 518x392 (``model/frame_tiles.py``: whole tiles in place, the
+    tail's rows carried by the third warpgroup and merged): against float64 per frame, as tight as cuDNN's
+    call, also when captured in a CUDA graph and replayed on new inputs (the frame step's way)."""
+    import torch.nn.functional as F
+
+    from lingbot_map_ros.core.model.frame_tiles import tiles_attention
+
+    rows = tokens // 128 * 128
+    torch.manual_seed(tokens + frames)
+    qkv = torch.randn(frames, tokens, 3, H, D, device="cuda", dtype=dtype)  # [N, T, 3, H, D]
+
+    def split(x):  # q contiguous (as after the aggregator's q/k-norm + RoPE), k and v views (as DINO's)
+        q, k, v = x.unbind(2)
+        return q.contiguous(), k, v  # [N, T, H, D] each
+
+    def reference(x):
+        q, k, v = (t.double() for t in x.unbind(2))
+        w = torch.einsum("nthd,nshd->nhts", q, k).div(D**0.5).softmax(-1)  # [N, H, T, T]
+        return torch.einsum("nhts,nshd->nthd", w, v)  # [N, T, H, D]
+
+    def cudnn(x):
+        q, k, v = split(x)
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
+    out = tiles_attention(*split(qkv), rows)
+    assert out is not None and out.shape == (frames, tokens, H, D) and out.dtype == dtype
+    ref = reference(qkv)
+    err, cudnn_err = ((o.double() - ref).abs().max().item() for o in (out, cudnn(qkv)))
+    tail_err = (out[:, rows:].double() - ref[:, rows:]).abs().max().item()
+    print(f"{dtype} frames {frames} tokens {tokens}: ours {err:.2e} (tail rows {tail_err:.2e}), cuDNN {cudnn_err:.2e}")
+    assert err <= 1.5 * cudnn_err + 1e-4 and tail_err <= 1.5 * cudnn_err + 1e-4
+
+    static = qkv.clone()
+    q, k, v = split(static)
+    tiles_attention(q, k, v, rows)  # warm-up outside the capture (the runs tensor, the compiled merge)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q, k, v = split(static)
+        captured = tiles_attention(q, k, v, rows)
+    assert captured is not None
+    fresh = torch.randn_like(qkv)
+    static.copy_(fresh)
+    graph.replay()
+    torch.cuda.synchronize()
+    replay_err = (captured.double() - reference(fresh)).abs().max().item()
+    assert replay_err <= 1.5 * cudnn_err + 1e-4, replay_err

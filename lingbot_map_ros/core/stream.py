@@ -99,7 +99,8 @@ class StreamingSession:
         self.use_cuda_graphs = runtime.cuda_graphs  # the benchmark's kernel profile turns it off for a while
         ours = runtime.step_kernels == "triton"
         self._fusion: Optional[BlockFusion] = (
-            BlockFusion(triton_kernels=ours, depth_head=True) if runtime.compile_blocks else None)
+            BlockFusion(triton_kernels=ours, depth_head=True, frame_tiles=runtime.prefix_kernel == "gluon")
+            if runtime.compile_blocks else None)
         self._graph_step: Optional[GraphedFrameStep] = None
         self._graph_key: Optional[tuple] = None
         self._readback = StagedReadback()

@@ -143,7 +143,8 @@ def usable_splits(keys: int, wanted: int) -> int:
 
 
 @functools.lru_cache(maxsize=1)
-def _fused_merge() -> Callable[[list[Tensor], list[Tensor]], Tensor]:
+def fused_merge() -> Callable[[list[Tensor], list[Tensor]], Tensor]:
+    """``merge_partials`` compiled (one or two kernels instead of a handful), shared by every caller."""
     from ..model.fusion import allow_recompiles
 
     allow_recompiles(64)  # one specialisation per (frame size, dtype, number of parts)
@@ -213,7 +214,7 @@ class SplitPrefixBackend(DenseStorageBackend):
             raise ValueError(f"kv_splits must be >= 1 (got {kv_splits})")
         self.kv_splits = kv_splits
         self.runs_plan = runs_plan
-        self._merge = _fused_merge() if fuse_merge else merge_partials
+        self._merge = fused_merge() if fuse_merge else merge_partials
         # additive biases in the compute dtype (cuDNN reads the bias in q's dtype): 0 visible, -inf not.
         # Each masked region has a buffer of its own (a bias must start on an aligned address).
         def mask(n: int) -> torch.Tensor:
@@ -393,5 +394,5 @@ class SplitPrefixBackend(DenseStorageBackend):
         return result
 
 
-__all__ = ["SplitPrefixBackend", "attend_with_lse", "auto_kv_splits", "merge_partials", "key_ranges", "usable_splits",
-           "waves_time", "KERNELS", "MODES", "PREFIX_KERNELS"]
+__all__ = ["SplitPrefixBackend", "attend_with_lse", "auto_kv_splits", "fused_merge", "merge_partials", "key_ranges",
+           "usable_splits", "waves_time", "KERNELS", "MODES", "PREFIX_KERNELS"]

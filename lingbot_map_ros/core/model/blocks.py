@@ -113,7 +113,17 @@ class Block(nn.Module):
 
 
 def sdpa_tokens(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """Plain softmax attention on token-major ``[N, T, H, D]`` tensors (scale 1/√D, no mask)."""
+    """Plain softmax attention on token-major ``[N, T, H, D]`` tensors (scale 1/√D, no mask); in a frame step
+    whose fusion says so, by our kernel where cuDNN's query tiles would spill into a second wave
+    (``frame_tiles.py``)."""
+    fusion = active_fusion()
+    if fusion is not None and fusion.frame_tiles:
+        from .frame_tiles import our_rows, tiles_attention
+
+        rows = our_rows(q)
+        out = tiles_attention(q, k, v, rows) if rows else None
+        if out is not None:
+            return out  # [N, T, H, D]
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # [N, H, T, D]
     return out.transpose(1, 2)  # [N, T, H, D]
 

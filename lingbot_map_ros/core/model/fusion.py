@@ -120,11 +120,13 @@ def allow_recompiles(count: int) -> None:
 class BlockFusion:
     """Compiled ``pre``/``post`` regions shared by every block; ``block`` runs one block through them."""
 
-    def __init__(self, *, triton_kernels: bool = False, depth_head: bool = False) -> None:
+    def __init__(self, *, triton_kernels: bool = False, depth_head: bool = False, frame_tiles: bool = False) -> None:
         """``triton_kernels`` (CUDA with Triton only): our kernels where they apply, the aggregator blocks'
         q/k-norm + RoPE + cast (``qk_rope.py``, after a compiled LN₁ → qkv) instead of Inductor's two
         kernels, and the camera head's fp32 blocks (one token per stream) as four fused GEMVs (``gemv.py``).
-        ``depth_head``: the DPT head's arithmetic compiled too (``depth_chunk``); else it runs eager."""
+        ``depth_head``: the DPT head's arithmetic compiled too (``depth_chunk``); else it runs eager.
+        ``frame_tiles`` (Hopper with our Gluon runs kernel): a frame's own attention by that kernel where
+        cuDNN's query tiles would spill into a second wave (``frame_tiles.py``)."""
         from ..kernel_cache import use_kernel_cache
 
         use_kernel_cache()  # compiled kernels kept across processes and reboots (kernel_cache.py)
@@ -132,6 +134,7 @@ class BlockFusion:
         allow_recompiles(64)
         options = {"emulate_precision_casts": True}
         self.triton_kernels = triton_kernels
+        self.frame_tiles = frame_tiles
         self._gemv_max_tokens = 0  # the most camera tokens (streams) the fused GEMVs take; 0: no Triton
         if triton_kernels:
             from .gemv import MAX_TOKENS
