@@ -290,7 +290,7 @@ def test_gluon_fused_tail_matches_float64_on_poisoned_storage(dtype, runs, tiles
     each tail range over its key blocks, and the tail merged (``merge_partials``, as the split backend
     does); the rows of the output past the whole tiles are left to the caller."""
     from lingbot_map_ros.core.cache import gluon_runs
-    from lingbot_map_ros.core.cache.split_backend import merge_partials
+    from lingbot_map_ros.core.cache.merge import merge_partials
 
     gen = torch.Generator(device="cuda").manual_seed(11)
     head_rows, h, d, slots = 128 * tiles, 2, 64, 4000

@@ -16,11 +16,11 @@ import torch
 from attention_reference import SPECIALS, dense_reference, drive_one_frame_backend
 
 from lingbot_map_ros.core.cache import PagedKVCache, factory
+from lingbot_map_ros.core.cache.merge import merge_partials
 from lingbot_map_ros.core.cache.split_backend import (
     SplitPrefixBackend,
     attend_with_lse,
     key_ranges,
-    merge_partials,
     usable_splits,
 )
 from lingbot_map_ros.core.config import StreamConfig, model_config

@@ -58,7 +58,6 @@ from that count (measured at 518x378: one range is best there, and each extra ra
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
@@ -67,6 +66,7 @@ import torch
 from torch import Tensor
 
 from .backend import DenseStorageBackend, check_plan, visible_token_slots
+from .merge import fused_merge, merge_partials
 from .staged_upload import StagedUpload
 from .waves import waves_time
 
@@ -102,14 +102,6 @@ def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def merge_partials(outs: list[Tensor], lses: list[Tensor]) -> Tensor:
-    """Attention over the union of disjoint key sets from the parts: outs ``[b_i, H, T, D]``, lses
-    ``[b_i, H, T]`` (``b_i`` key ranges of part ``i``; k parts in all) -> ``[T, H, D]`` in at least fp32."""
-    weights = torch.softmax(torch.cat(lses), dim=0).unsqueeze(-1)  # [k, H, T, 1]: exp(lse_i) / Σ exp(lse_j)
-    merged = (torch.cat([o.to(weights.dtype) for o in outs]) * weights).sum(0)  # [H, T, D]
-    return merged.transpose(0, 1)  # [T, H, D]
-
-
 def key_ranges(x: Tensor, splits: int) -> Tensor:
     """``[1, H, N, D]`` (any strides) as ``[splits, H, N / splits, D]``: consecutive key ranges as a
     batch, a view of the same memory."""
@@ -140,15 +132,6 @@ def auto_kv_splits(num_queries: int, num_heads: int, num_sms: int, prefix_pages:
 def usable_splits(keys: int, wanted: int) -> int:
     """The largest ``S <= wanted`` that cuts ``keys`` into equal ranges (1 always does)."""
     return next(s for s in range(max(wanted, 1), 0, -1) if keys % s == 0)
-
-
-@functools.lru_cache(maxsize=1)
-def fused_merge() -> Callable[[list[Tensor], list[Tensor]], Tensor]:
-    """``merge_partials`` compiled (one or two kernels instead of a handful), shared by every caller."""
-    from ..model.fusion import allow_recompiles
-
-    allow_recompiles(64)  # one specialisation per (frame size, dtype, number of parts)
-    return torch.compile(merge_partials, fullgraph=True, dynamic=False)
 
 
 @dataclass(frozen=True)
@@ -394,5 +377,5 @@ class SplitPrefixBackend(DenseStorageBackend):
         return result
 
 
-__all__ = ["SplitPrefixBackend", "attend_with_lse", "auto_kv_splits", "fused_merge", "merge_partials", "key_ranges",
-           "usable_splits", "waves_time", "KERNELS", "MODES", "PREFIX_KERNELS"]
+__all__ = ["SplitPrefixBackend", "attend_with_lse", "auto_kv_splits", "key_ranges", "usable_splits", "waves_time",
+           "KERNELS", "MODES", "PREFIX_KERNELS"]

@@ -83,7 +83,7 @@ def tiles_attention(q: Tensor, k: Tensor, v: Tensor, rows: int) -> Tensor | None
     kernel: ``rows`` whole-tile rows in place, the rest as the carried tail's parts merged; ``[N, T, H, D]``.
     None: not here (no runs tensor for this size inside a capture): the caller runs cuDNN's call."""
     from ..cache.gluon_runs import runs_attention_fused_tail
-    from ..cache.split_backend import fused_merge
+    from ..cache.merge import fused_merge
 
     n, t, h, d = q.shape
     runs = whole_run(t, q.device)
