@@ -25,7 +25,9 @@
 # Each step has its own time limit within the call's (RECORD_S, default 570 s); a step that would not fit
 # is skipped and says so; RESUME=1 in a later call on the same warm machine runs only the steps not finished.
 # Rows go to /tmp/parts_NAME and are merged by bench/record.py into $OUT/NAME.json;
-# the log is $OUT/NAME.log. LINGBOT_COMMIT (the code's short hash) and OFFICIAL_COMMIT name what ran.
+# the log is $OUT/NAME.log. LINGBOT_COMMIT (the code's short hash) and OFFICIAL_COMMIT name what ran; give
+# LINGBOT_COMMIT as a literal taken where the tree was committed (the lent machine's copy of .git can name an
+# older commit than the files it runs).
 #
 # Carry: .whl_fi (flashinfer-python, apache-tvm-ffi wheels: scripts/device_env.sh says how to fetch them),
 # .official (the official code, git-ignored, made on a machine with network access:
