@@ -13,7 +13,15 @@ on the host, the work before ``begin`` (checks, the frame's copy), between ``beg
 uploads) and after ``finish`` (the wait for the outputs, their copy, the result, the long-run policy).
 A second table splits the host parts by function.
 
+With ``--cameras N`` (N >= 1) the same question for a ``StreamGroup`` of N streams at one window: every
+CUDA graph replay is bracketed by device events, so per tick the device time of each graph (the encoder,
+the step) and the device's idle time between them and between ticks are measured, beside the host time
+of the group's parts (the streams' ``open_step``, the batched step's ``finish`` before its replay, the
+read-back, each stream's ``finish_step``). N = 1 is the one-camera path (a batch of one is the stream's
+own step), so the two rows show what the batched step adds.
+
     python3 bench/host_gap.py [--frames 120] [--heads depth+camera|camera] [--variants auto,portable]
+    python3 bench/host_gap.py --cameras 2 --window 64 [--frames 60]
 """
 from __future__ import annotations
 
@@ -41,7 +49,12 @@ def main() -> None:
     p.add_argument("--height", type=int, default=378)
     p.add_argument("--preset", default="full", help="model preset (tiny: a dry run)")
     p.add_argument("--device", default="cuda", help="cuda (cpu: a dry run of the script, no graphs to time)")
+    p.add_argument("--cameras", type=int, default=0, help="N >= 1: a stream group of N (beside one stream)")
+    p.add_argument("--window", type=int, default=64, help="sliding window of the --cameras runs")
     args = p.parse_args()
+    if args.cameras:
+        group_main(args)
+        return
     settings = RuntimeConfig(device=args.device, model_preset=args.preset,
                              dtype="bfloat16" if args.device.startswith("cuda") else "float32")
     base = ModelHost.load(settings, log=lambda m: None)
@@ -138,6 +151,117 @@ def _instrument(marks: dict[str, float], events: list, parts: dict[str, float]) 
     time_method(camera_cache.CameraKVCache, "begin_step", "camera begin_step")
     time_method(paged.PagedKVCache, "end_step", "kv end_step")
     time_method(stream_module.StreamingSession, "_make_result", "result")
+
+
+def group_main(args: argparse.Namespace) -> None:
+    """``--cameras N``: one stream's ticks, then N streams' batched ticks, the graphs' device times."""
+    from lingbot_map_ros.core import stream_group
+    from lingbot_map_ros.core.config import StreamConfig as Stream
+
+    settings = RuntimeConfig(device=args.device, model_preset=args.preset,
+                             dtype="bfloat16" if args.device.startswith("cuda") else "float32")
+    base = ModelHost.load(settings, log=lambda m: None)
+    on_cuda = base.resolved.device.type == "cuda"
+    replays: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+    parts: dict[str, float] = {}
+    if on_cuda:
+        original_replay = torch.cuda.CUDAGraph.replay
+
+        def replay(graph):
+            before = _event()
+            original_replay(graph)
+            replays.append((_GRAPH_NAMES.get(id(graph), "graph"), before, _event()))
+
+        torch.cuda.CUDAGraph.replay = replay
+    _time_group_parts(parts)
+    stream = Stream(with_depth=args.heads == "depth+camera", sliding_window=args.window)
+    print(f"host gap of a stream group, {args.heads}, {args.width}x{args.height}, window {args.window}, "
+          f"{torch.cuda.get_device_name() if on_cuda else 'cpu'}, {args.frames} steady ticks (medians, ms)")
+    print("| streams | tick wall | device busy | device idle | graphs per tick (device ms each) |")
+    print("|---|---|---|---|---|")
+    tables = []
+    for n in sorted({1, args.cameras}):
+        group = stream_group.StreamGroup(base, stream, [f"cam{i}" for i in range(n)], log=lambda m: None, batch=True)
+        gen = torch.Generator().manual_seed(0)
+        pools = [[torch.rand(3, args.height, args.width, generator=gen) for _ in range(4)] for _ in range(n)]
+        if on_cuda:
+            pools = [[f.pin_memory() for f in pool] for pool in pools]
+        warm = stream.scale_frames + stream.sliding_window + 8
+        walls, per_part, ticks = [], {}, []
+        for i in range(warm + args.frames):
+            parts.clear()
+            first = len(replays)
+            t0 = time.perf_counter()
+            outcomes = group.step({f"cam{s}": (pools[s][i % 4], float(i)) for s in range(n)})
+            wall = (time.perf_counter() - t0) * 1e3
+            if any(o.error is not None for o in outcomes.values()):
+                raise RuntimeError(f"tick {i} failed: {outcomes}")
+            if i >= warm:
+                walls.append(wall)
+                ticks.append((first, len(replays)))
+                for part, ms in parts.items():
+                    per_part.setdefault(part, []).append(ms)
+        med = statistics.median
+        if not on_cuda or not ticks or ticks[0][0] == ticks[0][1]:
+            print(f"| {n} | {med(walls):.2f} | no graph replays to time "
+                  f"({base.info.attention} on {base.info.device}) |")
+        else:
+            torch.cuda.synchronize()
+            busy, idle, graphs = [], [], {}
+            for (a, b), (a_next, _) in zip(ticks, ticks[1:]):
+                spans = replays[a:b]
+                busy.append(sum(s.elapsed_time(e) for _, s, e in spans))
+                idle.append(sum(spans[j][2].elapsed_time(spans[j + 1][1]) for j in range(len(spans) - 1))
+                            + spans[-1][2].elapsed_time(replays[a_next][1]))
+                for j, (name, s, e) in enumerate(spans):
+                    graphs.setdefault(f"{j}:{name}", []).append(s.elapsed_time(e))
+            cells = ", ".join(f"{k.split(':', 1)[1]} {med(v):.2f}" for k, v in graphs.items())
+            print(f"| {n} | {med(walls):.2f} | {med(busy):.2f} | {med(idle):.2f} | {cells} |")
+        tables.append((n, {part: med(values) for part, values in per_part.items()}))
+        del group
+    for n, by_part in tables:
+        print(f"\n| host part, {n} stream(s) | median ms per tick |\n|---|---|")
+        for part, ms in by_part.items():
+            print(f"| {part} | {ms:.3f} |")
+
+
+_GRAPH_NAMES: dict[int, str] = {}  # id(CUDAGraph) -> "encoder" / "step", set where the graphs are captured
+
+
+def _time_group_parts(parts: dict[str, float]) -> None:
+    """Wrap the group's host parts (their host time adds to ``parts``) and name the graphs as captured."""
+    from lingbot_map_ros.core import batched_graph, readback
+    from lingbot_map_ros.core import stream as stream_mod
+
+    def time_method(owner: type, name: str, part: str) -> None:
+        original = getattr(owner, name)
+
+        def timed(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return original(*a, **kw)
+            finally:
+                parts[part] = parts.get(part, 0.0) + (time.perf_counter() - t) * 1e3
+
+        setattr(owner, name, timed)
+
+    time_method(stream_mod.StreamingSession, "prepare_step", "prepare_step (every stream)")
+    time_method(stream_mod.StreamingSession, "open_step", "open_step (every stream)")
+    time_method(batched_graph.GraphedBatchStep, "begin", "batched begin (frames in, encoder queued)")
+    time_method(batched_graph.GraphedBatchStep, "finish", "batched finish (RoPE in, step queued)")
+    time_method(cuda_graph.GraphedFrameStep, "begin", "one-stream begin")
+    time_method(cuda_graph.GraphedFrameStep, "finish", "one-stream finish")
+    time_method(readback.StagedReadback, "fetch", "read-back (waits for the step)")
+    time_method(stream_mod.StreamingSession, "finish_step", "finish_step (every stream)")
+    original_capture = cuda_graph.capture_into
+
+    def capture_into(pool, run):
+        graph, output = original_capture(pool, run)
+        _GRAPH_NAMES[id(graph)] = "encoder" if isinstance(output, torch.Tensor) else "step"
+        return graph, output
+
+    cuda_graph.capture_into = capture_into
+    batched_graph.capture_into = capture_into
 
 
 def _event() -> torch.cuda.Event:

@@ -173,6 +173,9 @@ class GraphedBatchStep:
         h, w = image_hw
         self.static_images = torch.zeros(batch, 3, h, w, device=self.device)  # [B, 3, H, W]
         self.static_rope = torch.zeros(batch, dtype=torch.long, device=self.device)  # [B]
+        # the RoPE indices go in from pinned memory without a wait: a pageable copy would hold the host
+        # until the encoder's replay is done, and the device would idle while the host then queues the step
+        self._rope_host = torch.zeros(batch, dtype=torch.long, pin_memory=self.device.type == "cuda")  # [B]
         self.static_variants = torch.ones(batch, dtype=torch.long, device=self.device)  # [B] phase 2: variant 1
         self._encoder: Optional[_Captured] = None  # its tokens [B, P, C]
         self._graphs: OrderedDict[BatchKey, _Captured] = OrderedDict()
@@ -209,7 +212,9 @@ class GraphedBatchStep:
         if len(key.streams) != self.batch or len(rope_indices) != self.batch:
             raise ValueError(f"a step of {self.batch} streams got the key of {len(key.streams)} and "
                              f"{len(rope_indices)} RoPE indices")
-        self.static_rope.copy_(torch.tensor(list(rope_indices), dtype=torch.long), non_blocking=False)
+        # safe to overwrite: the previous step's copy ran before its outputs were read back
+        self._rope_host.copy_(torch.as_tensor(list(rope_indices), dtype=torch.long))
+        self.static_rope.copy_(self._rope_host, non_blocking=True)
         captured = self._graphs.get(key)
         if captured is not None:
             self._graphs.move_to_end(key)
