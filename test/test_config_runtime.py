@@ -174,7 +174,6 @@ def test_bench_variants_parse_into_overrides_the_node_never_sees():
     assert parse_variant("auto+tailafter")[2] == BenchOverrides(tail_beside=False)
     assert parse_variant("auto+sidetail")[2] == BenchOverrides(tail_beside=True)
     assert parse_variant("auto+framecudnn")[2] == BenchOverrides(frame_cudnn=True)
-    assert parse_variant("auto+blockwait")[2] == BenchOverrides(block_wait=True)
     assert parse_variant("sdpa:split+graph+compile+cudnnprefix") == (
         "sdpa:split", ["graph", "compile"], BenchOverrides(prefix_kernel="sdpa"))
     assert variant_runtime("auto", cpu, torch.float32) == runtime.resolve_for(cpu, torch.float32)
@@ -363,14 +362,6 @@ def test_bench_kernel_constants_hold_for_one_variant_and_are_restored():
     with kernel_constants(parse_variant("auto+framecudnn")[2]):
         assert frame_tiles.ENABLED is False  # a frame's own attention in cuDNN's one call
     assert frame_tiles.ENABLED is True
-    from lingbot_map_ros.core import readback
-
-    polled = readback.POLL_LAST_S
-    assert polled > 0
-    with kernel_constants(parse_variant("auto+blockwait")[2]):
-        assert readback.POLL_LAST_S == 0  # the driver's blocking wait, no polling
-    assert readback.POLL_LAST_S == polled
-    with pytest.raises(RuntimeError), kernel_constants(parse_variant("auto+parts3+framecudnn+blockwait")[2]):
+    with pytest.raises(RuntimeError), kernel_constants(parse_variant("auto+parts3+framecudnn")[2]):
         raise RuntimeError("a failing variant")
     assert split_backend.auto_kv_splits is choose and runs_plan.RAGGED_TAIL is None and frame_tiles.ENABLED is True
-    assert readback.POLL_LAST_S == polled

@@ -49,7 +49,7 @@ class BenchRow:
 VARIANT_HELP = (
     "comma list of auto | portable | BACKEND[:KERNEL][+graph|+eager][+compile][+bf16], each optionally with "
     "[+cudnnprefix|+tritonprefix|+gluonprefix][+torchstep][+pairs|+singles][+partsN][+wholerows]"
-    "[+fusedtail|+tailcall][+sidetail|+tailafter][+framecudnn][+blockwait][@smXY]: "
+    "[+fusedtail|+tailcall][+sidetail|+tailafter][+framecudnn][@smXY]: "
     "auto = the node's default parameters on this device; portable = auto@sm89 (what a GPU without Hopper's "
     "instructions resolves to: Ampere, Ada, Orin); BACKEND sdpa|flashinfer, KERNEL split|cudnn|flash (sdpa) or "
     "fa2|fa3 (flashinfer); +compile = torch.compile-fused blocks in the graph step; +bf16 = no autocast "
@@ -63,8 +63,7 @@ VARIANT_HELP = (
     "kernel's whole-tile programs / as a call of its own (auto: runs_plan.FUSED_TAIL); +sidetail / +tailafter = "
     "that call on a side stream beside the whole tiles / after them (auto: runs_plan.TAIL_BESIDE); "
     "+framecudnn = the DINO and frame blocks' own attention in one cuDNN call (auto: our Gluon kernel where "
-    "cuDNN's query tiles would spill into a second wave, model/frame_tiles.py); +blockwait = the host waits "
-    "for a step's outputs in the driver's blocking wait (auto: asleep, then polling its last 2 ms, readback.py); "
+    "cuDNN's query tiles would spill into a second wave, model/frame_tiles.py); "
     "@smXY = resolved for compute capability X.Y (a stand-in for this GPU's). "
     "e.g. auto,portable,sdpa:split+graph+compile,flashinfer:fa3+graph"
 )
@@ -89,7 +88,6 @@ class BenchOverrides:
     fused_tail: Optional[bool] = None  # ``+fusedtail`` / ``+tailcall``: the cut's tail carried by whole tiles or not
     tail_beside: Optional[bool] = None  # ``+sidetail`` / ``+tailafter``: the tail's call beside the whole tiles
     frame_cudnn: bool = False  # ``+framecudnn``: a frame's own attention in one cuDNN call, never our kernel
-    block_wait: bool = False  # ``+blockwait``: the outputs' wait in the driver's blocking call, no polling
 
 
 def parse_variant(variant: str) -> tuple[str, list[str], BenchOverrides]:
@@ -113,10 +111,9 @@ def parse_variant(variant: str) -> tuple[str, list[str], BenchOverrides]:
                                step_kernels="torch" if "torchstep" in flags else "auto",
                                gluon_pairs=pairs[-1] if pairs else None, kv_parts=int(parts[-1][5:]) if parts else 0,
                                whole_rows="wholerows" in flags, fused_tail=tail[-1] if tail else None,
-                               tail_beside=beside[-1] if beside else None, frame_cudnn="framecudnn" in flags,
-                               block_wait="blockwait" in flags)
+                               tail_beside=beside[-1] if beside else None, frame_cudnn="framecudnn" in flags)
     switches = ("torchstep", "pairs", "singles", "wholerows", "fusedtail", "tailcall", "sidetail", "tailafter",
-                "framecudnn", "blockwait")
+                "framecudnn")
     rest = [f for f in flags if f not in PREFIX_FLAGS and f not in switches and f not in parts]
     unknown = set(rest) - {"graph", "eager", "compile", "bf16"}
     if unknown or (head == "auto" and rest):
@@ -138,17 +135,13 @@ def kernel_constants(overrides: BenchOverrides):
     the whole tiles' programs or as a call of its own (``runs_plan.FUSED_TAIL``); ``+sidetail`` /
     ``+tailafter``: that call on a side stream beside the whole tiles or after them
     (``runs_plan.TAIL_BESIDE``); ``+framecudnn``: a frame's own attention never by our kernel
-    (``frame_tiles.ENABLED``); ``+blockwait``: the outputs' wait without polling (``readback.POLL_LAST_S``).
-    Kernel constants, not runtime decisions (the bench measures the
+    (``frame_tiles.ENABLED``). Kernel constants, not runtime decisions (the bench measures the
     alternatives of one build), set for this variant's run and restored after it."""
-    from ..core import readback
     from ..core.cache import gluon_runs, runs_plan, split_backend
     from ..core.model import frame_tiles
 
     saved = (gluon_runs.PAIRS, split_backend.auto_kv_splits, runs_plan.RAGGED_TAIL, runs_plan.FUSED_TAIL,
-             runs_plan.TAIL_BESIDE, frame_tiles.ENABLED, readback.POLL_LAST_S)
-    if overrides.block_wait:
-        readback.POLL_LAST_S = 0.0
+             runs_plan.TAIL_BESIDE, frame_tiles.ENABLED)
     if overrides.frame_cudnn:
         frame_tiles.ENABLED = False
     if overrides.gluon_pairs is not None:
@@ -165,7 +158,7 @@ def kernel_constants(overrides: BenchOverrides):
         yield
     finally:
         (gluon_runs.PAIRS, split_backend.auto_kv_splits, runs_plan.RAGGED_TAIL, runs_plan.FUSED_TAIL,
-         runs_plan.TAIL_BESIDE, frame_tiles.ENABLED, readback.POLL_LAST_S) = saved
+         runs_plan.TAIL_BESIDE, frame_tiles.ENABLED) = saved
 
 
 def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):
