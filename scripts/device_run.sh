@@ -5,7 +5,8 @@
 #   bash scripts/device_run.sh record [NAME STEP...]    # a run of record: $OUT/NAME.json (docs/perf/runs shape)
 #   bash scripts/device_run.sh official WxH...          # the official code alone, per geometry
 #   bash scripts/device_run.sh profile WxH [VARIANT]    # the default's GPU kernel time by category
-#                                                       # (CAMERAS=N [PROFILE_WINDOW=16]: one stream beside N batched)
+#                                                       # (CAMERAS=N [PROFILE_WINDOW=16]: one stream beside N batched,
+#                                                       # also as rows in $OUT/profile_cameras_N_WINDOW.json)
 #   bash scripts/device_run.sh attention [ARGS...]      # attention per layer (bench/attention_bench.py)
 #
 # record's steps, in the order given (W x H is the model input, e.g. 518x392 for a 640x480 camera; none named:
@@ -91,7 +92,9 @@ official)
   ;;
 profile)
   if [ -n "${CAMERAS:-}" ]; then
-    streams "$1" "$CAMERAS" "${PROFILE_WINDOW:-16}" --frames 100 --profile 2>&1 \
+    # rows of tables streams and step_profile: merge with bench/record.py into a run file
+    streams "$1" "$CAMERAS" "${PROFILE_WINDOW:-16}" --frames 100 --profile \
+      --json "$OUT/profile_cameras_${CAMERAS}_${PROFILE_WINDOW:-16}.json" 2>&1 \
       | grep -E "^\||rror|GPU kernel|batched step" | tee "$OUT/profile_cameras.txt"
   else
     bench "$1" --frames 100 --heads depth+camera,camera --variants "${2:-auto}" --profile 2>&1 \

@@ -62,6 +62,8 @@ FIELDS: dict[str, dict[str, tuple]] = {
     "streams": {"geometry": (str,), "window": (int,), "heads": (str,), "streams": (int,), "ms_per_step": NUMBER,
                 "one_stream_ms": NUMBER, "fps_total": NUMBER, "sequential_fps": NUMBER + (type(None),),
                 "processes_fps": NUMBER + (type(None),)},
+    "step_profile": {"geometry": (str,), "window": (int,), "heads": (str,), "streams": (int,), "category": (str,),
+                     "one_stream_ms": NUMBER, "batched_ms": NUMBER},
 }
 CHOICES = {"heads": ("depth+camera", "camera"), "load": ("idle", "host load"), "window_state": ("steady", "filling"),
            "caches": ("cold", "warm")}
@@ -370,9 +372,41 @@ def section_streams(runs: list[Run]) -> str:
                      "sequential FPS", "processes FPS", "GPU", "run"], rows, "lrlrrrrrrll"))
 
 
+def section_step_profile(runs: list[Run]) -> str:
+    """Per kernel category, GPU kernel ms of one stream's step beside the batched step of N (eager ticks:
+    ``lingbot_map_bench --cameras N --profile``): which parts of the step the batch shares and which it
+    only repeats (ratio N: no gain; below N: shared)."""
+    found = rows_of(runs, "step_profile")
+    if not found:
+        return ""
+    groups: dict[tuple, list[dict]] = {}
+    for run, row in found:
+        groups.setdefault((run.file, row["geometry"], row["window"], row["heads"], row["streams"]), []).append(row)
+    runs_by_file = {run.file: run for run, _ in found}
+    order = sorted(groups, key=lambda k: (geometry_key(k[1]), k[2], heads_order(k[3]), k[4], runs_by_file[k[0]].date))
+    rows = []
+    for key in order:
+        run, (_, geometry, window, heads, n) = runs_by_file[key[0]], key
+        parts = groups[key]
+        total = ({"category": "total", "one_stream_ms": sum(r["one_stream_ms"] for r in parts),
+                  "batched_ms": sum(r["batched_ms"] for r in parts)})
+        for r in [*parts, total]:
+            ratio = r["batched_ms"] / r["one_stream_ms"] if r["one_stream_ms"] else None
+            rows.append([geometry_cell(geometry), window, HEADS_NAMES[heads], n, r["category"], num(r["one_stream_ms"]),
+                         num(r["batched_ms"]), "" if ratio is None else f"{ratio:.2f}×", gpu_cell(run),
+                         run_cell(run)])
+    return ("## Where a batched step's time goes\n\nGPU kernel time per step by kernel category, one stream's "
+            "step beside the batched step of N streams (`lingbot_map_bench --cameras N --profile`: eager steps "
+            "with the compiled block bodies, so the kernels of the captured step without its launch gaps). A "
+            "ratio of N is a part the batch only repeats (attention: each stream's queries against its own "
+            "keys); below N, a part the streams share (the linears' weights, launches).\n\n"
+            + table(["input", "window", "heads", "streams", "kernels", "one stream ms", "batched ms", "ratio",
+                     "GPU", "run"], rows, "lrlrlrrrll"))
+
+
 SECTIONS: tuple[Callable[[list[Run]], str], ...] = (
     section_latency, section_memory, section_attention, section_long_run_and_load, section_first_pose,
-    section_streams)
+    section_streams, section_step_profile)
 
 
 # ------------------------------------------------------------------------------------ the documents

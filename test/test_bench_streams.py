@@ -89,6 +89,35 @@ def test_kernel_time_by_category_and_the_comparison_table():
     assert table.index("| gemm |") < table.index("| elementwise/other |")  # the batched step's largest first
 
 
+def test_the_profile_rows_are_a_step_profile_table_of_the_run_files(tmp_path):
+    """--profile --json: a row per category seen on either side, that scripts/perf_tables.py accepts."""
+    import argparse
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    from lingbot_map_ros.core.config import StreamConfig
+    from lingbot_map_ros.tools.bench_streams import step_profile_rows
+
+    args = argparse.Namespace(width=518, height=378, heads="depth+camera")
+    rows = step_profile_rows({"gemm": 2.0, "attention": 1.5}, {"gemm": 3.0, "attention": 3.0, "copy/index/cat": 0.1},
+                             2, args, StreamConfig(sliding_window=16))
+    assert [(r["category"], r["one_stream_ms"], r["batched_ms"]) for r in rows] == [
+        ("attention", 1.5, 3.0), ("gemm", 2.0, 3.0), ("copy/index/cat", 0.0, 0.1)]  # largest batched first
+    assert {r["window"] for r in rows} == {16} and {r["geometry"] for r in rows} == {"518x378"}
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    spec = importlib.util.spec_from_file_location("perf_tables", scripts / "perf_tables.py")
+    perf = importlib.util.module_from_spec(spec)
+    sys.modules["perf_tables"] = perf
+    spec.loader.exec_module(perf)
+    setup = {"gpu": "g", "host_cpus": 2, "torch": "t", "cuda": "c", "driver": "d", "official_commit": None, "notes": ""}
+    (tmp_path / "2030-01-02-profile.json").write_text(json.dumps(
+        {"run": "profile", "date": "2030-01-02", "commit": "abc1234", "setup": setup, "rows": rows}))
+    text = perf.render_performance(perf.load_runs(tmp_path))
+    assert "| attention | 1.50 | 3.00 | 2.00× |" in text and "| total | 3.50 | 6.10 | 1.74× |" in text
+
+
 def test_profile_group_fills_the_windows_then_profiles_eager_ticks(monkeypatch):
     """On the CPU the profile has no kernels to count; what it must do all the same: fill every
     stream's window, then run the profiled ticks with every stream's graphs switched off."""

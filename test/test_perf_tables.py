@@ -53,7 +53,7 @@ def _cells(row: dict) -> list[str]:
     """The numbers of a row as the page prints them (two decimals for ms and GB, whole µs)."""
     fields = {"latency": ("median_ms", "p90_ms"), "long_run": ("median_ms", "p90_ms", "peak_gb"),
               "attention": ("us_per_layer",), "memory": ("measured_gb",), "first_pose": ("seconds",),
-              "streams": ("ms_per_step",)}[row["table"]]
+              "streams": ("ms_per_step",), "step_profile": ("one_stream_ms", "batched_ms")}[row["table"]]
     digits = {"us_per_layer": 0, "seconds": 1}
     return [f"{row[f]:,.{digits.get(f, 2)}f}" for f in fields]
 
@@ -199,6 +199,9 @@ def test_a_streams_row_with_a_footprint_is_also_a_memory_row(tmp_path):
     ({"table": "streams", "geometry": "518x378", "window": 64, "heads": "camera", "streams": 4, "ms_per_step": 61.5,
       "one_stream_ms": 23.9, "fps_total": 65.0, "sequential_fps": 41.8, "processes_fps": None},
      "Several streams", "| 518×378 | 64 | camera only | 4 | 61.50 | 23.90 | 65.0 | 41.8 |  |"),
+    ({"table": "step_profile", "geometry": "518x378", "window": 16, "heads": "depth+camera", "streams": 2,
+      "category": "gemm", "one_stream_ms": 5.0, "batched_ms": 8.0}, "Where a batched step's time goes",
+     "| 518×378 | 16 | depth + camera | 2 | gemm | 5.00 | 8.00 | 1.60× |"),
 ])
 def test_each_table_gets_its_section(tmp_path, row, section, shown):
     write_run(tmp_path, [row])
@@ -280,3 +283,15 @@ def test_the_readme_cost_per_camera_count_is_the_streams_rows(tmp_path):
     (tmp_path / "2030-01-03-other-gpu.json").write_text(json.dumps(other))
     text = perf.render_readme_streams(perf.load_runs(tmp_path))
     assert "| 2 | 518×378 | 16 | depth + camera | 33.00 | 1.65× | 66.7 | 50.0 | 45.5 | H100 |" in text, text
+
+
+def test_a_step_profile_totals_its_categories_per_run_and_configuration(tmp_path):
+    """One total per (run, input, window, heads, streams), summed over that group's categories only."""
+    def row(window, category, one, many):
+        return {"table": "step_profile", "geometry": "518x378", "window": window, "heads": "depth+camera",
+                "streams": 2, "category": category, "one_stream_ms": one, "batched_ms": many}
+
+    write_run(tmp_path, [row(16, "attention", 6.0, 12.0), row(16, "gemm", 5.0, 8.0), row(64, "attention", 15.0, 30.0)])
+    text = sections(perf.render_performance(perf.load_runs(tmp_path)))["Where a batched step's time goes"]
+    assert "| 518×378 | 16 | depth + camera | 2 | total | 11.00 | 20.00 | 1.82× |" in text
+    assert "| 518×378 | 64 | depth + camera | 2 | total | 15.00 | 30.00 | 2.00× |" in text

@@ -306,9 +306,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     batched, batched_poses = run_batched(base, stream, n, args.frames, pools)
     sequential, sequential_poses = run_sequential(base, stream, n, args.frames, pools)
     rows += [batched, sequential]
+    profile_rows: list[dict] = []
     if args.profile:
-        print(profile_comparison(profile_group(base, stream, 1, pools), profile_group(base, stream, n, pools), n),
-              flush=True)
+        one, many = profile_group(base, stream, 1, pools), profile_group(base, stream, n, pools)
+        print(profile_comparison(one, many, n), flush=True)
+        profile_rows = step_profile_rows(one, many, n, args, stream)
     if args.processes:
         del base
         if device.type == "cuda":
@@ -328,7 +330,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.json:
         from .bench import write_results
 
-        write_results(args.json, result_rows(rows, args, stream), device)
+        write_results(args.json, result_rows(rows, args, stream) + profile_rows, device)
     return 0
 
 
@@ -367,6 +369,17 @@ def result_rows(rows: list[StreamsRow], args: argparse.Namespace, stream: Stream
              "processes_fps": num(processes.total_fps, 1) if processes else None,
              "peak_gb": num(batched.peak_gb), "predicted_gb": num(batched.predicted_gb), "frames": args.frames,
              "path": batched.path}]
+
+
+def step_profile_rows(one: dict[str, float], many: dict[str, float], n: int, args: argparse.Namespace,
+                      stream: StreamConfig) -> list[dict]:
+    """Rows of table ``step_profile`` (``scripts/perf_tables.py``): per kernel category, the GPU kernel ms of
+    one stream's step beside the batched step of ``n`` (eager ticks, ``profile_group``)."""
+    return [{"table": "step_profile", "geometry": f"{args.width}x{args.height}", "heads": args.heads,
+             "window": stream.sliding_window, "streams": n, "category": category,
+             "one_stream_ms": round(one.get(category, 0.0), 2), "batched_ms": round(many.get(category, 0.0), 2)}
+            for category in sorted(set(one) | set(many), key=lambda c: (-many.get(c, 0.0), c))]
+
 
 if __name__ == "__main__":
     sys.exit(main())
