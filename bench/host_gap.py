@@ -133,24 +133,12 @@ def _instrument(marks: dict[str, float], events: list, parts: dict[str, float]) 
 
     step.begin, step.finish = begin, finish
 
-    def time_method(owner: type, name: str, part: str) -> None:
-        """Wrap ``owner.name`` so that its host time adds to ``parts[part]``."""
-        original = getattr(owner, name)
-
-        def timed(*a, **kw):
-            t = time.perf_counter()
-            try:
-                return original(*a, **kw)
-            finally:
-                parts[part] = parts.get(part, 0.0) + (time.perf_counter() - t) * 1e3
-
-        setattr(owner, name, timed)
-
-    time_method(paged.PagedKVCache, "begin_step", "kv begin_step")
-    time_method(split_backend.SplitPrefixBackend, "plan", "  of which the split plan")
-    time_method(camera_cache.CameraKVCache, "begin_step", "camera begin_step")
-    time_method(paged.PagedKVCache, "end_step", "kv end_step")
-    time_method(stream_module.StreamingSession, "_make_result", "result")
+    for owner, name, part in ((paged.PagedKVCache, "begin_step", "kv begin_step"),
+                              (split_backend.SplitPrefixBackend, "plan", "  of which the split plan"),
+                              (camera_cache.CameraKVCache, "begin_step", "camera begin_step"),
+                              (paged.PagedKVCache, "end_step", "kv end_step"),
+                              (stream_module.StreamingSession, "_make_result", "result")):
+        _time_method(parts, owner, name, part)
 
 
 def group_main(args: argparse.Namespace) -> None:
@@ -233,26 +221,15 @@ def _time_group_parts(parts: dict[str, float]) -> None:
     from lingbot_map_ros.core import batched_graph, readback
     from lingbot_map_ros.core import stream as stream_mod
 
-    def time_method(owner: type, name: str, part: str) -> None:
-        original = getattr(owner, name)
-
-        def timed(*a, **kw):
-            t = time.perf_counter()
-            try:
-                return original(*a, **kw)
-            finally:
-                parts[part] = parts.get(part, 0.0) + (time.perf_counter() - t) * 1e3
-
-        setattr(owner, name, timed)
-
-    time_method(stream_mod.StreamingSession, "prepare_step", "prepare_step (every stream)")
-    time_method(stream_mod.StreamingSession, "open_step", "open_step (every stream)")
-    time_method(batched_graph.GraphedBatchStep, "begin", "batched begin (frames in, encoder queued)")
-    time_method(batched_graph.GraphedBatchStep, "finish", "batched finish (RoPE in, step queued)")
-    time_method(cuda_graph.GraphedFrameStep, "begin", "one-stream begin")
-    time_method(cuda_graph.GraphedFrameStep, "finish", "one-stream finish")
-    time_method(readback.StagedReadback, "fetch", "read-back (waits for the step)")
-    time_method(stream_mod.StreamingSession, "finish_step", "finish_step (every stream)")
+    for owner, name, part in ((stream_mod.StreamingSession, "prepare_step", "prepare_step (every stream)"),
+                              (stream_mod.StreamingSession, "open_step", "open_step (every stream)"),
+                              (batched_graph.GraphedBatchStep, "begin", "batched begin (frames in, encoder queued)"),
+                              (batched_graph.GraphedBatchStep, "finish", "batched finish (RoPE in, step queued)"),
+                              (cuda_graph.GraphedFrameStep, "begin", "one-stream begin"),
+                              (cuda_graph.GraphedFrameStep, "finish", "one-stream finish"),
+                              (readback.StagedReadback, "fetch", "read-back (waits for the step)"),
+                              (stream_mod.StreamingSession, "finish_step", "finish_step (every stream)")):
+        _time_method(parts, owner, name, part)
     original_capture = cuda_graph.capture_into
 
     def capture_into(pool, run):
@@ -262,6 +239,20 @@ def _time_group_parts(parts: dict[str, float]) -> None:
 
     cuda_graph.capture_into = capture_into
     batched_graph.capture_into = capture_into
+
+
+def _time_method(parts: dict[str, float], owner: type, name: str, part: str) -> None:
+    """Wrap ``owner.name`` so that its host time adds to ``parts[part]``."""
+    original = getattr(owner, name)
+
+    def timed(*a, **kw):
+        t = time.perf_counter()
+        try:
+            return original(*a, **kw)
+        finally:
+            parts[part] = parts.get(part, 0.0) + (time.perf_counter() - t) * 1e3
+
+    setattr(owner, name, timed)
 
 
 def _event() -> torch.cuda.Event:
