@@ -385,11 +385,10 @@ def section_step_profile(runs: list[Run]) -> str:
     runs_by_file = {run.file: run for run, _ in found}
     order = sorted(groups, key=lambda k: (geometry_key(k[1]), k[2], heads_order(k[3]), k[4], runs_by_file[k[0]].date))
     rows = []
-    for key in order:
-        run, (_, geometry, window, heads, n) = runs_by_file[key[0]], key
-        parts = groups[key]
-        total = ({"category": "total", "one_stream_ms": sum(r["one_stream_ms"] for r in parts),
-                  "batched_ms": sum(r["batched_ms"] for r in parts)})
+    for file, geometry, window, heads, n in order:
+        run, parts = runs_by_file[file], groups[(file, geometry, window, heads, n)]
+        total = {"category": "total", "one_stream_ms": sum(r["one_stream_ms"] for r in parts),
+                 "batched_ms": sum(r["batched_ms"] for r in parts)}
         for r in [*parts, total]:
             ratio = r["batched_ms"] / r["one_stream_ms"] if r["one_stream_ms"] else None
             rows.append([geometry_cell(geometry), window, HEADS_NAMES[heads], n, r["category"], num(r["one_stream_ms"]),
