@@ -174,6 +174,8 @@ def test_bench_variants_parse_into_overrides_the_node_never_sees():
     assert parse_variant("auto+tailafter")[2] == BenchOverrides(tail_beside=False)
     assert parse_variant("auto+sidetail")[2] == BenchOverrides(tail_beside=True)
     assert parse_variant("auto+framecudnn")[2] == BenchOverrides(frame_cudnn=True)
+    assert parse_variant("auto+mergekernel")[2] == BenchOverrides(merge_kernel=True)
+    assert parse_variant("auto+mergekernel+torchmerge")[2] == BenchOverrides(merge_kernel=False)
     assert parse_variant("sdpa:split+graph+compile+cudnnprefix") == (
         "sdpa:split", ["graph", "compile"], BenchOverrides(prefix_kernel="sdpa"))
     assert variant_runtime("auto", cpu, torch.float32) == runtime.resolve_for(cpu, torch.float32)
@@ -315,9 +317,10 @@ def test_step_kernels_resolve_with_a_reason_and_name_themselves() -> None:
 
 
 def test_bench_kernel_constants_hold_for_one_variant_and_are_restored():
-    """``+partsN``, ``+pairs``, ``+wholerows``, ``+fusedtail`` / ``+tailcall`` and ``+framecudnn`` set the split
-    kernel's key ranges, the Gluon layout, one call over every query row, the tail carried or not and a
-    frame's own attention by cuDNN for one variant's run only: inside, the factory's choice functions answer
+    """``+partsN``, ``+pairs``, ``+wholerows``, ``+fusedtail`` / ``+tailcall``, ``+framecudnn`` and
+    ``+mergekernel`` / ``+torchmerge`` set the split kernel's key ranges, the Gluon layout, one call over every
+    query row, the tail carried or not, a frame's own attention by cuDNN and a tail's merge for one variant's
+    run only: inside, the factory's choice functions answer
     so; after, the shape-based choices are back."""
     pytest.importorskip("triton.experimental.gluon")
     from lingbot_map_ros.core.cache import gluon_runs, runs_plan, split_backend
@@ -362,6 +365,14 @@ def test_bench_kernel_constants_hold_for_one_variant_and_are_restored():
     with kernel_constants(parse_variant("auto+framecudnn")[2]):
         assert frame_tiles.ENABLED is False  # a frame's own attention in cuDNN's one call
     assert frame_tiles.ENABLED is True
-    with pytest.raises(RuntimeError), kernel_constants(parse_variant("auto+parts3+framecudnn")[2]):
+    from lingbot_map_ros.core.cache import merge
+
+    default_merge = merge.KERNEL
+    for flag, kernel in (("mergekernel", True), ("torchmerge", False)):
+        with kernel_constants(parse_variant(f"auto+{flag}")[2]):
+            assert merge.KERNEL is kernel  # a tail's merge by our Triton kernel, or by PyTorch ops
+        assert merge.KERNEL is default_merge
+    with pytest.raises(RuntimeError), kernel_constants(parse_variant("auto+parts3+framecudnn+mergekernel")[2]):
         raise RuntimeError("a failing variant")
     assert split_backend.auto_kv_splits is choose and runs_plan.RAGGED_TAIL is None and frame_tiles.ENABLED is True
+    assert merge.KERNEL is default_merge

@@ -211,6 +211,74 @@ def test_split_backend_with_our_runs_kernel_matches_float64(kernel, page_size, d
     assert {"filling+runs", "full+runs"} <= set(modes[f"sdpa-split-{kernel}"]), modes[f"sdpa-split-{kernel}"]
 
 
+@pytest.mark.parametrize("kernel", [
+    pytest.param("triton", marks=pytest.mark.skipif(not importlib.util.find_spec("triton"), reason="no triton")),
+    pytest.param("gluon", marks=pytest.mark.skipif(bool(_gluon_unusable()), reason=_gluon_unusable() or "runs")),
+])
+def test_split_backend_tail_merged_by_our_kernel_matches_float64(kernel, monkeypatch):
+    """At 1042 queries (page 1036 + 6 specials) the cut plans' tails (Gluon's carried by the whole tiles,
+    Triton's as a call of its own after them or beside them) merged into the frame's output by our merge
+    kernel (``merge.KERNEL``): against float64 through a filling and a full window, as close as the
+    PyTorch merge of the same calls."""
+    from lingbot_map_ros.core.cache import merge
+
+    kinds = ["sdpa-split", f"sdpa-split-{kernel}-cut", f"sdpa-split-{kernel}-beside"]
+    torch_merge, _ = run_stream(1036, torch.bfloat16, kinds, steps=16)
+    monkeypatch.setattr(merge, "KERNEL", True)
+    ours, modes = run_stream(1036, torch.bfloat16, kinds, steps=16)
+    print(f"{kernel}: merge kernel {ours}, PyTorch merge {torch_merge}")
+    assert all(ours[kind] < 1e-2 and ours[kind] <= 1.5 * torch_merge[kind] + 1e-4 for kind in kinds), ours
+    assert {"filling+runs", "full+runs"} <= set(modes[f"sdpa-split-{kernel}-cut"]), modes
+
+
+@pytest.mark.parametrize("rows", [18, 17])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_tail_merge_kernel_matches_float64_in_a_cuda_graph(rows, dtype):
+    """``triton_merge.merge_parts_into`` at the node's shapes (8 parts of an 18-row tail, 17 in the DINO
+    encoder, x 16 heads x d 64, one part empty: lse -inf and zeros) into a view of the frame's output:
+    against float64, within one rounding of the PyTorch merge, the rows around left alone; then captured
+    in a CUDA graph and replayed on new parts."""
+    from lingbot_map_ros.core.cache.merge import merge_into, merge_partials
+    from lingbot_map_ros.core.cache.triton_merge import merge_parts_into
+
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    parts_count, start, total = 8, 1024, 1024 + rows
+
+    def inputs():
+        parts = torch.randn(parts_count, rows, H, D, device="cuda", generator=gen).to(dtype)  # [G, R, H, D]
+        lse = torch.randn(parts_count, H, rows, device="cuda", generator=gen) * 3  # [G, H, R]
+        parts[3], lse[3] = 0, float("-inf")
+        return parts, lse
+
+    def reference(parts, lse):
+        return torch.einsum("ghr,grhd->rhd", torch.softmax(lse.double(), 0), parts.double())  # [R, H, D]
+
+    parts, lse = inputs()
+    out = torch.full((total, H, D), float("nan"), device="cuda", dtype=dtype)  # [T, H, D]
+    merge_parts_into(out[start:], parts, lse)
+    pytorch = torch.empty(rows, H, D, device="cuda", dtype=dtype)
+    merge_into(pytorch, parts, lse, merge_partials)  # merge.KERNEL off: the PyTorch merge and a copy
+    ref = reference(parts, lse)
+    err = ((out[start:].double() - ref).norm() / ref.norm()).item()
+    limit = 1e-2 if dtype == torch.bfloat16 else 2e-3
+    assert err < limit, err
+    assert torch.isnan(out[:start]).all()
+    ulp = 2.0 ** (-7 if dtype == torch.bfloat16 else -10)
+    assert ((out[start:].float() - pytorch.float()).abs() <= ulp * pytorch.float().abs() + 1e-6).all()
+
+    static_parts, static_lse = parts.clone(), lse.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        merge_parts_into(out[start:], static_parts, static_lse)
+    fresh = inputs()
+    static_parts.copy_(fresh[0])
+    static_lse.copy_(fresh[1])
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = reference(*fresh)
+    assert ((out[start:].double() - ref).norm() / ref.norm()).item() < limit
+
+
 @pytest.mark.skipif(bool(_gluon_unusable()), reason=_gluon_unusable() or "runs")
 @pytest.mark.parametrize("pairs", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -794,16 +862,21 @@ def test_staged_readback_returns_owned_copies_after_the_step():
     np.testing.assert_array_equal(bf16, first_pose.bfloat16().float().cpu().numpy())
 
 
+@pytest.mark.parametrize("merge_kernel", [False, True])
 @pytest.mark.parametrize("tokens", [1042, 1041])
 @pytest.mark.parametrize("frames", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_frame_tiles_match_float64_in_a_cuda_graph(tokens, frames, dtype):
+def test_frame_tiles_match_float64_in_a_cuda_graph(tokens, frames, dtype, merge_kernel, monkeypatch):
     """A frame's own attention by our kernel as at 518x392 (``model/frame_tiles.py``: whole tiles in place, the
-    tail's rows carried by the third warpgroup and merged): against float64 per frame, as tight as cuDNN's
-    call, also when captured in a CUDA graph and replayed on new inputs (the frame step's way)."""
+    tail's rows carried by the third warpgroup and merged, by PyTorch ops or by our merge kernel): against
+    float64 per frame, as tight as cuDNN's call, also when captured in a CUDA graph and replayed on new
+    inputs (the frame step's way)."""
     import torch.nn.functional as F
 
+    from lingbot_map_ros.core.cache import merge
     from lingbot_map_ros.core.model.frame_tiles import tiles_attention
+
+    monkeypatch.setattr(merge, "KERNEL", merge_kernel)
 
     rows = tokens // 128 * 128
     torch.manual_seed(tokens + frames)

@@ -49,7 +49,7 @@ class BenchRow:
 VARIANT_HELP = (
     "comma list of auto | portable | BACKEND[:KERNEL][+graph|+eager][+compile][+bf16], each optionally with "
     "[+cudnnprefix|+tritonprefix|+gluonprefix][+torchstep][+pairs|+singles][+partsN][+wholerows]"
-    "[+fusedtail|+tailcall][+sidetail|+tailafter][+framecudnn][@smXY]: "
+    "[+fusedtail|+tailcall][+sidetail|+tailafter][+framecudnn][+mergekernel|+torchmerge][@smXY]: "
     "auto = the node's default parameters on this device; portable = auto@sm89 (what a GPU without Hopper's "
     "instructions resolves to: Ampere, Ada, Orin); BACKEND sdpa|flashinfer, KERNEL split|cudnn|flash (sdpa) or "
     "fa2|fa3 (flashinfer); +compile = torch.compile-fused blocks in the graph step; +bf16 = no autocast "
@@ -63,7 +63,9 @@ VARIANT_HELP = (
     "kernel's whole-tile programs / as a call of its own (auto: runs_plan.FUSED_TAIL); +sidetail / +tailafter = "
     "that call on a side stream beside the whole tiles / after them (auto: runs_plan.TAIL_BESIDE); "
     "+framecudnn = the DINO and frame blocks' own attention in one cuDNN call (auto: our Gluon kernel where "
-    "cuDNN's query tiles would spill into a second wave, model/frame_tiles.py); "
+    "cuDNN's query tiles would spill into a second wave, model/frame_tiles.py); +mergekernel / +torchmerge = "
+    "a ragged tail's parts merged into the output rows by our Triton kernel / by PyTorch ops and a copy "
+    "(auto: merge.KERNEL); "
     "@smXY = resolved for compute capability X.Y (a stand-in for this GPU's). "
     "e.g. auto,portable,sdpa:split+graph+compile,flashinfer:fa3+graph"
 )
@@ -88,6 +90,7 @@ class BenchOverrides:
     fused_tail: Optional[bool] = None  # ``+fusedtail`` / ``+tailcall``: the cut's tail carried by whole tiles or not
     tail_beside: Optional[bool] = None  # ``+sidetail`` / ``+tailafter``: the tail's call beside the whole tiles
     frame_cudnn: bool = False  # ``+framecudnn``: a frame's own attention in one cuDNN call, never our kernel
+    merge_kernel: Optional[bool] = None  # ``+mergekernel`` / ``+torchmerge``: a tail's merge by our kernel or not
 
 
 def parse_variant(variant: str) -> tuple[str, list[str], BenchOverrides]:
@@ -107,13 +110,15 @@ def parse_variant(variant: str) -> tuple[str, list[str], BenchOverrides]:
     parts = [f for f in flags if f.startswith("parts") and f[5:].isdigit() and int(f[5:]) >= 1]
     tail = [f == "fusedtail" for f in flags if f in ("fusedtail", "tailcall")]
     beside = [f == "sidetail" for f in flags if f in ("sidetail", "tailafter")]
+    merge = [f == "mergekernel" for f in flags if f in ("mergekernel", "torchmerge")]
     overrides = BenchOverrides(capability=capability, prefix_kernel=prefix[-1] if prefix else "auto",
                                step_kernels="torch" if "torchstep" in flags else "auto",
                                gluon_pairs=pairs[-1] if pairs else None, kv_parts=int(parts[-1][5:]) if parts else 0,
                                whole_rows="wholerows" in flags, fused_tail=tail[-1] if tail else None,
-                               tail_beside=beside[-1] if beside else None, frame_cudnn="framecudnn" in flags)
+                               tail_beside=beside[-1] if beside else None, frame_cudnn="framecudnn" in flags,
+                               merge_kernel=merge[-1] if merge else None)
     switches = ("torchstep", "pairs", "singles", "wholerows", "fusedtail", "tailcall", "sidetail", "tailafter",
-                "framecudnn")
+                "framecudnn", "mergekernel", "torchmerge")
     rest = [f for f in flags if f not in PREFIX_FLAGS and f not in switches and f not in parts]
     unknown = set(rest) - {"graph", "eager", "compile", "bf16"}
     if unknown or (head == "auto" and rest):
@@ -135,13 +140,16 @@ def kernel_constants(overrides: BenchOverrides):
     the whole tiles' programs or as a call of its own (``runs_plan.FUSED_TAIL``); ``+sidetail`` /
     ``+tailafter``: that call on a side stream beside the whole tiles or after them
     (``runs_plan.TAIL_BESIDE``); ``+framecudnn``: a frame's own attention never by our kernel
-    (``frame_tiles.ENABLED``). Kernel constants, not runtime decisions (the bench measures the
+    (``frame_tiles.ENABLED``); ``+mergekernel`` / ``+torchmerge``: a ragged tail's merge by our Triton kernel
+    or by PyTorch ops (``merge.KERNEL``). Kernel constants, not runtime decisions (the bench measures the
     alternatives of one build), set for this variant's run and restored after it."""
-    from ..core.cache import gluon_runs, runs_plan, split_backend
+    from ..core.cache import gluon_runs, merge, runs_plan, split_backend
     from ..core.model import frame_tiles
 
     saved = (gluon_runs.PAIRS, split_backend.auto_kv_splits, runs_plan.RAGGED_TAIL, runs_plan.FUSED_TAIL,
-             runs_plan.TAIL_BESIDE, frame_tiles.ENABLED)
+             runs_plan.TAIL_BESIDE, frame_tiles.ENABLED, merge.KERNEL)
+    if overrides.merge_kernel is not None:
+        merge.KERNEL = overrides.merge_kernel
     if overrides.frame_cudnn:
         frame_tiles.ENABLED = False
     if overrides.gluon_pairs is not None:
@@ -158,7 +166,7 @@ def kernel_constants(overrides: BenchOverrides):
         yield
     finally:
         (gluon_runs.PAIRS, split_backend.auto_kv_splits, runs_plan.RAGGED_TAIL, runs_plan.FUSED_TAIL,
-         runs_plan.TAIL_BESIDE, frame_tiles.ENABLED) = saved
+         runs_plan.TAIL_BESIDE, frame_tiles.ENABLED, merge.KERNEL) = saved
 
 
 def variant_runtime(variant: str, device: torch.device, dtype: torch.dtype):

@@ -11,6 +11,11 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+# True: a ragged tail's parts are merged straight into the output rows by one Triton kernel
+# (``triton_merge.py``) on the GPU; False: the merge as PyTorch ops (compiled where the caller compiles)
+# and a copy into the rows. A kernel constant, not a setting (the bench's ``+mergekernel`` / ``+torchmerge``).
+KERNEL = False
+
 
 def merge_partials(outs: list[Tensor], lses: list[Tensor]) -> Tensor:
     """Attention over the union of disjoint key sets from the parts: outs ``[b_i, H, T, D]``, lses
@@ -19,6 +24,17 @@ def merge_partials(outs: list[Tensor], lses: list[Tensor]) -> Tensor:
     merged = (torch.cat([o.to(weights.dtype) for o in outs]) * weights).sum(0)  # [H, T, D]
     return merged.transpose(0, 1)  # [T, H, D]
 
+
+def merge_into(rows: Tensor, parts: Tensor, lse: Tensor, merge: Callable[[list[Tensor], list[Tensor]], Tensor]) -> None:
+    """``rows [R, H, D]`` (a view of the frame's output, written in place) = the merge of one kernel call's
+    parts ``[G, R, H, D]`` with their log-sum-exps ``[G, H, R]``: by ``triton_merge`` on the GPU where
+    ``KERNEL`` is on, else by ``merge`` (``merge_partials`` or ``fused_merge()``) and a copy."""
+    if KERNEL and rows.is_cuda:
+        from .triton_merge import merge_parts_into  # Triton: imported only on the GPU path
+
+        merge_parts_into(rows, parts, lse)
+        return
+    rows.copy_(merge([parts.transpose(1, 2)], [lse]))  # [G, H, R, D] -> [R, H, D]
 
 
 @functools.lru_cache(maxsize=1)
@@ -30,4 +46,4 @@ def fused_merge() -> Callable[[list[Tensor], list[Tensor]], Tensor]:
     return torch.compile(merge_partials, fullgraph=True, dynamic=False)
 
 
-__all__ = ["fused_merge", "merge_partials"]
+__all__ = ["KERNEL", "fused_merge", "merge_into", "merge_partials"]

@@ -66,7 +66,7 @@ import torch
 from torch import Tensor
 
 from .backend import DenseStorageBackend, check_plan, visible_token_slots
-from .merge import fused_merge, merge_partials
+from .merge import fused_merge, merge_into, merge_partials
 from .staged_upload import StagedUpload
 from .waves import waves_time
 
@@ -342,7 +342,7 @@ class SplitPrefixBackend(DenseStorageBackend):
         if plan.fused_tail and self.prefix_kernel == "gluon" and carries_tail(self.head_dim):
             head, tail = plan.calls  # one launch: the whole tiles in place, the tail's parts beside them
             out, lse = runs_attention_fused_tail(q, k, v, self._runs, head.rows, result.unsqueeze(0))
-            result[tail.start:] = self._merge([out.transpose(1, 2)], [lse])  # [P, H, tail, D] -> [tail, H, D]
+            merge_into(result[tail.start:], out, lse, self._merge)  # [P, tail, H, D] -> [tail, H, D]
             return result
         if plan.tail_beside and q.is_cuda:
             return self._run_tail_beside(plan, q, k, v, runs_attention, result)
@@ -352,7 +352,7 @@ class SplitPrefixBackend(DenseStorageBackend):
                 runs_attention(q[rows], k, v, self._runs, out=result[rows].unsqueeze(0))  # [1, rows, H, D]
                 continue
             out, lse = runs_attention(q[rows], k, v, self._runs, parts=call.parts)  # [P, rows, H, D], [P, H, rows]
-            result[rows] = self._merge([out.transpose(1, 2)], [lse])
+            merge_into(result[rows], out, lse, self._merge)
         return result
 
     def _run_tail_beside(self, plan: RunsPlan, q: Tensor, k: Tensor, v: Tensor, runs_attention: Callable,
@@ -372,7 +372,7 @@ class SplitPrefixBackend(DenseStorageBackend):
         rows = slice(tail.start, tail.start + tail.rows)
         with torch.cuda.stream(side):
             out, lse = runs_attention(q[rows], k, v, self._runs, parts=tail.parts)  # [P, rows, H, D], [P, H, rows]
-            result[rows] = self._merge([out.transpose(1, 2)], [lse])
+            merge_into(result[rows], out, lse, self._merge)
         main.wait_stream(side)  # joined: what follows on the frame's stream sees the tail's rows
         return result
 

@@ -83,7 +83,7 @@ def tiles_attention(q: Tensor, k: Tensor, v: Tensor, rows: int) -> Tensor | None
     kernel: ``rows`` whole-tile rows in place, the rest as the carried tail's parts merged; ``[N, T, H, D]``.
     None: not here (no runs tensor for this size inside a capture): the caller runs cuDNN's call."""
     from ..cache.gluon_runs import runs_attention_fused_tail
-    from ..cache.merge import fused_merge
+    from ..cache.merge import fused_merge, merge_into
 
     n, t, h, d = q.shape
     runs = whole_run(t, q.device)
@@ -93,7 +93,7 @@ def tiles_attention(q: Tensor, k: Tensor, v: Tensor, rows: int) -> Tensor | None
     out = torch.empty(n, t, h, d, dtype=q.dtype, device=q.device)  # [N, T, H, D]
     for i in range(n):  # each frame against its own keys
         parts, lse = runs_attention_fused_tail(q[i], k[i], v[i], runs, rows, out[i].unsqueeze(0))  # [G, tail, H, D]
-        out[i, rows:] = merge([parts.transpose(1, 2)], [lse])  # [G, H, tail, D] -> [tail, H, D]
+        merge_into(out[i, rows:], parts, lse, merge)  # [G, tail, H, D] -> [tail, H, D]
     return out
 
 
