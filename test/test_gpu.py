@@ -223,6 +223,7 @@ def test_split_backend_tail_merged_by_our_kernel_matches_float64(kernel, monkeyp
     from lingbot_map_ros.core.cache import merge
 
     kinds = ["sdpa-split", f"sdpa-split-{kernel}-cut", f"sdpa-split-{kernel}-beside"]
+    monkeypatch.setattr(merge, "KERNEL", False)
     torch_merge, _ = run_stream(1036, torch.bfloat16, kinds, steps=16)
     monkeypatch.setattr(merge, "KERNEL", True)
     ours, modes = run_stream(1036, torch.bfloat16, kinds, steps=16)
@@ -233,14 +234,16 @@ def test_split_backend_tail_merged_by_our_kernel_matches_float64(kernel, monkeyp
 
 @pytest.mark.parametrize("rows", [18, 17])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_tail_merge_kernel_matches_float64_in_a_cuda_graph(rows, dtype):
+def test_tail_merge_kernel_matches_float64_in_a_cuda_graph(rows, dtype, monkeypatch):
     """``triton_merge.merge_parts_into`` at the node's shapes (8 parts of an 18-row tail, 17 in the DINO
     encoder, x 16 heads x d 64, one part empty: lse -inf and zeros) into a view of the frame's output:
     against float64, within one rounding of the PyTorch merge, the rows around left alone; then captured
     in a CUDA graph and replayed on new parts."""
+    from lingbot_map_ros.core.cache import merge
     from lingbot_map_ros.core.cache.merge import merge_into, merge_partials
     from lingbot_map_ros.core.cache.triton_merge import merge_parts_into
 
+    monkeypatch.setattr(merge, "KERNEL", False)  # merge_into below: the PyTorch merge and a copy, whatever the default
     gen = torch.Generator(device="cuda").manual_seed(rows)
     parts_count, start, total = 8, 1024, 1024 + rows
 
@@ -257,7 +260,7 @@ def test_tail_merge_kernel_matches_float64_in_a_cuda_graph(rows, dtype):
     out = torch.full((total, H, D), float("nan"), device="cuda", dtype=dtype)  # [T, H, D]
     merge_parts_into(out[start:], parts, lse)
     pytorch = torch.empty(rows, H, D, device="cuda", dtype=dtype)
-    merge_into(pytorch, parts, lse, merge_partials)  # merge.KERNEL off: the PyTorch merge and a copy
+    merge_into(pytorch, parts, lse, merge_partials)
     ref = reference(parts, lse)
     err = ((out[start:].double() - ref).norm() / ref.norm()).item()
     limit = 1e-2 if dtype == torch.bfloat16 else 2e-3
