@@ -167,11 +167,12 @@ class CameraGroupWorker:
             channel.non_finite_in_a_row += 1
             reason = f"non-finite model output ({', '.join(bad)}): nothing published"
             channel.ledger.note_non_finite(reason)
-            channel.ledger.finish(header, FrameStatus.NON_FINITE_OUTPUT, reason)
             limit = int(self._settings.current.max_non_finite_frames)
             if channel.non_finite_in_a_row >= limit:
                 channel.non_finite_in_a_row = 0
                 manager.reset(f"{limit} consecutive frames with non-finite output", SessionCause.NON_FINITE)
+            # finished after the reset: a frame counted as done has its new session counted too
+            channel.ledger.finish(header, FrameStatus.NON_FINITE_OUTPUT, reason)
             return
         channel.non_finite_in_a_row = 0
         t_place, c_place = time.perf_counter(), time.thread_time()

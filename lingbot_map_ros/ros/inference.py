@@ -238,11 +238,13 @@ class InferenceWorker:
         reason = f"non-finite model output ({', '.join(bad)}): nothing published"
         self._ledger.note_non_finite(reason)
         self._log.error(f"frame {stamp_sec(frame.header.stamp):.3f}: {reason}", throttle_duration_sec=5.0)
-        self._ledger.finish(frame.header, FrameStatus.NON_FINITE_OUTPUT, reason)
         limit = self._settings.current.max_non_finite_frames
         if self._consecutive_non_finite >= limit:
             self._consecutive_non_finite = 0
             self.manager.reset(f"{limit} consecutive frames with non-finite output", SessionCause.NON_FINITE)
+        # finished last: once /diagnostics counts the frame as done, the new session it caused is
+        # counted too (a reader that waits for every frame sees the counters settled)
+        self._ledger.finish(frame.header, FrameStatus.NON_FINITE_OUTPUT, reason)
 
     # ------------------------------------------------------------------ commands
     def _run_command(self, pending: PendingCommand) -> None:
