@@ -139,7 +139,52 @@ def test_profile_group_fills_the_windows_then_profiles_eager_ticks(monkeypatch):
         return real_step(group, frames)
 
     monkeypatch.setattr(bench_streams.StreamGroup, "step", step)
-    totals = bench_streams.profile_group(base, stream, 2, pools, ticks=3)
-    assert totals == {}  # the CPU runs no kernels the profiler times on a device
+    two = bench_streams.profile_group(base, stream, 2, pools, ticks=3)
+    assert two.categories == {}  # the CPU runs no kernels the profiler times on a device
     start = bench_streams._steady_start(stream) + 2
     assert len(seen) == start + 3 and seen[-3:] == [[False, False]] * 3
+    # the products are timed on the CPU too: the batched tick runs each of the single stream's products
+    # once, with both streams' rows (a loop over the streams would double the calls and keep M)
+    one = bench_streams.profile_group(base, stream, 1, pools, ticks=3)
+    shapes = {(p.k, p.n, p.m): p.calls for p in one.products}
+    assert (128, 384) in {(k, n) for k, n, _ in shapes}  # the tiny model's qkv (width 128) is among them
+    assert {(p.k, p.n, p.m): p.calls for p in two.products} == {(k, n, 2 * m): c for (k, n, m), c in shapes.items()}
+
+
+def test_products_by_shape_reads_the_operators_shapes_from_a_real_profile():
+    """linear (through addmm), a 3-D linear (its batch folded into M), mm and bmm: each once per tick with
+    its (M, K, N); the operators above them (linear, matmul) are not counted twice."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from lingbot_map_ros.tools.gemm_profile import products_by_shape
+
+    lin = torch.nn.Linear(64, 96)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(2):
+            lin(torch.randn(10, 64))
+            lin(torch.randn(3, 7, 64))
+            torch.randn(10, 64) @ torch.randn(64, 32)
+            torch.bmm(torch.randn(4, 5, 6), torch.randn(4, 6, 7))
+    products = products_by_shape(prof.key_averages(group_by_input_shape=True), 2, "cpu_time_total")
+    assert sorted((p.m, p.k, p.n, p.calls) for p in products) == [
+        (10, 64, 32, 1.0), (10, 64, 96, 1.0), (20, 6, 7, 1.0), (21, 64, 96, 1.0)]
+    assert all(p.ms > 0 for p in products)
+    assert [p.ms for p in products] == sorted((p.ms for p in products), reverse=True)  # longest first
+
+
+def test_the_product_table_matches_by_weights_and_gives_throughput():
+    from lingbot_map_ros.tools.gemm_profile import ProductTime, product_comparison
+
+    assert ProductTime(1000, 1000, 1000, calls=1.0, ms=1.0).tflops == pytest.approx(2.0)
+    one = [ProductTime(1005, 1024, 3072, 48.0, 2.0), ProductTime(1, 2048, 2048, 4.0, 0.1)]
+    many = [ProductTime(2010, 1024, 3072, 48.0, 3.0), ProductTime(2, 2048, 2048, 4.0, 0.1),
+            ProductTime(7, 9, 9, 1.0, 0.01)]  # a product the single stream has not
+    table = product_comparison(one, many, 2)
+    tflops_one = 2 * 1005 * 1024 * 3072 * 48 / 2e-3 / 1e12
+    tflops_many = 2 * tflops_one / 1.5  # twice the work in 1.5 times the time
+    assert f"| 1024 x 3072 | 1005 | 2.000 | {tflops_one:.0f} | 2010 | 3.000 | {tflops_many:.0f} | 1.50x |" in table
+    assert "| 2048 x 2048 | 1 | 0.100 |" in table and "| 1.00x |" in table
+    assert "| 9 x 9 | - | 0.000 | - | 7 | 0.010 |" in table
+    assert "| all products | | 2.100 | | | 3.110 | | 1.48x |" in table
+    assert table.index("1024 x 3072") < table.index("2048 x 2048")  # the batched step's longest first

@@ -39,6 +39,7 @@ from ..core.runtime import resolve_device
 from ..core.session_manager import SessionManager
 from ..core.stream_group import StreamGroup, group_footprint
 from .common import add_session_options, check_session_args, runtime_from_args, stream_from_args
+from .gemm_profile import ProductTime, product_comparison, products_by_shape
 
 
 @dataclass
@@ -127,11 +128,20 @@ def run_batched(base: ModelHost, stream: StreamConfig, n: int, frames: int, pool
     return row, poses
 
 
-def profile_group(base: ModelHost, stream: StreamConfig, n: int, pools, ticks: int = 10) -> dict[str, float]:
-    """GPU kernel ms per tick by category for ``n`` streams in the steady state: a fresh group fills its
-    windows, then runs ``ticks`` ticks eagerly under the profiler (graph replays hide their kernels; the
-    eager batched call runs the same kernels, with the compiled block bodies, only the gaps between them
-    differ). ``n = 1`` is the single-camera step (a batch of one is the stream's own step)."""
+@dataclass
+class GroupProfile:
+    """What ``profile_group`` measured: GPU kernel ms per tick by category, and the matrix products by shape."""
+
+    categories: dict[str, float]
+    products: list[ProductTime]
+
+
+def profile_group(base: ModelHost, stream: StreamConfig, n: int, pools, ticks: int = 10) -> GroupProfile:
+    """GPU kernel ms per tick by category, and the products by shape, for ``n`` streams in the steady
+    state: a fresh group fills its windows, then runs ``ticks`` ticks eagerly under the profiler (graph
+    replays hide their kernels; the eager batched call runs the same kernels, with the compiled block
+    bodies, only the gaps between them differ). ``n = 1`` is the single-camera step (a batch of one is
+    the stream's own step)."""
     from torch.profiler import ProfilerActivity, profile
 
     from ..core.model.fusion import fused_blocks
@@ -150,7 +160,7 @@ def profile_group(base: ModelHost, stream: StreamConfig, n: int, pools, ticks: i
     try:
         for s in sessions:
             s.use_cuda_graphs = False
-        with profile(activities=activities) as prof, fused_blocks(sessions[0]._fusion):
+        with profile(activities=activities, record_shapes=True) as prof, fused_blocks(sessions[0]._fusion):
             for i in range(start, start + ticks):
                 tick(i)
             if base.resolved.device.type == "cuda":
@@ -158,7 +168,10 @@ def profile_group(base: ModelHost, stream: StreamConfig, n: int, pools, ticks: i
     finally:
         for s, g in zip(sessions, graphs):
             s.use_cuda_graphs = g
-    return kernel_ms_by_category(prof.key_averages(), ticks)
+    # the products' time: their kernels' on a GPU; on the CPU (the tests) the operators' own time
+    product_time = "device_time_total" if base.resolved.device.type == "cuda" else "cpu_time_total"
+    return GroupProfile(kernel_ms_by_category(prof.key_averages(), ticks),
+                        products_by_shape(prof.key_averages(group_by_input_shape=True), ticks, product_time))
 
 
 def profile_comparison(one: dict[str, float], many: dict[str, float], n: int) -> str:
@@ -309,8 +322,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     profile_rows: list[dict] = []
     if args.profile:
         one, many = profile_group(base, stream, 1, pools), profile_group(base, stream, n, pools)
-        print(profile_comparison(one, many, n), flush=True)
-        profile_rows = step_profile_rows(one, many, n, args, stream)
+        print(profile_comparison(one.categories, many.categories, n), flush=True)
+        print(product_comparison(one.products, many.products, n), flush=True)
+        profile_rows = step_profile_rows(one.categories, many.categories, n, args, stream)
     if args.processes:
         del base
         if device.type == "cuda":
