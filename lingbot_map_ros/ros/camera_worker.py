@@ -251,15 +251,16 @@ class CameraGroupWorker:
         from .inference import SESSION_COUNTERS
 
         def started(start) -> None:
-            for frame in start.discarded:
-                channel.ledger.finish(frame.header, FrameStatus.DROPPED_RESET,
-                                      f"buffered for the scale frames, then discarded: {start.reason}")
             channel.session_id = start.session_id
             channel.input_size.renew()
             channel.robot.begin_session()
             with self.lock:
                 self.rig.begin_stream(channel.name)
             channel.ledger.note_new_session(start.reason, SESSION_COUNTERS[start.cause])
+            # finished after the session is counted: a frame counted as done has its new session counted too
+            for frame in start.discarded:
+                channel.ledger.finish(frame.header, FrameStatus.DROPPED_RESET,
+                                      f"buffered for the scale frames, then discarded: {start.reason}")
             self._log.info(f"camera {channel.name}: new session {start.session_id}: {start.reason}")
         return started
 

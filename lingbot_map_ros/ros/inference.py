@@ -315,12 +315,13 @@ class InferenceWorker:
 
     # ------------------------------------------------------------------ sessions
     def on_session_start(self, start: SessionStart) -> None:
-        """The manager started a session (its listener): the frames it discarded end DROPPED_RESET,
-        then everything that follows a new world frame."""
+        """The manager started a session (its listener): everything that follows a new world frame, then
+        the frames it discarded end DROPPED_RESET (after the session is counted: a /diagnostics reader that
+        sees every frame finished sees the session's counter too)."""
+        self.started_session(start.reason, SESSION_COUNTERS[start.cause])
         for frame in start.discarded:
             self._ledger.finish(frame.header, FrameStatus.DROPPED_RESET,
                                 f"buffered for the scale frames, then discarded: {start.reason}")
-        self.started_session(start.reason, SESSION_COUNTERS[start.cause])
 
     def started_session(self, reason: str, counter: Optional[str]) -> None:
         """Everything that follows a new session: a fresh input size, empty path, trajectory and map,
