@@ -152,8 +152,9 @@ def test_profile_group_fills_the_windows_then_profiles_eager_ticks(monkeypatch):
 
 
 def test_products_by_shape_reads_the_operators_shapes_from_a_real_profile():
-    """linear (through addmm), a 3-D linear (its batch folded into M), mm and bmm: each once per tick with
-    its (M, K, N); the operators above them (linear, matmul) are not counted twice."""
+    """linear (through addmm), a 3-D linear (its batch folded into M), mm, bmm, baddbmm and addmm with a GELU
+    epilogue: each once per tick with its (M, K, N); the operators above them (linear, matmul) are not
+    counted twice."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -166,9 +167,11 @@ def test_products_by_shape_reads_the_operators_shapes_from_a_real_profile():
             lin(torch.randn(3, 7, 64))
             torch.randn(10, 64) @ torch.randn(64, 32)
             torch.bmm(torch.randn(4, 5, 6), torch.randn(4, 6, 7))
+            torch.baddbmm(torch.randn(2, 3, 7), torch.randn(2, 3, 4), torch.randn(2, 4, 7))
+            torch.ops.aten._addmm_activation(torch.randn(8), torch.randn(5, 4), torch.randn(4, 8), use_gelu=True)
     products = products_by_shape(prof.key_averages(group_by_input_shape=True), 2, "cpu_time_total")
     assert sorted((p.m, p.k, p.n, p.calls) for p in products) == [
-        (10, 64, 32, 1.0), (10, 64, 96, 1.0), (20, 6, 7, 1.0), (21, 64, 96, 1.0)]
+        (5, 4, 8, 1.0), (6, 4, 7, 1.0), (10, 64, 32, 1.0), (10, 64, 96, 1.0), (20, 6, 7, 1.0), (21, 64, 96, 1.0)]
     assert all(p.ms > 0 for p in products)
     assert [p.ms for p in products] == sorted((p.ms for p in products), reverse=True)  # longest first
 

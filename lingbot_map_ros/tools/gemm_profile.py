@@ -18,6 +18,8 @@ PRODUCT_OPERANDS: dict[str, tuple[int, int]] = {
     "aten::mm": (0, 1),      # mm(a [M, K], b [K, N])
     "aten::addmm": (1, 2),   # addmm(bias, a [M, K], b [K, N])
     "aten::bmm": (0, 1),     # bmm(a [B, M, K], b [B, K, N]): B folded into M
+    "aten::baddbmm": (1, 2),  # baddbmm(bias, a [B, M, K], b [B, K, N])
+    "aten::_addmm_activation": (1, 2),  # addmm with a GELU/ReLU epilogue (compiled code may pick it)
 }
 
 
