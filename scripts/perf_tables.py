@@ -511,17 +511,28 @@ def render_readme(runs: list[Run]) -> str:
 
 
 def render_readme_streams(runs: list[Run]) -> str:
-    """The README's cost per camera count (Several cameras): every ``streams`` row, the step of all cameras'
-    frames beside one camera's, and the total frame rate beside the cameras one after another."""
+    """The README's cost per camera count (Several cameras): the step of all cameras' frames beside one
+    camera's, and the total frame rate beside the cameras one after another and in a process each. One row
+    per configuration and GPU, from one run (its ratios are one host's): of the runs that measured it, those
+    with the most columns (the processes are measured in some runs only), the newest of them. Every run's
+    rows stay in docs/performance.md, "Several streams"."""
     found = rows_of(runs, "streams")
     if not found:
         return ("No run of record has measured several cameras on a GPU yet: `lingbot_map_bench --cameras N` "
                 "measures the batched step, the same cameras one after another, and (`--processes`) a node "
                 "process per camera.\n")
-    found.sort(key=lambda rr: (geometry_key(rr[1]["geometry"]), rr[1]["window"], heads_order(rr[1]["heads"]),
-                               rr[1]["streams"], rr[0].date))
+    chosen: dict[tuple, tuple[tuple[bool, int], tuple[Run, dict]]] = {}  # configuration -> (rank, its row)
+    for order, (run, row) in enumerate(found):  # runs are oldest first
+        key = (row["geometry"], row["window"], row["heads"], row["streams"], gpu_cell(run))
+        rank = (row.get("processes_fps") is not None, order)
+        held = chosen.get(key)
+        if held is None or rank >= held[0]:
+            chosen[key] = (rank, (run, row))
+    picked = [pair for _, pair in chosen.values()]
+    picked.sort(key=lambda rr: (geometry_key(rr[1]["geometry"]), rr[1]["window"], heads_order(rr[1]["heads"]),
+                                rr[1]["streams"], gpu_cell(rr[0])))
     rows = []
-    for run, row in found:
+    for run, row in picked:
         ratio = row["ms_per_step"] / row["one_stream_ms"] if row["one_stream_ms"] else None
         rows.append([row["streams"], geometry_cell(row["geometry"]), row["window"], HEADS_NAMES[row["heads"]],
                      num(row["ms_per_step"]), "" if ratio is None else f"{ratio:.2f}×", num(row["fps_total"], 1),

@@ -283,6 +283,27 @@ def test_the_readme_cost_per_camera_count_is_the_streams_rows(tmp_path):
     (tmp_path / "2030-01-03-other-gpu.json").write_text(json.dumps(other))
     text = perf.render_readme_streams(perf.load_runs(tmp_path))
     assert "| 2 | 518×378 | 16 | depth + camera | 33.00 | 1.65× | 66.7 | 50.0 | 45.5 | H100 |" in text, text
+    assert "| 30.00 | 1.50× |" in text  # the first GPU's row stays beside it
+
+
+def test_the_readme_cost_keeps_one_run_per_configuration_and_gpu(tmp_path):
+    """Runs of one configuration on one GPU give one README row: of the runs with the most columns (the
+    processes), the newest; other configurations keep their own rows."""
+    row = {"table": "streams", "geometry": "518x378", "window": 64, "heads": "depth+camera", "streams": 2,
+           "ms_per_step": 47.0, "one_stream_ms": 25.0, "fps_total": 42.0, "sequential_fps": 39.0,
+           "processes_fps": 37.0}
+    four = dict(row, window=16, streams=4, ms_per_step=50.0, one_stream_ms=15.0, processes_fps=None)
+    write_run(tmp_path, [row, four], name="2030-01-01-a")
+    write_run(tmp_path, [dict(row, ms_per_step=48.0, processes_fps=None), dict(four, ms_per_step=49.0)],
+              name="2030-01-02-b")  # newer, without the processes for two cameras
+    text = perf.render_readme_streams(perf.load_runs(tmp_path))
+    lines = [line for line in text.splitlines() if line.startswith("| 2 |") or line.startswith("| 4 |")]
+    assert len(lines) == 2, text
+    assert "| 47.00 | 1.88× | 42.0 | 39.0 | 37.0 |" in text and "48.00" not in text  # the complete row
+    assert "| 49.00 |" in text and "| 50.00 |" not in text  # the same columns: the newest
+    write_run(tmp_path, [dict(row, ms_per_step=46.0)], name="2030-01-03-c")  # newer and complete
+    text = perf.render_readme_streams(perf.load_runs(tmp_path))
+    assert "| 46.00 |" in text and "| 47.00 |" not in text
 
 
 def test_a_step_profile_totals_its_categories_per_run_and_configuration(tmp_path):
