@@ -448,8 +448,9 @@ Each call has a time limit: name a part per call. `RESUME=1` in a later call on 
 runs only the steps the earlier call did not finish.
 A run of record is one file `docs/perf/runs/<YYYY-MM-DD>-<name>.json`; then
 `.venv/bin/python scripts/perf_tables.py` rewrites this page and the README's table, and a run whose
-code is superseded is deleted from that folder (git keeps it). Predictions and the experiments
-behind a change belong in its commit message.
+code is superseded is deleted from that folder (git keeps it). An A/B run of a change (a bench
+variant against the default) is an experiment, not a run of record: its numbers go in the change's
+commit message beside the prediction, and the run of record after it measures the default.
 """
 
 COLUMNS = """## What the columns mean

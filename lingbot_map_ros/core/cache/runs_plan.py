@@ -19,8 +19,8 @@ The plan cuts the rows instead, where that is modelled faster:
   tiles' programs: a third warpgroup of each of a head's ``G`` programs meets them against every
   ``G``-th key block the program streams anyway, and the ``G`` parts merge by log-sum-exp. That spares
   a second read of the layer's keys (memory-bound: 18 rows cost ~17 % of the 1024 rows' time on an
-  H100) for ~6 % more tensor-core work beside the pair's
-  (docs/perf/runs/2026-12-06-h100-tail-warpgroup.json). Elsewhere (Triton's kernel), one more call
+  H100) for ~6 % more tensor-core work beside the pair's (28.91 against 29.44 ms a frame for the call of
+  its own at 518x392, depth + camera, on an H100). Elsewhere (Triton's kernel), one more call
   with its keys cut into as many ranges as fill one more, short wave (16 heads x 16 parts = 256
   one-warpgroup programs on 264 slots), merged the same way, on a side stream beside the whole tiles
   (``tail_beside``): its programs are memory-bound and take the SMs the whole tiles leave idle, then
@@ -29,7 +29,7 @@ The plan cuts the rows instead, where that is modelled faster:
 Measured and not kept: the tail folded into the pair's own warpgroups (synchronously, in halves of a
 block: it held the stages its partner waits for), a range of the blocks for the third warpgroup instead
 of every ``G``-th (no faster than the call), and the tail read by programs of its own in the whole
-tiles' launch (docs/perf/runs/2026-12-06-h100-tail-programs.json).
+tiles' launch (30.78 against 29.59 ms a frame on an H100).
 
 Exact either way: a query's attention does not depend on which call reads it, and the tail's parts
 merge as the split backend's always do. The model (``waves_time``, in units of one wave of
@@ -49,13 +49,13 @@ from .waves import fits_one_wave, waves_time
 # ``+partsN``, which names the parts of one call over every row); True: wherever it can.
 RAGGED_TAIL: Optional[bool] = None
 # True: the tail rides in the whole tiles' programs where the kernel can carry it, by a third warpgroup
-# (faster than the call of its own on an H100: docs/perf/runs/2026-12-06-h100-tail-warpgroup.json);
+# (faster than the call of its own on an H100: 28.91 against 29.44 ms a frame at 518x392);
 # False: a call of its own (the bench's ``+tailcall``).
 FUSED_TAIL = True
 # True: the tail's call runs on a side stream beside the whole tiles' call (the bench's ``+sidetail``;
 # ``+tailafter``: after it, on the frame's stream), so that its memory-bound programs take the SMs the whole
 # tiles leave idle (4 of 132 at 16 heads) and the rest of them as those finish (measured faster on an
-# H200: docs/perf/runs/2026-12-06-h200-tail-beside.json).
+# H200: 28.43 against 28.59 ms a frame at 518x392).
 TAIL_BESIDE = True
 FUSED_MERGE_COST = 0.01  # the carried tail's merge of its parts, in waves (~5 us)
 TAIL_CALL_COST = 0.03  # the tail's launch, merge and copy, in waves (~20 us of a ~0.65 ms layer on an H200)
