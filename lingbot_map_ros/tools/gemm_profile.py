@@ -34,9 +34,19 @@ class ProductTime:
     ms: float  # device ms per tick, all calls
 
     @property
+    def flops(self) -> float:
+        """Floating-point operations per tick (2 M N K per call)."""
+        return 2.0 * self.m * self.k * self.n * self.calls
+
+    @property
     def tflops(self) -> float:
-        """Achieved throughput (2 M N K per call)."""
-        return 2.0 * self.m * self.k * self.n * self.calls / (self.ms * 1e-3) / 1e12 if self.ms > 0 else 0.0
+        """Achieved throughput."""
+        return tflops(self.flops, self.ms)
+
+
+def tflops(flops: float, ms: float) -> float:
+    """``flops`` done in ``ms`` milliseconds, in TFLOP/s (0 for no time)."""
+    return flops / (ms * 1e-3) / 1e12 if ms > 0 else 0.0
 
 
 def _operand_dims(key: str, shapes) -> Optional[tuple[int, int, int]]:
@@ -91,9 +101,8 @@ def product_comparison(one: list[ProductTime], many: list[ProductTime], streams:
         if not products:
             return "-", 0.0, "-"
         ms = sum(p.ms for p in products)
-        flops = sum(2.0 * p.m * p.k * p.n * p.calls for p in products)
-        ms_text = "/".join(str(m) for m in sorted({p.m for p in products}))
-        return ms_text, ms, f"{flops / (ms * 1e-3) / 1e12:.0f}" if ms > 0 else "-"
+        rows_text = "/".join(str(m) for m in sorted({p.m for p in products}))
+        return rows_text, ms, f"{tflops(sum(p.flops for p in products), ms):.0f}" if ms > 0 else "-"
 
     for k, n in order[:top]:
         m1, ms1, t1 = side(alone.get((k, n), []))
