@@ -14,7 +14,7 @@ from torch import Tensor
 # True: a ragged tail's parts are merged straight into the output rows by one Triton kernel
 # (``triton_merge.py``) on the GPU; False: the merge as PyTorch ops (compiled where the caller compiles)
 # and a copy into the rows. A kernel constant, not a setting (the bench's ``+mergekernel`` / ``+torchmerge``).
-KERNEL = False
+KERNEL = True
 
 
 def merge_partials(outs: list[Tensor], lses: list[Tensor]) -> Tensor:
