@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-TABLES = ("latency", "long_run", "attention", "memory", "first_pose", "streams")
+TABLES = ("latency", "long_run", "attention", "memory", "first_pose", "streams", "step_profile")
 
 
 def merge(parts: list[dict], run: str, commit: str, date: str, notes: str = "") -> dict:

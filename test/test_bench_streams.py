@@ -89,6 +89,18 @@ def test_kernel_time_by_category_and_the_comparison_table():
     assert table.index("| gemm |") < table.index("| elementwise/other |")  # the batched step's largest first
 
 
+def test_kernel_time_leaves_out_the_operators_recorded_on_the_host():
+    """A profile with the CPU activity too (the products' shapes) records host operators whose device time
+    is their kernels': they are not counted a second time, whatever their name."""
+    from torch.autograd import DeviceType
+
+    from lingbot_map_ros.tools.bench import kernel_ms_by_category
+
+    kernel, region = _Event("sm90_xmma_gemm_bf16", 4000.0), _Event("Torch-Compiled Region: 0/1", 7000.0)
+    kernel.device_type, region.device_type = DeviceType.CUDA, DeviceType.CPU
+    assert kernel_ms_by_category([kernel, region], steps=2) == {"gemm": 2.0}
+
+
 def test_the_profile_rows_are_a_step_profile_table_of_the_run_files(tmp_path):
     """--profile --json: a row per category seen on either side, that scripts/perf_tables.py accepts."""
     import argparse
@@ -191,3 +203,5 @@ def test_the_product_table_matches_by_weights_and_gives_throughput():
     assert "| 9 x 9 | - | 0.000 | - | 7 | 0.010 |" in table
     assert "| all products | | 2.100 | | | 3.110 | | 1.48x |" in table
     assert table.index("1024 x 3072") < table.index("2048 x 2048")  # the batched step's longest first
+    # no product recorded on either side (a profile without the operators): no ratio, not nan
+    assert product_comparison([], [], 2).endswith("| all products | | 0.000 | | | 0.000 | | - |")

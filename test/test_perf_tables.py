@@ -256,6 +256,11 @@ def test_record_merges_parts_into_a_run_file_the_tables_accept(tmp_path):
     assert run.setup == SETUP and [r["table"] for r in run.rows] == ["first_pose", "latency"]
 
 
+def test_record_takes_every_table_the_performance_reference_has():
+    """A part's rows pass bench/record.py exactly when scripts/perf_tables.py has their table."""
+    assert set(_record_tool().TABLES) == set(perf.FIELDS)
+
+
 def test_record_refuses_parts_without_a_set_up(tmp_path, capsys):
     record = _record_tool()
     (tmp_path / "a.json").write_text(json.dumps({"rows": [LATENCY]}))

@@ -297,11 +297,16 @@ KERNEL_CATEGORIES = (
 def kernel_ms_by_category(events, steps: int) -> dict[str, float]:
     """GPU kernel ms per step by ``KERNEL_CATEGORIES`` from a profiler's ``key_averages()`` over ``steps``
     steps (host-side events and copies the host issued are not kernel time)."""
+    from torch.autograd import DeviceType
+
     totals: dict[str, float] = {}
     for event in events:
         us = getattr(event, "device_time_total", 0.0) or getattr(event, "cuda_time_total", 0.0)
+        # an operator recorded on the host (a profile with the CPU activity too) carries its kernels' time:
+        # counting it beside the kernels would count them twice
+        operator = getattr(event, "device_type", None) == DeviceType.CPU
         host_side = event.key.startswith(("aten::", "cuda", "Memcpy", "Memset")) and "kernel" not in event.key.lower()
-        if us <= 0 or host_side:
+        if us <= 0 or host_side or operator:
             continue
         name = event.key.lower()
         category = next((c for c, keys in KERNEL_CATEGORIES if any(k in name for k in keys)), "elementwise/other")

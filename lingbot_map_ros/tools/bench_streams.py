@@ -155,8 +155,11 @@ def profile_group(base: ModelHost, stream: StreamConfig, n: int, pools, ticks: i
         tick(i)
     sessions = [group.manager(name).session for name in group.names]
     graphs = [s.use_cuda_graphs for s in sessions]
-    # the CLI refuses --profile without a GPU; the CPU activity lets the tests drive this function
-    activities = [ProfilerActivity.CUDA] if base.resolved.device.type == "cuda" else [ProfilerActivity.CPU]
+    # the operators (CPU activity) carry the products' shapes, the kernels (CUDA activity) their time; the
+    # CLI refuses --profile without a GPU, and the CPU activity alone lets the tests drive this function
+    activities = [ProfilerActivity.CPU]
+    if base.resolved.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
     try:
         for s in sessions:
             s.use_cuda_graphs = False

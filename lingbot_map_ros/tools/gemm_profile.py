@@ -110,8 +110,8 @@ def product_comparison(one: list[ProductTime], many: list[ProductTime], streams:
         ratio = f"{ms2 / ms1:.2f}x" if ms1 > 0 else "-"
         rows.append(f"| {k} x {n} | {m1} | {ms1:.3f} | {t1} | {m2} | {ms2:.3f} | {t2} | {ratio} |")
     total_one, total_many = sum(p.ms for p in one), sum(p.ms for p in many)
-    rows.append(f"| all products | | {total_one:.3f} | | | {total_many:.3f} | | "
-                f"{total_many / total_one if total_one else float('nan'):.2f}x |")
+    ratio = f"{total_many / total_one:.2f}x" if total_one > 0 else "-"
+    rows.append(f"| all products | | {total_one:.3f} | | | {total_many:.3f} | | {ratio} |")
     return "\n".join(rows)
 
 
