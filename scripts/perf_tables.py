@@ -368,6 +368,11 @@ def section_streams(runs: list[Run]) -> str:
     return ("## Several streams\n\nSeveral cameras through one model: \"ms a step\" for all streams' frames "
             "together; FPS summed over the streams, beside the same streams one after another in one process "
             "and in a process each. Each row's figures come from one run on the GPU named.\n\n"
+            "\"processes FPS\": the one-stream run in N processes on the one GPU, as N nodes would run; their "
+            "frames/s together while all of them run (`lingbot_map_bench --cameras N --processes`: every process "
+            "fills its window, then their steady phases start together). Runs dated before 2026-12-07 summed each "
+            "process's rate over its own steady span, which also counts the frames it ran alone while the other "
+            "compiled or after it finished: their figures can be higher than N nodes get.\n\n"
             + table(["input", "window", "heads", "streams", "ms a step", "one stream ms", "FPS total",
                      "sequential FPS", "processes FPS", "GPU", "run"], rows, "lrlrrrrrrll"))
 

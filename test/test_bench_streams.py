@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 
 from lingbot_map_ros.tools.bench import main as bench_main
@@ -56,7 +57,8 @@ def test_cameras_is_refused_out_of_range(capsys):
 
 @pytest.mark.slow
 def test_cameras_with_processes(capsys):
-    assert bench_main(["--cameras", "2", "--processes", *ARGS]) == 0
+    # frames enough for a steady phase that the two processes share (it starts together in both)
+    assert bench_main(["--cameras", "2", "--processes", *ARGS, "--frames", "14"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"\| 2 processes \| 2 \| [0-9.]+ \|", out), out
 
@@ -205,3 +207,31 @@ def test_the_product_table_matches_by_weights_and_gives_throughput():
     assert table.index("1024 x 3072") < table.index("2048 x 2048")  # the batched step's longest first
     # no product recorded on either side (a profile without the operators): no ratio, not nan
     assert product_comparison([], [], 2).endswith("| all products | | 0.000 | | | 0.000 | | - |")
+
+
+def _process_report(start: float, phases: list[tuple[int, float]]) -> dict:
+    """A worker's report: ``phases`` of (frames, ms each) back to back from ``start`` (seconds)."""
+    times, ends, t = [], [], start
+    for frames, ms in phases:
+        for _ in range(frames):
+            t = round(t + ms / 1e3, 9)  # exact boundaries: no frame on both sides of one by rounding
+            times.append(ms)
+            ends.append(t)
+    return {"times": times, "ends": ends, "start": start, "end": t, "peak": 1.0}
+
+
+def test_processes_are_measured_while_all_of_them_run():
+    """Two processes on one GPU: each runs alone at one stream's speed before the other's steady phase
+    starts or after it ends; the row is what they get together (20 frames/s each at 50 ms), not the
+    mean over their own spans (24 each, 48 together)."""
+    from lingbot_map_ros.tools.bench_streams import overlap_of
+
+    first = _process_report(0.0, [(20, 25.0), (40, 50.0)])  # alone until 0.5 s, then beside the second
+    second = _process_report(0.5, [(40, 50.0), (20, 25.0)])  # beside the first until 2.5 s, then alone
+    overlap = overlap_of([first, second])
+    assert overlap.fps == pytest.approx(40.0)
+    assert overlap.times.size == 80 and set(overlap.times.tolist()) == {50.0}
+    assert overlap.fraction == pytest.approx(2.0 / 2.5)
+    # steady phases that never overlap give no rate
+    late = _process_report(5.0, [(10, 25.0)])
+    assert np.isnan(overlap_of([first, late]).fps) and overlap_of([first, late]).fraction == 0.0

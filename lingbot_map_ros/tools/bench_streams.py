@@ -11,8 +11,9 @@ every stream's window is full (``scale_frames + sliding_window * keyframe_interv
 * ``one after another``: N ``SessionManager``s over the same model, each tick pushes every stream's
   frame in turn (each push the single-camera path, CUDA graphs included);
 * ``N processes``: N copies of the one-stream run started together, as a user with N nodes on one GPU
-  would run them (each loads its own weights); frames/s is the sum of the processes' steady rates,
-  over the time their steady phases overlap.
+  would run them (each loads its own weights); frames/s is the sum of the processes' steady rates
+  over the time their steady phases overlap, and the ms per frame are the frames that ended then
+  (``overlap_of``).
 
 The batched and sequential runs feed identical frames, so their poses are compared too.
 """
@@ -224,42 +225,86 @@ def _row(mode: str, n: int, times: np.ndarray, peak: float, note: str = "") -> S
                       n * 1e3 / float(np.mean(times)), peak, note)
 
 
+READY = "ready"  # a worker's line once its window is full, before its steady frames
+
+
+@dataclass
+class Overlap:
+    """The processes' steady frames while all of them ran (``overlap_of``)."""
+
+    fps: float  # frames/s of all processes together
+    times: np.ndarray  # ms of each frame that ended inside the overlap, every process's
+    fraction: float  # the overlap's share of the longest steady span
+
+
+def overlap_of(reports: list[dict]) -> Overlap:
+    """The processes' rates over the time their steady phases overlap: a process that ran alone at the
+    start or the end (it compiled faster, or finished first) ran at one stream's speed then, which is not
+    what N nodes on one GPU get. Each process's rate is its frames between its first and last frame that
+    ended inside the overlap, over the time between them (``reports``: the workers' ``times`` in ms and
+    ``ends``, each frame's end in seconds; ``start``/``end``: the steady span)."""
+    start, end = max(r["start"] for r in reports), min(r["end"] for r in reports)
+    spans = [r["end"] - r["start"] for r in reports]
+    fraction = max(0.0, end - start) / max(max(spans), 1e-9)
+    fps, inside = 0.0, []
+    for r in reports:
+        ends, times = np.asarray(r["ends"], dtype=float), np.asarray(r["times"], dtype=float)
+        keep = (ends > start) & (ends <= end)
+        if keep.sum() < 2:
+            return Overlap(float("nan"), np.asarray(inside, dtype=float), fraction)
+        done = ends[keep]
+        fps += (len(done) - 1) / max(float(done[-1] - done[0]), 1e-9)
+        inside.extend(times[keep])
+    return Overlap(fps, np.asarray(inside, dtype=float), fraction)
+
+
 def run_processes(argv: list[str], n: int) -> StreamsRow:
-    """N one-stream runs of this tool (``--worker``) started together; each prints its steady span."""
+    """N one-stream runs of this tool (``--worker``) started together; each fills its window (model load,
+    compilation, capture) and says ``ready``; once all have, they start their steady frames together, and
+    each prints them."""
     cmd = [sys.executable, "-m", "lingbot_map_ros.tools.bench_streams", *argv, "--worker"]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    for proc in procs:
+        while (line := proc.stdout.readline()) and line.strip() != READY:
+            pass
+        if not line:  # it ended before its steady phase: its exit status is read below
+            break
+    for proc in procs:
+        if proc.poll() is None:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
     reports = []
     for proc in procs:
         out, _ = proc.communicate()
         if proc.returncode != 0:
             raise RuntimeError(f"a worker process failed (exit {proc.returncode})")
         reports.append(json.loads(out.strip().splitlines()[-1]))
-    start = max(r["start"] for r in reports)
-    end = min(r["end"] for r in reports)
-    overlap = max(0.0, end - start)
-    spans = [r["end"] - r["start"] for r in reports]
-    times = np.concatenate([np.array(r["times"]) for r in reports])
-    fps = sum(len(r["times"]) / max(r["end"] - r["start"], 1e-9) for r in reports)
+    overlap = overlap_of(reports)
     nan = float("nan")
+    times = overlap.times
     return StreamsRow(f"{n} processes", n, float(np.median(times)) if times.size else nan,
-                      float(np.percentile(times, 90)) if times.size else nan, fps,
+                      float(np.percentile(times, 90)) if times.size else nan, overlap.fps,
                       max(r["peak"] for r in reports),
-                      f"ms per frame in each process; steady phases overlap {overlap / max(max(spans), 1e-9):.0%}")
+                      f"ms per frame in each process while all ran; steady phases overlap {overlap.fraction:.0%}")
 
 
 def worker(base: ModelHost, stream: StreamConfig, frames: int, pools) -> None:
     """One stream alone; prints its steady per-frame times and the span they cover (JSON)."""
     manager = SessionManager(base, stream, log=lambda m: None)
     steady = _steady_start(stream)
-    times, start = [], 0.0
+    times, ends, start = [], [], 0.0
     for i in range(frames):
         if i == steady:
+            print(READY, flush=True)  # the parent starts every process's steady phase at once
+            sys.stdin.readline()
             start = time.time()
         t0 = time.perf_counter()
         manager.push(pools[0][i % len(pools[0])], float(i))
         if i >= steady:
             times.append((time.perf_counter() - t0) * 1e3)
-    print(json.dumps({"times": times, "start": start, "end": time.time(), "peak": _peak(base.resolved.device)}))
+            ends.append(time.time())
+    print(json.dumps({"times": times, "ends": ends, "start": start, "end": time.time(),
+                      "peak": _peak(base.resolved.device)}))
 
 
 def format_table(rows: list[StreamsRow], header: str) -> str:
