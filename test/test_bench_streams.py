@@ -235,3 +235,6 @@ def test_processes_are_measured_while_all_of_them_run():
     # steady phases that never overlap give no rate
     late = _process_report(5.0, [(10, 25.0)])
     assert np.isnan(overlap_of([first, late]).fps) and overlap_of([first, late]).fraction == 0.0
+    # nor does a run too short for a steady phase (a worker that never reached it reports no frames)
+    short = {"times": [], "ends": [], "start": 0.0, "end": 9.0, "peak": 1.0}
+    assert np.isnan(overlap_of([first, short]).fps) and overlap_of([first, short]).fraction == 0.0

@@ -243,6 +243,8 @@ def overlap_of(reports: list[dict]) -> Overlap:
     what N nodes on one GPU get. Each process's rate is its frames between its first and last frame that
     ended inside the overlap, over the time between them (``reports``: the workers' ``times`` in ms and
     ``ends``, each frame's end in seconds; ``start``/``end``: the steady span)."""
+    if any(not r["times"] for r in reports):  # a run too short for a steady phase
+        return Overlap(float("nan"), np.zeros(0), 0.0)
     start, end = max(r["start"] for r in reports), min(r["end"] for r in reports)
     spans = [r["end"] - r["start"] for r in reports]
     fraction = max(0.0, end - start) / max(max(spans), 1e-9)
@@ -264,18 +266,20 @@ def run_processes(argv: list[str], n: int) -> StreamsRow:
     each prints them."""
     cmd = [sys.executable, "-m", "lingbot_map_ros.tools.bench_streams", *argv, "--worker"]
     procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(n)]
-    for proc in procs:
+    before: list[list[str]] = [[] for _ in procs]  # what each printed before ``ready`` (all of it, if none)
+    for proc, lines in zip(procs, before):
         while (line := proc.stdout.readline()) and line.strip() != READY:
-            pass
-        if not line:  # it ended before its steady phase: its exit status is read below
+            lines.append(line)
+        if not line:  # it ended before its steady phase: its exit status and report are read below
             break
     for proc in procs:
         if proc.poll() is None:
             proc.stdin.write("go\n")
             proc.stdin.flush()
     reports = []
-    for proc in procs:
+    for proc, lines in zip(procs, before):
         out, _ = proc.communicate()
+        out = "".join(lines) + out
         if proc.returncode != 0:
             raise RuntimeError(f"a worker process failed (exit {proc.returncode})")
         reports.append(json.loads(out.strip().splitlines()[-1]))
