@@ -23,6 +23,7 @@
 #   long:WxH         1,000 frames of the default (memory growth)
 #   official:WxH     the official code (FlashInfer, its torch.compile recipe)
 #   streams:WxH      several cameras on one model: 2 at window 64 (beside 2 processes), 2 and 4 at window 16
+#                    (STREAMS_CASES: the cameras x window cases to run, default "2x64 2x16 4x16"; a short call: 2x64)
 # Each step has its own time limit within the call's (RECORD_S, default 570 s); a step that would not fit
 # is skipped and says so; RESUME=1 in a later call on the same warm machine runs only the steps not finished.
 # Rows go to /tmp/parts_NAME and are merged by bench/record.py into $OUT/NAME.json;
@@ -80,7 +81,7 @@ streams() {  # streams GEOMETRY CAMERAS WINDOW ARGS...: lingbot_map_bench --came
   local window=$3; [ -z "${DRY:-}" ] || window=$WINDOW   # the dry run's short window
   python3 -m lingbot_map_ros.tools.bench --cameras "$2" --model-preset "$PRESET" --device "$DEVICE" --dtype "$DTYPE" \
     --scale-frames "$SCALE" --sliding-window "$window" --height "$H" --width "$W" \
-    --camera-iterations 4 "${@:4}"
+    --camera-iterations 4 ${DRY:+--frames 12} "${@:4}"   # the dry run: a few frames past its short window
 }
 
 case "$MODE" in
@@ -145,9 +146,12 @@ record)
     long) step 100 "1000 frames $g" bench "$g" --frames 1000 --heads depth+camera --variants auto --report-every 200 --json "$PARTS/long_$g.json" ;;
     official) step "${OFFICIAL_S:-200}" "official $g" official "$g" "" "$PARTS/official_$g.json" ;;
     streams)
-      step "${STREAMS_S:-240}" "2 cameras, window 64 $g" streams "$g" 2 64 --processes --json "$PARTS/streams_2_64_$g.json"
-      step 150 "2 cameras, window 16 $g" streams "$g" 2 16 --json "$PARTS/streams_2_16_$g.json"
-      step 150 "4 cameras, window 16 $g" streams "$g" 4 16 --json "$PARTS/streams_4_16_$g.json" ;;
+      for case in ${STREAMS_CASES:-2x64 2x16 4x16}; do
+        n=${case%x*}; w=${case#*x}; extra=""; limit=150
+        # two cameras at window 64 also run as two processes: the users' way without batching
+        if [ "$case" = 2x64 ]; then extra=--processes; limit=${STREAMS_S:-240}; fi
+        step "$limit" "$n cameras, window $w $g" streams "$g" "$n" "$w" $extra --json "$PARTS/streams_${n}_${w}_$g.json"
+      done ;;
     *) echo "unknown step $s" | tee -a "$LOG"; CUT=1 ;;
     esac
     [ -n "$CUT" ] || touch "$done_mark"
