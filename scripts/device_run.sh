@@ -126,6 +126,7 @@ record)
   }
   for s in "$@"; do
     kind=${s%%:*}; g=${s#*:}; CUT=""; done_mark="$PARTS/.done_${s/:/_}"
+    [ "$kind" != streams ] || done_mark="${done_mark}_${STREAMS_CASES:-all}"; done_mark=${done_mark// /_}   # per set of cases
     if [ -n "${RESUME:-}" ] && [ -e "$done_mark" ]; then echo "== $s: finished in an earlier call" | tee -a "$LOG"; continue; fi
     case "$kind" in
     tests) step "${TESTS_S:-200}" tests gpu_tests ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} ;;
