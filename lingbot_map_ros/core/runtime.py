@@ -178,10 +178,16 @@ AUTO_SPLIT_ON_CAPABILITY = (9,)
 AUTO_SDPA_KERNEL = "split"
 
 
+def triton_installed() -> bool:
+    """Whether Triton can be imported (every kernel of ours and ``torch.compile`` need it); asked each
+    time, so that a test can hide it."""
+    return importlib.util.find_spec("triton") is not None
+
+
 def triton_prefix_unusable_reason(device: torch.device, capability: Capability | None = None) -> str:
     """Why the split backend's Triton prefix kernel cannot run ("" when it can): it needs Triton and
     TMA (CUDA, compute capability >= 9)."""
-    if importlib.util.find_spec("triton") is None:
+    if not triton_installed():
         return "triton is not installed"
     if device.type != "cuda":
         return "it runs on CUDA"
@@ -242,7 +248,7 @@ def resolve_step_kernels(name: str, device: torch.device, graphs: bool) -> tuple
         raise ValueError(f"step_kernels must be one of {STEP_KERNELS} (got {name!r})")
     if not graphs:
         return "torch", "they serve the CUDA-graph step, which is off"
-    reason = "triton is not installed" if importlib.util.find_spec("triton") is None else (
+    reason = "triton is not installed" if not triton_installed() else (
         "" if device.type == "cuda" else "it runs on CUDA")
     if name == "triton" and reason:
         raise ValueError(f"step_kernels 'triton' cannot run: {reason}")
@@ -337,7 +343,7 @@ def resolve_for(
     compile_reason = ""
     if not graphs:
         compile_reason = "the fused blocks run inside the CUDA-graph step, which is off"
-    elif importlib.util.find_spec("triton") is None:
+    elif not triton_installed():
         compile_reason = "triton is not installed"
     if switch == "on" and compile_reason:
         raise ValueError(f"compile_blocks 'on' cannot run: {compile_reason}")

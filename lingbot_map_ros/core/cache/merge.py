@@ -6,7 +6,6 @@ One module so that both callers share one compiled merge and neither imports the
 from __future__ import annotations
 
 import functools
-import importlib.util
 from typing import Callable
 
 import torch
@@ -41,8 +40,11 @@ def merge_into(rows: Tensor, parts: Tensor, lse: Tensor, merge: Callable[[list[T
 
 @functools.cache
 def _triton_installed() -> bool:
-    """A GPU without Triton (some Jetson images) keeps the PyTorch merge instead of failing the frame."""
-    return importlib.util.find_spec("triton") is not None
+    """A GPU without Triton (some Jetson images) keeps the PyTorch merge instead of failing the frame
+    (asked once: the merge runs 72 times a frame)."""
+    from ..runtime import triton_installed
+
+    return triton_installed()
 
 
 @functools.lru_cache(maxsize=1)
