@@ -75,8 +75,8 @@ class _Event:
 
 
 def test_kernel_time_by_category_and_the_comparison_table():
-    from lingbot_map_ros.tools.bench import kernel_ms_by_category
     from lingbot_map_ros.tools.bench_streams import profile_comparison
+    from lingbot_map_ros.tools.kernel_profile import kernel_ms_by_category
 
     events = [_Event("sm90_xmma_gemm_bf16", 4000.0), _Event("_attn_fwd_runs", 3000.0),
               _Event("aten::linear", 9000.0),  # host side: its kernels are counted under their own names
@@ -96,11 +96,41 @@ def test_kernel_time_leaves_out_the_operators_recorded_on_the_host():
     is their kernels': they are not counted a second time, whatever their name."""
     from torch.autograd import DeviceType
 
-    from lingbot_map_ros.tools.bench import kernel_ms_by_category
+    from lingbot_map_ros.tools.kernel_profile import kernel_ms_by_category
 
     kernel, region = _Event("sm90_xmma_gemm_bf16", 4000.0), _Event("Torch-Compiled Region: 0/1", 7000.0)
     kernel.device_type, region.device_type = DeviceType.CUDA, DeviceType.CPU
     assert kernel_ms_by_category([kernel, region], steps=2) == {"gemm": 2.0}
+
+
+def test_kernel_time_leaves_out_the_user_annotations_on_the_device_timeline():
+    """With the CPU activity on, a ``torch.compile`` region is also an event on the device timeline that spans
+    its kernels: counted, it inflated "elementwise/other" by the regions' length."""
+    from torch.autograd import DeviceType
+
+    from lingbot_map_ros.tools.kernel_profile import device_kernel_ms, kernel_ms_by_category
+
+    fused, runs = _Event("triton_poi_fused_add_mul_0", 500.0), _Event("_attn_fwd_runs", 3000.0)
+    region = _Event("Torch-Compiled Region: 0/1", 9000.0)
+    for event in (fused, runs, region):
+        event.device_type = DeviceType.CUDA
+    fused.is_user_annotation = runs.is_user_annotation = False
+    region.is_user_annotation = True
+    assert kernel_ms_by_category([fused, runs, region], steps=2) == {"elementwise/other": 0.25, "attention": 1.5}
+    assert set(device_kernel_ms([fused, runs, region], steps=2)) == {"triton_poi_fused_add_mul_0", "_attn_fwd_runs"}
+
+
+def test_the_kernel_table_lists_the_kernels_that_grow_most_first():
+    from lingbot_map_ros.tools.bench_streams import kernel_comparison
+
+    one = {"sm90_xmma_gemm_bf16": 2.0, "_attn_fwd_runs": 1.5, "triton_poi_fused_add_0": 0.2}
+    many = {"sm90_xmma_gemm_bf16": 3.0, "_attn_fwd_runs": 3.0, "triton_poi_fused_add_0": 0.3,
+            "CatArrayBatchedCopy": 0.4}
+    table = kernel_comparison(one, many, 2, top=3).splitlines()
+    rows = [r for r in table if r.startswith("| `")]
+    assert [r.split("`")[1] for r in rows] == ["_attn_fwd_runs", "sm90_xmma_gemm_bf16", "CatArrayBatchedCopy"]
+    assert rows[0] == "| `_attn_fwd_runs` | attention | 1.500 | 3.000 | 2.00x |"
+    assert rows[2] == "| `CatArrayBatchedCopy` | copy/index/cat | 0.000 | 0.400 | - |"
 
 
 def test_the_profile_rows_are_a_step_profile_table_of_the_run_files(tmp_path):

@@ -24,6 +24,7 @@ from ..core.model_host import ModelHost
 from ..core.runtime import resolve_device, resolve_for
 from ..core.session_manager import SessionManager
 from .common import add_session_options, check_session_args, runtime_from_args, stream_from_args
+from .kernel_profile import kernel_ms_by_category
 
 
 @dataclass
@@ -283,35 +284,6 @@ def run_one(base: ModelHost, runtime_cfg: RuntimeConfig, stream_cfg: StreamConfi
         predicted_gb=predicted,
         window_switches=window_switches,
     ), np.stack(poses)
-
-
-KERNEL_CATEGORIES = (
-    ("attention", ("prefill", "flash", "fmha", "attention", "attn")),
-    ("gemm", ("gemm", "matmul", "cutlass", "xmma", "nvjet", "cublas", "sm90_")),
-    ("layernorm", ("layer_norm", "layernorm")),
-    ("conv (depth head)", ("conv", "implicit", "winograd", "cudnn")),
-    ("copy/index/cat", ("copy", "index", "cat", "gather", "scatter", "fill")),
-)
-
-
-def kernel_ms_by_category(events, steps: int) -> dict[str, float]:
-    """GPU kernel ms per step by ``KERNEL_CATEGORIES`` from a profiler's ``key_averages()`` over ``steps``
-    steps (host-side events and copies the host issued are not kernel time)."""
-    from torch.autograd import DeviceType
-
-    totals: dict[str, float] = {}
-    for event in events:
-        us = getattr(event, "device_time_total", 0.0) or getattr(event, "cuda_time_total", 0.0)
-        # an operator recorded on the host (a profile with the CPU activity too) carries its kernels' time:
-        # counting it beside the kernels would count them twice
-        operator = getattr(event, "device_type", None) == DeviceType.CPU
-        host_side = event.key.startswith(("aten::", "cuda", "Memcpy", "Memset")) and "kernel" not in event.key.lower()
-        if us <= 0 or host_side or operator:
-            continue
-        name = event.key.lower()
-        category = next((c for c, keys in KERNEL_CATEGORIES if any(k in name for k in keys)), "elementwise/other")
-        totals[category] = totals.get(category, 0.0) + us / 1e3 / steps
-    return totals
 
 
 def profile_table(manager: SessionManager, pool, variant: str, frames: int = 10) -> str:

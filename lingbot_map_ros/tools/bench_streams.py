@@ -41,6 +41,7 @@ from ..core.session_manager import SessionManager
 from ..core.stream_group import StreamGroup, group_footprint
 from .common import add_session_options, check_session_args, runtime_from_args, stream_from_args
 from .gemm_profile import ProductTime, product_comparison, products_by_shape
+from .kernel_profile import device_kernel_ms, kernel_category
 
 
 @dataclass
@@ -131,10 +132,18 @@ def run_batched(base: ModelHost, stream: StreamConfig, n: int, frames: int, pool
 
 @dataclass
 class GroupProfile:
-    """What ``profile_group`` measured: GPU kernel ms per tick by category, and the matrix products by shape."""
+    """What ``profile_group`` measured: GPU kernel ms per tick by kernel name, by category, and the matrix
+    products by shape."""
 
-    categories: dict[str, float]
+    kernels: dict[str, float]
     products: list[ProductTime]
+
+    @property
+    def categories(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for name, ms in self.kernels.items():
+            totals[kernel_category(name)] = totals.get(kernel_category(name), 0.0) + ms
+        return totals
 
 
 def profile_group(base: ModelHost, stream: StreamConfig, n: int, pools, ticks: int = 10) -> GroupProfile:
@@ -146,7 +155,6 @@ def profile_group(base: ModelHost, stream: StreamConfig, n: int, pools, ticks: i
     from torch.profiler import ProfilerActivity, profile
 
     from ..core.model.fusion import fused_blocks
-    from .bench import kernel_ms_by_category
 
     _reset_peak(base.resolved.device)
     group = StreamGroup(base, stream, [f"cam{i}" for i in range(n)], log=lambda m: None, batch=True)
@@ -174,7 +182,7 @@ def profile_group(base: ModelHost, stream: StreamConfig, n: int, pools, ticks: i
             s.use_cuda_graphs = g
     # the products' time: their kernels' on a GPU; on the CPU (the tests) the operators' own time
     product_time = "device_time_total" if base.resolved.device.type == "cuda" else "cpu_time_total"
-    return GroupProfile(kernel_ms_by_category(prof.key_averages(), ticks),
+    return GroupProfile(device_kernel_ms(prof.key_averages(), ticks),
                         products_by_shape(prof.key_averages(group_by_input_shape=True), ticks, product_time))
 
 
@@ -189,6 +197,23 @@ def profile_comparison(one: dict[str, float], many: dict[str, float], n: int) ->
     total_one, total_many = sum(one.values()), sum(many.values())
     rows.append(f"| total | {total_one:.2f} | {total_many:.2f} | "
                 f"{total_many / total_one if total_one else float('nan'):.2f}x |")
+    return "\n".join(rows)
+
+
+def kernel_comparison(one: dict[str, float], many: dict[str, float], n: int, top: int = 25) -> str:
+    """The kernels whose time grows most from one stream's step to the batched step of ``n`` (ms per tick,
+    eager): where the batch gains least. A kernel at n.00x does not gain; one seen only in the batched step
+    (the loops over the streams, the concatenations) shows ``-``."""
+    def growth(name: str) -> float:
+        return many.get(name, 0.0) - one.get(name, 0.0)
+
+    rows = [f"Kernels by growth, eager (one stream beside {n} streams batched; the {top} that grow most):", "",
+            f"| kernel | category | one stream ms | {n} streams ms | ratio |", "|---|---|---|---|---|"]
+    for name in sorted(set(one) | set(many), key=lambda k: -growth(k))[:top]:
+        a, b = one.get(name, 0.0), many.get(name, 0.0)
+        short = name if len(name) <= 70 else name[:67] + "..."
+        ratio = f"{b / a:.2f}x" if a else "-"
+        rows.append(f"| `{short.replace('|', '/')}` | {kernel_category(name)} | {a:.3f} | {b:.3f} | {ratio} |")
     return "\n".join(rows)
 
 
@@ -376,6 +401,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         one, many = profile_group(base, stream, 1, pools), profile_group(base, stream, n, pools)
         print(profile_comparison(one.categories, many.categories, n), flush=True)
         print(product_comparison(one.products, many.products, n), flush=True)
+        print(kernel_comparison(one.kernels, many.kernels, n), flush=True)
         profile_rows = step_profile_rows(one.categories, many.categories, n, args, stream)
     if args.processes:
         del base
