@@ -96,7 +96,7 @@ profile)
     # rows of tables streams and step_profile: merge with bench/record.py into a run file
     streams "$1" "$CAMERAS" "${PROFILE_WINDOW:-16}" --frames 100 --profile \
       --json "$OUT/profile_cameras_${CAMERAS}_${PROFILE_WINDOW:-16}.json" 2>&1 \
-      | grep -E "^\||rror|GPU kernel|Matrix products|batched step" | tee "$OUT/profile_cameras.txt"
+      | grep -E "^\||rror|GPU kernel|Matrix products|Kernels by|batched step" | tee "$OUT/profile_cameras_${CAMERAS}_${PROFILE_WINDOW:-16}.txt"
   else
     bench "$1" --frames 100 --heads depth+camera,camera --variants "${2:-auto}" --profile 2>&1 \
       | grep -E "^\||rror|GPU kernel" | tee "$OUT/profile.txt"
