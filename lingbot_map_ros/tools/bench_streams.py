@@ -41,7 +41,7 @@ from ..core.session_manager import SessionManager
 from ..core.stream_group import StreamGroup, group_footprint
 from .common import add_session_options, check_session_args, runtime_from_args, stream_from_args
 from .gemm_profile import ProductTime, product_comparison, products_by_shape
-from .kernel_profile import device_kernel_ms, kernel_category
+from .kernel_profile import by_category, device_kernel_ms, kernel_category
 
 
 @dataclass
@@ -140,10 +140,7 @@ class GroupProfile:
 
     @property
     def categories(self) -> dict[str, float]:
-        totals: dict[str, float] = {}
-        for name, ms in self.kernels.items():
-            totals[kernel_category(name)] = totals.get(kernel_category(name), 0.0) + ms
-        return totals
+        return by_category(self.kernels)
 
 
 def profile_group(base: ModelHost, stream: StreamConfig, n: int, pools, ticks: int = 10) -> GroupProfile:

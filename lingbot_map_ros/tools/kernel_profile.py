@@ -45,13 +45,18 @@ def kernel_category(name: str) -> str:
     return next((c for c, keys in KERNEL_CATEGORIES if any(k in lowered for k in keys)), "elementwise/other")
 
 
-def kernel_ms_by_category(events, steps: int) -> dict[str, float]:
-    """GPU kernel ms per step by ``KERNEL_CATEGORIES`` (``device_kernel_ms`` says what counts)."""
+def by_category(kernel_ms: dict[str, float]) -> dict[str, float]:
+    """Kernel ms by name (``device_kernel_ms``) summed per ``KERNEL_CATEGORIES`` category."""
     totals: dict[str, float] = {}
-    for name, ms in device_kernel_ms(events, steps).items():
+    for name, ms in kernel_ms.items():
         category = kernel_category(name)
         totals[category] = totals.get(category, 0.0) + ms
     return totals
 
 
-__all__ = ["KERNEL_CATEGORIES", "device_kernel_ms", "kernel_category", "kernel_ms_by_category"]
+def kernel_ms_by_category(events, steps: int) -> dict[str, float]:
+    """GPU kernel ms per step by ``KERNEL_CATEGORIES`` (``device_kernel_ms`` says what counts)."""
+    return by_category(device_kernel_ms(events, steps))
+
+
+__all__ = ["KERNEL_CATEGORIES", "by_category", "device_kernel_ms", "kernel_category", "kernel_ms_by_category"]
