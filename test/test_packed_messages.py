@@ -170,6 +170,42 @@ def test_a_numeric_field_lands_where_the_strings_before_it_put_it():
     same_message(layouts["map_frame"].pack(values), rosmsg.POSES.message("map_frame", values))
 
 
+def test_padding_that_holds_an_earlier_probes_values_does_not_hide_a_field(monkeypatch):
+    """The middleware leaves alignment padding unwritten: it holds what the buffer held before, at times the
+    values an earlier probe wrote. Padding that repeats fixed probe values (0x11.., 0x22..) in step with the field
+    made a fixed-value search find two places for a stamp and give no layout; a search with values drawn per
+    probe still finds each field, and the bytes read back as the message."""
+    from tf2_msgs.msg import TFMessage
+
+    # CDR of a TFMessage with one transform, frame ids "world" and "front_camera_optical": the child's string
+    # ends at byte 49 of the data, seven bytes of padding align the translation to 56
+    pad = slice(rosmsg.ENCAPSULATION + 49, rosmsg.ENCAPSULATION + 56)
+    genuine = rosmsg.serialize_message
+
+    def stale_padding(msg):
+        wire = bytearray(genuine(msg))
+        for fill in (b"\x11", b"\x22"):
+            if fill * 4 in wire[:pad.start]:  # what an earlier probe with fixed values left in this buffer
+                wire[pad] = fill * 7
+        return bytes(wire)
+
+    monkeypatch.setattr(rosmsg, "serialize_message", stale_padding)
+    example = rosmsg._tf_example(("world", "front_camera_optical", 1))
+    stamp_sec = rosmsg.TF_MESSAGES[1].fields[0]
+    for fill in (b"\x11", b"\x22"):  # the adversary works: a fixed value shows up in two places
+        probe = deserialize_message(genuine(example), TFMessage)
+        rosmsg.set_field(probe, stamp_sec, struct.unpack("<i", fill * 4)[0])
+        assert stale_padding(probe).count(fill * 4) >= 2
+    layout = rosmsg.FieldLayout.of(example, rosmsg.TF_MESSAGES[1].fields)
+    assert layout is not None
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        matrix, stamp = random_pose(rng), random_stamp(rng)
+        values = [stamp.sec, stamp.nanosec, *rosmsg.transform_values(matrix)]
+        reference = TFMessage(transforms=[rosmsg.transform_stamped(matrix, stamp, "world", "front_camera_optical")])
+        same_message(layout.pack(values), reference)
+
+
 def test_a_key_without_a_layout_publishes_the_message(monkeypatch):
     """Where the middleware's bytes cannot be patched, ``encode`` gives the message built field by field."""
     packed = rosmsg.Packed(lambda frame: PoseStamped(header=Header(frame_id=frame)), rosmsg.POSE_FIELDS)

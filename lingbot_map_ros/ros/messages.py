@@ -8,6 +8,7 @@ be checked without a running node.
 from __future__ import annotations
 
 import functools
+import random
 import struct
 import threading
 from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
@@ -246,12 +247,14 @@ def cache_stats(result: FrameResult, stamp: TimeMsg, world_frame: str, session_i
 # per field, a C struct per nested message), after Python built it field by field with checks of its own;
 # a publish of bytes skips both. The strings of these messages (frame ids, a reason) and their sequence
 # lengths rarely change, so the middleware serializes one message per such key once; where each numeric
-# field lands in those bytes is found by serializing it with two values that differ in every byte, and each
+# field lands in those bytes is found by serializing it with values drawn at random (``_offset_of``), and each
 # frame writes its numbers there (``struct``). ``FieldLayout.of`` checks the result once against the
 # middleware's own serialization (read back as the same message), else the caller publishes messages.
 _FIELD_FORMATS = {"double": "d", "float": "f", "int8": "b", "uint8": "B", "octet": "B", "char": "B",
                   "boolean": "?", "int16": "h", "uint16": "H", "int32": "i", "uint32": "I", "int64": "q",
                   "uint64": "Q"}
+_PROBE_MIN, _PROBE_MAX = 4, 64  # values written into a field to place it: at least, at most
+_PROBE_RANDOM = random.Random()  # a fresh seed per process: no earlier probe's values to repeat
 
 
 def _field_type(msg_type, path: str) -> str:
@@ -317,22 +320,14 @@ class FieldLayout:
         order = "<" if template[1] & 1 else ">"  # CDR_LE / CDR_BE (the representation id's low bit)
         slots = []
         for path in fields:
-            kind = _field_type(msg_type, path)
-            fmt = _FIELD_FORMATS[kind]
+            fmt = _FIELD_FORMATS[_field_type(msg_type, path)]
             width = struct.calcsize(fmt)
             original = get_field(probe, path)
-            forms = []
-            for fill in (b"\x11", b"\x22"):
-                raw = (b"\x00" if fill == b"\x11" else b"\x01") if fmt == "?" else fill * width
-                set_field(probe, path, struct.unpack(order + fmt, raw)[0])
-                forms.append((serialize_message(probe), raw))
+            offset = cls._offset_of(probe, path, fmt, order, len(template))
             set_field(probe, path, original)
-            (a, raw_a), (b, raw_b) = forms
-            found = [p for p in range(ENCAPSULATION, len(a) - width + 1)
-                     if a[p:p + width] == raw_a and b[p:p + width] == raw_b]
-            if len(found) != 1 or len(a) != len(template):
+            if offset is None:
                 return None
-            slots.append((found[0], fmt, width))
+            slots.append((offset, fmt, width))
         runs = []  # consecutive fields in one Struct each
         for i, (offset, fmt, width) in enumerate(slots):
             last = runs[-1] if runs else None
@@ -353,6 +348,35 @@ class FieldLayout:
         if len(packed) != len(template) or deserialize_message(packed, msg_type) != check:
             return None
         return layout
+
+    @staticmethod
+    def _offset_of(probe, path: str, fmt: str, order: str, size: int) -> Optional[int]:
+        """Where the field ``path`` of ``probe`` sits in its bytes: the one place that holds every value written
+        into the field, each serialized in turn; None where no place or several do.
+
+        The middleware leaves the alignment padding between fields unwritten, so those bytes hold whatever the
+        buffer held before, often an earlier serialization's, probes of other keys included. Fixed probe values
+        can therefore show up in padding as well; values drawn at random per probe (every byte of a number in
+        0x10..0x7f: finite as a float, in range as a signed integer) cannot follow along, and more values are
+        written while more than one place still holds them all."""
+        width = struct.calcsize(fmt)
+        candidates: Optional[list[int]] = None
+        for round_ in range(_PROBE_MAX):
+            if fmt == "?":
+                raw = bytes([round_ % 2 if round_ < 2 else _PROBE_RANDOM.getrandbits(1)])  # both values first
+            else:
+                raw = bytes(_PROBE_RANDOM.randrange(0x10, 0x80) for _ in range(width))
+            set_field(probe, path, struct.unpack(order + fmt, raw)[0])
+            wire = serialize_message(probe)
+            if len(wire) != size:
+                return None
+            places = range(ENCAPSULATION, size - width + 1) if candidates is None else candidates
+            candidates = [p for p in places if wire[p:p + width] == raw]
+            if not candidates:
+                return None
+            if len(candidates) == 1 and round_ + 1 >= _PROBE_MIN:
+                return candidates[0]
+        return None
 
     def pack(self, values: Sequence) -> bytes:
         """The serialized message with ``values`` (one per field, in the order of ``fields``)."""
