@@ -9,6 +9,8 @@ put it. Poses after the re-lock must be ``K2 (x - anchor) + K anchor``.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -21,6 +23,7 @@ from lingbot_map_ros.core.preprocess import FramePreprocessor  # noqa: E402
 from lingbot_map_ros.core.scale import DEPTH_SAMPLE_STRIDE, LOCKED, RE_ESTIMATING  # noqa: E402
 from lingbot_map_ros.core.session_manager import SessionManager  # noqa: E402
 from lingbot_map_ros.core.settings import defaults  # noqa: E402
+from lingbot_map_ros.ros.depth_io import RefusedDepth  # noqa: E402
 from lingbot_map_ros.ros.node_settings import FixedSettings, NodeSettings  # noqa: E402
 from lingbot_map_ros.ros.robot_frames import Placement, RobotFrames, Withheld  # noqa: E402
 from lingbot_map_ros.tools.node_client import SyntheticCamera  # noqa: E402
@@ -118,3 +121,33 @@ def test_window_switches_re_estimate_the_scale_without_a_jump(one_torch_thread):
     # the window-1 frames after its second keyframe carry K2
     assert any(r.window_index == 1 and out.depth_factor == pytest.approx(K2) for r, out in placed[first_w1 + 1:])
     assert not [line for line in node.log.lines if line[0] == "error"]
+
+
+def test_a_refused_depth_partner_ends_the_keyframes_wait_at_once(one_torch_thread):
+    """A keyframe waits up to tf_timeout for a depth partner that has not arrived (the middleware may
+    deliver a large image late), but not for one that came and was refused: its sample is a miss at
+    once, with the refusal's reason. Then the next keyframes still lock the scale."""
+    values = dict(defaults(), scale_source="depth", scale_min_samples=2, publish_tf=False, tf_timeout=30.0)
+    depth = _Depth()
+    robot = RobotFrames(_Node(), FixedSettings(NodeSettings.from_values(values)), _Tree(), depth)
+    stream = StreamConfig(scale_frames=2, sliding_window=3, camera_iterations=1, with_depth=True)
+    session = SessionManager.open(RuntimeConfig(model_preset="tiny", device="cpu"), stream, log=lambda m: None)
+    cam = SyntheticCamera(64, 48, seed=2)
+    pre = FramePreprocessor()
+    robot.begin_session()
+    outcomes, waits = [], []
+    for i in range(3):
+        header = Header()
+        header.stamp.sec = 1000 + i
+        for r in session.push(pre(cam.render(i)), stamp=header):
+            key = (r.stamp.stamp.sec, r.stamp.stamp.nanosec)
+            s = DEPTH_SAMPLE_STRIDE
+            grid = (r.depth[s // 2 :: s, s // 2 :: s] * K).astype(np.float32)
+            depth.grids[key] = RefusedDepth("depth encoding '8UC1' is not supported") if key[0] == 1000 else grid
+            start = time.monotonic()
+            outcomes.append(robot.place(r, r.stamp, "cam", session_id=1))
+            waits.append(time.monotonic() - start)
+    assert max(waits) < 10.0, waits  # far below the 30 s a missing partner would be awaited
+    assert robot.scale.rejected["depth image refused"] == 1, robot.scale.rejected
+    assert [type(o) for o in outcomes] == [Withheld, Withheld, Placement]  # frames 1 and 2 lock it
+    assert robot.scale.status().value == pytest.approx(K)

@@ -14,6 +14,7 @@ executor thread. Anything else is refused with the reason (``BadDepth``), never 
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -31,6 +32,15 @@ class BadDepth(ValueError):
     def __init__(self, kind: str, reason: str):
         super().__init__(reason)
         self.kind = kind
+
+
+@dataclass(frozen=True)
+class RefusedDepth:
+    """What a colour frame's depth slot holds when its partner arrived but was refused (``BadDepth``):
+    the keyframe that waits for its depth stops at once with ``reason``, rather than at ``tf_timeout``
+    as for a partner that has not arrived."""
+
+    reason: str
 
 
 class GridCache:

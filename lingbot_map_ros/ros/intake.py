@@ -9,7 +9,10 @@ bad frame never waits in a queue. Frames received while the node is not active e
 Depth (``DepthPairing``): colour frames never wait for their depth partner. The callback hands each
 accepted frame's stamp to a ``message_filters.ApproximateTimeSynchronizer`` that pairs it with the
 depth topic within ``depth_sync_slop``; a pair's depth is read under the model's depth grid and kept
-by colour stamp until the frame's result asks for it (``take``), by when it has long arrived.
+by colour stamp until the frame's result asks for it (``take``). A partner that could not be read is
+kept as a ``RefusedDepth``, so the keyframe's wait ends at once; one that has not arrived yet (a
+large message the middleware repairs after a lost fragment comes late) is awaited up to
+``tf_timeout`` by ``robot_frames``.
 """
 from __future__ import annotations
 
@@ -192,18 +195,18 @@ class DepthPairing:
                                               f"{self.topic} within depth_sync_slop", lost_colour)
         if not self._wanted():
             return
-        from .depth_io import BadDepth, compressed_depth_grid, image_depth_grid
+        from .depth_io import BadDepth, RefusedDepth, compressed_depth_grid, image_depth_grid
 
         try:
             if isinstance(depth, CompressedImage):
-                grid = compressed_depth_grid(depth, colour.wh, self._grid)
+                kept = compressed_depth_grid(depth, colour.wh, self._grid)
             else:
-                grid = image_depth_grid(depth, colour.wh, self._grid)
+                kept = image_depth_grid(depth, colour.wh, self._grid)
         except BadDepth as exc:
             self._bad(f"bad_{exc.kind}", f"depth image at {stamp_sec(depth.header.stamp):.3f} not used: {exc}")
-            return
+            kept = RefusedDepth(str(exc))
         with self._lock:
-            self._kept[c_ns] = grid
+            self._kept[c_ns] = kept
             while len(self._kept) > DEPTH_KEPT:
                 self._kept.popitem(last=False)
 
@@ -237,7 +240,7 @@ class DepthPairing:
     # ------------------------------------------------------------------ inference thread
     def take(self, header) -> Optional[object]:
         """The sensor depth (metres, under the model grid) paired with the colour frame ``header``,
-        once; None when there is none (yet)."""
+        once: a grid, a ``RefusedDepth`` (the partner came and was refused), or None (none yet)."""
         with self._lock:
             return self._kept.pop(_stamp_ns(header), None)
 

@@ -40,6 +40,7 @@ import numpy as np
 
 from ..core.geometry import body_pose, body_twist, odom_correction, pose_difference, rigid_inverse
 from ..core.scale import ScaleEstimator, ScaleStatus, depth_ratio, model_depth_grid
+from .depth_io import RefusedDepth
 from .node_settings import SettingsSource
 from .transforms import FrameTree, NoTransform
 
@@ -269,6 +270,9 @@ class RobotFrames:
         if grid is None:
             self.scale.miss("no depth partner: no depth image paired with this keyframe")
             return
+        if isinstance(grid, RefusedDepth):
+            self.scale.miss(f"depth image refused: {grid.reason}")
+            return
         if r.depth is None:
             self.scale.miss("no model depth: the depth head did not run on this frame (depth_every)")
             return
@@ -280,7 +284,8 @@ class RobotFrames:
 
     def _depth_partner(self, header, timeout: float):
         """The keyframe's paired depth, waiting up to ``timeout`` (``tf_timeout``) for it as for a transform:
-        a depth image sent with its colour frame may reach the node after the frame's result."""
+        a depth image sent with its colour frame may reach the node after the frame's result. A partner
+        that came and was refused ends the wait at once (``RefusedDepth``)."""
         if self.depth is None:
             return None
         deadline = time.monotonic() + timeout
