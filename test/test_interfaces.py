@@ -11,6 +11,9 @@ reliability and durability) and compares it, in both directions, with the table:
 * a second node with a namespace, a remapped and compressed image input and reliable QoS: the rows'
   names resolve as the table says, and the subscription follows ``qos_reliability``;
 * its ``/tf`` edges for streamed frames are the TF table's (parent, child) with the settings in use.
+
+The rows marked ``large`` (depth images, point clouds) must be published by the node's second participant
+``<node>_large_outputs`` and by nothing else; every other row by the node itself.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ from lingbot_map_ros.ros.interfaces import (  # noqa: E402
     Endpoint,
     resolve,
 )
+from lingbot_map_ros.ros.large_outputs import SUFFIX  # noqa: E402
 from lingbot_map_ros.tools.node_client import Listener, NodeProcess, SyntheticCamera, image_message  # noqa: E402
 
 TINY = ["-p", "model_preset:=tiny", "-p", "device:=cpu", "-p", "scale_frames:=2", "-p", "sliding_window:=3",
@@ -45,6 +49,7 @@ QOS_OF = {  # a row's QoS key -> (reliability, durability) the endpoint must sho
     "reliable": (QoSReliabilityPolicy.RELIABLE, QoSDurabilityPolicy.VOLATILE),
     "latched": (QoSReliabilityPolicy.RELIABLE, QoSDurabilityPolicy.TRANSIENT_LOCAL),
 }
+LARGE = "publisher (large_outputs)"  # a publisher of the node's second participant, in the graph sets
 
 
 class Probe:
@@ -62,6 +67,9 @@ class Probe:
         rows |= {("subscription", t, ty) for t, tys in n.get_subscriber_names_and_types_by_node(name, ns)
                  for ty in tys}
         rows |= {("service", s, ty) for s, tys in n.get_service_names_and_types_by_node(name, ns) for ty in tys}
+        # the second participant's publishers, besides the one every rclpy node has
+        rows |= {(LARGE, t, ty) for t, tys in n.get_publisher_names_and_types_by_node(name + SUFFIX, ns)
+                 for ty in tys if t != "/parameter_events"}
         return rows
 
     def wait_graph(self, name: str, ns: str, expected: set, timeout: float = 60.0) -> set:
@@ -106,8 +114,16 @@ class Probe:
         rclpy.shutdown(context=self.ctx)
 
 
+def graph_kind(row: Endpoint) -> str:
+    return LARGE if row.large else row.kind
+
+
+def publisher_of(row: Endpoint) -> str:
+    return NODE_NAME + SUFFIX if row.large else NODE_NAME
+
+
 def expected_graph(values: dict, rows, namespace: str = "/", remaps=None, configured: bool = True) -> set:
-    return {(r.kind, resolve(r.name, namespace, NODE_NAME, remaps), r.type) for r in rows
+    return {(graph_kind(r), resolve(r.name, namespace, NODE_NAME, remaps), r.type) for r in rows
             if r.exists_with(values) and (configured or not r.configured_only)}
 
 
@@ -120,7 +136,7 @@ def check_qos(probe: Probe, rows: tuple[Endpoint, ...], values: dict, namespace:
             want = (QoSReliabilityPolicy.RELIABLE if values["qos_reliability"] == "reliable"
                     else QoSReliabilityPolicy.BEST_EFFORT, QoSDurabilityPolicy.VOLATILE)
         assert want is not None, f"{r.name}: unknown QoS key {r.qos!r}"
-        got = probe.qos(r.kind, resolve(r.name, namespace, NODE_NAME, remaps), NODE_NAME)
+        got = probe.qos(r.kind, resolve(r.name, namespace, NODE_NAME, remaps), publisher_of(r))
         assert got == want, f"{r.kind} {r.name}: QoS {got} in the node, {want} in the table"
 
 
@@ -227,7 +243,7 @@ def test_graph_with_two_cameras_equals_the_table(probe, ros_domain_id, tmp_path)
     node = start_node(["-p", "cameras:=[front,rear]", "-p", "base_frame:=base_link"], ros_domain_id, tmp_path)
     try:
         assert node.wait_ready(120), node.output()[-3000:]
-        want = {(r.kind, resolve(name, "/", NODE_NAME), r.type) for r in ENDPOINTS + LIFECYCLE + STANDARD
+        want = {(graph_kind(r), resolve(name, "/", NODE_NAME), r.type) for r in ENDPOINTS + LIFECYCLE + STANDARD
                 for name in r.names_with(values)}
         got = probe.wait_graph(NODE_NAME, "/", want)
         assert got == want, diff(got, want)
@@ -236,7 +252,7 @@ def test_graph_with_two_cameras_equals_the_table(probe, ros_domain_id, tmp_path)
                 for name in r.names_with(values):
                     want_qos = (QoSReliabilityPolicy.BEST_EFFORT, QoSDurabilityPolicy.VOLATILE) \
                         if r.qos == "qos_reliability" else QOS_OF[r.qos]
-                    got_qos = probe.qos(r.kind, resolve(name, "/", NODE_NAME), NODE_NAME)
+                    got_qos = probe.qos(r.kind, resolve(name, "/", NODE_NAME), publisher_of(r))
                     assert got_qos == want_qos, (name, got_qos, want_qos)
     finally:
         assert node.stop() == 0, node.output()[-3000:]

@@ -40,6 +40,7 @@ from .diagnostics import DIAG_PREFIX, RATE_WINDOW_S
 from .frames import Frame, FrameLedger, LatestFrame
 from .input_size import InputSize
 from .intake import DepthPairing, ImageIntake
+from .large_outputs import large_publisher
 from .node_settings import OverriddenSettings, SettingsSource
 from .node_state import NodeState
 from .robot_frames import RobotFrames
@@ -78,7 +79,7 @@ class CameraChannel:
         reliable10 = QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE)
         self.pose_pub = node.create_publisher(PoseStamped, f"~/{name}/pose", reliable10)
         self.stats_pub = node.create_publisher(CacheStats, f"~/{name}/cache_stats", reliable10)
-        self.depth_pub = node.create_publisher(Image, f"~/{name}/depth", reliable10)
+        self.depth_pub = large_publisher(node, Image, f"~/{name}/depth", reliable10)  # see large_outputs
         self.time_jump = TimeJumpDetector()
         self.non_finite_in_a_row = 0
         self.warned_no_frame_id = False

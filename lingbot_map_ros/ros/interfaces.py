@@ -47,6 +47,9 @@ class Endpoint:
     per_camera: bool = False
     # True: the single camera's input, which the per-camera rows replace when ``cameras`` is set.
     without_cameras: bool = False
+    # True: a large message, published by the node's second participant ``<node>_large_outputs`` so that it
+    # cannot delay the node's poses and /tf (``large_outputs.py``).
+    large: bool = False
 
     def exists_with(self, values: Mapping[str, object]) -> bool:
         if (self.per_camera and not values.get("cameras")) or (self.without_cameras and values.get("cameras")):
@@ -145,19 +148,20 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              "six statuses: `lingbot_map: input`, `inference`, `kv cache`, `backend`, `tf`, `scale`"),
     # --- out, reconstruction (the depth head runs when any of publish_depth/points/map is on)
     Endpoint("publisher", "~/depth", "sensor_msgs/msg/Image", "reliable", "`publish_depth`",
-             "32FC1 depth (z along the optical axis) at the model input size, camera frame, image stamp"),
+             "32FC1 depth (z along the optical axis) at the model input size, camera frame, image stamp",
+             large=True),
     Endpoint("publisher", "~/depth_confidence", "sensor_msgs/msg/Image", "reliable", "`publish_depth`",
-             "32FC1 confidence of `~/depth` (>= 1)", configured_only=True),
+             "32FC1 confidence of `~/depth` (>= 1)", configured_only=True, large=True),
     Endpoint("publisher", "~/camera_info", "sensor_msgs/msg/CameraInfo", "reliable", "`publish_depth`",
              "the intrinsics estimated for the frame at the depth image's size (no distortion)",
              configured_only=True),
     Endpoint("publisher", "~/points", "sensor_msgs/msg/PointCloud2", "reliable",
              "`publish_points`, while someone subscribes",
              "the frame's depth in `world_frame`: x y z, rgb, confidence (every `points_stride`-th pixel)",
-             configured_only=True),
+             configured_only=True, large=True),
     Endpoint("publisher", "~/map_points", "sensor_msgs/msg/PointCloud2", "latched",
              "`publish_map`, every `map_period` s",
-             "the session's bounded voxel map in `world_frame` (same fields)", configured_only=True),
+             "the session's bounded voxel map in `world_frame` (same fields)", configured_only=True, large=True),
     # --- out, per camera (cameras set; ~/pose, ~/odom, ~/path and /tf are then the body's, one stream)
     Endpoint("publisher", "~/<name>/pose", "geometry_msgs/msg/PoseStamped", "reliable",
              "`cameras` set: every processed frame of camera `<name>` (withheld while its unit is estimated)",
@@ -173,17 +177,17 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              configured_only=True, per_camera=True),
     Endpoint("publisher", "~/<name>/depth", "sensor_msgs/msg/Image", "reliable", "`cameras` set, `publish_depth`",
              "camera `<name>`'s 32FC1 depth at the model input size, in the world's unit", configured_only=True,
-             per_camera=True),
+             per_camera=True, large=True),
     Endpoint("publisher", "~/<name>/depth_confidence", "sensor_msgs/msg/Image", "reliable",
              "`cameras` set, `publish_depth`", "32FC1 confidence of `~/<name>/depth`", configured_only=True,
-             per_camera=True),
+             per_camera=True, large=True),
     Endpoint("publisher", "~/<name>/camera_info", "sensor_msgs/msg/CameraInfo", "reliable",
              "`cameras` set, `publish_depth`", "camera `<name>`'s estimated intrinsics at the depth image's size",
              configured_only=True, per_camera=True),
     Endpoint("publisher", "~/<name>/points", "sensor_msgs/msg/PointCloud2", "reliable",
              "`cameras` set, `publish_points`, while someone subscribes",
              "camera `<name>`'s depth in the one `world_frame`; `~/map_points` fuses every camera's",
-             configured_only=True, per_camera=True),
+             configured_only=True, per_camera=True, large=True),
     # --- services
     Endpoint("service", "~/reset", "std_srvs/srv/Trigger", "", "configured (else it answers why not)",
              "start a new session: KV cache emptied, new world frame from the next frame, path and trajectory "

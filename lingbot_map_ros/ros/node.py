@@ -63,6 +63,7 @@ from .diagnostics import COUNTER_NAMES, DIAG_PREFIX, DiagnosticsSnapshot, diagno
 from .frames import Frame, FrameLedger, InputRejected
 from .input_size import InputSize
 from .intake import DepthPairing, ImageIntake
+from .large_outputs import LargeOutputs
 from .node_settings import LiveSettings, NodeSettings
 from .node_state import ConfiguredParts, NodeState, RestartableTimer
 from .outputs import FALLBACK_CAMERA_FRAME, PATH_EVERY_FRAME, PATH_MIN_PERIOD, ResultPublisher
@@ -127,6 +128,8 @@ class LingBotMapNode(LifecycleNode):
         # The robot's frames and scale: the depth topic's pairing (scale_source depth) feeds the scale
         # that ResultPublisher's RobotFrames applies; tf2's listener runs from here on, in every state.
         self._depth = DepthPairing(self, self._settings)
+        # depth images and point clouds leave through a participant of their own (large_outputs.py)
+        self.large_outputs = LargeOutputs(self)
         self._outputs = ResultPublisher(self, self._settings, self._ledger, depth=self._depth)
         self._depth.consumer = self._outputs.robot
         self._intake = ImageIntake(self, self._settings, self._ledger, self._input_size, sink=self._offer,
@@ -295,6 +298,11 @@ class LingBotMapNode(LifecycleNode):
         if recon is not None:
             recon.destroy()
         self._state.enter("unconfigured")
+
+    def destroy_node(self) -> None:
+        """The node, then its second participant (``large_outputs``)."""
+        super().destroy_node()
+        self.large_outputs.close()
 
     def shutdown(self, timeout: float = 30.0, reason: str = "the node was shut down") -> None:
         """Stop and join the preprocessing thread, then the inference thread; each finishes the frame

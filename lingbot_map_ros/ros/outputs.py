@@ -31,6 +31,7 @@ from ..core.settings import covariance_matrix
 from . import messages as rosmsg
 from .edge_publishers import EdgePublishers
 from .frames import Frame, FrameLedger, stamp_sec
+from .large_outputs import large_publisher
 from .node_settings import SettingsSource
 from .robot_frames import RobotFrames, Withheld
 from .transforms import FrameTree, NoTransform
@@ -76,7 +77,7 @@ class ResultPublisher:
         self._odom_pub = node.create_publisher(Odometry, "~/odom", reliable10)
         self._path_pub = node.create_publisher(Path, "~/path", reliable10)
         self._stats_pub = node.create_publisher(CacheStats, "~/cache_stats", reliable10)
-        self._depth_pub = node.create_publisher(Image, "~/depth", reliable10)
+        self._depth_pub = large_publisher(node, Image, "~/depth", reliable10)  # its own participant: large_outputs
         self._lock = threading.Lock()  # path and trajectory (inference thread <-> ~/save_trajectory)
         # the poses of ~/path: (frame id, rosmsg.pose_values) each
         self._path: collections.deque = collections.deque(maxlen=int(values.path_max_length))

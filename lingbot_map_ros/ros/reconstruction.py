@@ -34,6 +34,7 @@ from std_srvs.srv import Trigger
 from ..core.geometry import intrinsics_for_camera
 from ..core.reconstruction import PointBatch, VoxelMap, is_finite_camera, point_records, unproject_depth, write_ply
 from ..core.results import FrameResult
+from .large_outputs import destroy_large_publisher, large_publisher
 from .node_settings import NodeSettings, SettingsSource
 
 # x, y, z, rgb (packed 0x00RRGGBB in a float32), confidence: five little-endian float32 = 20 bytes
@@ -174,12 +175,13 @@ class ReconstructionPublisher:
         # latched: RViz (or a recorder) started later still gets the last map at once
         latched = QoSProfile(depth=1, reliability=QoSReliabilityPolicy.RELIABLE,
                              durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
-        self._conf_pub = node.create_publisher(Image, prefix + "depth_confidence", reliable10)
+        # images and clouds from the node's second participant (large_outputs: they would delay its poses and TF)
+        self._conf_pub = large_publisher(node, Image, prefix + "depth_confidence", reliable10)
         self._info_pub = node.create_publisher(CameraInfo, prefix + "camera_info", reliable10)
-        self._points_pub = node.create_publisher(PointCloud2, prefix + "points", big)
+        self._points_pub = large_publisher(node, PointCloud2, prefix + "points", big)
         self._map_pub = self._save_srv = self._timer = None
         if map_into is None:
-            self._map_pub = node.create_publisher(PointCloud2, "~/map_points", latched)
+            self._map_pub = large_publisher(node, PointCloud2, "~/map_points", latched)
             self._save_srv = node.create_service(Trigger, "~/save_map", self._on_save_map)
             self._timer = node.create_timer(MAP_TICK_S, self._on_tick)
 
@@ -344,9 +346,10 @@ class ReconstructionPublisher:
         if self._timer is not None:
             node.destroy_timer(self._timer)
             node.destroy_service(self._save_srv)
-        for pub in (self._conf_pub, self._info_pub, self._points_pub, self._map_pub):
+        node.destroy_publisher(self._info_pub)
+        for pub in (self._conf_pub, self._points_pub, self._map_pub):
             if pub is not None:
-                node.destroy_publisher(pub)
+                destroy_large_publisher(node, pub)
 
 
 __all__ = [

@@ -362,8 +362,8 @@ class Listener:
         n.create_subscription(Path, f"{self.ns}/path", self._append("paths"), reliable)
         n.create_subscription(TFMessage, "/tf", self._append("tf"), QoSProfile(depth=100))
         n.create_subscription(DiagnosticArray, "/diagnostics", self._diag, reliable)
-        if depth:
-            n.create_subscription(Image, f"{self.ns}/depth", self._append("depth"), reliable)
+        self._depth_sub = (n.create_subscription(Image, f"{self.ns}/depth", self._append("depth"), reliable)
+                           if depth else None)
         self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(self.node)
         self._thread = threading.Thread(target=self._spin, daemon=True)
@@ -434,12 +434,14 @@ class Listener:
         return None
 
     def wait_connected(self, timeout: float = 15.0) -> bool:
-        """The node subscribes to our images and publishes the status topic we listen to."""
+        """The node subscribes to our images and publishes the status topic we listen to (and, when we read
+        its depth, our depth subscription is matched: that publisher is on the node's second participant)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if (self.pub.get_subscription_count() > 0
                     and self.node.count_publishers(f"{self.ns}/frame_status") > 0
-                    and self.node.count_publishers(f"{self.ns}/pose") > 0):
+                    and self.node.count_publishers(f"{self.ns}/pose") > 0
+                    and (self._depth_sub is None or self._depth_sub.get_publisher_count() > 0)):
                 time.sleep(0.3)  # let the other side match us too
                 return True
             time.sleep(0.05)

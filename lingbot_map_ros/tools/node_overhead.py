@@ -57,26 +57,40 @@ def _pct(values, q):
 
 
 class _Robot:
-    """The robot's side for ``--robot``: static camera mount, odometry at each image stamp, depth."""
+    """The robot's side for ``--robot``: static camera mount, odometry at each image stamp, depth.
+
+    As on a robot, where the camera driver, the odometry and the depth camera are separate processes, the
+    transforms and the depth go out from participants of their own, not from the one that sends the colour
+    images: from one participant the images (over 512 kB) would delay the transforms by up to the
+    middleware's heartbeat, 3 s (``ros/large_outputs.py``), and frames would end NO_TRANSFORM."""
 
     def __init__(self, listener, camera_frame: str, size: tuple[int, int], with_depth: bool, mounts=None):
         """``mounts``: ``[(link, optical frame, xyz, quaternion xyzw of base_link -> link)]`` of several
         cameras (``--cameras``); default the one camera 0.2 m ahead of the body looking forward."""
         import numpy as np
+        import rclpy
         import tf2_ros
         from geometry_msgs.msg import TransformStamped
+        from rclpy.context import Context
         from rclpy.qos import QoSProfile, QoSReliabilityPolicy
         from sensor_msgs.msg import Image
 
         self._np, self._tf_type, self._image_type = np, TransformStamped, Image
-        node = listener.node
+        domain = listener.node.context.get_domain_id()
+        self._contexts = [Context() for _ in range(2 if with_depth else 1)]
+        for context in self._contexts:
+            rclpy.init(args=[], context=context, domain_id=domain)
+        self._nodes = [rclpy.create_node(name, context=context)
+                       for name, context in zip(("lingbot_overhead_robot_tf", "lingbot_overhead_depth_camera"),
+                                                self._contexts)]
+        node = self._nodes[0]
         self._moving = tf2_ros.TransformBroadcaster(node)
         self._static = tf2_ros.StaticTransformBroadcaster(node)  # kept: it owns the latched publisher
         mounts = mounts or [("camera_link", camera_frame, (0.2, 0.0, 0.45), (0, 0, 0, 1))]
         self._static.sendTransform([t for link, optical, xyz, q in mounts
                                     for t in (self._tf("base_link", link, xyz, q, 0),
                                               self._tf(link, optical, (0, 0, 0), (-0.5, 0.5, -0.5, 0.5), 0))])
-        self._depth_pub = node.create_publisher(
+        self._depth_pub = self._nodes[-1].create_publisher(
             Image, "/lingbot_overhead/depth", QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE)) \
             if with_depth else None
         w, h = size
@@ -92,6 +106,23 @@ class _Robot:
         r = t.transform.rotation
         r.x, r.y, r.z, r.w = (float(v) for v in q)  # an int here reaches tf2 as NaN
         return t
+
+    def wait_matched(self, timeout: float = 30.0) -> bool:
+        """The node subscribes to the mounts (latched /tf_static: only the node reads it) and the depth."""
+        deadline = time.monotonic() + timeout
+        pubs = [self._static.pub_tf] + ([self._depth_pub] if self._depth_pub is not None else [])
+        while any(p.get_subscription_count() == 0 for p in pubs):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        time.sleep(0.5)  # the node's side matches too, and its TF listener hears the static mounts
+        return True
+
+    def close(self) -> None:
+        for node in self._nodes:
+            node.destroy_node()
+        for context in self._contexts:
+            context.try_shutdown()
 
     def before(self, i: int, stamp: int) -> None:
         """What the robot sends for frame ``i`` before its image: odometry (moving 2 cm per frame), depth."""
@@ -209,6 +240,7 @@ def main(argv=None) -> int:
     rclpy.init()
     listener = Listener(name="lingbot_overhead_probe")
     rows = []
+    robot = None
     breakdown = {}
     robot_cost = {}
     outcomes: dict[int, int] = {}
@@ -221,7 +253,9 @@ def main(argv=None) -> int:
         images = [camera.render(i) for i in range(min(args.frames, 16))]  # rendering is not measured
         robot = _Robot(listener, DEMO_CAMERA_FRAME, (args.width, args.height), args.robot == "depth") \
             if args.robot != "none" else None
-        time.sleep(0.5 if robot is not None else 0.0)  # the node's TF listener hears the static mount first
+        if robot is not None and not robot.wait_matched():
+            print("the node did not subscribe to the robot's transforms or depth", file=sys.stderr)
+            return 1
         sent = _send(args, listener, images, image_message, DEMO_CAMERA_FRAME, robot)
         with listener.lock:
             for stamp, t_send in sent:
@@ -244,6 +278,8 @@ def main(argv=None) -> int:
                 if status.name in ("lingbot_map: tf", "lingbot_map: scale"):
                     robot_cost.update({kv.key: kv.value for kv in status.values})
     finally:
+        if robot is not None:
+            robot.close()
         listener.close()
         rclpy.try_shutdown()
         node.stop()

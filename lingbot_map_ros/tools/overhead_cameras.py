@@ -115,6 +115,7 @@ def run_cameras(args, options: dict) -> int:
         listener.node.create_subscription(PoseStamped, f"/lingbot_map/{n}/pose", lambda _msg: None, reliable)
         listener.node.create_subscription(CacheStats, f"/lingbot_map/{n}/cache_stats", lambda _msg: None, reliable)
     report: dict[str, dict[str, str]] = {}
+    robot = None
     try:
         if not node.wait_ready(180) or not _connected(listener, pubs, names, 30):
             print("node did not start:\n" + node.output(), file=sys.stderr)
@@ -123,7 +124,9 @@ def run_cameras(args, options: dict) -> int:
         images = [camera.render(i) for i in range(min(args.frames, 16))]  # rendering is not measured
         robot = _Robot(listener, "", (args.width, args.height), False,
                        mounts=[(f"cam{i}_link", f"cam{i}_optical", *mount(i)) for i in range(len(names))])
-        time.sleep(0.5)  # the node's TF listener hears the static mounts first
+        if not robot.wait_matched():
+            print("the node did not subscribe to the rig's transforms", file=sys.stderr)
+            return 1
         base = time.time_ns()
         deadline = time.monotonic() + args.timeout
         def stamps_of(i: int) -> dict[str, int]:
@@ -158,6 +161,8 @@ def run_cameras(args, options: dict) -> int:
             if len(report) == len(names):
                 break
     finally:
+        if robot is not None:
+            robot.close()
         listener.close()
         rclpy.try_shutdown()
         node.stop()
