@@ -85,7 +85,12 @@ def _status_topic(args: argparse.Namespace) -> str:
 
 
 class _Replayer:
-    """Publisher of raw image bytes plus a FrameStatus listener, on one rclpy node."""
+    """Publisher of raw image bytes plus a FrameStatus listener.
+
+    Each image topic (colour, depth) goes out from a participant of its own, as from a robot's camera
+    drivers, and /tf, /tf_static and the status listener from the node ``lingbot_map_replay``: from one
+    participant, images over Fast DDS's 512 kB shared-memory segment would delay the transforms by up to
+    the writer's heartbeat, 3 s (``ros/large_outputs.py``)."""
 
     def __init__(self, rclpy, topic: str, msgtype: str, qos_name: str, status_topic: str, say,
                  others: Optional[dict[str, str]] = None) -> None:
@@ -98,13 +103,14 @@ class _Replayer:
         self.rclpy = rclpy
         self.say = say
         self.node = rclpy.create_node("lingbot_map_replay")
+        self._image_nodes: list = []  # (node, context) per image topic
         msg_cls = CompressedImage if msgtype.endswith("CompressedImage") else Image
         qos = (
             QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE)
             if qos_name == "reliable"
             else qos_profile_sensor_data
         )
-        self.pub = self.node.create_publisher(msg_cls, topic, qos)
+        self.pub = self._image_node().create_publisher(msg_cls, topic, qos)
         # the robot's other topics (topic -> msgtype): depth like the image, /tf as tf2 does, /tf_static latched
         self.others = {}
         for other, other_type in (others or {}).items():
@@ -115,11 +121,24 @@ class _Replayer:
                 cls, other_qos = TFMessage, QoSProfile(depth=100, reliability=QoSReliabilityPolicy.RELIABLE)
             else:
                 cls, other_qos = (CompressedImage if other_type.endswith("CompressedImage") else Image), qos
-            self.others[other] = self.node.create_publisher(cls, other, other_qos)
+            node = self.node if cls is TFMessage else self._image_node()
+            self.others[other] = node.create_publisher(cls, other, other_qos)
         self.status_topic = status_topic
         self.acked: dict[tuple[int, int], int] = {}  # stamp -> last status code
         self.status_counts: dict[int, int] = {}
         self.node.create_subscription(FrameStatus, status_topic, self._on_status, QoSProfile(depth=100))
+
+    def _image_node(self):
+        """A node in a context (participant) of its own, on this process's domain, for one image topic."""
+        from rclpy.context import Context
+        from rclpy.signals import SignalHandlerOptions
+
+        context = Context()
+        self.rclpy.init(args=[], context=context, domain_id=self.node.context.get_domain_id(),
+                        signal_handler_options=SignalHandlerOptions.NO)
+        node = self.rclpy.create_node(f"lingbot_map_replay_images_{len(self._image_nodes)}", context=context)
+        self._image_nodes.append((node, context))
+        return node
 
     def _on_status(self, msg) -> None:
         key = (int(msg.header.stamp.sec), int(msg.header.stamp.nanosec))
@@ -158,6 +177,9 @@ class _Replayer:
 
     def close(self) -> None:
         self.node.destroy_node()
+        for node, context in self._image_nodes:
+            node.destroy_node()
+            context.try_shutdown()
 
 
 def replay(args: argparse.Namespace) -> int:
