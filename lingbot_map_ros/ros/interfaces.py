@@ -128,7 +128,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              "consecutive poses when the scale is metric"),
     Endpoint("publisher", "~/path", "nav_msgs/msg/Path", "reliable",
              "with every pose up to 1000 poses, then at most twice a second",
-             "the current session's poses, at most `path_max_length`"),
+             "the current session's poses, at most `path_max_length`", large=True),
     Endpoint("publisher", "/tf", "tf2_msgs/msg/TFMessage", "reliable", "with `~/pose`, when `publish_tf`; with "
              "`base_frame` also every `transform_publish_period` s",
              "one edge, `world_frame` -> camera, base or odometry frame (see the TF table), at the image stamp; "

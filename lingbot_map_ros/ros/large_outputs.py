@@ -1,4 +1,4 @@
-"""The node's large messages (depth images, point clouds) go out through a DDS participant of their own.
+"""The node's large messages (depth images, point clouds, the path) go out through a DDS participant of their own.
 
 Why: Fast DDS gives each participant one shared-memory segment for everything its writers send (512 kB by
 default, and the default is what ``ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST`` always gets). A sample larger

@@ -75,7 +75,8 @@ class ResultPublisher:
         reliable10 = QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE)
         self._pose_pub = node.create_publisher(PoseStamped, "~/pose", reliable10)
         self._odom_pub = node.create_publisher(Odometry, "~/odom", reliable10)
-        self._path_pub = node.create_publisher(Path, "~/path", reliable10)
+        # the path grows past Fast DDS's 512 kB shared-memory segment (~6000 poses): see large_outputs
+        self._path_pub = large_publisher(node, Path, "~/path", reliable10)
         self._stats_pub = node.create_publisher(CacheStats, "~/cache_stats", reliable10)
         self._depth_pub = large_publisher(node, Image, "~/depth", reliable10)  # its own participant: large_outputs
         self._lock = threading.Lock()  # path and trajectory (inference thread <-> ~/save_trajectory)
