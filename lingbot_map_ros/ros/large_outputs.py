@@ -22,6 +22,20 @@ from typing import Optional
 SUFFIX = "_large_outputs"
 
 
+def participant_node(name: str, domain_id: int, **node_options):
+    """``(node, context)``: an rclpy node in a context of its own, i.e. its own DDS participant and
+    shared-memory segment, on ``domain_id``; no command line, no signal handlers (its owner shuts it down).
+    For the node's large outputs, and for tools that play a robot's separate processes (camera drivers
+    beside TF publishers)."""
+    import rclpy
+    from rclpy.context import Context
+    from rclpy.signals import SignalHandlerOptions
+
+    context = Context()
+    rclpy.init(args=[], context=context, domain_id=domain_id, signal_handler_options=SignalHandlerOptions.NO)
+    return rclpy.create_node(name, context=context, **node_options), context
+
+
 class LargeOutputs:
     """The node's second participant, made with its first large publisher and closed with the node."""
 
@@ -36,21 +50,12 @@ class LargeOutputs:
         return self._node.get_name() + SUFFIX
 
     def _bulk_node(self):
-        import rclpy
-        from rclpy.context import Context
-        from rclpy.signals import SignalHandlerOptions
-
         with self._lock:
             if self._bulk is None:
-                context = Context()
-                # no command line (the node's remaps are applied by resolving names in the node), no signal
-                # handlers of its own (the node's shutdown closes it), the node's domain
-                rclpy.init(args=[], context=context, domain_id=self._node.context.get_domain_id(),
-                           signal_handler_options=SignalHandlerOptions.NO)
-                self._bulk = rclpy.create_node(self.node_name, context=context, namespace=self._node.get_namespace(),
-                                               use_global_arguments=False, enable_rosout=False,
-                                               start_parameter_services=False)
-                self._context = context
+                # the node's remaps are applied by resolving names in the node; the node's shutdown closes it
+                self._bulk, self._context = participant_node(
+                    self.node_name, self._node.context.get_domain_id(), namespace=self._node.get_namespace(),
+                    use_global_arguments=False, enable_rosout=False, start_parameter_services=False)
             return self._bulk
 
     def create_publisher(self, msg_type, topic: str, qos):

@@ -68,21 +68,17 @@ class _Robot:
         """``mounts``: ``[(link, optical frame, xyz, quaternion xyzw of base_link -> link)]`` of several
         cameras (``--cameras``); default the one camera 0.2 m ahead of the body looking forward."""
         import numpy as np
-        import rclpy
         import tf2_ros
         from geometry_msgs.msg import TransformStamped
-        from rclpy.context import Context
         from rclpy.qos import QoSProfile, QoSReliabilityPolicy
         from sensor_msgs.msg import Image
 
+        from ..ros.large_outputs import participant_node
+
         self._np, self._tf_type, self._image_type = np, TransformStamped, Image
         domain = listener.node.context.get_domain_id()
-        self._contexts = [Context() for _ in range(2 if with_depth else 1)]
-        for context in self._contexts:
-            rclpy.init(args=[], context=context, domain_id=domain)
-        self._nodes = [rclpy.create_node(name, context=context)
-                       for name, context in zip(("lingbot_overhead_robot_tf", "lingbot_overhead_depth_camera"),
-                                                self._contexts)]
+        names = ("lingbot_overhead_robot_tf", "lingbot_overhead_depth_camera")[:2 if with_depth else 1]
+        self._nodes, self._contexts = zip(*(participant_node(name, domain) for name in names))
         node = self._nodes[0]
         self._moving = tf2_ros.TransformBroadcaster(node)
         self._static = tf2_ros.StaticTransformBroadcaster(node)  # kept: it owns the latched publisher

@@ -129,14 +129,11 @@ class _Replayer:
         self.node.create_subscription(FrameStatus, status_topic, self._on_status, QoSProfile(depth=100))
 
     def _image_node(self):
-        """A node in a context (participant) of its own, on this process's domain, for one image topic."""
-        from rclpy.context import Context
-        from rclpy.signals import SignalHandlerOptions
+        """A node in a participant of its own, on this process's domain, for one image topic."""
+        from lingbot_map_ros.ros.large_outputs import participant_node
 
-        context = Context()
-        self.rclpy.init(args=[], context=context, domain_id=self.node.context.get_domain_id(),
-                        signal_handler_options=SignalHandlerOptions.NO)
-        node = self.rclpy.create_node(f"lingbot_map_replay_images_{len(self._image_nodes)}", context=context)
+        node, context = participant_node(f"lingbot_map_replay_images_{len(self._image_nodes)}",
+                                         self.node.context.get_domain_id())
         self._image_nodes.append((node, context))
         return node
 
