@@ -359,7 +359,7 @@ class Listener:
         n.create_subscription(Odometry, f"{self.ns}/odom", self._keyed("odoms"), reliable)
         n.create_subscription(CacheStats, f"{self.ns}/cache_stats", self._stats, reliable)
         n.create_subscription(FrameStatus, f"{self.ns}/frame_status", self._status, QoSProfile(depth=100))
-        self._path_sub = n.create_subscription(Path, f"{self.ns}/path", self._append("paths"), reliable)
+        n.create_subscription(Path, f"{self.ns}/path", self._append("paths"), reliable)
         n.create_subscription(TFMessage, "/tf", self._append("tf"), QoSProfile(depth=100))
         n.create_subscription(DiagnosticArray, "/diagnostics", self._diag, reliable)
         self._depth_sub = (n.create_subscription(Image, f"{self.ns}/depth", self._append("depth"), reliable)
@@ -434,14 +434,14 @@ class Listener:
         return None
 
     def wait_connected(self, timeout: float = 15.0) -> bool:
-        """The node subscribes to our images and publishes the status topic we listen to, and our path (and
-        depth) subscriptions are matched: those publishers are on the node's second participant."""
+        """The node subscribes to our images and publishes the status topic we listen to (and, when we read
+        its depth, our depth subscription is matched: that publisher is on the node's second participant).
+        ``ns`` may be a camera's (``/lingbot_map/front``), which has no path: the path is not waited for."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if (self.pub.get_subscription_count() > 0
                     and self.node.count_publishers(f"{self.ns}/frame_status") > 0
                     and self.node.count_publishers(f"{self.ns}/pose") > 0
-                    and self._path_sub.get_publisher_count() > 0
                     and (self._depth_sub is None or self._depth_sub.get_publisher_count() > 0)):
                 time.sleep(0.3)  # let the other side match us too
                 return True
