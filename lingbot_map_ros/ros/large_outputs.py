@@ -43,37 +43,37 @@ class LargeOutputs:
         self._node = node
         self._lock = threading.Lock()
         self._context = None
-        self._bulk = None  # the rclpy node of the second context
+        self._second = None  # the rclpy node of the second context
 
     @property
     def node_name(self) -> str:
         return self._node.get_name() + SUFFIX
 
-    def _bulk_node(self):
+    def _second_node(self):
         with self._lock:
-            if self._bulk is None:
+            if self._second is None:
                 # the node's remaps are applied by resolving names in the node; the node's shutdown closes it
-                self._bulk, self._context = participant_node(
+                self._second, self._context = participant_node(
                     self.node_name, self._node.context.get_domain_id(), namespace=self._node.get_namespace(),
                     use_global_arguments=False, enable_rosout=False, start_parameter_services=False)
-            return self._bulk
+            return self._second
 
     def create_publisher(self, msg_type, topic: str, qos):
         """A publisher of ``topic`` (as the node would name it: ``~/depth``, ``depth``) on the second participant."""
-        return self._bulk_node().create_publisher(msg_type, self._node.resolve_topic_name(topic), qos)
+        return self._second_node().create_publisher(msg_type, self._node.resolve_topic_name(topic), qos)
 
     def destroy_publisher(self, publisher) -> None:
         with self._lock:
-            bulk = self._bulk
-        if bulk is not None:
-            bulk.destroy_publisher(publisher)
+            second = self._second
+        if second is not None:
+            second.destroy_publisher(publisher)
 
     def close(self) -> None:
         """Destroy the second node and shut its context down (idempotent)."""
         with self._lock:
-            bulk, context, self._bulk, self._context = self._bulk, self._context, None, None
-        if bulk is not None:
-            bulk.destroy_node()
+            second, context, self._second, self._context = self._second, self._context, None, None
+        if second is not None:
+            second.destroy_node()
         if context is not None:
             context.try_shutdown()
 

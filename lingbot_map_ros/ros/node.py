@@ -128,7 +128,7 @@ class LingBotMapNode(LifecycleNode):
         # The robot's frames and scale: the depth topic's pairing (scale_source depth) feeds the scale
         # that ResultPublisher's RobotFrames applies; tf2's listener runs from here on, in every state.
         self._depth = DepthPairing(self, self._settings)
-        # depth images and point clouds leave through a participant of their own (large_outputs.py)
+        # depth images, point clouds and the path leave through a participant of their own (large_outputs.py)
         self.large_outputs = LargeOutputs(self)
         self._outputs = ResultPublisher(self, self._settings, self._ledger, depth=self._depth)
         self._depth.consumer = self._outputs.robot
