@@ -36,6 +36,15 @@ def participant_node(name: str, domain_id: int, **node_options):
     return rclpy.create_node(name, context=context, **node_options), context
 
 
+def close_participant(node, context) -> None:
+    """The node of ``participant_node`` destroyed, then its context shut down (either may be None: not made).
+    In that order: a context shut down under a live node leaves the node's handles to a closed participant."""
+    if node is not None:
+        node.destroy_node()
+    if context is not None:
+        context.try_shutdown()
+
+
 class LargeOutputs:
     """The node's second participant, made with its first large publisher and closed with the node."""
 
@@ -72,10 +81,7 @@ class LargeOutputs:
         """Destroy the second node and shut its context down (idempotent)."""
         with self._lock:
             second, context, self._second, self._context = self._second, self._context, None, None
-        if second is not None:
-            second.destroy_node()
-        if context is not None:
-            context.try_shutdown()
+        close_participant(second, context)
 
 
 def large_publisher(node, msg_type, topic: str, qos):

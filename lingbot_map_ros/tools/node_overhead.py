@@ -78,15 +78,15 @@ class _Robot:
         self._np, self._tf_type, self._image_type = np, TransformStamped, Image
         domain = listener.node.context.get_domain_id()
         names = ("lingbot_overhead_robot_tf", "lingbot_overhead_depth_camera")[:2 if with_depth else 1]
-        self._nodes, self._contexts = zip(*(participant_node(name, domain) for name in names))
-        node = self._nodes[0]
+        self._participants = [participant_node(name, domain) for name in names]  # [(node, context)]
+        node = self._participants[0][0]
         self._moving = tf2_ros.TransformBroadcaster(node)
         self._static = tf2_ros.StaticTransformBroadcaster(node)  # kept: it owns the latched publisher
         mounts = mounts or [("camera_link", camera_frame, (0.2, 0.0, 0.45), (0, 0, 0, 1))]
         self._static.sendTransform([t for link, optical, xyz, q in mounts
                                     for t in (self._tf("base_link", link, xyz, q, 0),
                                               self._tf(link, optical, (0, 0, 0), (-0.5, 0.5, -0.5, 0.5), 0))])
-        self._depth_pub = self._nodes[-1].create_publisher(
+        self._depth_pub = self._participants[-1][0].create_publisher(
             Image, "/lingbot_overhead/depth", QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE)) \
             if with_depth else None
         w, h = size
@@ -115,10 +115,10 @@ class _Robot:
         return True
 
     def close(self) -> None:
-        for node in self._nodes:
-            node.destroy_node()
-        for context in self._contexts:
-            context.try_shutdown()
+        from ..ros.large_outputs import close_participant
+
+        for node, context in self._participants:
+            close_participant(node, context)
 
     def before(self, i: int, stamp: int) -> None:
         """What the robot sends for frame ``i`` before its image: odometry (moving 2 cm per frame), depth."""
