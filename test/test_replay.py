@@ -322,3 +322,36 @@ def test_robot_replay_sends_the_first_image_only_after_its_transforms_and_depth_
     assert rep.events == first + frame + frame
     said = [line for line in bar.lines if "not acknowledged by every subscriber" in line]
     assert len(said) == (1 if late else 0) and all("/tf" in line and "2 s" in line for line in said), bar.lines
+
+
+def test_replay_waits_for_the_node_on_the_participant_that_sends_each_topic():
+    """Each image topic goes out from a participant of its own, which discovers the node on its own: the
+    replay node may see the node's depth subscription while the depth participant has not met it, and a
+    depth image sent then is lost (the first keyframe without its depth: the scale locked a frame late).
+    So the wait asks the sending participant's view and its publisher's matches, not the replay node's."""
+    from types import SimpleNamespace
+
+    from lingbot_map_ros.tools import replay as replay_tool
+
+    def graph(*nodes: str):
+        infos = [SimpleNamespace(node_namespace="/", node_name=n) for n in nodes]
+        return SimpleNamespace(get_subscriptions_info_by_topic=lambda topic: list(infos))
+
+    def publisher(matched: int):
+        return SimpleNamespace(get_subscription_count=lambda: matched)
+
+    depth, tf = "/cam/depth", "/tf"
+    main = graph("lingbot_map", "tf_monitor")  # the replay node has discovered the node on both topics
+    cases = [  # (depth participant's view, its publisher's matches) -> unmatched topics
+        (graph(), 0, [depth]),
+        (graph("tf_monitor"), 1, [depth]),  # someone else matched: not the node
+        (graph("lingbot_map"), 0, [depth]),  # seen, not yet matched
+        (graph("lingbot_map"), 1, []),
+    ]
+    for view, matched, expected in cases:
+        rep = SimpleNamespace(node=main, senders={depth: view, tf: main},
+                              others={depth: publisher(matched), tf: publisher(2)})
+        assert replay_tool._unmatched(rep, [depth, tf], "lingbot_map") == expected, (view, matched)
+    # /tf is sent by the replay node: its own view decides
+    rep = SimpleNamespace(node=graph(), senders={tf: graph()}, others={tf: publisher(1)})
+    assert replay_tool._unmatched(rep, [tf], "/lingbot_map") == [tf]

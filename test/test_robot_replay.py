@@ -154,10 +154,15 @@ def test_replay_into_the_node_gives_the_same_numbers(recording, offline_run, tmp
         placed = [stamps[i] for i in np.flatnonzero(offline_run["robot_placed"])]
 
         def log() -> str:
+            rx = listener.rx
+            scales = [diag(d, "scale").get("state") for d in rx.diagnostics]
             return "\n".join(f"frame {stamps.index(stamp_ns(m.header.stamp))}: {m.status} {m.reason}"
-                             for m in listener.rx.status_log) + "\n/tf seen: " + str(sorted(
-                (t.child_frame_id, (stamp_ns(t.header.stamp) - STAMP0) // 10**8) for m in listener.rx.tf
-                for t in m.transforms))
+                             for m in rx.status_log) + "\n/tf seen: " + str(sorted(
+                (t.child_frame_id, (stamp_ns(t.header.stamp) - STAMP0) // 10**8) for m in rx.tf
+                for t in m.transforms)) + f"\nposes of frames {sorted(stamps.index(s) for s in rx.poses)}, placed " \
+                f"offline {[stamps.index(s) for s in placed]}\nscale states of {len(scales)} /diagnostics: {scales}" \
+                + (f"\nlast scale status: {diag(rx.diagnostics[-1], 'scale')}" if rx.diagnostics else "") \
+                + "\nthe node's log:\n" + node.output()[-4000:]
 
         def settled(rx) -> bool:
             """The markers: every frame's final status, the placed frames' poses and /tf edges (each topic has

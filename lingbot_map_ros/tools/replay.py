@@ -113,6 +113,7 @@ class _Replayer:
         self.pub = self._image_node().create_publisher(msg_cls, topic, qos)
         # the robot's other topics (topic -> msgtype): depth like the image, /tf as tf2 does, /tf_static latched
         self.others = {}
+        self.senders = {}  # topic -> the node (participant) whose publisher sends it
         for other, other_type in (others or {}).items():
             if other == "/tf_static":
                 cls, other_qos = TFMessage, QoSProfile(depth=100, reliability=QoSReliabilityPolicy.RELIABLE,
@@ -123,6 +124,7 @@ class _Replayer:
                 cls, other_qos = (CompressedImage if other_type.endswith("CompressedImage") else Image), qos
             node = self.node if cls is TFMessage else self._image_node()
             self.others[other] = node.create_publisher(cls, other, other_qos)
+            self.senders[other] = node
         self.status_topic = status_topic
         self.acked: dict[tuple[int, int], int] = {}  # stamp -> last status code
         self.status_counts: dict[int, int] = {}
@@ -173,10 +175,11 @@ class _Replayer:
         return status_summary(self.status_counts) or "no status seen"
 
     def close(self) -> None:
+        from lingbot_map_ros.ros.large_outputs import close_participant
+
         self.node.destroy_node()
         for node, context in self._image_nodes:
-            node.destroy_node()
-            context.try_shutdown()
+            close_participant(node, context)
 
 
 def replay(args: argparse.Namespace) -> int:
@@ -317,14 +320,19 @@ def _publish_loop(rep: _Replayer, messages, store, stamp_seconds, args, say, bar
 
 
 def _unmatched(rep: _Replayer, topics: list[str], node: str) -> list[str]:
-    """The topics on which ``node`` (a fully qualified name) has no subscription yet."""
+    """The topics whose publisher has not yet met ``node``'s (a fully qualified name) subscription.
+
+    Asked of the participant that sends the topic (a depth image's is not the replay node's): another
+    participant may have discovered the node's subscription while this one has not, and what it sends
+    before then is lost (the first frame's depth: one keyframe ratio short, the scale locks a frame late)."""
     name = node if node.startswith("/") else "/" + node
 
-    def subscribers(topic: str) -> set[str]:
-        return {(i.node_namespace.rstrip("/") + "/" + i.node_name)
-                for i in rep.node.get_subscriptions_info_by_topic(topic)}
+    def met(topic: str) -> bool:
+        seen = {(i.node_namespace.rstrip("/") + "/" + i.node_name)
+                for i in rep.senders[topic].get_subscriptions_info_by_topic(topic)}
+        return name in seen and rep.others[topic].get_subscription_count() > 0
 
-    return [t for t in topics if name not in subscribers(t)]
+    return [t for t in topics if not met(t)]
 
 
 def robot_topics(args: argparse.Namespace, image_topic: str) -> dict[str, tuple[str, str]]:
