@@ -176,6 +176,17 @@ class Robot:
         time.sleep(0.3)  # let the node match the camera too
         return True
 
+    def connect_depth(self, timeout: float = 30.0) -> bool:
+        """The node's depth subscription (made only with ``scale_source:=depth``) met the depth camera's
+        participant: a depth image sent before is lost, and its keyframe gives no ratio."""
+        deadline = time.monotonic() + timeout
+        while self.depth_pub.get_subscription_count() == 0:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        time.sleep(0.3)  # let the node match the depth camera too
+        return True
+
     def stamp(self, i: int) -> int:
         return self.stamp0 + (i + 1) * 50_000_000
 
@@ -431,6 +442,7 @@ def test_depth_scale_16uc1_and_32fc1(rig, reference):
     # lock after five agreeing ratios and the refusal of bad depth images, not the middleware's repair time;
     # a refused depth image ends its keyframe's wait at once, so the bad frames cost nothing here.
     node = launch("depth", scale_source="depth", publish_depth=True, tf_timeout=5.0)
+    assert robot.connect_depth(), "the node has no depth subscription"
     rng = np.random.default_rng(17)
     ref_stamps = reference["stamps"]
     lst = robot.listener
