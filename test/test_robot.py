@@ -57,6 +57,7 @@ from lingbot_map_ros.tools.node_client import (  # noqa: E402
     SyntheticCamera,
     image_message,
     stamp_ns,
+    wait_matched,
 )
 
 PROCESSED, BUFFERED, NO_TRANSFORM = 0, 4, 9
@@ -166,26 +167,12 @@ class Robot:
 
     def connect(self, timeout: float = 30.0) -> bool:
         """The node is connected to the client (``Listener``) and subscribes to the camera's colour images."""
-        if not self.listener.wait_connected(timeout):
-            return False
-        deadline = time.monotonic() + timeout
-        while self.colour_pub.get_subscription_count() == 0:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
-        time.sleep(0.3)  # let the node match the camera too
-        return True
+        return self.listener.wait_connected(timeout) and wait_matched([self.colour_pub], timeout)
 
     def connect_depth(self, timeout: float = 30.0) -> bool:
         """The node's depth subscription (made only with ``scale_source:=depth``) met the depth camera's
         participant: a depth image sent before is lost, and its keyframe gives no ratio."""
-        deadline = time.monotonic() + timeout
-        while self.depth_pub.get_subscription_count() == 0:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
-        time.sleep(0.3)  # let the node match the depth camera too
-        return True
+        return wait_matched([self.depth_pub], timeout)
 
     def stamp(self, i: int) -> int:
         return self.stamp0 + (i + 1) * 50_000_000

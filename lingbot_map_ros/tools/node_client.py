@@ -324,6 +324,19 @@ def status_summary(counts: dict[int, int]) -> str:
     return ", ".join(f"{n} {names.get(code, f'status {code}')}" for code, n in sorted(counts.items()))
 
 
+def wait_matched(publishers, timeout: float, settle: float = 0.3) -> bool:
+    """True once every publisher has matched a subscriber (a message sent before is lost: volatile
+    durability), then ``settle`` s more so the subscriber's side has matched the publisher too; False
+    after ``timeout`` s without."""
+    deadline = time.monotonic() + timeout
+    while any(p.get_subscription_count() == 0 for p in publishers):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    time.sleep(settle)
+    return True
+
+
 class Listener:
     """A separate rclpy node that talks to ``lingbot_map`` over real topics and services.
 

@@ -105,14 +105,11 @@ class _Robot:
 
     def wait_matched(self, timeout: float = 30.0) -> bool:
         """The node subscribes to the mounts (latched /tf_static: only the node reads it) and the depth."""
-        deadline = time.monotonic() + timeout
+        from .node_client import wait_matched
+
         pubs = [self._static.pub_tf] + ([self._depth_pub] if self._depth_pub is not None else [])
-        while any(p.get_subscription_count() == 0 for p in pubs):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
-        time.sleep(0.5)  # the node's side matches too, and its TF listener hears the static mounts
-        return True
+        # settle: the node's side matches too, and its TF listener hears the static mounts
+        return wait_matched(pubs, timeout, settle=0.5)
 
     def close(self) -> None:
         from ..ros.large_outputs import close_participant
