@@ -51,6 +51,7 @@ from lingbot_map_ros.core.geometry import (  # noqa: E402
     se3,
     se3_inverse,
 )
+from lingbot_map_ros.ros.large_outputs import close_participant, participant_node  # noqa: E402
 from lingbot_map_ros.tools.node_client import (  # noqa: E402
     Listener,
     NodeProcess,
@@ -119,15 +120,12 @@ class Robot:
     def __init__(self, domain: int):
         self.ctx = Context()
         rclpy.init(context=self.ctx, domain_id=domain)
-        self.camera_ctx, self.depth_ctx = Context(), Context()
-        rclpy.init(context=self.camera_ctx, domain_id=domain)
-        rclpy.init(context=self.depth_ctx, domain_id=domain)
         self.node = rclpy.create_node("robot_emulator", context=self.ctx)
         self.static = tf2_ros.StaticTransformBroadcaster(self.node)
         self.moving = tf2_ros.TransformBroadcaster(self.node)
         reliable = QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE)
-        self.camera_node = rclpy.create_node("camera_driver", context=self.camera_ctx)
-        self.depth_node = rclpy.create_node("depth_driver", context=self.depth_ctx)
+        self.camera_node, self.camera_ctx = participant_node("camera_driver", domain)
+        self.depth_node, self.depth_ctx = participant_node("depth_driver", domain)
         self.depth_pub = self.depth_node.create_publisher(Image, DEPTH_TOPIC, reliable)
         self.colour_pub = self.camera_node.create_publisher(Image, TOPIC, reliable)
         self.checker = rclpy.create_node("tf_checker", context=self.ctx)
@@ -213,10 +211,9 @@ class Robot:
         self._thread.join(5)
         self.node.destroy_node()
         self.checker.destroy_node()
-        self.camera_node.destroy_node()
-        self.depth_node.destroy_node()
-        for ctx in (self.ctx, self.camera_ctx, self.depth_ctx):
-            rclpy.shutdown(context=ctx)
+        rclpy.shutdown(context=self.ctx)
+        close_participant(self.camera_node, self.camera_ctx)
+        close_participant(self.depth_node, self.depth_ctx)
 
 
 def start_node(tmp, domain: int, name: str, extra_args: tuple = (), **params) -> NodeProcess:
