@@ -21,7 +21,12 @@ read-back, each stream's ``finish_step``). N = 1 is the one-camera path (a batch
 own step), so the two rows show what the batched step adds.
 
     python3 bench/host_gap.py [--frames 120] [--heads depth+camera|camera] [--variants auto,portable]
-    python3 bench/host_gap.py --cameras 2 --window 64 [--frames 60]
+    python3 bench/host_gap.py --cameras 2 --window 64 [--frames 60] [--kernels]
+
+``--kernels`` traces the replayed graphs' kernels over the steady ticks (the CUDA profiler sees the kernels of a
+graph's replay) and prints, one stream beside N, their time per tick by category and by kernel, the time the
+device had a kernel running (their union: the depth head's kernels run beside the camera head's), and for the
+longest kernel (the global attention) its median time by the stream's place in a round of a block's calls.
 """
 from __future__ import annotations
 
@@ -51,6 +56,8 @@ def main() -> None:
     p.add_argument("--device", default="cuda", help="cuda (cpu: a dry run of the script, no graphs to time)")
     p.add_argument("--cameras", type=int, default=0, help="N >= 1: a stream group of N (beside one stream)")
     p.add_argument("--window", type=int, default=64, help="sliding window of the --cameras runs")
+    p.add_argument("--kernels", action="store_true",
+                   help="with --cameras: the replayed graphs' kernels of the steady ticks by name, one stream beside N")
     args = p.parse_args()
     if args.cameras:
         group_main(args)
@@ -168,6 +175,7 @@ def group_main(args: argparse.Namespace) -> None:
     print("| streams | tick wall | device busy | device idle | graphs per tick (device ms each) |")
     print("|---|---|---|---|---|")
     tables = []
+    kernel_tables: dict[int, tuple[dict[str, tuple[float, float]], float, float]] = {}
     for n in sorted({1, args.cameras}):
         group = stream_group.StreamGroup(base, stream, [f"cam{i}" for i in range(n)], log=lambda m: None, batch=True)
         gen = torch.Generator().manual_seed(0)
@@ -176,7 +184,13 @@ def group_main(args: argparse.Namespace) -> None:
             pools = [[f.pin_memory() for f in pool] for pool in pools]
         warm = stream.scale_frames + stream.sliding_window + 8
         walls, per_part, ticks = [], {}, []
+        profiler = None
         for i in range(warm + args.frames):
+            if i == warm and args.kernels and on_cuda:  # the replays' kernels (CUPTI traces them in graphs)
+                torch.cuda.synchronize()
+                profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+                profiler.__enter__()
+                print(f"steady ticks of {n} stream(s) from unix time {time.time():.1f}")
             parts.clear()
             first = len(replays)
             t0 = time.perf_counter()
@@ -189,6 +203,11 @@ def group_main(args: argparse.Namespace) -> None:
                 ticks.append((first, len(replays)))
                 for part, ms in parts.items():
                     per_part.setdefault(part, []).append(ms)
+        if profiler is not None:
+            torch.cuda.synchronize()
+            print(f"steady ticks of {n} stream(s) to unix time {time.time():.1f}")
+            profiler.__exit__(None, None, None)
+            kernel_tables[n] = _graph_kernels(profiler, args.frames)
         med = statistics.median
         if not on_cuda or not ticks or ticks[0][0] == ticks[0][1]:
             print(f"| {n} | {med(walls):.2f} | no graph replays to time "
@@ -211,6 +230,74 @@ def group_main(args: argparse.Namespace) -> None:
         print(f"\n| host part, {n} stream(s) | median ms per tick |\n|---|---|")
         for part, ms in by_part.items():
             print(f"| {part} | {ms:.3f} |")
+    if len(kernel_tables) == 2:
+        _print_kernel_tables(kernel_tables)
+    elif args.kernels:
+        print("\nno kernels to trace (CUDA only)")
+
+
+def _graph_kernels(profiler, ticks: int) -> tuple[dict[str, tuple[float, float]], float, float]:
+    """Per tick: ``{kernel name: (launches, ms)}``, the ms of kernel time and the ms the device had at
+    least one kernel running (their union: with side streams, kernels overlap)."""
+    import json
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        profiler.export_chrome_trace(f.name)
+        trace = json.load(open(f.name))
+    kernels = [e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel" and "dur" in e]
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        entry = by_name.setdefault(e["name"], [0.0, 0.0])
+        entry[0] += 1
+        entry[1] += e["dur"] / 1e3
+    busy, end = 0.0, float("-inf")
+    for start, stop in sorted((e["ts"], e["ts"] + e["dur"]) for e in kernels):
+        if start > end:
+            busy += stop - start
+            end = stop
+        elif stop > end:
+            busy += stop - end
+            end = stop
+    total = sum(ms for _, ms in by_name.values())
+    # the longest kernel's launches in time order, each launch's position within a tick's round of streams
+    # (a batched step calls it once per stream and block): does the k-th stream's call take longer?
+    longest = max(by_name, key=lambda k: by_name[k][1])
+    launches = sorted((e["ts"], e["dur"]) for e in kernels if e["name"] == longest)
+    per_tick = len(launches) // ticks
+    streams = max(1, per_tick // 24)  # a call per stream and global block
+    slots = [statistics.median(d for j, (_, d) in enumerate(launches) if j % streams == i) / 1e3
+             for i in range(streams)]
+    print(f"{longest[:60]}: {per_tick} launches a tick, median ms by the stream's place in a round: "
+          + ", ".join(f"{x:.4f}" for x in slots))
+    return ({k: (c / ticks, ms / ticks) for k, (c, ms) in by_name.items()}, total / ticks, busy / 1e3 / ticks)
+
+
+def _print_kernel_tables(tables: dict[int, tuple[dict[str, tuple[float, float]], float, float]]) -> None:
+    """Kernel time of the replayed graphs, one stream beside N: by category, then the kernels that grew most."""
+    from lingbot_map_ros.tools.kernel_profile import kernel_category
+
+    (one, (k1, total1, busy1)), (n, (kn, totaln, busyn)) = sorted(tables.items())
+    print(f"\n| graphs' kernels per tick | 1 stream | {n} streams | ratio |\n|---|---|---|---|")
+    print(f"| kernel time, ms | {total1:.2f} | {totaln:.2f} | {totaln / total1:.2f} |")
+    print(f"| device busy with a kernel (union), ms | {busy1:.2f} | {busyn:.2f} | {busyn / busy1:.2f} |")
+    print(f"| launches | {sum(c for c, _ in k1.values()):.0f} | {sum(c for c, _ in kn.values()):.0f} | |")
+    categories: dict[str, list[float]] = {}
+    for i, table in enumerate((k1, kn)):
+        for name, (count, ms) in table.items():
+            row = categories.setdefault(kernel_category(name), [0.0, 0.0, 0.0, 0.0])
+            row[i] += ms
+            row[2 + i] += count
+    print(f"\n| category | launches, 1 | launches, {n} | ms, 1 | ms, {n} | ratio |\n|---|---|---|---|---|---|")
+    for category, (a, b, c1, cn) in sorted(categories.items(), key=lambda kv: -kv[1][1]):
+        print(f"| {category} | {c1:.0f} | {cn:.0f} | {a:.3f} | {b:.3f} | {b / a if a else float('nan'):.2f} |")
+    names = set(k1) | set(kn)
+    growth = sorted(names, key=lambda k: k1.get(k, (0, 0))[1] - kn.get(k, (0, 0))[1])  # most added ms first
+    print(f"\n| kernel (most ms added first) | launches, 1 | launches, {n} | ms, 1 | ms, {n} |\n|---|---|---|---|---|")
+    for name in growth:
+        c1, a = k1.get(name, (0, 0))
+        cn, b = kn.get(name, (0, 0))
+        print(f"| {name[:90]} | {c1:.0f} | {cn:.0f} | {a:.3f} | {b:.3f} |")
 
 
 _GRAPH_NAMES: dict[int, str] = {}  # id(CUDAGraph) -> "encoder" / "step", set where the graphs are captured
