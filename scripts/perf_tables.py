@@ -363,7 +363,8 @@ def section_streams(runs: list[Run]) -> str:
                                rr[1]["streams"], rr[0].date))
     rows = [[geometry_cell(row["geometry"]), row["window"], HEADS_NAMES[row["heads"]], row["streams"],
              num(row["ms_per_step"]), num(row["one_stream_ms"]), num(row["fps_total"], 1),
-             num(row["sequential_fps"], 1), num(row["processes_fps"], 1), gpu_cell(run), run_cell(run)]
+             num(row["sequential_fps"], 1), num(row["processes_fps"], 1), clock_pair(row), gpu_cell(run),
+             run_cell(run)]
             for run, row in found]
     return ("## Several streams\n\nSeveral cameras through one model: \"ms a step\" for all streams' frames "
             "together; FPS summed over the streams, beside the same streams one after another in one process "
@@ -373,8 +374,22 @@ def section_streams(runs: list[Run]) -> str:
             "fills its window, then their steady phases start together). Runs dated before 2026-12-07 summed each "
             "process's rate over its own steady span, which also counts the frames it ran alone while the other "
             "compiled or after it finished: their figures can be higher than N nodes get.\n\n"
+            + "\"SM MHz\": the GPU's median SM clock over the one-stream ticks and over the batched ticks "
+            "(`nvidia-smi`, sampled beside the run; empty in runs that did not sample it), and the power "
+            "draw of the batched ticks. A card at its power limit lowers its clock when it is kept busier: the "
+            "batched step runs twice the attention back to back, so part of its ratio to the one-stream step "
+            "is the card's power budget, the same for any code that does the same arithmetic.\n\n"
             + table(["input", "window", "heads", "streams", "ms a step", "one stream ms", "FPS total",
-                     "sequential FPS", "processes FPS", "GPU", "run"], rows, "lrlrrrrrrll"))
+                     "sequential FPS", "processes FPS", "SM MHz, one / batched (W)", "GPU", "run"], rows,
+                    "lrlrrrrrrrll"))
+
+
+def clock_pair(row: dict) -> str:
+    """``1950 / 1852 (691 W, power cap)`` from a streams row's clocks; empty where the run did not sample them."""
+    if row.get("sm_mhz") is None or row.get("one_stream_sm_mhz") is None:
+        return ""
+    return (f"{row['one_stream_sm_mhz']} / {row['sm_mhz']} ({row.get('power_w', '?')} W, "
+            f"{row.get('clock_limits', '?')})")
 
 
 def section_step_profile(runs: list[Run]) -> str:

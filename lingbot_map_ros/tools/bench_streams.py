@@ -20,6 +20,7 @@ The batched and sequential runs feed identical frames, so their poses are compar
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
@@ -41,6 +42,7 @@ from ..core.session_manager import SessionManager
 from ..core.stream_group import StreamGroup, group_footprint
 from .common import add_session_options, check_session_args, runtime_from_args, stream_from_args
 from .gemm_profile import ProductTime, product_comparison, products_by_shape
+from .gpu_clock import ClockSampler, ClockWindow, device_id
 from .kernel_profile import by_category, device_kernel_ms, kernel_category
 
 
@@ -55,6 +57,7 @@ class StreamsRow:
     note: str = ""
     predicted_gb: float = float("nan")  # the footprint of the group (batched rows)
     path: str = ""  # batched rows: the path the batched ticks ran ("graphed", "eager", "alone")
+    clock: Optional[ClockWindow] = None  # the GPU's SM clock and power over the steady ticks (None: not sampled)
 
 
 def _frames(height: int, width: int, streams: int, device: torch.device) -> list[list[torch.Tensor]]:
@@ -88,10 +91,24 @@ def _steady_start(stream: StreamConfig) -> int:
     return stream.scale_frames + stream.sliding_window * stream.keyframe_interval
 
 
-def _timed_ticks(tick: Callable[[int], dict[str, list]], frames: int, steady: int) -> tuple[np.ndarray, dict]:
+@dataclass
+class Ticks:
+    """What ``_timed_ticks`` measured: each steady tick's ms, every stream's poses, and the steady span's
+    start and end in seconds since the epoch (the clock sampler's time)."""
+
+    times: np.ndarray
+    poses: dict
+    start: float = 0.0
+    end: float = 0.0
+
+
+def _timed_ticks(tick: Callable[[int], dict[str, list]], frames: int, steady: int) -> Ticks:
     """Run ``frames`` ticks; the wall time of each steady tick and every stream's poses."""
     times, poses = [], {}
+    start = time.time()
     for i in range(frames):
+        if i == steady:
+            start = time.time()
         t0 = time.perf_counter()
         out = tick(i)
         dt = (time.perf_counter() - t0) * 1e3
@@ -99,7 +116,7 @@ def _timed_ticks(tick: Callable[[int], dict[str, list]], frames: int, steady: in
             poses.setdefault(name, []).extend(r.pose_enc for r in results)
         if i >= steady:
             times.append(dt)
-    return np.array(times), poses
+    return Ticks(np.array(times), poses, start, time.time())
 
 
 def _group_tick(group: StreamGroup, pools, n: int) -> Callable[[int], dict[str, list]]:
@@ -116,14 +133,17 @@ def _group_tick(group: StreamGroup, pools, n: int) -> Callable[[int], dict[str, 
     return tick
 
 
-def run_batched(base: ModelHost, stream: StreamConfig, n: int, frames: int, pools) -> tuple[StreamsRow, dict]:
+def run_batched(base: ModelHost, stream: StreamConfig, n: int, frames: int, pools,
+                clocks: Optional[ClockSampler] = None) -> tuple[StreamsRow, dict]:
     device = base.resolved.device
     held = _reset_peak(device)
     group = StreamGroup(base, stream, [f"cam{i}" for i in range(n)], log=lambda m: None, batch=True)
-    times, poses = _timed_ticks(_group_tick(group, pools, n), frames, _steady_start(stream))
+    ticks = _timed_ticks(_group_tick(group, pools, n), frames, _steady_start(stream))
+    times, poses = ticks.times, ticks.poses
     fp = group_footprint(base, stream, n, group.managers["cam0"].session.image_hw)
     row = _row("batched" if n > 1 else "batched (one stream: the single-camera path)", n, times, _peak(device),
                f"footprint {fp.total / GB:.2f} GB predicted, {held:.2f} GB held at start; {batched_paths(group)}")
+    row.clock = clocks.between(ticks.start, ticks.end) if clocks is not None else None
     row.predicted_gb = fp.total / GB
     row.path = group.path_counts.most_common(1)[0][0] if group.path_counts else "alone"
     print(f"batched path: {group.decision.path} ({group.decision.reason})")
@@ -225,7 +245,8 @@ def batched_paths(group: StreamGroup) -> str:
     return text
 
 
-def run_sequential(base: ModelHost, stream: StreamConfig, n: int, frames: int, pools) -> tuple[StreamsRow, dict]:
+def run_sequential(base: ModelHost, stream: StreamConfig, n: int, frames: int, pools,
+                   clocks: Optional[ClockSampler] = None) -> tuple[StreamsRow, dict]:
     device = base.resolved.device
     held = _reset_peak(device)
     managers = [SessionManager(base, stream, log=lambda m: None) for _ in range(n)]
@@ -233,10 +254,11 @@ def run_sequential(base: ModelHost, stream: StreamConfig, n: int, frames: int, p
     def tick(i: int) -> dict[str, list]:
         return {f"cam{s}": m.push(pools[s][i % len(pools[s])], float(i)) for s, m in enumerate(managers)}
 
-    times, poses = _timed_ticks(tick, frames, _steady_start(stream))
-    row = _row("one after another", n, times, _peak(device),
-               f"{np.median(times) / n:.2f} ms a push, {held:.2f} GB held at start")
-    return row, poses
+    ticks = _timed_ticks(tick, frames, _steady_start(stream))
+    row = _row("one after another", n, ticks.times, _peak(device),
+               f"{np.median(ticks.times) / n:.2f} ms a push, {held:.2f} GB held at start")
+    row.clock = clocks.between(ticks.start, ticks.end) if clocks is not None else None
+    return row, ticks.poses
 
 
 def _row(mode: str, n: int, times: np.ndarray, peak: float, note: str = "") -> StreamsRow:
@@ -257,6 +279,8 @@ class Overlap:
     fps: float  # frames/s of all processes together
     times: np.ndarray  # ms of each frame that ended inside the overlap, every process's
     fraction: float  # the overlap's share of the longest steady span
+    start: float = 0.0  # the overlap, seconds since the epoch
+    end: float = 0.0
 
 
 def overlap_of(reports: list[dict]) -> Overlap:
@@ -275,14 +299,14 @@ def overlap_of(reports: list[dict]) -> Overlap:
         ends, times = np.asarray(r["ends"], dtype=float), np.asarray(r["times"], dtype=float)
         keep = (ends > start) & (ends <= end)
         if keep.sum() < 2:
-            return Overlap(float("nan"), np.asarray(inside, dtype=float), fraction)
+            return Overlap(float("nan"), np.asarray(inside, dtype=float), fraction, start, end)
         done = ends[keep]
         fps += (len(done) - 1) / max(float(done[-1] - done[0]), 1e-9)
         inside.extend(times[keep])
-    return Overlap(fps, np.asarray(inside, dtype=float), fraction)
+    return Overlap(fps, np.asarray(inside, dtype=float), fraction, start, end)
 
 
-def run_processes(argv: list[str], n: int) -> StreamsRow:
+def run_processes(argv: list[str], n: int, clocks: Optional[ClockSampler] = None) -> StreamsRow:
     """N one-stream runs of this tool (``--worker``) started together; each fills its window (model load,
     compilation, capture) and says ``ready``; once all have, they start their steady frames together, and
     each prints them."""
@@ -311,7 +335,8 @@ def run_processes(argv: list[str], n: int) -> StreamsRow:
     return StreamsRow(f"{n} processes", n, float(np.median(times)) if times.size else nan,
                       float(np.percentile(times, 90)) if times.size else nan, overlap.fps,
                       max(r["peak"] for r in reports),
-                      f"ms per frame in each process while all ran; steady phases overlap {overlap.fraction:.0%}")
+                      f"ms per frame in each process while all ran; steady phases overlap {overlap.fraction:.0%}",
+                      clock=clocks.between(overlap.start, overlap.end) if clocks is not None else None)
 
 
 def worker(base: ModelHost, stream: StreamConfig, frames: int, pools) -> None:
@@ -334,12 +359,19 @@ def worker(base: ModelHost, stream: StreamConfig, frames: int, pools) -> None:
 
 
 def format_table(rows: list[StreamsRow], header: str) -> str:
-    lines = [header, "", "| mode | streams | ms per tick (median) | p90 | frames/s, all streams | peak GB | note |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [header, "", "| mode | streams | ms per tick (median) | p90 | frames/s, all streams | peak GB "
+             "| SM clock, power (clock limits) | note |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.mode} | {r.streams} | {r.step_median_ms:.2f} | {r.step_p90_ms:.2f} | {r.total_fps:.1f} "
-                     f"| {r.peak_gb:.2f} | {r.note} |")
+                     f"| {r.peak_gb:.2f} | {clock_cell(r.clock)} | {r.note} |")
     return "\n".join(lines)
+
+
+def clock_cell(clock: Optional[ClockWindow]) -> str:
+    """``1852 MHz, 691 W (power cap)``; ``-`` where nothing was sampled (no ``nvidia-smi``, a CPU run)."""
+    if clock is None:
+        return "-"
+    return f"{clock.sm_mhz:.0f} MHz, {clock.power_w:.0f} W ({clock.reason_names()})"
 
 
 def pose_difference(a: dict, b: dict) -> float:
@@ -387,12 +419,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"note: {args.frames} frames do not reach the steady state (the window is full after "
               f"{_steady_start(stream)} frames)", file=sys.stderr)
     rows = []
-    single, _ = run_sequential(base, stream, 1, args.frames, pools[:1])
-    single.mode = "one stream (reference)"
-    rows.append(single)
-    batched, batched_poses = run_batched(base, stream, n, args.frames, pools)
-    sequential, sequential_poses = run_sequential(base, stream, n, args.frames, pools)
-    rows += [batched, sequential]
+    with ClockSampler(device_id(device)) if device.type == "cuda" else _no_clocks() as clocks:
+        single, _ = run_sequential(base, stream, 1, args.frames, pools[:1], clocks)
+        single.mode = "one stream (reference)"
+        rows.append(single)
+        batched, batched_poses = run_batched(base, stream, n, args.frames, pools, clocks)
+        sequential, sequential_poses = run_sequential(base, stream, n, args.frames, pools, clocks)
+        rows += [batched, sequential]
     profile_rows: list[dict] = []
     if args.profile:
         one, many = profile_group(base, stream, 1, pools), profile_group(base, stream, n, pools)
@@ -405,7 +438,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
         child = _without(argv, "--processes", "--json")
-        rows.append(run_processes(child, n))
+        with ClockSampler(device_id(device)) if device.type == "cuda" else _no_clocks() as clocks:
+            rows.append(run_processes(child, n, clocks))
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU x{os.cpu_count()}"
     header = (f"lingbot_map_bench --cameras {n}: preset {runtime_cfg.resolved_preset()}, {args.width}x{args.height}, "
               f"{args.heads}, scale {stream.scale_frames}, window {stream.sliding_window}, "
@@ -414,6 +448,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ratio = batched.step_median_ms / single.step_median_ms if single.step_median_ms else float("nan")
     print(f"batched step of {n} / one stream's step: {ratio:.2f}x; frames/s batched / one after another: "
           f"{batched.total_fps / sequential.total_fps:.2f}x")
+    if batched.clock is not None and single.clock is not None:
+        print(f"SM clock over the batched ticks / the one-stream ticks: {batched.clock.sm_mhz:.0f} / "
+              f"{single.clock.sm_mhz:.0f} MHz ({batched.clock.sm_mhz / single.clock.sm_mhz:.3f}); a card at its "
+              f"power limit lowers its clock when it is kept busier")
     print(f"pose_enc relative difference, batched vs one after another (same frames): "
           f"{pose_difference(batched_poses, sequential_poses):.2e}")
     if args.json:
@@ -421,6 +459,12 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         write_results(args.json, result_rows(rows, args, stream) + profile_rows, device)
     return 0
+
+
+@contextlib.contextmanager
+def _no_clocks():
+    """Where no GPU is sampled: the phases run with ``clocks`` None."""
+    yield None
 
 
 def _without(argv: list[str], flag: str, valued: str) -> list[str]:
@@ -457,7 +501,17 @@ def result_rows(rows: list[StreamsRow], args: argparse.Namespace, stream: Stream
              "sequential_fps": num(sequential.total_fps, 1) if sequential else None,
              "processes_fps": num(processes.total_fps, 1) if processes else None,
              "peak_gb": num(batched.peak_gb), "predicted_gb": num(batched.predicted_gb), "frames": args.frames,
-             "path": batched.path}]
+             "path": batched.path, **clock_fields(batched.clock, ""), **clock_fields(single.clock, "one_stream_"),
+             **clock_fields(processes.clock if processes else None, "processes_")}]
+
+
+def clock_fields(clock: Optional[ClockWindow], prefix: str) -> dict:
+    """A phase's clock in a ``streams`` row: ``{prefix}sm_mhz``, ``{prefix}power_w``, ``{prefix}clock_limits``
+    (none where it was not sampled)."""
+    if clock is None:
+        return {}
+    return {f"{prefix}sm_mhz": round(clock.sm_mhz), f"{prefix}power_w": round(clock.power_w),
+            f"{prefix}clock_limits": clock.reason_names()}
 
 
 def step_profile_rows(one: dict[str, float], many: dict[str, float], n: int, args: argparse.Namespace,
