@@ -363,8 +363,8 @@ def section_streams(runs: list[Run]) -> str:
                                rr[1]["streams"], rr[0].date))
     rows = [[geometry_cell(row["geometry"]), row["window"], HEADS_NAMES[row["heads"]], row["streams"],
              num(row["ms_per_step"]), num(row["one_stream_ms"]), num(row["fps_total"], 1),
-             num(row["sequential_fps"], 1), num(row["processes_fps"], 1), clock_pair(row), gpu_cell(run),
-             run_cell(run)]
+             num(row["sequential_fps"], 1), num(row["processes_fps"], 1), clock_pair(row), energy_pair(row),
+             gpu_cell(run), run_cell(run)]
             for run, row in found]
     return ("## Several streams\n\nSeveral cameras through one model: \"ms a step\" for all streams' frames "
             "together; FPS summed over the streams, beside the same streams one after another in one process "
@@ -378,10 +378,12 @@ def section_streams(runs: list[Run]) -> str:
             "(`nvidia-smi`, sampled beside the run; empty in runs that did not sample it), and the power "
             "draw of the batched ticks. A card at its power limit lowers its clock when it is kept busier: the "
             "batched step runs twice the attention back to back, so part of its ratio to the one-stream step "
-            "is the card's power budget, the same for any code that does the same arithmetic.\n\n"
+            "is the card's power budget, the same for any code that does the same arithmetic. \"J a frame\": "
+            "the board's power over each phase times its time a frame, one stream / batched / a process each "
+            "where measured (the energy a battery gives a frame, the card's idle draw included).\n\n"
             + table(["input", "window", "heads", "streams", "ms a step", "one stream ms", "FPS total",
-                     "sequential FPS", "processes FPS", "SM MHz, one / batched (W)", "GPU", "run"], rows,
-                    "lrlrrrrrrrll"))
+                     "sequential FPS", "processes FPS", "SM MHz, one / batched (W)",
+                     "J a frame, one / batched / processes", "GPU", "run"], rows, "lrlrrrrrrrrll"))
 
 
 def clock_pair(row: dict) -> str:
@@ -390,6 +392,20 @@ def clock_pair(row: dict) -> str:
         return ""
     return (f"{row['one_stream_sm_mhz']} / {row['sm_mhz']} ({row.get('power_w', '?')} W, "
             f"{row.get('clock_limits', '?')})")
+
+
+def energy_pair(row: dict) -> str:
+    """Joules a frame, one stream / batched (/ a process each, where measured): the power drawn over each
+    phase's steady ticks times its time a frame (the board's whole draw, idle power included); empty where
+    the run did not sample the power."""
+    if row.get("power_w") is None or row.get("one_stream_power_w") is None:
+        return ""
+    one = row["one_stream_power_w"] * row["one_stream_ms"] / 1e3
+    batched = row["power_w"] * row["ms_per_step"] / row["streams"] / 1e3
+    cell = f"{one:.1f} / {batched:.1f}"
+    if row.get("processes_power_w") is not None and row.get("processes_fps"):
+        cell += f" / {row['processes_power_w'] / row['processes_fps']:.1f}"
+    return cell
 
 
 def section_step_profile(runs: list[Run]) -> str:

@@ -201,8 +201,10 @@ def test_a_streams_row_with_a_footprint_is_also_a_memory_row(tmp_path):
      "Several streams", "| 518×378 | 64 | camera only | 4 | 61.50 | 23.90 | 65.0 | 41.8 |  |"),
     ({"table": "streams", "geometry": "518x378", "window": 64, "heads": "depth+camera", "streams": 2,
       "ms_per_step": 48.95, "one_stream_ms": 26.1, "fps_total": 40.9, "sequential_fps": 38.3, "processes_fps": 36.2,
-      "sm_mhz": 1695, "power_w": 697, "clock_limits": "power cap", "one_stream_sm_mhz": 1830}, "Several streams",
-     "| 518×378 | 64 | depth + camera | 2 | 48.95 | 26.10 | 40.9 | 38.3 | 36.2 | 1830 / 1695 (697 W, power cap) |"),
+      "sm_mhz": 1695, "power_w": 697, "clock_limits": "power cap", "one_stream_sm_mhz": 1830,
+      "one_stream_power_w": 690, "processes_power_w": 688}, "Several streams",
+     "| 518×378 | 64 | depth + camera | 2 | 48.95 | 26.10 | 40.9 | 38.3 | 36.2 | 1830 / 1695 (697 W, power cap) "
+     "| 18.0 / 17.1 / 19.0 |"),
     ({"table": "step_profile", "geometry": "518x378", "window": 16, "heads": "depth+camera", "streams": 2,
       "category": "gemm", "one_stream_ms": 5.0, "batched_ms": 8.0}, "Where a batched step's time goes",
      "| 518×378 | 16 | depth + camera | 2 | gemm | 5.00 | 8.00 | 1.60× |"),

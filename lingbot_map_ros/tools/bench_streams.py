@@ -452,6 +452,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"SM clock over the batched ticks / the one-stream ticks: {batched.clock.sm_mhz:.0f} / "
               f"{single.clock.sm_mhz:.0f} MHz ({batched.clock.sm_mhz / single.clock.sm_mhz:.3f}); a card at its "
               f"power limit lowers its clock when it is kept busier")
+        one_j = single.clock.power_w * single.step_median_ms / 1e3
+        batched_j = batched.clock.power_w * batched.step_median_ms / n / 1e3
+        print(f"energy a frame (board power x time a frame): {one_j:.1f} J one stream, {batched_j:.1f} J batched")
     print(f"pose_enc relative difference, batched vs one after another (same frames): "
           f"{pose_difference(batched_poses, sequential_poses):.2e}")
     if args.json:
