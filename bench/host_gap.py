@@ -207,7 +207,7 @@ def group_main(args: argparse.Namespace) -> None:
             torch.cuda.synchronize()
             print(f"steady ticks of {n} stream(s) to unix time {time.time():.1f}")
             profiler.__exit__(None, None, None)
-            kernel_tables[n] = _graph_kernels(profiler, args.frames)
+            kernel_tables[n] = _graph_kernels(profiler, args.frames, n)
         med = statistics.median
         if not on_cuda or not ticks or ticks[0][0] == ticks[0][1]:
             print(f"| {n} | {med(walls):.2f} | no graph replays to time "
@@ -236,7 +236,7 @@ def group_main(args: argparse.Namespace) -> None:
         print("\nno kernels to trace (CUDA only)")
 
 
-def _graph_kernels(profiler, ticks: int) -> tuple[dict[str, tuple[float, float]], float, float]:
+def _graph_kernels(profiler, ticks: int, streams: int) -> tuple[dict[str, tuple[float, float]], float, float]:
     """Per tick: ``{kernel name: (launches, ms)}``, the ms of kernel time and the ms the device had at
     least one kernel running (their union: with side streams, kernels overlap)."""
     import json
@@ -265,7 +265,6 @@ def _graph_kernels(profiler, ticks: int) -> tuple[dict[str, tuple[float, float]]
     longest = max(by_name, key=lambda k: by_name[k][1])
     launches = sorted((e["ts"], e["dur"]) for e in kernels if e["name"] == longest)
     per_tick = len(launches) // ticks
-    streams = max(1, per_tick // 24)  # a call per stream and global block
     slots = [statistics.median(d for j, (_, d) in enumerate(launches) if j % streams == i) / 1e3
              for i in range(streams)]
     print(f"{longest[:60]}: {per_tick} launches a tick, median ms by the stream's place in a round: "
