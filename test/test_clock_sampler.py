@@ -86,10 +86,11 @@ def test_the_sampler_reads_its_child_and_stops_it(tmp_path):
     assert len(clocks.samples) == count  # nothing is read after it stopped
 
 
-def test_without_the_tool_nothing_is_sampled(tmp_path):
-    with ClockSampler("0", executable=str(tmp_path / "absent")) as clocks:
-        pass
-    assert clocks.between(0, time.time()) is None and clocks._proc is None
+def test_without_the_tool_or_a_gpu_nothing_is_sampled(tmp_path):
+    for sampler in (ClockSampler("0", executable=str(tmp_path / "absent")), ClockSampler.of("cpu")):
+        with sampler as clocks:
+            pass
+        assert clocks.between(0, time.time()) is None and clocks._proc is None
 
 
 def test_a_streams_row_carries_each_phase_clock_and_prints_it():

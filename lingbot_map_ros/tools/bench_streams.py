@@ -20,7 +20,6 @@ The batched and sequential runs feed identical frames, so their poses are compar
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import gc
 import json
@@ -42,7 +41,7 @@ from ..core.session_manager import SessionManager
 from ..core.stream_group import StreamGroup, group_footprint
 from .common import add_session_options, check_session_args, runtime_from_args, stream_from_args
 from .gemm_profile import ProductTime, product_comparison, products_by_shape
-from .gpu_clock import ClockSampler, ClockWindow, device_id
+from .gpu_clock import ClockSampler, ClockWindow
 from .kernel_profile import by_category, device_kernel_ms, kernel_category
 
 
@@ -134,7 +133,7 @@ def _group_tick(group: StreamGroup, pools, n: int) -> Callable[[int], dict[str, 
 
 
 def run_batched(base: ModelHost, stream: StreamConfig, n: int, frames: int, pools,
-                clocks: Optional[ClockSampler] = None) -> tuple[StreamsRow, dict]:
+                clocks: ClockSampler) -> tuple[StreamsRow, dict]:
     device = base.resolved.device
     held = _reset_peak(device)
     group = StreamGroup(base, stream, [f"cam{i}" for i in range(n)], log=lambda m: None, batch=True)
@@ -143,7 +142,7 @@ def run_batched(base: ModelHost, stream: StreamConfig, n: int, frames: int, pool
     fp = group_footprint(base, stream, n, group.managers["cam0"].session.image_hw)
     row = _row("batched" if n > 1 else "batched (one stream: the single-camera path)", n, times, _peak(device),
                f"footprint {fp.total / GB:.2f} GB predicted, {held:.2f} GB held at start; {batched_paths(group)}")
-    row.clock = clocks.between(ticks.start, ticks.end) if clocks is not None else None
+    row.clock = clocks.between(ticks.start, ticks.end)
     row.predicted_gb = fp.total / GB
     row.path = group.path_counts.most_common(1)[0][0] if group.path_counts else "alone"
     print(f"batched path: {group.decision.path} ({group.decision.reason})")
@@ -246,7 +245,7 @@ def batched_paths(group: StreamGroup) -> str:
 
 
 def run_sequential(base: ModelHost, stream: StreamConfig, n: int, frames: int, pools,
-                   clocks: Optional[ClockSampler] = None) -> tuple[StreamsRow, dict]:
+                   clocks: ClockSampler) -> tuple[StreamsRow, dict]:
     device = base.resolved.device
     held = _reset_peak(device)
     managers = [SessionManager(base, stream, log=lambda m: None) for _ in range(n)]
@@ -257,7 +256,7 @@ def run_sequential(base: ModelHost, stream: StreamConfig, n: int, frames: int, p
     ticks = _timed_ticks(tick, frames, _steady_start(stream))
     row = _row("one after another", n, ticks.times, _peak(device),
                f"{np.median(ticks.times) / n:.2f} ms a push, {held:.2f} GB held at start")
-    row.clock = clocks.between(ticks.start, ticks.end) if clocks is not None else None
+    row.clock = clocks.between(ticks.start, ticks.end)
     return row, ticks.poses
 
 
@@ -306,7 +305,7 @@ def overlap_of(reports: list[dict]) -> Overlap:
     return Overlap(fps, np.asarray(inside, dtype=float), fraction, start, end)
 
 
-def run_processes(argv: list[str], n: int, clocks: Optional[ClockSampler] = None) -> StreamsRow:
+def run_processes(argv: list[str], n: int, clocks: ClockSampler) -> StreamsRow:
     """N one-stream runs of this tool (``--worker``) started together; each fills its window (model load,
     compilation, capture) and says ``ready``; once all have, they start their steady frames together, and
     each prints them."""
@@ -336,7 +335,7 @@ def run_processes(argv: list[str], n: int, clocks: Optional[ClockSampler] = None
                       float(np.percentile(times, 90)) if times.size else nan, overlap.fps,
                       max(r["peak"] for r in reports),
                       f"ms per frame in each process while all ran; steady phases overlap {overlap.fraction:.0%}",
-                      clock=clocks.between(overlap.start, overlap.end) if clocks is not None else None)
+                      clock=clocks.between(overlap.start, overlap.end))
 
 
 def worker(base: ModelHost, stream: StreamConfig, frames: int, pools) -> None:
@@ -419,7 +418,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"note: {args.frames} frames do not reach the steady state (the window is full after "
               f"{_steady_start(stream)} frames)", file=sys.stderr)
     rows = []
-    with ClockSampler(device_id(device)) if device.type == "cuda" else _no_clocks() as clocks:
+    with ClockSampler.of(device) as clocks:
         single, _ = run_sequential(base, stream, 1, args.frames, pools[:1], clocks)
         single.mode = "one stream (reference)"
         rows.append(single)
@@ -438,7 +437,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
         child = _without(argv, "--processes", "--json")
-        with ClockSampler(device_id(device)) if device.type == "cuda" else _no_clocks() as clocks:
+        with ClockSampler.of(device) as clocks:
             rows.append(run_processes(child, n, clocks))
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU x{os.cpu_count()}"
     header = (f"lingbot_map_bench --cameras {n}: preset {runtime_cfg.resolved_preset()}, {args.width}x{args.height}, "
@@ -462,12 +461,6 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         write_results(args.json, result_rows(rows, args, stream) + profile_rows, device)
     return 0
-
-
-@contextlib.contextmanager
-def _no_clocks():
-    """Where no GPU is sampled: the phases run with ``clocks`` None."""
-    yield None
 
 
 def _without(argv: list[str], flag: str, valued: str) -> list[str]:

@@ -84,19 +84,26 @@ def window(samples: list[ClockSample], start: float, end: float) -> Optional[Clo
 
 class ClockSampler:
     """``with ClockSampler(gpu) as clocks: ...; clocks.between(t0, t1)``. ``gpu``: what ``nvidia-smi -i``
-    takes (an index or the device's UUID, ``device_id``). Without ``nvidia-smi`` (a CPU run) it samples
-    nothing and ``between`` gives None."""
+    takes (an index or the device's UUID, ``device_id``); None (a CPU run, ``of``), or no ``nvidia-smi``
+    on the host: it samples nothing and ``between`` gives None."""
 
-    def __init__(self, gpu: str, period_ms: int = 100, executable: str = "nvidia-smi") -> None:
+    def __init__(self, gpu: Optional[str], period_ms: int = 100, executable: str = "nvidia-smi") -> None:
         self.gpu = gpu
         self.period_ms = period_ms
-        self.executable = shutil.which(executable)
+        self.executable = shutil.which(executable) if gpu is not None else None
         self.samples: list[ClockSample] = []
         self._proc: Optional[subprocess.Popen] = None
         self._reader: Optional[threading.Thread] = None
 
+    @classmethod
+    def of(cls, device) -> "ClockSampler":
+        """The sampler of a torch device (one that samples nothing for a CPU)."""
+        import torch
+
+        return cls(device_id(device) if torch.device(device).type == "cuda" else None)
+
     def __enter__(self) -> "ClockSampler":
-        if self.executable is not None:
+        if self.executable is not None and self.gpu is not None:
             self._proc = subprocess.Popen(
                 [self.executable, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
                  f"--loop-ms={self.period_ms}", "-i", self.gpu],
