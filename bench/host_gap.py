@@ -189,7 +189,7 @@ def group_main(args: argparse.Namespace) -> None:
             if i == warm and args.kernels and on_cuda:  # the replays' kernels (CUPTI traces them in graphs)
                 torch.cuda.synchronize()
                 profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
-                profiler.__enter__()
+                profiler.start()
                 print(f"steady ticks of {n} stream(s) from unix time {time.time():.1f}")
             parts.clear()
             first = len(replays)
@@ -206,7 +206,7 @@ def group_main(args: argparse.Namespace) -> None:
         if profiler is not None:
             torch.cuda.synchronize()
             print(f"steady ticks of {n} stream(s) to unix time {time.time():.1f}")
-            profiler.__exit__(None, None, None)
+            profiler.stop()
             kernel_tables[n] = _graph_kernels(profiler, args.frames, n)
         med = statistics.median
         if not on_cuda or not ticks or ticks[0][0] == ticks[0][1]:
@@ -244,7 +244,8 @@ def _graph_kernels(profiler, ticks: int, streams: int) -> tuple[dict[str, tuple[
 
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         profiler.export_chrome_trace(f.name)
-        trace = json.load(open(f.name))
+        with open(f.name, encoding="utf-8") as text:
+            trace = json.load(text)
     kernels = [e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel" and "dur" in e]
     by_name: dict[str, list[float]] = {}
     for e in kernels:
