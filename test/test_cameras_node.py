@@ -401,7 +401,8 @@ def test_one_body_pose_one_parent_and_the_hand_over(run):
     assert level == 1 and "front stalled" in front_status.message and "rear drives" in front_status.message
     rear_values = {kv.key: kv.value for kv in statuses["lingbot_map: camera rear"].values}
     assert rear_values["state"] == "driving" and int(rear_values["frames_rejected"]) == len(rig.corrupt["rear"])
-    costs = ("place_publish_ms_median", "place_publish_cpu_ms_median", "place_ms_median", "place_cpu_ms_median")
+    costs = ("place_publish_ms_median", "place_publish_cpu_ms_median", "place_ms_median", "place_cpu_ms_median",
+             "sends_cpu_ms_median")
     for key in costs:  # the node's own cost per frame of this camera
         assert math.isfinite(float(rear_values[key])), rear_values
     print("\nrear camera, node overhead per frame (median ms): " + ", ".join(f"{k} {rear_values[k]}" for k in costs))

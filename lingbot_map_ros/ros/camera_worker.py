@@ -26,6 +26,7 @@ from . import messages as rosmsg
 from .commands import Command, CommandInbox, CommandResult, PendingCommand
 from .frames import Frame, InputRejected, stamp_sec
 from .node_settings import SettingsSource
+from .outbox import sending_batch
 from .robot_frames import Withheld
 from .transforms import NoTransform
 
@@ -151,8 +152,9 @@ class CameraGroupWorker:
                 channel.ledger.interim(frame.header, FrameStatus.BUFFERED,
                                        f"buffered for the joint scale-frame call ({manager.session.buffered} of "
                                        f"{manager.stream_cfg.scale_frames})")
-            for result in outcome.results:
-                self._publish(channel, result)
+            for result in outcome.results:  # each frame's outputs to the outbox thread as one piece
+                with sending_batch(self._node, name):
+                    self._publish(channel, result)
         self._on_view()
 
     def _publish(self, channel: CameraChannel, r) -> None:

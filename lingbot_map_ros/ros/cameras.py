@@ -43,6 +43,7 @@ from .intake import DepthPairing, ImageIntake
 from .large_outputs import large_publisher
 from .node_settings import OverriddenSettings, SettingsSource
 from .node_state import NodeState
+from .outbox import deferred, flush_sends, send_cost_median
 from .robot_frames import RobotFrames
 from .time_jump import TimeJumpDetector
 
@@ -77,9 +78,10 @@ class CameraChannel:
         self.intake = ImageIntake(node, settings, self.ledger, self.input_size, sink=self._offer, state=state,
                                   depth=self.depth, base=f"{name}/image")
         reliable10 = QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE)
-        self.pose_pub = node.create_publisher(PoseStamped, f"~/{name}/pose", reliable10)
-        self.stats_pub = node.create_publisher(CacheStats, f"~/{name}/cache_stats", reliable10)
-        self.depth_pub = large_publisher(node, Image, f"~/{name}/depth", reliable10)  # see large_outputs
+        # sent on the node's outbox thread (outbox.py), each frame's messages together and in order
+        self.pose_pub = deferred(node, node.create_publisher(PoseStamped, f"~/{name}/pose", reliable10))
+        self.stats_pub = deferred(node, node.create_publisher(CacheStats, f"~/{name}/cache_stats", reliable10))
+        self.depth_pub = deferred(node, large_publisher(node, Image, f"~/{name}/depth", reliable10))  # large_outputs
         self.time_jump = TimeJumpDetector()
         self.non_finite_in_a_row = 0
         self.warned_no_frame_id = False
@@ -213,6 +215,7 @@ class CameraSystem:
 
     def teardown(self, why: str) -> None:
         self.shutdown(why)
+        flush_sends(self._node)  # the last frames' outputs are sent before their publishers go
         for channel in self.channels.values():
             channel.intake.unsubscribe()
             recon, channel.recon = channel.recon, None
@@ -272,6 +275,8 @@ class CameraSystem:
                       ("place_publish_cpu_ms_median", f"{_median([c[1] for c in costs]):.3f}"),
                       ("place_ms_median", f"{_median([c[2] for c in costs]):.3f}"),
                       ("place_cpu_ms_median", f"{_median([c[3] for c in costs]):.3f}"),
+                      # sending its frames' outputs (the body's too while it drives), on the outbox thread
+                      ("sends_cpu_ms_median", f"{send_cost_median(self._node, name):.3f}"),
                       ("last_handover", last_handover)]
             out.append(DiagnosticStatus(level=level, name=f"{DIAG_PREFIX}camera {name}", message=message,
                                         hardware_id=hardware_id,

@@ -88,6 +88,8 @@ class DiagnosticsSnapshot:
     overlapped: int = 0  # frames preprocessed while the previous frame was inside the model
     robot: Optional[RobotReport] = None  # the TF tree and the scale (None: no tf / scale statuses)
     memory: Optional[MemoryReport] = None  # predicted next to allocated (None: no model loaded)
+    sends_cpu_ms: float = float("nan")  # the outbox thread's CPU to send one frame's outputs, median (ros/outbox.py)
+    send_failures: int = 0  # sends the middleware refused while ROS was up
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -157,6 +159,7 @@ def _inference_status(d: DiagnosticsSnapshot) -> DiagnosticStatus:
         ("node_overhead_median_ms", f"{omed:.2f}"), ("node_overhead_p90_ms", f"{op90:.2f}"),
         *[(f"{name}_median_ms", f"{statistics.median(col):.2f}" if col else "nan")
           for name, col in zip(OVERHEAD_PARTS, columns)],
+        ("sends_cpu_median_ms", f"{d.sends_cpu_ms:.3f}"), ("send_failures", d.send_failures),
         ("fps_max", f"{1000.0 / med:.2f}" if lat and med > 0 else "-"),
         ("preprocess_overlapped_frames", d.overlapped),
         ("frame_timeline_ms", " ".join(f"{t[0]}:{t[1]:.2f}:{t[2]:.2f}:{t[3]:.2f}:{t[4]:.2f}" for t in d.timeline)

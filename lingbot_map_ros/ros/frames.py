@@ -27,6 +27,7 @@ from std_msgs.msg import Header
 from lingbot_map_ros.msg import FrameStatus
 
 from . import messages as rosmsg
+from .outbox import deferred
 
 if TYPE_CHECKING:
     from ..core.results import FrameResult
@@ -144,7 +145,7 @@ class FrameLedger:
     def __init__(self, node, session_id: Callable[[], int], topic: str = "~/frame_status"):
         self._log = node.get_logger()
         self._session_id = session_id
-        self._status_pub = node.create_publisher(FrameStatus, topic, QoSProfile(depth=50))
+        self._status_pub = deferred(node, node.create_publisher(FrameStatus, topic, QoSProfile(depth=50)))
         self._context = node.context
         self.lock = threading.Lock()
         self.c = Counters()

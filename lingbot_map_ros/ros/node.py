@@ -66,6 +66,7 @@ from .intake import DepthPairing, ImageIntake
 from .large_outputs import LargeOutputs
 from .node_settings import LiveSettings, NodeSettings
 from .node_state import ConfiguredParts, NodeState, RestartableTimer
+from .outbox import Outbox
 from .outputs import FALLBACK_CAMERA_FRAME, PATH_EVERY_FRAME, PATH_MIN_PERIOD, ResultPublisher
 from .parameter_callbacks import ParameterHandler
 from .parameters import (
@@ -121,6 +122,8 @@ class LingBotMapNode(LifecycleNode):
         self._configure_error = ""
         self._t_start = time.monotonic()
 
+        # every output's sends, off the inference thread (outbox.py); made before the publishers that use it
+        self.outbox = Outbox(context_ok=self.context.ok, log_error=self.get_logger().error)
         self._ledger = FrameLedger(self, session_id=self._parts.session_id)
         self._input_size = InputSize(self._new_preprocessor)
         self._session_view = SessionView()
@@ -294,13 +297,15 @@ class LingBotMapNode(LifecycleNode):
         if worker is not None:
             worker.close("the node was cleaned up")
         parts.manager = None
+        self.outbox.flush()  # the threads' last frames are sent before their publishers go
         recon, self._outputs.recon = self._outputs.recon, None
         if recon is not None:
             recon.destroy()
         self._state.enter("unconfigured")
 
     def destroy_node(self) -> None:
-        """The node, then its second participant (``large_outputs``)."""
+        """The outbox's waiting sends, the node, then its second participant (``large_outputs``)."""
+        self.outbox.close()
         super().destroy_node()
         self.large_outputs.close()
 
@@ -368,6 +373,7 @@ class LingBotMapNode(LifecycleNode):
                 checkpoint=view.runtime.checkpoint if configured else settings.checkpoint,
                 lifecycle_state=self._state.label, configure_error=self._configure_error,
                 timeline=timeline, overlapped=overlapped, robot=robot, memory=view.memory,
+                sends_cpu_ms=self.outbox.cost_median(""), send_failures=self.outbox.failed,
             )
             c.dropped_since_diag = c.rejected_since_diag = 0
         array = diagnostic_array(snapshot, self.get_clock().now().to_msg())

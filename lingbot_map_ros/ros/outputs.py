@@ -33,6 +33,7 @@ from .edge_publishers import EdgePublishers
 from .frames import Frame, FrameLedger, stamp_sec
 from .large_outputs import large_publisher
 from .node_settings import SettingsSource
+from .outbox import deferred, sending_batch
 from .robot_frames import RobotFrames, Withheld
 from .transforms import FrameTree, NoTransform
 
@@ -73,12 +74,13 @@ class ResultPublisher:
                          tolerance=lambda: float(settings.current.transform_tolerance))
         self.robot = RobotFrames(node, settings, tree, depth, publishers=EdgePublishers(node))
         reliable10 = QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE)
-        self._pose_pub = node.create_publisher(PoseStamped, "~/pose", reliable10)
-        self._odom_pub = node.create_publisher(Odometry, "~/odom", reliable10)
+        # sent on the node's outbox thread (outbox.py), each frame's messages together and in order
+        self._pose_pub = deferred(node, node.create_publisher(PoseStamped, "~/pose", reliable10))
+        self._odom_pub = deferred(node, node.create_publisher(Odometry, "~/odom", reliable10))
         # the path grows past Fast DDS's 512 kB shared-memory segment (~6000 poses): see large_outputs
-        self._path_pub = large_publisher(node, Path, "~/path", reliable10)
-        self._stats_pub = node.create_publisher(CacheStats, "~/cache_stats", reliable10)
-        self._depth_pub = large_publisher(node, Image, "~/depth", reliable10)  # its own participant: large_outputs
+        self._path_pub = deferred(node, large_publisher(node, Path, "~/path", reliable10))
+        self._stats_pub = deferred(node, node.create_publisher(CacheStats, "~/cache_stats", reliable10))
+        self._depth_pub = deferred(node, large_publisher(node, Image, "~/depth", reliable10))  # large_outputs
         self._lock = threading.Lock()  # path and trajectory (inference thread <-> ~/save_trajectory)
         # the poses of ~/path: (frame id, rosmsg.pose_values) each
         self._path: collections.deque = collections.deque(maxlen=int(values.path_max_length))
@@ -143,7 +145,12 @@ class ResultPublisher:
         return FALLBACK_CAMERA_FRAME
 
     def publish(self, r: FrameResult, manager) -> None:
-        """Every output of the finite result ``r`` (its stamp is the ``Frame``), then PROCESSED."""
+        """Every output of the finite result ``r`` (its stamp is the ``Frame``), then PROCESSED: handed to the
+        node's outbox thread as one piece (``outbox.py``)."""
+        with sending_batch(self._node, ""):
+            self._publish_frame(r, manager)
+
+    def _publish_frame(self, r: FrameResult, manager) -> None:
         t0 = time.perf_counter()
         frame: Frame = r.stamp
         header = frame.header

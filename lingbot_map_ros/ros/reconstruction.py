@@ -36,6 +36,7 @@ from ..core.reconstruction import PointBatch, VoxelMap, is_finite_camera, point_
 from ..core.results import FrameResult
 from .large_outputs import destroy_large_publisher, large_publisher
 from .node_settings import NodeSettings, SettingsSource
+from .outbox import deferred, undeferred
 
 # x, y, z, rgb (packed 0x00RRGGBB in a float32), confidence: five little-endian float32 = 20 bytes
 POINT_FIELD_NAMES = ("x", "y", "z", "rgb", "confidence")
@@ -176,12 +177,13 @@ class ReconstructionPublisher:
         latched = QoSProfile(depth=1, reliability=QoSReliabilityPolicy.RELIABLE,
                              durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
         # images and clouds from the node's second participant (large_outputs: they would delay its poses and TF)
-        self._conf_pub = large_publisher(node, Image, prefix + "depth_confidence", reliable10)
-        self._info_pub = node.create_publisher(CameraInfo, prefix + "camera_info", reliable10)
-        self._points_pub = large_publisher(node, PointCloud2, prefix + "points", big)
+        # sent on the node's outbox thread (outbox.py): a cloud's send is milliseconds
+        self._conf_pub = deferred(node, large_publisher(node, Image, prefix + "depth_confidence", reliable10))
+        self._info_pub = deferred(node, node.create_publisher(CameraInfo, prefix + "camera_info", reliable10))
+        self._points_pub = deferred(node, large_publisher(node, PointCloud2, prefix + "points", big))
         self._map_pub = self._save_srv = self._timer = None
         if map_into is None:
-            self._map_pub = large_publisher(node, PointCloud2, "~/map_points", latched)
+            self._map_pub = deferred(node, large_publisher(node, PointCloud2, "~/map_points", latched))
             self._save_srv = node.create_service(Trigger, "~/save_map", self._on_save_map)
             self._timer = node.create_timer(MAP_TICK_S, self._on_tick)
 
@@ -346,10 +348,10 @@ class ReconstructionPublisher:
         if self._timer is not None:
             node.destroy_timer(self._timer)
             node.destroy_service(self._save_srv)
-        node.destroy_publisher(self._info_pub)
+        node.destroy_publisher(undeferred(self._info_pub))
         for pub in (self._conf_pub, self._points_pub, self._map_pub):
             if pub is not None:
-                destroy_large_publisher(node, pub)
+                destroy_large_publisher(node, undeferred(pub))
 
 
 __all__ = [

@@ -40,6 +40,7 @@ from tf2_ros import Buffer, TransformBroadcaster, TransformException, TransformL
 
 from ..core.geometry import transform_matrix
 from . import messages as rosmsg
+from .outbox import deferred
 from .tf_samples import EdgeSamples
 
 AUTHORITY = "lingbot_map"
@@ -115,6 +116,8 @@ class FrameTree:
         # node None: a recording's tree (lingbot_map_offline --bag), fed through ``take`` and never published
         self._listener = _TreeListener(self, node) if node is not None else None
         self._broadcaster = TransformBroadcaster(node) if node is not None else None
+        # its /tf publisher, sending on the node's outbox thread (outbox.py)
+        self._tf_pub = deferred(node, self._broadcaster.pub_tf) if node is not None else None
         self._clock = node.get_clock() if node is not None else None  # the node's clock (ROS time) for ``_ahead``
         self._repeat_timer = (node.create_timer(repeat_period, self._repeat)
                               if node is not None and repeat_period > 0 else None)
@@ -299,8 +302,8 @@ class FrameTree:
                 sent[s.sec * 10**9 + s.nanosec] = values
             while len(sent) > SENDS_KEPT:
                 sent.popitem(last=False)
-        if self._broadcaster is not None:  # its publisher, given bytes from a checked template (messages.py)
-            self._broadcaster.pub_tf.publish(rosmsg.tf_encoded(values, stamps, parent, child))
+        if self._tf_pub is not None:  # the broadcaster's publisher, given bytes from a checked template (messages.py)
+            self._tf_pub.publish(rosmsg.tf_encoded(values, stamps, parent, child))
 
     def destroy(self) -> None:
         if self._node is None:

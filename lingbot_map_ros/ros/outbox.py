@@ -1,0 +1,209 @@
+"""The node's sends, off the inference thread: one thread that calls ``publish`` for it.
+
+Why: a frame's outputs are up to a dozen messages (the camera's pose and statistics, its status, the
+body's pose, odometry, path and /tf, depth and points on request). ``publish`` sends each one to every
+matched reader on the calling thread (Fast DDS's default, synchronous mode), and on a computer whose
+caches are cold when a frame's work starts each send costs a tenth of a millisecond or more. On the
+inference thread that time is taken from the model: with the model on a GPU the device idles until the
+next step is queued. Here the inference thread hands a frame's messages over in one piece and goes on;
+this thread sends them, in the order they were handed over, beside the next model step.
+
+What stays on the calling thread: every decision and every piece of state (placing, the ledger's
+counters, the TF tree's own record of its sends, the path), and the messages themselves, which are
+built there and never touched again. Only the sends move. A frame's messages leave together and in
+their order, so a reader that got a frame's final status got the outputs published before it.
+
+A publisher is wrapped by ``deferred(node, publisher)``: a node with an ``outbox`` (the lingbot_map
+node) sends through it; any other node (a test's stand-in, ``lingbot_map_offline``) sends at once.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+import time
+from typing import Any, Callable, Iterator, Optional
+
+PENDING_LIMIT = 256  # handed-over pieces waiting; beyond it the caller waits (back-pressure, nothing dropped)
+COSTS_KEPT = 200  # per label: the thread CPU of the last pieces sent, for /diagnostics
+
+
+class Outbox:
+    """One sending thread for a node: ``send`` / ``batch`` hand messages over, ``flush`` waits for them."""
+
+    def __init__(self, context_ok: Callable[[], bool], log_error: Callable[[str], None]) -> None:
+        self._context_ok = context_ok
+        self._log_error = log_error
+        self._cond = threading.Condition()
+        self._pending: collections.deque = collections.deque()  # (label, [(publisher, message), ...])
+        self._handed = 0  # pieces handed over so far
+        self._sent = 0  # pieces sent (or failed) so far
+        self._stop = False
+        self._local = threading.local()  # the batch open on a thread
+        self.failed = 0  # sends that raised while ROS was up
+        self.last_failure = ""
+        # label -> thread CPU ms of each piece sent (a frame's batch: what sending that frame cost)
+        self.costs: dict[str, collections.deque] = {}
+        self._thread = threading.Thread(target=self._run, name="lingbot_map_outbox", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ callers
+    def send(self, publisher: Any, message: Any) -> None:
+        """``publisher.publish(message)`` on the sending thread; inside a ``batch`` on this thread, with it."""
+        open_batch: Optional[list] = getattr(self._local, "batch", None)
+        if open_batch is not None:
+            open_batch.append((publisher, message))
+        else:
+            self._hand_over("", [(publisher, message)])
+
+    @contextlib.contextmanager
+    def batch(self, label: str) -> Iterator[None]:
+        """Everything sent on this thread inside the block leaves as one piece, after the block, in order; its
+        sending cost is recorded under ``label`` (a camera's name: one frame's outputs)."""
+        outer = getattr(self._local, "batch", None)
+        if outer is not None:  # nested: part of the outer piece
+            yield
+            return
+        items: list = []
+        self._local.batch = items
+        try:
+            yield
+        finally:
+            self._local.batch = None
+            if items:
+                self._hand_over(label, items)
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until everything handed over before this call was sent; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            target = self._handed
+            while self._sent < target:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Send what is waiting, then stop the thread (idempotent)."""
+        self.flush(timeout)
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def cost_median(self, label: str) -> float:
+        """Median thread CPU ms of the pieces sent under ``label`` (nan: none yet)."""
+        with self._cond:
+            values = sorted(self.costs.get(label, ()))
+        return values[len(values) // 2] if values else float("nan")
+
+    @property
+    def waiting(self) -> int:
+        with self._cond:
+            return self._handed - self._sent
+
+    def _hand_over(self, label: str, items: list) -> None:
+        with self._cond:
+            while (len(self._pending) >= PENDING_LIMIT and not self._stop
+                   and threading.current_thread() is not self._thread):
+                self._cond.wait(0.1)
+            if self._stop:  # closed: send here, in order with nothing (the thread has sent everything)
+                self._handed += 1
+                self._sent += 1
+                run_now = True
+            else:
+                self._pending.append((label, items))
+                self._handed += 1
+                run_now = False
+                self._cond.notify_all()
+        if run_now:
+            self._send_all(items)
+
+    # ------------------------------------------------------------------ the sending thread
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._stop:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                label, items = self._pending.popleft()
+            start = time.thread_time()
+            self._send_all(items)
+            cost = (time.thread_time() - start) * 1e3
+            with self._cond:
+                self.costs.setdefault(label, collections.deque(maxlen=COSTS_KEPT)).append(cost)
+                self._sent += 1
+                self._cond.notify_all()
+
+    def _send_all(self, items: list) -> None:
+        for publisher, message in items:
+            try:
+                publisher.publish(message)
+            except Exception as exc:  # noqa: BLE001 - one refused send must not stop the others
+                if not self._context_ok():
+                    continue  # after a signal nothing can be sent any more; that is no error
+                self.failed += 1
+                self.last_failure = f"{_topic(publisher)}: {type(exc).__name__}: {exc}"
+                self._log_error(f"a send failed: {self.last_failure}")
+
+
+class DeferredPublisher:
+    """A publisher whose ``publish`` goes through an ``Outbox``; everything else is the publisher's own."""
+
+    def __init__(self, outbox: Outbox, publisher: Any) -> None:
+        self.outbox = outbox
+        self.publisher = publisher
+
+    def publish(self, message: Any) -> None:
+        self.outbox.send(self.publisher, message)
+
+    def __getattr__(self, name: str) -> Any:  # get_subscription_count, topic_name, ...
+        return getattr(self.publisher, name)
+
+
+def deferred(node: Any, publisher: Any) -> Any:
+    """``publisher`` sending through ``node.outbox`` where the node has one, else itself."""
+    outbox: Optional[Outbox] = getattr(node, "outbox", None)
+    return publisher if outbox is None else DeferredPublisher(outbox, publisher)
+
+
+def undeferred(publisher: Any) -> Any:
+    """The rclpy publisher behind ``publisher`` (what ``destroy_publisher`` takes)."""
+    return publisher.publisher if isinstance(publisher, DeferredPublisher) else publisher
+
+
+@contextlib.contextmanager
+def sending_batch(node: Any, label: str) -> Iterator[None]:
+    """``node.outbox.batch(label)`` where the node has an outbox; else nothing to gather."""
+    outbox: Optional[Outbox] = getattr(node, "outbox", None)
+    if outbox is None:
+        yield
+    else:
+        with outbox.batch(label):
+            yield
+
+
+def flush_sends(node: Any, timeout: float = 5.0) -> bool:
+    """Wait until ``node.outbox`` sent what was handed over (True at once without an outbox)."""
+    outbox: Optional[Outbox] = getattr(node, "outbox", None)
+    return True if outbox is None else outbox.flush(timeout)
+
+
+def send_cost_median(node: Any, label: str) -> float:
+    """Median thread CPU ms of sending one piece under ``label`` on ``node.outbox`` (nan: none, or no outbox)."""
+    outbox: Optional[Outbox] = getattr(node, "outbox", None)
+    return float("nan") if outbox is None else outbox.cost_median(label)
+
+
+def _topic(publisher: Any) -> str:
+    try:
+        return str(publisher.topic_name)
+    except Exception:  # noqa: BLE001 - a stand-in without one
+        return type(publisher).__name__
+
+
+__all__ = ["DeferredPublisher", "Outbox", "deferred", "flush_sends", "send_cost_median", "sending_batch", "undeferred"]
