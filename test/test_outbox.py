@@ -165,3 +165,37 @@ def test_deferred_only_where_the_node_has_an_outbox(box):
     assert [m for _, m, _ in log] == ["direct", "p"] or [m for _, m, _ in log] == ["p", "direct"]
     assert send_cost_median(WithOutbox(), "cam0") >= 0.0
     assert send_cost_median(Plain(), "cam0") != send_cost_median(Plain(), "cam0")  # nan
+
+
+def test_a_built_message_is_built_on_the_sending_thread_in_its_place(box):
+    log: list = []
+    pub = Recorder("stats", log)
+    builders: list[str] = []
+
+    def build(a, b):
+        builders.append(threading.current_thread().name)
+        return a + b
+
+    wrapped = DeferredPublisher(box, pub)
+    with box.batch("cam0"):
+        wrapped.publish("first")
+        outbox_module.send_built(wrapped, build, "sec", "ond")
+        wrapped.publish("third")
+    assert box.flush(5)
+    assert [m for _, m, _ in log] == ["first", "second", "third"] and builders == ["lingbot_map_outbox"]
+    outbox_module.send_built(pub, build, "at ", "once")  # a plain publisher: built and sent on this thread
+    assert log[-1][1:] == ("at once", threading.current_thread().name)
+    assert builders[-1] == threading.current_thread().name
+
+
+def test_a_builder_that_raises_is_a_failed_send(box):
+    log: list = []
+
+    def broken():
+        raise ValueError("no such frame")
+
+    with box.batch("cam0"):
+        box.send_built(Recorder("bad", log), broken, ())
+        box.send(Recorder("good", log), "still sent")
+    assert box.flush(5)
+    assert [m for _, m, _ in log] == ["still sent"] and box.failed == 1 and "no such frame" in box.last_failure

@@ -26,7 +26,7 @@ from . import messages as rosmsg
 from .commands import Command, CommandInbox, CommandResult, PendingCommand
 from .frames import Frame, InputRejected, stamp_sec
 from .node_settings import SettingsSource
-from .outbox import sending_batch
+from .outbox import send_built, sending_batch
 from .robot_frames import Withheld
 from .transforms import NoTransform
 
@@ -204,8 +204,8 @@ class CameraGroupWorker:
         frame.model_image = None
         publish_ms = (time.perf_counter() - t0) * 1e3
         counts, overhead_ms = channel.ledger.processed(r, frame, session_id, publish_ms, note)
-        channel.stats_pub.publish(rosmsg.cache_stats_encoded(r, header.stamp, self._settings.current.world_frame,
-                                                             session_id, counts, overhead_ms, manager.host.info))
+        send_built(channel.stats_pub, rosmsg.cache_stats_encoded, r, header.stamp, self._settings.current.world_frame,
+                   session_id, counts, overhead_ms, manager.host.info)
         with channel.ledger.lock:
             channel.costs.append(((time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3, *place))
 
@@ -213,7 +213,7 @@ class CameraGroupWorker:
         header = frame.header
         values = self._settings.current
         world = str(values.world_frame)
-        channel.pose_pub.publish(rosmsg.pose_encoded(out.camera, header.stamp, world))
+        send_built(channel.pose_pub, rosmsg.pose_encoded, out.camera, header.stamp, world)
         if out.handed_over:
             self._log.warning(f"hand-over: {out.handed_over}")
         if out.drives and out.published_body is not None:

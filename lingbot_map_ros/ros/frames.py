@@ -27,7 +27,7 @@ from std_msgs.msg import Header
 from lingbot_map_ros.msg import FrameStatus
 
 from . import messages as rosmsg
-from .outbox import deferred
+from .outbox import deferred, send_built
 
 if TYPE_CHECKING:
     from ..core.results import FrameResult
@@ -226,8 +226,8 @@ class FrameLedger:
             self.last_result_info = {"frame_index": int(r.frame_index), "rope_frame_index": int(r.rope_frame_index),
                                      "is_keyframe": bool(r.is_keyframe), "stamp": stamp_sec(frame.header.stamp)}
         # a note (a withheld pose's reason) changes from frame to frame: a message; else the bytes of one
-        self._status_pub.publish(rosmsg.processed_status(r, frame.header, session_id, note) if note
-                                 else rosmsg.processed_status_encoded(r, frame.header, session_id))
+        send_built(self._status_pub, rosmsg.processed_status if note else rosmsg.processed_status_encoded, r,
+                   frame.header, session_id, *((note,) if note else ()))
         return counts, overhead_ms
 
     def interim(self, header: Header, status: int, reason: str) -> None:

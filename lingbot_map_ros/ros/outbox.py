@@ -9,9 +9,11 @@ next step is queued. Here the inference thread hands a frame's messages over in 
 this thread sends them, in the order they were handed over, beside the next model step.
 
 What stays on the calling thread: every decision and every piece of state (placing, the ledger's
-counters, the TF tree's own record of its sends, the path), and the messages themselves, which are
-built there and never touched again. Only the sends move. A frame's messages leave together and in
-their order, so a reader that got a frame's final status got the outputs published before it.
+counters, the TF tree's own record of its sends, the path). The messages are built there and never
+touched again, or, for the small ones sent with every frame, built by the sending thread from values
+that do not change afterwards (``send_built``: numbers, tuples, a frame's finished result), so that
+their conversion leaves the inference thread too. A frame's messages leave together and in their
+order, so a reader that got a frame's final status got the outputs published before it.
 
 A publisher is wrapped by ``deferred(node, publisher)``: a node with an ``outbox`` (the lingbot_map
 node) sends through it; any other node (a test's stand-in, ``lingbot_map_offline``) sends at once.
@@ -50,11 +52,19 @@ class Outbox:
     # ------------------------------------------------------------------ callers
     def send(self, publisher: Any, message: Any) -> None:
         """``publisher.publish(message)`` on the sending thread; inside a ``batch`` on this thread, with it."""
+        self._add((publisher, None, message))
+
+    def send_built(self, publisher: Any, build: Callable[..., Any], args: tuple) -> None:
+        """``publisher.publish(build(*args))``, the message built on the sending thread too; ``args`` must not
+        change after this call."""
+        self._add((publisher, build, args))
+
+    def _add(self, item: tuple) -> None:
         open_batch: Optional[list] = getattr(self._local, "batch", None)
         if open_batch is not None:
-            open_batch.append((publisher, message))
+            open_batch.append(item)
         else:
-            self._hand_over("", [(publisher, message)])
+            self._hand_over("", [item])
 
     @contextlib.contextmanager
     def batch(self, label: str) -> Iterator[None]:
@@ -140,9 +150,9 @@ class Outbox:
                 self._cond.notify_all()
 
     def _send_all(self, items: list) -> None:
-        for publisher, message in items:
+        for publisher, build, payload in items:
             try:
-                publisher.publish(message)
+                publisher.publish(payload if build is None else build(*payload))
             except Exception as exc:  # noqa: BLE001 - one refused send must not stop the others
                 if not self._context_ok():
                     continue  # after a signal nothing can be sent any more; that is no error
@@ -161,6 +171,9 @@ class DeferredPublisher:
     def publish(self, message: Any) -> None:
         self.outbox.send(self.publisher, message)
 
+    def publish_built(self, build: Callable[..., Any], *args: Any) -> None:
+        self.outbox.send_built(self.publisher, build, args)
+
     def __getattr__(self, name: str) -> Any:  # get_subscription_count, topic_name, ...
         return getattr(self.publisher, name)
 
@@ -169,6 +182,15 @@ def deferred(node: Any, publisher: Any) -> Any:
     """``publisher`` sending through ``node.outbox`` where the node has one, else itself."""
     outbox: Optional[Outbox] = getattr(node, "outbox", None)
     return publisher if outbox is None else DeferredPublisher(outbox, publisher)
+
+
+def send_built(publisher: Any, build: Callable[..., Any], *args: Any) -> None:
+    """``publisher.publish(build(*args))``: through its outbox, the building happens on the sending thread too
+    (``args`` must not change afterwards); a plain publisher builds and sends at once."""
+    if isinstance(publisher, DeferredPublisher):
+        publisher.publish_built(build, *args)
+    else:
+        publisher.publish(build(*args))
 
 
 def undeferred(publisher: Any) -> Any:
@@ -206,4 +228,5 @@ def _topic(publisher: Any) -> str:
         return type(publisher).__name__
 
 
-__all__ = ["DeferredPublisher", "Outbox", "deferred", "flush_sends", "send_cost_median", "sending_batch", "undeferred"]
+__all__ = ["DeferredPublisher", "Outbox", "deferred", "flush_sends", "send_built", "send_cost_median", "sending_batch",
+           "undeferred"]

@@ -33,7 +33,7 @@ from .edge_publishers import EdgePublishers
 from .frames import Frame, FrameLedger, stamp_sec
 from .large_outputs import large_publisher
 from .node_settings import SettingsSource
-from .outbox import deferred, sending_batch
+from .outbox import deferred, send_built, sending_batch
 from .robot_frames import RobotFrames, Withheld
 from .transforms import FrameTree, NoTransform
 
@@ -204,9 +204,9 @@ class ResultPublisher:
         row = rosmsg.pose_values(pose_matrix, header.stamp)
         encoded = rosmsg.POSES.encode(world, row)
         self._pose_pub.publish(encoded)
-        self._odom_pub.publish(rosmsg.odometry_encoded(row, world, child, twist,
-                                                       _covariance(tuple(values.pose_covariance_diagonal)),
-                                                       _covariance(tuple(values.twist_covariance_diagonal))))
+        send_built(self._odom_pub, rosmsg.odometry_encoded, row, world, child, twist,
+                   _covariance(tuple(values.pose_covariance_diagonal)),
+                   _covariance(tuple(values.twist_covariance_diagonal)))
 
         with self._lock:
             if self._path.maxlen != int(values.path_max_length):
@@ -247,5 +247,5 @@ class ResultPublisher:
         header = frame.header
         publish_ms = (time.perf_counter() - t0) * 1e3
         counts, overhead_ms = self._ledger.processed(r, frame, session_id, publish_ms, note)
-        self._stats_pub.publish(rosmsg.cache_stats_encoded(r, header.stamp, world, session_id, counts, overhead_ms,
-                                                           manager.host.info))
+        send_built(self._stats_pub, rosmsg.cache_stats_encoded, r, header.stamp, world, session_id, counts,
+                   overhead_ms, manager.host.info)

@@ -40,7 +40,7 @@ from tf2_ros import Buffer, TransformBroadcaster, TransformException, TransformL
 
 from ..core.geometry import transform_matrix
 from . import messages as rosmsg
-from .outbox import deferred
+from .outbox import deferred, send_built
 from .tf_samples import EdgeSamples
 
 AUTHORITY = "lingbot_map"
@@ -303,7 +303,7 @@ class FrameTree:
             while len(sent) > SENDS_KEPT:
                 sent.popitem(last=False)
         if self._tf_pub is not None:  # the broadcaster's publisher, given bytes from a checked template (messages.py)
-            self._tf_pub.publish(rosmsg.tf_encoded(values, stamps, parent, child))
+            send_built(self._tf_pub, rosmsg.tf_encoded, values, stamps, parent, child)
 
     def destroy(self) -> None:
         if self._node is None:
