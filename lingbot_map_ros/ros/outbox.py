@@ -120,7 +120,7 @@ class Outbox:
             while (len(self._pending) >= PENDING_LIMIT and not self._stop
                    and threading.current_thread() is not self._thread):
                 self._cond.wait(0.1)
-            if self._stop:  # closed: send here, in order with nothing (the thread has sent everything)
+            if self._stop or not self._thread.is_alive():  # closed (everything before was sent): send here
                 self._handed += 1
                 self._sent += 1
                 run_now = True
