@@ -37,7 +37,8 @@ class Outbox:
         self._context_ok = context_ok
         self._log_error = log_error
         self._cond = threading.Condition()
-        self._pending: collections.deque = collections.deque()  # (label, [(publisher, message), ...])
+        # (label, [(publisher, build or None, message or build's arguments), ...]) per piece
+        self._pending: collections.deque = collections.deque()
         self._handed = 0  # pieces handed over so far
         self._sent = 0  # pieces sent (or failed) so far
         self._stop = False
@@ -178,9 +179,14 @@ class DeferredPublisher:
         return getattr(self.publisher, name)
 
 
+def _outbox_of(node: Any) -> Optional[Outbox]:
+    """The node's outbox (None: a node without one sends at once)."""
+    return getattr(node, "outbox", None)
+
+
 def deferred(node: Any, publisher: Any) -> Any:
     """``publisher`` sending through ``node.outbox`` where the node has one, else itself."""
-    outbox: Optional[Outbox] = getattr(node, "outbox", None)
+    outbox = _outbox_of(node)
     return publisher if outbox is None else DeferredPublisher(outbox, publisher)
 
 
@@ -201,7 +207,7 @@ def undeferred(publisher: Any) -> Any:
 @contextlib.contextmanager
 def sending_batch(node: Any, label: str) -> Iterator[None]:
     """``node.outbox.batch(label)`` where the node has an outbox; else nothing to gather."""
-    outbox: Optional[Outbox] = getattr(node, "outbox", None)
+    outbox = _outbox_of(node)
     if outbox is None:
         yield
     else:
@@ -211,13 +217,13 @@ def sending_batch(node: Any, label: str) -> Iterator[None]:
 
 def flush_sends(node: Any, timeout: float = 5.0) -> bool:
     """Wait until ``node.outbox`` sent what was handed over (True at once without an outbox)."""
-    outbox: Optional[Outbox] = getattr(node, "outbox", None)
+    outbox = _outbox_of(node)
     return True if outbox is None else outbox.flush(timeout)
 
 
 def send_cost_median(node: Any, label: str) -> float:
     """Median thread CPU ms of sending one piece under ``label`` on ``node.outbox`` (nan: none, or no outbox)."""
-    outbox: Optional[Outbox] = getattr(node, "outbox", None)
+    outbox = _outbox_of(node)
     return float("nan") if outbox is None else outbox.cost_median(label)
 
 
