@@ -19,6 +19,7 @@ The real node (child process) with a model made slow on purpose (a wrapper sleep
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -460,6 +461,32 @@ def test_preprocessing_of_the_next_frame_overlaps_the_model_call(tmp_path, ros_d
         for _, pre_start, pre_end, push_start, push_end in timeline:  # ms, rounded: equal can happen
             assert pre_start <= pre_end <= push_start <= push_end  # each frame: preprocess, then push
         assert int(box["d"]["preprocess_overlapped_frames"]) >= len(inside)
+    finally:
+        _stop(node, listener, ctx)
+
+
+@pytest.mark.slow
+def test_the_frames_outputs_are_sent_by_the_outbox_thread(tmp_path, ros_domain_id):
+    """The node measures what sending each frame's outputs cost its outbox thread (ros/outbox.py): a finite
+    median once frames were processed means they left through it, and none of the sends failed."""
+    node, listener, ctx = _start_slow_node(tmp_path, ros_domain_id, delay=0.05)
+    try:
+        camera = SyntheticCamera(64, 48, seed=3)
+        stamps = [2_100_000_000 * 10**9 + i * 100_000_000 for i in range(5)]
+        for i, stamp in enumerate(stamps):
+            listener.pub.publish(image_message(camera.render(i), stamp, "cam"))
+            time.sleep(0.15)
+        assert listener.wait_for(lambda rx: all(listener.final_status(s) is not None for s in stamps), 60), \
+            node.output()[-3000:]
+        assert any(listener.final_status(s).status == FrameStatus.PROCESSED for s in stamps)
+        box = {}
+
+        def sends_measured(rx):
+            box["d"] = _inference_diag(rx)
+            return math.isfinite(float(box["d"].get("sends_cpu_median_ms", "nan")))
+
+        assert listener.wait_for(sends_measured, 10), box.get("d")
+        assert float(box["d"]["sends_cpu_median_ms"]) > 0 and box["d"]["send_failures"] == "0", box["d"]
     finally:
         _stop(node, listener, ctx)
 
