@@ -43,6 +43,10 @@ if TYPE_CHECKING:
 FALLBACK_CAMERA_FRAME = "lingbot_camera"
 PATH_EVERY_FRAME = 1000  # ~/path is sent with every pose while it holds at most this many poses,
 PATH_MIN_PERIOD = 0.5  # then at most every this many seconds
+# how long a "yes" to "does anyone read ~/path?" is reused: asking the middleware every frame costs the
+# inference thread tens of microseconds. A "no" is asked again at the next frame (a reader that joins gets
+# that frame's path); a reader that leaves is noticed this much later (the path meanwhile goes to nobody).
+PATH_READERS_PERIOD = 0.5
 
 
 @functools.lru_cache(maxsize=8)
@@ -91,6 +95,7 @@ class ResultPublisher:
         # (stamp seconds, c2w) of the current session, bounded: a window-policy session never ends
         self._trajectory: collections.deque = collections.deque(maxlen=int(values.trajectory_max_length))
         self._path_last_pub = -1e9
+        self._path_read_at = -1e9  # time.monotonic() when the middleware last said someone reads ~/path
         self._published_session: Optional[int] = None
         self._warned_no_frame_id = False
 
@@ -220,26 +225,37 @@ class ResultPublisher:
             if self._trajectory.maxlen != int(values.trajectory_max_length):
                 self._trajectory = collections.deque(self._trajectory, maxlen=int(values.trajectory_max_length))
             self._trajectory.append((stamp_sec(header.stamp), pose_matrix.copy()))
-            path = None
+            path = path_parts = None
             now = time.monotonic()
             # Sent with every pose up to PATH_EVERY_FRAME poses, then at most every PATH_MIN_PERIOD seconds
             # (and only when someone listens): the join of a long path's bytes is cheap, but its transport
             # (about 90 bytes a pose) is not, nor a Path message's conversion without them.
-            if self._path_pub.get_subscription_count() > 0 and (
-                    len(self._path) <= PATH_EVERY_FRAME or now - self._path_last_pub >= PATH_MIN_PERIOD):
-                if self._path_bytes is not None:
-                    path = rosmsg.path_bytes_of(header.stamp, world, self._path[0], list(self._path_bytes)[1:])
+            if ((len(self._path) <= PATH_EVERY_FRAME or now - self._path_last_pub >= PATH_MIN_PERIOD)
+                    and self._path_read(now)):
+                if self._path_bytes is not None:  # joined on the sending thread, from a copy of the list
+                    path_parts = (header.stamp, world, self._path[0], list(self._path_bytes)[1:])
                 else:
                     path = rosmsg.path_message(Header(stamp=header.stamp, frame_id=world),
                                                [rosmsg.pose_from_row(row, frame) for frame, row in self._path])
                 self._path_last_pub = now
-        if path is not None:
+        if path_parts is not None:
+            send_built(self._path_pub, rosmsg.path_bytes_of, *path_parts)
+        elif path is not None:
             self._path_pub.publish(path)
 
         if tf is not None:
             # a correction (with base_frame) is re-sent between frames; a camera pose is not (it is a
             # measurement at its image stamp, not a transform that holds until the next frame)
             self.robot.tree.send(tf[0], tf[1], header.stamp, tf[2], repeat=bool(values.base_frame))
+
+    def _path_read(self, now: float) -> bool:
+        """Whether anyone reads ``~/path``: a "yes" of the middleware is reused for ``PATH_READERS_PERIOD`` s."""
+        if now - self._path_read_at < PATH_READERS_PERIOD:
+            return True
+        if self._path_pub.get_subscription_count() > 0:
+            self._path_read_at = now
+            return True
+        return False
 
     def _finish_processed(self, r: FrameResult, frame: Frame, session_id: int, manager, world: str, t0: float,
                           note: str = "") -> None:
