@@ -251,3 +251,18 @@ def test_path_from_a_template_is_the_path(header_frame):
             first = (first_frame, rosmsg.pose_values(made[0][0], made[0][1]))
             joined = rosmsg.path_bytes_of(stamp, header_frame, first, later)
             same_message(joined, rosmsg.path_message(Header(stamp=stamp, frame_id=header_frame), poses[:count]))
+
+
+def test_both_builds_of_the_path_are_one_message():
+    """~/path as the node sends it where the middleware's bytes can be joined (``path_bytes_of``) and where they
+    cannot (``outputs._path_message_of`` from the kept (frame id, pose values) pairs): the same Path."""
+    from lingbot_map_ros.ros.outputs import _path_message_of
+
+    rng = np.random.default_rng(7)
+    made = [(random_pose(rng), random_stamp(rng), f) for f in ("map", "map", "odom", "map")]
+    pairs = [(f, rosmsg.pose_values(pose, stamp)) for pose, stamp, f in made]
+    stamp = random_stamp(rng)
+    later = [rosmsg.pose_encoded(*m)[rosmsg.ENCAPSULATION:] for m in made[1:]]
+    built = _path_message_of(stamp, "map", pairs)
+    assert len(built.poses) == len(made) and built.header.frame_id == "map"
+    same_message(rosmsg.path_bytes_of(stamp, "map", pairs[0], later), built)

@@ -49,6 +49,12 @@ PATH_MIN_PERIOD = 0.5  # then at most every this many seconds
 PATH_READERS_PERIOD = 0.5
 
 
+def _path_message_of(stamp, world: str, poses: list) -> Path:
+    """``~/path`` as a ``Path`` message from (frame id, ``pose_values``) pairs: where its bytes are not kept."""
+    return rosmsg.path_message(Header(stamp=stamp, frame_id=world),
+                               [rosmsg.pose_from_row(row, frame) for frame, row in poses])
+
+
 @functools.lru_cache(maxsize=8)
 def _covariance(diagonal: tuple) -> tuple:
     """``covariance_matrix`` of a ``*_covariance_diagonal`` parameter, once per value (it rarely changes)."""
@@ -225,23 +231,22 @@ class ResultPublisher:
             if self._trajectory.maxlen != int(values.trajectory_max_length):
                 self._trajectory = collections.deque(self._trajectory, maxlen=int(values.trajectory_max_length))
             self._trajectory.append((stamp_sec(header.stamp), pose_matrix.copy()))
-            path = path_parts = None
+            path_build = None
             now = time.monotonic()
             # Sent with every pose up to PATH_EVERY_FRAME poses, then at most every PATH_MIN_PERIOD seconds
             # (and only when someone listens): the join of a long path's bytes is cheap, but its transport
-            # (about 90 bytes a pose) is not, nor a Path message's conversion without them.
+            # (about 90 bytes a pose) is not, nor a Path message's conversion without them. Either is made on
+            # the sending thread, from a copy of the list.
             if ((len(self._path) <= PATH_EVERY_FRAME or now - self._path_last_pub >= PATH_MIN_PERIOD)
                     and self._path_read(now)):
-                if self._path_bytes is not None:  # joined on the sending thread, from a copy of the list
-                    path_parts = (header.stamp, world, self._path[0], list(self._path_bytes)[1:])
+                if self._path_bytes is not None:
+                    path_build = (rosmsg.path_bytes_of, header.stamp, world, self._path[0],
+                                  list(self._path_bytes)[1:])
                 else:
-                    path = rosmsg.path_message(Header(stamp=header.stamp, frame_id=world),
-                                               [rosmsg.pose_from_row(row, frame) for frame, row in self._path])
+                    path_build = (_path_message_of, header.stamp, world, list(self._path))
                 self._path_last_pub = now
-        if path_parts is not None:
-            send_built(self._path_pub, rosmsg.path_bytes_of, *path_parts)
-        elif path is not None:
-            self._path_pub.publish(path)
+        if path_build is not None:
+            send_built(self._path_pub, *path_build)
 
         if tf is not None:
             # a correction (with base_frame) is re-sent between frames; a camera pose is not (it is a
