@@ -156,11 +156,14 @@ def test_replay_raw_bags_through_the_node(tmp_path, ros_domain_id):
             assert client.trigger("/lingbot_map/reset").success  # the next bag: a new trajectory
         # at the recorded rate (12 frames, 50 ms apart), with the statuses it saw summarised
         start = time.monotonic()
-        out = replay(env, bags["mcap"][0], "--topic-out", "/cam/image_raw", "--drain", "0.5", rate="1.0")
+        out = replay(env, bags["mcap"][0], "--topic-out", "/cam/image_raw", "--drain", "60", rate="1.0")
         assert out.returncode == 0 and "published 12 frames" in out.stdout, out.stdout + out.stderr
-        assert time.monotonic() - start > 11 * 0.05 and "processed" in out.stdout
+        # the drain ends once every frame has its final status, not after its 60 s
+        assert 11 * 0.05 < time.monotonic() - start < 50 and "processed" in out.stdout
         summary = [line for line in out.stdout.splitlines() if "node statuses:" in line][-1]
         assert re.search(r"node statuses: \d+ [a-z_]+(, \d+ [a-z_]+)*$", summary), summary  # names, not codes
+        counts = {name: int(n) for n, name in re.findall(r"(\d+) ([a-z_]+)", summary.split("node statuses:")[1])}
+        assert sum(n for name, n in counts.items() if name != "buffered") == 12, summary  # one final status each
     finally:
         if client is not None:
             client.close()
@@ -256,6 +259,7 @@ class _ReplayerDouble:
         self.others = {t: _Publisher(t, self.events) for t in others}
         self.pub = _Publisher("image", self.events)
         self.acked: dict = {}
+        self.sent_keys: set = set()
         self.late = late
 
     def wait_delivered(self, topics, timeout: float) -> list[str]:
@@ -315,7 +319,7 @@ def test_robot_replay_sends_the_first_image_only_after_its_transforms_and_depth_
     bar = _Bar()
     sent, missing = replay_tool._publish_loop(rep, iter(messages), store, stamp_seconds, args, lambda m: None, bar,
                                               {})
-    assert (sent, missing) == (3, 0)
+    assert (sent, missing) == (3, 0) and rep.sent_keys == set(rep._stamps)
     frame = [("publish", "/tf"), ("publish", depth_topic), ("publish", "image")]
     first = [("publish", "/tf_static"), ("publish", "/tf"), ("publish", depth_topic),
              ("delivered", tuple(sorted(["/tf", "/tf_static", depth_topic]))), ("publish", "image")]

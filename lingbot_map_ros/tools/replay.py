@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-missing", type=int, default=3,
                    help="--rate 0: give up after this many consecutive unacknowledged frames (node gone)")
     p.add_argument("--drain", type=float, default=1.0,
-                   help="--rate > 0: seconds to keep collecting statuses after the last frame")
+                   help="--rate > 0: at most this many seconds to keep collecting statuses after the last "
+                        "frame (it ends as soon as every frame sent has its final one)")
     p.add_argument("--max-frames", type=int, default=0, help="stop after this many frames (0 = all)")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors (no progress bar)")
     return p
@@ -127,8 +128,10 @@ class _Replayer:
             self.senders[other] = node
         self.status_topic = status_topic
         self.acked: dict[tuple[int, int], int] = {}  # stamp -> last status code
+        self.sent_keys: set[tuple[int, int]] = set()  # the stamps of the frames sent
         self.status_counts: dict[int, int] = {}
         self.node.create_subscription(FrameStatus, status_topic, self._on_status, QoSProfile(depth=100))
+        self._buffered = int(FrameStatus.BUFFERED)  # the one status that is not a frame's last
 
     def _image_node(self):
         """A node in a participant of its own, on this process's domain, for one image topic."""
@@ -143,6 +146,10 @@ class _Replayer:
         key = (int(msg.header.stamp.sec), int(msg.header.stamp.nanosec))
         self.acked[key] = int(msg.status)
         self.status_counts[int(msg.status)] = self.status_counts.get(int(msg.status), 0) + 1
+
+    def all_final(self) -> bool:
+        """Whether every frame sent has had its final status (buffered frames have one more to come)."""
+        return all(self.acked.get(key, self._buffered) != self._buffered for key in self.sent_keys)
 
     def spin_for(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -219,13 +226,15 @@ def replay(args: argparse.Namespace) -> int:
                 return fail(PROG, f"no subscriber on {topic_out} after {args.wait_subscriber:g} s (is the node "
                             "running on this ROS_DOMAIN_ID? check --topic-out and the node's image remapping)", 1)
             say(f"no subscriber on {topic_out} after {args.wait_subscriber:g} s; publishing anyway")
-        if args.rate == 0:
-            if not rep.wait_until(
-                lambda: rep.node.count_publishers(rep.status_topic) > 0, max(args.wait_subscriber, 1.0)
-            ):
+        # the statuses the summary counts (and --rate 0 paces by) are lost until our listener met the node's
+        # publisher: a loaded machine's discovery can take longer than the first frames
+        if not rep.wait_until(lambda: rep.node.count_publishers(rep.status_topic) > 0,
+                              max(args.wait_subscriber, 1.0)):
+            if args.rate == 0:
                 return fail(
                     PROG, f"--rate 0 needs the node's {rep.status_topic}; nobody publishes it (check --node)", 1
                 )
+            say(f"nobody publishes {rep.status_topic} (check --node); the summary will have no statuses")
         # what is sent before the node's subscription matched is lost (the first frame's transforms and depth):
         # wait for the node's own subscriptions (others, a TF monitor say, may listen on /tf already)
         volatile = [t for t in rep.others if t != "/tf_static"]
@@ -243,7 +252,7 @@ def replay(args: argparse.Namespace) -> int:
                     else (("image", topic_in, m, raw, t) for m, raw, t in iter_bag_messages(args.bag, topic_in)))
         sent, missing = _publish_all(rep, messages, store, stamp_seconds, args, say, total, progress)
         if args.rate > 0:
-            rep.spin_for(args.drain)
+            rep.wait_until(rep.all_final, args.drain)
         say(f"published {sent} frames; node statuses: {rep.summary()}")
         if missing:
             return fail(PROG, f"{missing} frames were not acknowledged within {args.ack_timeout:g} s", 1)
@@ -300,6 +309,7 @@ def _publish_loop(rep: _Replayer, messages, store, stamp_seconds, args, say, bar
             rep.spin_for(max(0.0, due - time.monotonic()))
         rep.acked.pop(key, None)  # a repeated stamp must be acknowledged afresh
         rep.pub.publish(raw)
+        rep.sent_keys.add(key)
         sent += 1
         progress["sent"] = sent
         if args.rate == 0:
